@@ -1,0 +1,127 @@
+// The C side of Vanish: libfuse3's low-level API plus the Linux calls and
+// constants that Swift's Glibc module does not import (it is built without
+// _GNU_SOURCE, and defining it here would clash with that module). Every
+// wrapper is a raw syscall so nothing depends on glibc feature macros.
+#ifndef VANISH_CFUSE_H
+#define VANISH_CFUSE_H
+
+#define FUSE_USE_VERSION 314
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <dirent.h>
+#include <sys/file.h>
+#include <sys/xattr.h>
+#include <linux/falloc.h>
+#include <fuse_lowlevel.h>
+
+// Flags hidden behind _GNU_SOURCE. Values are the kernel ABI, identical on
+// x86_64 and aarch64 except O_DIRECT.
+#define VANISH_O_PATH 010000000
+#if defined(__aarch64__)
+#define VANISH_O_DIRECT 0200000
+#else
+#define VANISH_O_DIRECT 040000
+#endif
+#define VANISH_AT_EMPTY_PATH 0x1000
+#define VANISH_RENAME_NOREPLACE 1u
+#define VANISH_RENAME_EXCHANGE 2u
+#define VANISH_RENAME_WHITEOUT 4u
+#define VANISH_SEEK_DATA 3
+#define VANISH_SEEK_HOLE 4
+static const long VANISH_UTIME_NOW = (1l << 30) - 1l;
+static const long VANISH_UTIME_OMIT = (1l << 30) - 2l;
+#define VANISH_MAX_HANDLE_SZ 128
+
+/// `struct file_handle` with room for the largest handle, so Swift can keep
+/// one by value.
+struct vanish_file_handle {
+    unsigned int handle_bytes;
+    int handle_type;
+    unsigned char f_handle[VANISH_MAX_HANDLE_SZ];
+};
+
+static inline int vanish_renameat2(int olddirfd, const char *oldpath, int newdirfd,
+                                   const char *newpath, unsigned int flags) {
+    return (int)syscall(SYS_renameat2, olddirfd, oldpath, newdirfd, newpath, flags);
+}
+
+static inline int vanish_name_to_handle_at(int dirfd, const char *path,
+                                           struct vanish_file_handle *handle,
+                                           int *mount_id, int flags) {
+    handle->handle_bytes = VANISH_MAX_HANDLE_SZ;
+    return (int)syscall(SYS_name_to_handle_at, dirfd, path, handle, mount_id, flags);
+}
+
+static inline int vanish_open_by_handle_at(int mount_fd, struct vanish_file_handle *handle,
+                                           int flags) {
+    return (int)syscall(SYS_open_by_handle_at, mount_fd, handle, flags);
+}
+
+static inline ssize_t vanish_copy_file_range(int fd_in, off_t *off_in, int fd_out,
+                                             off_t *off_out, size_t len, unsigned int flags) {
+    return (ssize_t)syscall(SYS_copy_file_range, fd_in, off_in, fd_out, off_out, len, flags);
+}
+
+static inline int vanish_fallocate(int fd, int mode, off_t offset, off_t len) {
+    return (int)syscall(SYS_fallocate, fd, mode, offset, len);
+}
+
+static inline int vanish_faccessat2(int dirfd, const char *path, int mode, int flags) {
+    return (int)syscall(SYS_faccessat2, dirfd, path, mode, flags);
+}
+
+/// Per-thread filesystem credentials (the glibc wrappers need _GNU_SOURCE).
+/// The raw syscall changes only the calling thread.
+static inline int vanish_setfsuid(uid_t uid) { return (int)syscall(SYS_setfsuid, uid); }
+static inline int vanish_setfsgid(gid_t gid) { return (int)syscall(SYS_setfsgid, gid); }
+
+static inline long vanish_getdents64(int fd, void *buf, size_t count) {
+    return syscall(SYS_getdents64, fd, buf, count);
+}
+
+/// ioprio_set(IOPRIO_WHO_PROCESS, 0 = this thread, class << 13 | data).
+static inline int vanish_ioprio_set_thread(int ioprio_class, int data) {
+    return (int)syscall(SYS_ioprio_set, 1, 0, (ioprio_class << 13) | data);
+}
+
+static inline pid_t vanish_gettid(void) { return (pid_t)syscall(SYS_gettid); }
+
+/// The reply that lets libfuse splice file data straight from `fd` to the
+/// kernel without copying it through user space.
+static inline int vanish_reply_fd_data(fuse_req_t req, int fd, off_t offset, size_t size) {
+    struct fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
+    buf.buf[0].flags = (enum fuse_buf_flags)(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+    buf.buf[0].fd = fd;
+    buf.buf[0].pos = offset;
+    return fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
+}
+
+/// Copies the request's buffer (memory or pipe) into `fd` at `offset`;
+/// returns bytes written or -errno.
+static inline ssize_t vanish_write_buf_to_fd(struct fuse_bufvec *in, int fd, off_t offset) {
+    struct fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in));
+    out.buf[0].flags = (enum fuse_buf_flags)(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+    out.buf[0].fd = fd;
+    out.buf[0].pos = offset;
+    return fuse_buf_copy(&out, in, (enum fuse_buf_copy_flags)0);
+}
+
+/// Kept behind a function because libfuse >= 3.17 turns fuse_session_new into
+/// a macro.
+static inline struct fuse_session *vanish_session_new(struct fuse_args *args,
+                                                      const struct fuse_lowlevel_ops *ops,
+                                                      void *userdata) {
+    return fuse_session_new(args, ops, sizeof(*ops), userdata);
+}
+
+static inline const char *vanish_dirent_name(const struct dirent *d) { return d->d_name; }
+
+#endif

@@ -1,0 +1,76 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let strict: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+]
+
+let package = Package(
+    name: "Vanish",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "vanish", targets: ["vanish"]),
+        .library(name: "VanishFS", targets: ["VanishFS"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.0"),
+        .package(url: "https://github.com/apple/swift-system", from: "1.4.0"),
+    ],
+    targets: [
+        // libfuse3's low-level API and the Linux calls Glibc does not import.
+        .systemLibrary(
+            name: "CFuse",
+            path: "CShims/CFuse",
+            pkgConfig: "fuse3",
+            providers: [.apt(["libfuse3-dev"])]
+        ),
+        // Typed wrappers over the Linux system calls the filesystem makes.
+        .target(
+            name: "LinuxSyscalls",
+            dependencies: ["CFuse", .product(name: "SystemPackage", package: "swift-system")],
+            swiftSettings: strict
+        ),
+        // The Swift face of libfuse's session, request and reply API.
+        .target(
+            name: "FUSEKit",
+            dependencies: ["CFuse", "LinuxSyscalls"],
+            swiftSettings: strict
+        ),
+        // The passthrough filesystem: inode table, fd cache, request handlers.
+        .target(
+            name: "VanishFS",
+            dependencies: [
+                "CFuse", "FUSEKit", "LinuxSyscalls",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
+        .executableTarget(
+            name: "vanish",
+            dependencies: [
+                "VanishFS", "FUSEKit", "LinuxSyscalls",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
+        .target(
+            name: "VanishTestSupport",
+            dependencies: ["LinuxSyscalls", "CFuse"],
+            path: "Tests/VanishTestSupport",
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "VanishFSTests",
+            dependencies: ["VanishTestSupport", "LinuxSyscalls", "CFuse", "vanish"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "VanishCLITests",
+            dependencies: ["VanishTestSupport", "vanish"],
+            swiftSettings: strict
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

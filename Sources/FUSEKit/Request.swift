@@ -1,0 +1,95 @@
+import CFuse
+import Glibc
+import SystemPackage
+
+/// One request from the kernel, answered exactly once through one of the
+/// `reply` methods (or by throwing from the handler, which replies with that errno).
+public struct Request: @unchecked Sendable {
+    public let raw: fuse_req_t
+
+    @inlinable
+    public init(_ raw: fuse_req_t) { self.raw = raw }
+
+    /// The uid, gid, pid and umask of the process that made the call (`fuse_req_ctx`).
+    @inlinable
+    public var caller: Caller {
+        let ctx = fuse_req_ctx(raw)!.pointee
+        return Caller(uid: ctx.uid, gid: ctx.gid, pid: ctx.pid, umask: ctx.umask)
+    }
+
+    /// `fuse_reply_err`.
+    @inlinable
+    public func reply(error: Errno) { _ = fuse_reply_err(raw, error.rawValue) }
+
+    /// `fuse_reply_err(req, 0)`: success for operations that return nothing.
+    @inlinable
+    public func replyOK() { _ = fuse_reply_err(raw, 0) }
+
+    /// `fuse_reply_none`, for forget.
+    @inlinable
+    public func replyNone() { fuse_reply_none(raw) }
+
+    /// `fuse_reply_entry`.
+    @inlinable
+    public func reply(entry: inout fuse_entry_param) { _ = fuse_reply_entry(raw, &entry) }
+
+    /// `fuse_reply_create`.
+    @inlinable
+    public func reply(created entry: inout fuse_entry_param, _ fi: UnsafePointer<fuse_file_info>) {
+        _ = fuse_reply_create(raw, &entry, fi)
+    }
+
+    /// `fuse_reply_attr`.
+    @inlinable
+    public func reply(attr: inout stat, timeout: Double) { _ = fuse_reply_attr(raw, &attr, timeout) }
+
+    /// `fuse_reply_open`.
+    @inlinable
+    public func reply(open fi: UnsafePointer<fuse_file_info>) { _ = fuse_reply_open(raw, fi) }
+
+    /// `fuse_reply_readlink`.
+    @inlinable
+    public func reply(link: UnsafePointer<CChar>) { _ = fuse_reply_readlink(raw, link) }
+
+    /// `fuse_reply_buf`.
+    @inlinable
+    public func reply(bytes: UnsafeRawBufferPointer) {
+        _ = fuse_reply_buf(raw, bytes.baseAddress?.assumingMemoryBound(to: CChar.self), bytes.count)
+    }
+
+    /// Replies with `size` bytes of `fd` from `offset`; libfuse splices them
+    /// to the kernel when it can, so they never pass through user memory.
+    @inlinable
+    public func replyData(fd: Int32, offset: off_t, size: Int) {
+        _ = vanish_reply_fd_data(raw, fd, offset, size)
+    }
+
+    /// `fuse_reply_write`.
+    @inlinable
+    public func reply(written: Int) { _ = fuse_reply_write(raw, written) }
+
+    /// `fuse_reply_statfs`.
+    @inlinable
+    public func reply(statfs: inout statvfs) { _ = fuse_reply_statfs(raw, &statfs) }
+
+    /// `fuse_reply_xattr`: the size a getxattr/listxattr value would need.
+    @inlinable
+    public func reply(xattrSize: Int) { _ = fuse_reply_xattr(raw, xattrSize) }
+
+    /// `fuse_reply_lseek`.
+    @inlinable
+    public func reply(offset: off_t) { _ = fuse_reply_lseek(raw, offset) }
+}
+
+/// Who made a request, from `fuse_req_ctx`.
+public struct Caller: Sendable, Equatable {
+    public var uid: uid_t
+    public var gid: gid_t
+    public var pid: pid_t
+    public var umask: mode_t
+
+    @inlinable
+    public init(uid: uid_t, gid: gid_t, pid: pid_t, umask: mode_t) {
+        self.uid = uid; self.gid = gid; self.pid = pid; self.umask = umask
+    }
+}

@@ -1,0 +1,145 @@
+import CFuse
+import Glibc
+import SystemPackage
+
+/// How libfuse's multi-threaded loop runs (`fuse_loop_config`).
+public struct LoopConfig: Sendable, Equatable {
+    /// Upper bound on worker threads (libfuse's default is 10).
+    public var maxThreads: Int
+    /// Workers kept idle for the next burst (libfuse's default is max/2).
+    public var idleThreads: Int
+    /// Give each worker its own /dev/fuse fd (`clone_fd`), which spreads
+    /// requests across threads without contention on one fd.
+    public var cloneFD: Bool
+
+    public init(maxThreads: Int = 10, idleThreads: Int? = nil, cloneFD: Bool = false) {
+        self.maxThreads = maxThreads
+        self.idleThreads = idleThreads ?? max(1, maxThreads / 2)
+        self.cloneFD = cloneFD
+    }
+}
+
+public enum SessionError: Error, CustomStringConvertible {
+    case badOptions(String)
+    case mountFailed(String)
+    case signalHandlers
+
+    public var description: String {
+        switch self {
+        case .badOptions(let s): return "libfuse refused the options: \(s)"
+        case .mountFailed(let s): return "mounting on \(s) failed (libfuse printed why above)"
+        case .signalHandlers: return "could not install signal handlers"
+        }
+    }
+}
+
+/// A libfuse low-level session: create, mount, run, unmount.
+///
+/// Lives for the whole life of the daemon, so the C strings it hands to
+/// libfuse are allocated once and intentionally never freed.
+public final class Session {
+    private let raw: OpaquePointer
+    private let box: Unmanaged<SessionBox>
+    private var ops: UnsafeMutablePointer<fuse_lowlevel_ops>
+    private var mounted = false
+    private var signalsInstalled = false
+
+    /// `fuse_session_new` with `options` passed as `-o` to libfuse (comma
+    /// lists as mount(8) writes them) plus `-d` when `debug` is set.
+    public init(filesystem: any LowLevelFilesystem, options: [String], debug: Bool) throws {
+        var argv: [String] = ["vanish"]
+        if !options.isEmpty { argv += ["-o", options.joined(separator: ",")] }
+        if debug { argv.append("-d") }
+        let cargs = UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>.allocate(capacity: argv.count + 1)
+        for (i, a) in argv.enumerated() { cargs[i] = strdup(a) }
+        cargs[argv.count] = nil
+        var args = fuse_args(argc: Int32(argv.count), argv: cargs, allocated: 0)
+
+        box = Unmanaged.passRetained(SessionBox(filesystem))
+        ops = .allocate(capacity: 1)
+        ops.initialize(to: makeOperationTable())
+        guard let se = vanish_session_new(&args, ops, box.toOpaque()) else {
+            box.release()
+            throw SessionError.badOptions(options.joined(separator: ","))
+        }
+        raw = se
+    }
+
+    /// `fuse_session_mount`.
+    public func mount(at mountpoint: String) throws {
+        guard fuse_session_mount(raw, mountpoint) == 0 else { throw SessionError.mountFailed(mountpoint) }
+        mounted = true
+    }
+
+    /// `fuse_set_signal_handlers`: SIGINT, SIGTERM and SIGHUP end the loop
+    /// so the daemon unmounts and exits cleanly.
+    public func installSignalHandlers() throws {
+        guard fuse_set_signal_handlers(raw) == 0 else { throw SessionError.signalHandlers }
+        signalsInstalled = true
+    }
+
+    /// `fuse_daemonize(0)`: fork into the background once the mount is up;
+    /// the parent exits only after the child is ready.
+    public func daemonize() { _ = fuse_daemonize(0) }
+
+    /// The /dev/fuse fd (for diagnostics).
+    public var fd: Int32 { fuse_session_fd(raw) }
+
+    /// Runs the multi-threaded loop until unmount or a signal;
+    /// returns 0 on a clean end, else a negative errno or the signal number.
+    public func run(_ config: LoopConfig) -> Int32 {
+        let cfg = fuse_loop_cfg_create()!
+        defer { fuse_loop_cfg_destroy(cfg) }
+        fuse_loop_cfg_set_max_threads(cfg, UInt32(config.maxThreads))
+        fuse_loop_cfg_set_idle_threads(cfg, UInt32(config.idleThreads))
+        fuse_loop_cfg_set_clone_fd(cfg, config.cloneFD ? 1 : 0)
+        return fuse_session_loop_mt(raw, cfg)
+    }
+
+    /// Runs the single-threaded loop (for debugging races).
+    public func runSingleThreaded() -> Int32 { fuse_session_loop(raw) }
+
+    /// Asks the loop to end (`fuse_session_exit`).
+    public func exit() { fuse_session_exit(raw) }
+
+    /// `fuse_session_unmount`, if still mounted.
+    public func unmount() {
+        if mounted { fuse_session_unmount(raw); mounted = false }
+    }
+
+    /// Cache invalidation towards the kernel; see `Notifier`.
+    public var notifier: Notifier { Notifier(session: raw) }
+
+    deinit {
+        unmount()
+        if signalsInstalled { fuse_remove_signal_handlers(raw) }
+        fuse_session_destroy(raw)
+        box.release()
+        ops.deallocate()
+    }
+}
+
+/// Tells the kernel to drop cached entries and data. Never call it from a
+/// request handler of the same session (libfuse may deadlock): call it
+/// from another thread.
+public struct Notifier: @unchecked Sendable {
+    let session: OpaquePointer
+
+    /// `fuse_lowlevel_notify_inval_entry`.
+    @discardableResult
+    public func invalidateEntry(parent: fuse_ino_t, name: UnsafePointer<CChar>, length: Int) -> Int32 {
+        fuse_lowlevel_notify_inval_entry(session, parent, name, length)
+    }
+
+    /// `fuse_lowlevel_notify_delete`: also raises IN_DELETE for inotify watchers.
+    @discardableResult
+    public func delete(parent: fuse_ino_t, child: fuse_ino_t, name: UnsafePointer<CChar>, length: Int) -> Int32 {
+        fuse_lowlevel_notify_delete(session, parent, child, name, length)
+    }
+
+    /// `fuse_lowlevel_notify_inval_inode`.
+    @discardableResult
+    public func invalidateInode(_ ino: fuse_ino_t, offset: off_t = 0, length: off_t = 0) -> Int32 {
+        fuse_lowlevel_notify_inval_inode(session, ino, offset, length)
+    }
+}

@@ -1,0 +1,268 @@
+import CFuse
+import Glibc
+import SystemPackage
+
+/// Typed wrappers over the Linux calls Vanish makes on the request path.
+///
+/// Each returns the call's result or throws the `Errno` it set, so a handler
+/// can pass the backing filesystem's error to the kernel unchanged. They are
+/// `@inlinable` and allocate nothing: they sit under every FUSE request.
+public enum Sys {}
+
+extension Sys {
+    @inlinable @inline(__always)
+    static func check(_ result: Int32) throws(Errno) -> Int32 {
+        if result < 0 { throw Errno(rawValue: errno) }
+        return result
+    }
+
+    @inlinable @inline(__always)
+    static func check(_ result: Int) throws(Errno) -> Int {
+        if result < 0 { throw Errno(rawValue: errno) }
+        return result
+    }
+
+    /// `openat(2)`.
+    @inlinable
+    public static func openat(_ dirfd: Int32, _ name: UnsafePointer<CChar>, _ flags: Int32,
+                              _ mode: mode_t = 0) throws(Errno) -> Int32 {
+        try check(Glibc.openat(dirfd, name, flags | O_CLOEXEC, mode))
+    }
+
+    /// `open(2)` of an absolute path (used for `/proc/self/fd/N`).
+    @inlinable
+    public static func open(_ path: UnsafePointer<CChar>, _ flags: Int32) throws(Errno) -> Int32 {
+        try check(Glibc.open(path, flags | O_CLOEXEC))
+    }
+
+    /// `close(2)`. Errors are dropped: on Linux the fd is gone either way.
+    @inlinable
+    public static func close(_ fd: Int32) { _ = Glibc.close(fd) }
+
+    /// `fstatat(2)` without following a final symlink.
+    @inlinable
+    public static func lstatat(_ dirfd: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> stat {
+        var st = stat()
+        _ = try check(Glibc.fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW))
+        return st
+    }
+
+    /// `fstatat(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)`: works on O_PATH fds.
+    @inlinable
+    public static func fstat(_ fd: Int32) throws(Errno) -> stat {
+        var st = stat()
+        _ = try check(Glibc.fstatat(fd, "", &st, VANISH_AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW))
+        return st
+    }
+
+    /// `mkdirat(2)`.
+    @inlinable
+    public static func mkdirat(_ dirfd: Int32, _ name: UnsafePointer<CChar>, _ mode: mode_t) throws(Errno) {
+        _ = try check(Glibc.mkdirat(dirfd, name, mode))
+    }
+
+    /// `mknodat(2)`.
+    @inlinable
+    public static func mknodat(_ dirfd: Int32, _ name: UnsafePointer<CChar>, _ mode: mode_t,
+                               _ dev: dev_t) throws(Errno) {
+        _ = try check(Glibc.mknodat(dirfd, name, mode, dev))
+    }
+
+    /// `symlinkat(2)`.
+    @inlinable
+    public static func symlinkat(_ target: UnsafePointer<CChar>, _ dirfd: Int32,
+                                 _ name: UnsafePointer<CChar>) throws(Errno) {
+        _ = try check(Glibc.symlinkat(target, dirfd, name))
+    }
+
+    /// `readlinkat(fd, "", …)` on an O_PATH fd of the link itself.
+    @inlinable
+    public static func readlink(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) throws(Errno) -> Int {
+        try check(Glibc.readlinkat(fd, "", buffer.baseAddress!.assumingMemoryBound(to: CChar.self),
+                                   buffer.count))
+    }
+
+    /// `unlinkat(2)`; `flags` is 0 or `AT_REMOVEDIR`.
+    @inlinable
+    public static func unlinkat(_ dirfd: Int32, _ name: UnsafePointer<CChar>, _ flags: Int32) throws(Errno) {
+        _ = try check(Glibc.unlinkat(dirfd, name, flags))
+    }
+
+    /// `renameat2(2)`; plain `renameat` when `flags` is 0.
+    @inlinable
+    public static func renameat2(_ olddirfd: Int32, _ oldname: UnsafePointer<CChar>, _ newdirfd: Int32,
+                                 _ newname: UnsafePointer<CChar>, _ flags: UInt32) throws(Errno) {
+        if flags == 0 {
+            _ = try check(Glibc.renameat(olddirfd, oldname, newdirfd, newname))
+        } else {
+            _ = try check(vanish_renameat2(olddirfd, oldname, newdirfd, newname, flags))
+        }
+    }
+
+    /// `linkat(AT_FDCWD, "/proc/self/fd/N", newdirfd, newname, AT_SYMLINK_FOLLOW)`:
+    /// links the inode behind an O_PATH fd without needing CAP_DAC_READ_SEARCH.
+    @inlinable
+    public static func link(fd: Int32, _ newdirfd: Int32, _ newname: UnsafePointer<CChar>) throws(Errno) {
+        try withProcPath(fd) { path throws(Errno) in
+            _ = try check(Glibc.linkat(AT_FDCWD, path, newdirfd, newname, AT_SYMLINK_FOLLOW))
+        }
+    }
+
+    /// `fchownat(fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)`.
+    @inlinable
+    public static func fchown(_ fd: Int32, _ uid: uid_t, _ gid: gid_t) throws(Errno) {
+        _ = try check(Glibc.fchownat(fd, "", uid, gid, VANISH_AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW))
+    }
+
+    /// `fchmod(2)` on an open fd.
+    @inlinable
+    public static func fchmod(_ fd: Int32, _ mode: mode_t) throws(Errno) {
+        _ = try check(Glibc.fchmod(fd, mode))
+    }
+
+    /// `chmod("/proc/self/fd/N")`: O_PATH fds refuse fchmod.
+    @inlinable
+    public static func chmod(pathFD fd: Int32, _ mode: mode_t) throws(Errno) {
+        try withProcPath(fd) { path throws(Errno) in _ = try check(Glibc.chmod(path, mode)) }
+    }
+
+    /// `ftruncate(2)`.
+    @inlinable
+    public static func ftruncate(_ fd: Int32, _ size: off_t) throws(Errno) {
+        _ = try check(Glibc.ftruncate(fd, size))
+    }
+
+    /// `truncate("/proc/self/fd/N")`.
+    @inlinable
+    public static func truncate(pathFD fd: Int32, _ size: off_t) throws(Errno) {
+        try withProcPath(fd) { path throws(Errno) in _ = try check(Glibc.truncate(path, size)) }
+    }
+
+    /// `futimens(2)`.
+    @inlinable
+    public static func futimens(_ fd: Int32, _ times: UnsafePointer<timespec>) throws(Errno) {
+        _ = try check(Glibc.futimens(fd, times))
+    }
+
+    /// `utimensat` on the inode behind an O_PATH fd: the fd itself for a
+    /// symlink (AT_EMPTY_PATH), `/proc/self/fd/N` otherwise.
+    @inlinable
+    public static func utimens(pathFD fd: Int32, isSymlink: Bool, _ times: UnsafePointer<timespec>) throws(Errno) {
+        if isSymlink {
+            _ = try check(Glibc.utimensat(fd, "", times, VANISH_AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW))
+        } else {
+            try withProcPath(fd) { path throws(Errno) in _ = try check(Glibc.utimensat(AT_FDCWD, path, times, 0)) }
+        }
+    }
+
+    /// `dup(2)`.
+    @inlinable
+    public static func dup(_ fd: Int32) throws(Errno) -> Int32 { try check(Glibc.dup(fd)) }
+
+    /// `fsync(2)` or `fdatasync(2)`.
+    @inlinable
+    public static func fsync(_ fd: Int32, dataOnly: Bool) throws(Errno) {
+        _ = try check(dataOnly ? Glibc.fdatasync(fd) : Glibc.fsync(fd))
+    }
+
+    /// `fstatvfs(2)`.
+    @inlinable
+    public static func fstatvfs(_ fd: Int32) throws(Errno) -> statvfs {
+        var st = statvfs()
+        _ = try check(Glibc.fstatvfs(fd, &st))
+        return st
+    }
+
+    /// `fallocate(2)`.
+    @inlinable
+    public static func fallocate(_ fd: Int32, _ mode: Int32, _ offset: off_t, _ length: off_t) throws(Errno) {
+        _ = try check(vanish_fallocate(fd, mode, offset, length))
+    }
+
+    /// `copy_file_range(2)`.
+    @inlinable
+    public static func copyFileRange(_ fdIn: Int32, _ offIn: off_t, _ fdOut: Int32, _ offOut: off_t,
+                                     _ length: Int, _ flags: UInt32) throws(Errno) -> Int {
+        var inOff = offIn
+        var outOff = offOut
+        return try check(vanish_copy_file_range(fdIn, &inOff, fdOut, &outOff, length, flags))
+    }
+
+    /// `lseek(2)`.
+    @inlinable
+    public static func lseek(_ fd: Int32, _ offset: off_t, _ whence: Int32) throws(Errno) -> off_t {
+        let r = Glibc.lseek(fd, offset, whence)
+        if r < 0 { throw Errno(rawValue: errno) }
+        return r
+    }
+
+    /// `faccessat2(fd, "", mode, AT_EMPTY_PATH | AT_EACCESS)`.
+    @inlinable
+    public static func access(_ fd: Int32, _ mode: Int32) throws(Errno) {
+        _ = try check(vanish_faccessat2(fd, "", mode, VANISH_AT_EMPTY_PATH | AT_EACCESS))
+    }
+}
+
+// MARK: - Extended attributes (through /proc/self/fd/N, since O_PATH fds refuse f*xattr)
+
+extension Sys {
+    /// `getxattr("/proc/self/fd/N", …)`; a nil buffer asks for the size.
+    @inlinable
+    public static func getxattr(pathFD fd: Int32, _ name: UnsafePointer<CChar>,
+                                _ buffer: UnsafeMutableRawBufferPointer?) throws(Errno) -> Int {
+        try withProcPath(fd) { path throws(Errno) in
+            try check(CFuse.getxattr(path, name, buffer?.baseAddress, buffer?.count ?? 0))
+        }
+    }
+
+    /// `setxattr("/proc/self/fd/N", …)`.
+    @inlinable
+    public static func setxattr(pathFD fd: Int32, _ name: UnsafePointer<CChar>, _ value: UnsafeRawPointer?,
+                                _ size: Int, _ flags: Int32) throws(Errno) {
+        try withProcPath(fd) { path throws(Errno) in
+            _ = try check(CFuse.setxattr(path, name, value, size, flags))
+        }
+    }
+
+    /// `listxattr("/proc/self/fd/N", …)`; a nil buffer asks for the size.
+    @inlinable
+    public static func listxattr(pathFD fd: Int32, _ buffer: UnsafeMutableRawBufferPointer?) throws(Errno) -> Int {
+        try withProcPath(fd) { path throws(Errno) in
+            try check(CFuse.listxattr(path, buffer?.baseAddress?.assumingMemoryBound(to: CChar.self),
+                                      buffer?.count ?? 0))
+        }
+    }
+
+    /// `removexattr("/proc/self/fd/N", …)`.
+    @inlinable
+    public static func removexattr(pathFD fd: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
+        try withProcPath(fd) { path throws(Errno) in _ = try check(CFuse.removexattr(path, name)) }
+    }
+}
+
+// MARK: - /proc/self/fd paths without allocating
+
+extension Sys {
+    /// Calls `body` with `"/proc/self/fd/<fd>"` built on the stack.
+    @inlinable
+    public static func withProcPath<R>(_ fd: Int32,
+                                       _ body: (UnsafePointer<CChar>) throws(Errno) -> R) throws(Errno) -> R {
+        // "/proc/self/fd/" is 14 bytes; an Int32 needs at most 10 digits and a NUL.
+        var storage: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
+        return try withUnsafeMutableBytes(of: &storage) { raw throws(Errno) -> R in
+            let p = raw.baseAddress!.assumingMemoryBound(to: CChar.self)
+            let prefix: StaticString = "/proc/self/fd/"
+            prefix.withUTF8Buffer { pre in
+                for i in 0..<pre.count { p[i] = CChar(bitPattern: pre[i]) }
+            }
+            var digits = 0
+            var n = UInt32(bitPattern: fd)
+            repeat { digits += 1; n /= 10 } while n > 0
+            n = UInt32(bitPattern: fd)
+            var i = 14 + digits
+            p[i] = 0
+            repeat { i -= 1; p[i] = CChar(48 + Int(n % 10)); n /= 10 } while n > 0
+            return try body(UnsafePointer(p))
+        }
+    }
+}

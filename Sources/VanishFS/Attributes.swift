@@ -1,0 +1,111 @@
+import CFuse
+import FUSEKit
+import Glibc
+import LinuxSyscalls
+import SystemPackage
+
+// Attributes, links, extended attributes, permission checks, statfs.
+extension PassthroughFilesystem {
+    public func getattr(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
+        let node = inode(ino)
+        // Prefer the open handle: it still works after the name was unlinked.
+        var st = if let fi, !node.isDirectory {
+            try Sys.fstat(Int32(truncatingIfNeeded: fi.pointee.fh))
+        } else {
+            try fds.withFD(node) { fd throws(Errno) in try Sys.fstat(fd) }
+        }
+        st = devices.present(st)
+        req.reply(attr: &st, timeout: options.attrTimeout)
+    }
+
+    public func setattr(_ req: Request, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>, toSet: Int32,
+                        _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
+        let node = inode(ino)
+        let openFD: Int32? = (fi != nil && !node.isDirectory) ? Int32(truncatingIfNeeded: fi!.pointee.fh) : nil
+        var st = try fds.withFD(node) { fd throws(Errno) -> stat in
+            if toSet & FUSE_SET_ATTR_MODE != 0 {
+                if let openFD { try Sys.fchmod(openFD, attr.pointee.st_mode) } else { try Sys.chmod(pathFD: fd, attr.pointee.st_mode) }
+            }
+            if toSet & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID) != 0 {
+                let uid = toSet & FUSE_SET_ATTR_UID != 0 ? attr.pointee.st_uid : uid_t.max
+                let gid = toSet & FUSE_SET_ATTR_GID != 0 ? attr.pointee.st_gid : gid_t.max
+                try Sys.fchown(fd, uid, gid)
+            }
+            if toSet & FUSE_SET_ATTR_SIZE != 0 {
+                if let openFD { try Sys.ftruncate(openFD, attr.pointee.st_size) } else { try Sys.truncate(pathFD: fd, attr.pointee.st_size) }
+            }
+            if toSet & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME) != 0 {
+                var times = (timespec(tv_sec: 0, tv_nsec: VANISH_UTIME_OMIT), timespec(tv_sec: 0, tv_nsec: VANISH_UTIME_OMIT))
+                if toSet & FUSE_SET_ATTR_ATIME_NOW != 0 { times.0.tv_nsec = VANISH_UTIME_NOW }
+                else if toSet & FUSE_SET_ATTR_ATIME != 0 { times.0 = attr.pointee.st_atim }
+                if toSet & FUSE_SET_ATTR_MTIME_NOW != 0 { times.1.tv_nsec = VANISH_UTIME_NOW }
+                else if toSet & FUSE_SET_ATTR_MTIME != 0 { times.1 = attr.pointee.st_mtim }
+                try withUnsafePointer(to: &times) { p throws(Errno) in
+                    let ts = UnsafeRawPointer(p).assumingMemoryBound(to: timespec.self)
+                    if let openFD { try Sys.futimens(openFD, ts) } else { try Sys.utimens(pathFD: fd, isSymlink: node.isSymlink, ts) }
+                }
+            }
+            return try Sys.fstat(openFD ?? fd)
+        }
+        st = devices.present(st)
+        req.reply(attr: &st, timeout: options.attrTimeout)
+    }
+
+    public func readlink(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
+        let node = inode(ino)
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(PATH_MAX) + 1, alignment: 1)
+        defer { buffer.deallocate() }
+        let n = try fds.withFD(node) { fd throws(Errno) in
+            try Sys.readlink(fd, into: UnsafeMutableRawBufferPointer(rebasing: buffer[..<Int(PATH_MAX)]))
+        }
+        buffer[n] = 0
+        req.reply(link: buffer.baseAddress!.assumingMemoryBound(to: CChar.self))
+    }
+
+    public func statfs(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
+        var st = try fds.withFD(inode(ino)) { fd throws(Errno) in try Sys.fstatvfs(fd) }
+        req.reply(statfs: &st)
+    }
+
+    public func access(_ req: Request, _ ino: fuse_ino_t, mask: Int32) throws(Errno) {
+        try fds.withFD(inode(ino)) { fd throws(Errno) in try Sys.access(fd, mask) }
+        req.replyOK()
+    }
+
+    public func setxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, value: UnsafePointer<CChar>?,
+                         size: Int, flags: Int32) throws(Errno) {
+        try fds.withFD(inode(ino)) { fd throws(Errno) in try Sys.setxattr(pathFD: fd, name, value, size, flags) }
+        req.replyOK()
+    }
+
+    public func getxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, size: Int) throws(Errno) {
+        let node = inode(ino)
+        if size == 0 {
+            let n = try fds.withFD(node) { fd throws(Errno) in try Sys.getxattr(pathFD: fd, name, nil) }
+            req.reply(xattrSize: n)
+            return
+        }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 1)
+        defer { buffer.deallocate() }
+        let n = try fds.withFD(node) { fd throws(Errno) in try Sys.getxattr(pathFD: fd, name, buffer) }
+        req.reply(bytes: UnsafeRawBufferPointer(rebasing: buffer[..<n]))
+    }
+
+    public func listxattr(_ req: Request, _ ino: fuse_ino_t, size: Int) throws(Errno) {
+        let node = inode(ino)
+        if size == 0 {
+            let n = try fds.withFD(node) { fd throws(Errno) in try Sys.listxattr(pathFD: fd, nil) }
+            req.reply(xattrSize: n)
+            return
+        }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 1)
+        defer { buffer.deallocate() }
+        let n = try fds.withFD(node) { fd throws(Errno) in try Sys.listxattr(pathFD: fd, buffer) }
+        req.reply(bytes: UnsafeRawBufferPointer(rebasing: buffer[..<n]))
+    }
+
+    public func removexattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+        try fds.withFD(inode(ino)) { fd throws(Errno) in try Sys.removexattr(pathFD: fd, name) }
+        req.replyOK()
+    }
+}

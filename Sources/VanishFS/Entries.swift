@@ -1,0 +1,162 @@
+import CFuse
+import FUSEKit
+import Glibc
+import LinuxSyscalls
+import SystemPackage
+
+// Name-space operations: finding, making, linking, renaming entries.
+extension PassthroughFilesystem {
+    public func lookup(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+        let p = inode(parent)
+        let st: stat
+        do throws(Errno) {
+            st = try fds.withFD(p) { pfd throws(Errno) in try Sys.lstatat(pfd, name) }
+        } catch .noSuchFileOrDirectory where options.negativeTimeout > 0 {
+            // A negative entry: the kernel remembers the name is absent, which
+            // spares compilers and shells a round trip per failed probe.
+            var e = fuse_entry_param()
+            e.entry_timeout = options.negativeTimeout
+            req.reply(entry: &e)
+            return
+        }
+        if st.st_dev != p.key.dev { noteCrossing(into: st, at: name) }
+        let node = table.remember(st, parent: p, name: name)
+        var e = entry(node, st)
+        req.reply(entry: &e)
+    }
+
+    public func forget(_ ino: fuse_ino_t, count: UInt64) {
+        let node = inode(ino)
+        if table.forget(node, count: count) { fds.drop(node) }
+    }
+
+    public func mkdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t) throws(Errno) {
+        try makeEntry(req, parent: parent, name: name, mode: mode) { pfd throws(Errno) in
+            try Sys.mkdirat(pfd, name, mode)
+        }
+    }
+
+    public func mknod(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
+                      rdev: dev_t) throws(Errno) {
+        try makeEntry(req, parent: parent, name: name, mode: mode) { pfd throws(Errno) in
+            try Sys.mknodat(pfd, name, mode, rdev)
+        }
+    }
+
+    public func symlink(_ req: Request, target: UnsafePointer<CChar>, parent: fuse_ino_t,
+                        name: UnsafePointer<CChar>) throws(Errno) {
+        try makeEntry(req, parent: parent, name: name, mode: S_IFLNK | 0o777) { pfd throws(Errno) in
+            try Sys.symlinkat(target, pfd, name)
+        }
+    }
+
+    /// Makes an entry with `make`, gives it to the caller, and replies with it.
+    private func makeEntry(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
+                           _ make: (Int32) throws(Errno) -> Void) throws(Errno) {
+        let p = inode(parent)
+        try checkNotReserved(p, name)
+        let (node, st) = try fds.withFD(p) { pfd throws(Errno) -> (Inode, stat) in
+            try make(pfd)
+            let fd = try fds.retryingOnFDExhaustion { () throws(Errno) in
+                try Sys.openat(pfd, name, VANISH_O_PATH | O_NOFOLLOW)
+            }
+            do throws(Errno) {
+                var st = try Sys.fstat(fd)
+                if try adoptOwnership(fd: fd, parentFD: pfd, caller: req.caller, mode: mode, st: &st, pathFD: true) {
+                    st = try Sys.fstat(fd)
+                }
+                let node = table.remember(st, parent: p, name: name)
+                fds.adopt(node, fd: fd)
+                return (node, st)
+            } catch {
+                Sys.close(fd)
+                throw error
+            }
+        }
+        var e = entry(node, st)
+        req.reply(entry: &e)
+    }
+
+    public func link(_ req: Request, _ ino: fuse_ino_t, newParent: fuse_ino_t,
+                     newName: UnsafePointer<CChar>) throws(Errno) {
+        let node = inode(ino)
+        let np = inode(newParent)
+        try checkNotReserved(np, newName)
+        let st = try fds.withFD(np) { npfd throws(Errno) -> stat in
+            try fds.withFD(node) { fd throws(Errno) in try Sys.link(fd: fd, npfd, newName) }
+            return try Sys.lstatat(npfd, newName)
+        }
+        let linked = table.remember(st, parent: np, name: newName)
+        var e = entry(linked, st)
+        req.reply(entry: &e)
+    }
+
+    public func unlink(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+        let p = inode(parent)
+        try checkNotReserved(p, name)
+        try fds.withFD(p) { pfd throws(Errno) in try removeEntry(parentFD: pfd, name: name, directory: false) }
+        req.replyOK()
+    }
+
+    public func rmdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+        let p = inode(parent)
+        try checkNotReserved(p, name)
+        try fds.withFD(p) { pfd throws(Errno) in try removeEntry(parentFD: pfd, name: name, directory: true) }
+        req.replyOK()
+    }
+
+    public func rename(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, newParent: fuse_ino_t,
+                       newName: UnsafePointer<CChar>, flags: UInt32) throws(Errno) {
+        let p = inode(parent)
+        let np = inode(newParent)
+        try checkNotReserved(p, name)
+        try checkNotReserved(np, newName)
+        try fds.withFD(p) { pfd throws(Errno) in
+            try fds.withFD(np) { npfd throws(Errno) in
+                try renameEntry(pfd, name, npfd, newName, flags: flags)
+                // Keep the moved inode reachable under its new name (and the
+                // other one, for an exchange) so its fd can be reopened later.
+                if let st = try? Sys.lstatat(npfd, newName) { table.moved(st, to: np, name: newName) }
+                if flags & VANISH_RENAME_EXCHANGE != 0, let st = try? Sys.lstatat(pfd, name) {
+                    table.moved(st, to: p, name: name)
+                }
+            }
+        }
+        req.replyOK()
+    }
+
+    public func create(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
+                       _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        let p = inode(parent)
+        try checkNotReserved(p, name)
+        let (flags, direct) = backingOpenFlags(fi.pointee.flags)
+        let caller = req.caller
+        let (fd, node, st) = try fds.withFD(p) { pfd throws(Errno) -> (Int32, Inode, stat) in
+            // O_NOFOLLOW: a symlink raced into place is refused, never followed.
+            let fd = try fds.retryingOnFDExhaustion { () throws(Errno) in
+                try Sys.openat(pfd, name, flags | O_CREAT | O_NOFOLLOW, mode)
+            }
+            do throws(Errno) {
+                var st = try Sys.fstat(fd)
+                if try adoptOwnership(fd: fd, parentFD: pfd, caller: caller, mode: mode, st: &st, pathFD: false) {
+                    st = try Sys.fstat(fd)
+                }
+                return (fd, table.remember(st, parent: p, name: name), st)
+            } catch {
+                Sys.close(fd)
+                throw error
+            }
+        }
+        fi.pointee.fh = UInt64(fd)
+        configure(fi, direct: direct)
+        var e = entry(node, st)
+        req.reply(created: &e, fi)
+    }
+
+    /// Logs the first crossing into each filesystem mounted inside the source.
+    private func noteCrossing(into st: stat, at name: UnsafePointer<CChar>) {
+        _ = devices.present(st)
+        log.debug("lookup crosses into another filesystem", metadata: ["name": "\(String(cString: name))",
+                                                                        "dev": "\(st.st_dev)"])
+    }
+}

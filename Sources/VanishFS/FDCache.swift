@@ -1,0 +1,202 @@
+import CFuse
+import Glibc
+import LinuxSyscalls
+import Synchronization
+import SystemPackage
+
+/// A bounded set of O_PATH fds for the inodes in use, least recently used
+/// closed first.
+///
+/// libfuse's passthrough examples keep an fd per inode and die with EMFILE
+/// once the kernel caches ~20,000 inodes. Here an inode without an fd is
+/// reopened from its parent's fd and its name, and the result is checked
+/// against the inode's (st_dev, st_ino) so a name that now means another file
+/// gives ESTALE instead of touching the wrong one.
+final class FDCache: @unchecked Sendable {
+    private struct State {
+        var newest: Inode?
+        var oldest: Inode?
+        var count = 0
+    }
+
+    private let lock = Mutex(State())
+    let limit: Int
+    private let table: InodeTable
+
+    init(limit: Int, table: InodeTable) {
+        self.limit = max(8, limit)
+        self.table = table
+    }
+
+    /// Runs `body` with an O_PATH fd of `inode`, opening one if needed; the
+    /// fd stays valid (pinned) until `body` returns.
+    @inline(__always)
+    func withFD<R>(_ inode: Inode, _ body: (Int32) throws(Errno) -> R) throws(Errno) -> R {
+        if inode === table.root { return try body(inode.fd) }
+        let fd = try acquire(inode)
+        defer { release(inode) }
+        return try body(fd)
+    }
+
+    private func acquire(_ inode: Inode) throws(Errno) -> Int32 {
+        let hit: Int32 = lock.withLock { state in
+            guard inode.fd >= 0 else { return -1 }
+            inode.pins += 1
+            if inode.cached { moveToFront(inode, &state) }
+            return inode.fd
+        }
+        if hit >= 0 { return hit }
+
+        let opened = try reopen(inode)
+        var toClose: [Int32] = []
+        let fd: Int32 = lock.withLock { state in
+            if inode.fd >= 0 {
+                // Another thread opened it meanwhile; use theirs.
+                toClose.append(opened)
+            } else {
+                inode.fd = opened
+                inode.closeWhenUnpinned = false
+                insertAtFront(inode, &state)
+                toClose = evictOverflow(&state)
+            }
+            inode.pins += 1
+            return inode.fd
+        }
+        for f in toClose { Sys.close(f) }
+        return fd
+    }
+
+    private func release(_ inode: Inode) {
+        let closing: Int32 = lock.withLock { state in
+            inode.pins -= 1
+            guard inode.pins == 0, inode.closeWhenUnpinned else { return -1 }
+            return detach(inode, &state)
+        }
+        if closing >= 0 { Sys.close(closing) }
+    }
+
+    /// Gives the cache an fd the caller just opened for `inode` (after
+    /// mkdir/symlink/mknod), so the next request doesn't reopen it.
+    func adopt(_ inode: Inode, fd: Int32) {
+        var toClose: [Int32] = []
+        lock.withLock { state in
+            if inode.fd >= 0 {
+                toClose.append(fd)
+            } else {
+                inode.fd = fd
+                insertAtFront(inode, &state)
+                toClose = evictOverflow(&state)
+            }
+        }
+        for f in toClose { Sys.close(f) }
+    }
+
+    /// The kernel forgot `inode`: close its fd now (or when its last user is done).
+    func drop(_ inode: Inode) {
+        let closing: Int32 = lock.withLock { state in
+            guard inode.fd >= 0 else { return -1 }
+            if inode.pins > 0 { inode.closeWhenUnpinned = true; return -1 }
+            return detach(inode, &state)
+        }
+        if closing >= 0 { Sys.close(closing) }
+    }
+
+    /// Closes about half the cached fds; called when an open hit EMFILE/ENFILE.
+    func shrink() {
+        var toClose: [Int32] = []
+        lock.withLock { state in
+            var target = state.count / 2
+            var node = state.oldest
+            while let n = node, target > 0 {
+                node = n.newer
+                if n.pins == 0 { toClose.append(detach(n, &state)); target -= 1 }
+            }
+        }
+        for f in toClose { Sys.close(f) }
+    }
+
+    var openCount: Int { lock.withLock { $0.count } }
+
+    /// Opens `inode` again from where it was last seen and checks it is still the same file.
+    private func reopen(_ inode: Inode) throws(Errno) -> Int32 {
+        guard let (parent, name) = table.location(of: inode) else { throw Errno(rawValue: ESTALE) }
+        let fd = try withFD(parent) { pfd throws(Errno) in
+            try name.withUnsafeBufferPointer { n throws(Errno) in
+                try retryingOnFDExhaustion { () throws(Errno) in
+                    try Sys.openat(pfd, n.baseAddress!, VANISH_O_PATH | O_NOFOLLOW)
+                }
+            }
+        }
+        let st: stat
+        do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
+        guard st.st_dev == inode.key.dev, st.st_ino == inode.key.ino else {
+            Sys.close(fd)
+            throw Errno(rawValue: ESTALE)
+        }
+        return fd
+    }
+
+    /// Runs an open; on EMFILE/ENFILE frees half the cache and tries once more.
+    func retryingOnFDExhaustion(_ open: () throws(Errno) -> Int32) throws(Errno) -> Int32 {
+        do throws(Errno) {
+            return try open()
+        } catch where error == .tooManyOpenFiles || error == .tooManyOpenFilesInSystem {
+            shrink()
+            return try open()
+        }
+    }
+
+    // MARK: LRU list (lock held)
+
+    private func insertAtFront(_ inode: Inode, _ state: inout State) {
+        inode.cached = true
+        inode.older = state.newest
+        inode.newer = nil
+        state.newest?.newer = inode
+        state.newest = inode
+        if state.oldest == nil { state.oldest = inode }
+        state.count += 1
+    }
+
+    private func unlink(_ inode: Inode, _ state: inout State) {
+        if let n = inode.newer { n.older = inode.older } else { state.newest = inode.older }
+        if let o = inode.older { o.newer = inode.newer } else { state.oldest = inode.newer }
+        inode.newer = nil
+        inode.older = nil
+    }
+
+    private func moveToFront(_ inode: Inode, _ state: inout State) {
+        guard state.newest !== inode else { return }
+        unlink(inode, &state)
+        state.count -= 1
+        insertAtFront(inode, &state)
+    }
+
+    /// Takes `inode` out of the cache and returns its fd for closing.
+    private func detach(_ inode: Inode, _ state: inout State) -> Int32 {
+        let fd = inode.fd
+        if inode.cached {
+            unlink(inode, &state)
+            state.count -= 1
+            inode.cached = false
+        }
+        inode.fd = -1
+        inode.closeWhenUnpinned = false
+        return fd
+    }
+
+    /// Evicts unpinned fds from the old end until the cache fits; looks at a
+    /// bounded number so a run of pinned fds can't stall a request.
+    private func evictOverflow(_ state: inout State) -> [Int32] {
+        guard state.count > limit else { return [] }
+        var out: [Int32] = []
+        var node = state.oldest
+        var budget = 64
+        while state.count > limit, let n = node, budget > 0 {
+            node = n.newer
+            budget -= 1
+            if n.pins == 0 { out.append(detach(n, &state)) }
+        }
+        return out
+    }
+}

@@ -1,0 +1,73 @@
+import CFuse
+import FUSEKit
+import Glibc
+import LinuxSyscalls
+import SystemPackage
+
+// Open files: the handle (fi->fh) is the backing fd itself.
+extension PassthroughFilesystem {
+    public func open(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        let node = inode(ino)
+        let (flags, direct) = backingOpenFlags(fi.pointee.flags)
+        let fd = try fds.withFD(node) { pathFD throws(Errno) in
+            try fds.retryingOnFDExhaustion { () throws(Errno) in
+                try Sys.withProcPath(pathFD) { path throws(Errno) in try Sys.open(path, flags) }
+            }
+        }
+        fi.pointee.fh = UInt64(fd)
+        configure(fi, direct: direct)
+        req.reply(open: fi)
+    }
+
+    public func read(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
+                     _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        req.replyData(fd: Int32(truncatingIfNeeded: fi.pointee.fh), offset: offset, size: size)
+    }
+
+    public func write(_ req: Request, _ ino: fuse_ino_t, _ buf: UnsafeMutablePointer<fuse_bufvec>, offset: off_t,
+                      _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        let n = vanish_write_buf_to_fd(buf, Int32(truncatingIfNeeded: fi.pointee.fh), offset)
+        if n < 0 { throw Errno(rawValue: Int32(-n)) }
+        req.reply(written: n)
+    }
+
+    public func flush(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        // close() of a duplicate reports deferred write errors (NFS, quotas)
+        // to the program's close(), as the backing filesystem would.
+        let dup = try Sys.dup(Int32(truncatingIfNeeded: fi.pointee.fh))
+        if Glibc.close(dup) < 0 { throw Errno(rawValue: errno) }
+        req.replyOK()
+    }
+
+    public func release(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        Sys.close(Int32(truncatingIfNeeded: fi.pointee.fh))
+        req.replyOK()
+    }
+
+    public func fsync(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool,
+                      _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        try Sys.fsync(Int32(truncatingIfNeeded: fi.pointee.fh), dataOnly: dataOnly)
+        req.replyOK()
+    }
+
+    public func fallocate(_ req: Request, _ ino: fuse_ino_t, mode: Int32, offset: off_t, length: off_t,
+                          _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        try Sys.fallocate(Int32(truncatingIfNeeded: fi.pointee.fh), mode, offset, length)
+        req.replyOK()
+    }
+
+    public func copyFileRange(_ req: Request, input: fuse_ino_t, inputOffset: off_t,
+                              _ fiIn: UnsafeMutablePointer<fuse_file_info>, output: fuse_ino_t,
+                              outputOffset: off_t, _ fiOut: UnsafeMutablePointer<fuse_file_info>,
+                              length: Int, flags: Int32) throws(Errno) {
+        let n = try Sys.copyFileRange(Int32(truncatingIfNeeded: fiIn.pointee.fh), inputOffset,
+                                      Int32(truncatingIfNeeded: fiOut.pointee.fh), outputOffset,
+                                      length, UInt32(bitPattern: flags))
+        req.reply(written: n)
+    }
+
+    public func lseek(_ req: Request, _ ino: fuse_ino_t, offset: off_t, whence: Int32,
+                      _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        req.reply(offset: try Sys.lseek(Int32(truncatingIfNeeded: fi.pointee.fh), offset, whence))
+    }
+}

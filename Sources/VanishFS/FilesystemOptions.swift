@@ -1,0 +1,31 @@
+/// How the kernel may cache what Vanish tells it.
+public enum CacheMode: String, Sendable, CaseIterable {
+    /// Entries and attributes trusted for 1 s; file data kept while the
+    /// file's mtime is unchanged. Safe when the backing directory is also
+    /// changed from outside (within that second).
+    case auto
+    /// Everything trusted for a day and page cache kept across opens:
+    /// fastest, for in-place mounts where every change goes through Vanish.
+    case always
+    /// Nothing cached, reads and writes go straight to the backing files:
+    /// for backing directories that other programs change all the time.
+    case never
+}
+
+/// The filesystem's own settings (libfuse's mount options are separate).
+public struct FilesystemOptions: Sendable {
+    public var cache: CacheMode = .auto
+    /// Kernel write-back caching of file data (FUSE_CAP_WRITEBACK_CACHE).
+    public var writeback = false
+    /// Most O_PATH fds kept open for inodes; nil picks half the fd limit.
+    public var fdCacheLimit: Int?
+
+    public init() {}
+
+    var entryTimeout: Double {
+        switch cache { case .auto: 1.0; case .always: 86400; case .never: 0 }
+    }
+    var attrTimeout: Double { entryTimeout }
+    /// How long the kernel may remember that a name does not exist.
+    var negativeTimeout: Double { entryTimeout }
+}

@@ -1,0 +1,61 @@
+import Glibc
+
+/// Identity of a backing file: the pair the kernel guarantees unique.
+struct InodeKey: Hashable, Sendable {
+    var dev: dev_t
+    var ino: ino_t
+}
+
+/// One backing file known to the kernel.
+///
+/// Its FUSE node id is the object's address (as passthrough_hp uses its
+/// `Inode*`), retained while the kernel holds lookups on it. It does *not*
+/// own an fd: the kernel can cache far more inodes than the fd limit allows,
+/// so `FDCache` opens an O_PATH fd on demand (through `parent` and `name`)
+/// and closes the least recently used ones.
+final class Inode: @unchecked Sendable {
+    let key: InodeKey
+    /// The S_IFMT bits; an inode never changes type.
+    let type: mode_t
+    let generation: UInt64
+
+    // Guarded by InodeTable's lock.
+    /// Kernel lookup count; the node id is valid while it is above zero.
+    var lookups: UInt64 = 0
+    /// Where this inode was last seen by name, for reopening its fd. Kept
+    /// strong so a chain of ancestors stays walkable even after the kernel
+    /// forgot one of them.
+    var parent: Inode?
+    var name: ContiguousArray<CChar>
+
+    // Guarded by FDCache's lock.
+    var fd: Int32 = -1
+    /// Handlers currently using `fd`; a pinned fd is never evicted.
+    var pins: Int32 = 0
+    var newer: Inode?
+    var older: Inode?
+    var cached = false
+    /// The kernel forgot this inode while its fd was pinned: close on unpin.
+    var closeWhenUnpinned = false
+
+    init(key: InodeKey, type: mode_t, generation: UInt64, parent: Inode?, name: UnsafePointer<CChar>) {
+        self.key = key
+        self.type = type
+        self.generation = generation
+        self.parent = parent
+        self.name = Inode.copyName(name)
+    }
+
+    var isDirectory: Bool { type == S_IFDIR }
+    var isSymlink: Bool { type == S_IFLNK }
+
+    static func copyName(_ name: UnsafePointer<CChar>) -> ContiguousArray<CChar> {
+        let n = strlen(name)
+        return ContiguousArray(UnsafeBufferPointer(start: name, count: n + 1))
+    }
+
+    /// True when `name` equals the stored name (no allocation).
+    func nameEquals(_ other: UnsafePointer<CChar>) -> Bool {
+        name.withUnsafeBufferPointer { strcmp($0.baseAddress!, other) == 0 }
+    }
+}

@@ -1,0 +1,89 @@
+import CFuse
+import Glibc
+import Synchronization
+
+/// The kernel's view of which backing files exist: (st_dev, st_ino) → Inode,
+/// with lookup counts, as in libfuse's passthrough_hp.
+///
+/// The lock is held only for table and name bookkeeping, never across a
+/// system call.
+final class InodeTable: @unchecked Sendable {
+    let root: Inode
+    private let lock = Mutex<[InodeKey: Inode]>([:])
+    private let generations = Atomic<UInt64>(1)
+
+    init(root: Inode) { self.root = root }
+
+    /// The FUSE node id for `inode`.
+    @inline(__always)
+    func nodeID(_ inode: Inode) -> fuse_ino_t {
+        inode === root ? fuse_ino_t(FUSE_ROOT_ID) : fuse_ino_t(UInt(bitPattern: Unmanaged.passUnretained(inode).toOpaque()))
+    }
+
+    /// The inode behind a node id the kernel sent. Valid because the kernel
+    /// only sends ids it holds a lookup on.
+    @inline(__always)
+    func inode(_ id: fuse_ino_t) -> Inode {
+        if id == fuse_ino_t(FUSE_ROOT_ID) { return root }
+        return Unmanaged<Inode>.fromOpaque(UnsafeRawPointer(bitPattern: UInt(id))!).takeUnretainedValue()
+    }
+
+    /// Records one more kernel lookup of the file `st` describes, found as
+    /// `name` in `parent`; returns its inode (new or known).
+    func remember(_ st: stat, parent: Inode, name: UnsafePointer<CChar>) -> Inode {
+        let key = InodeKey(dev: st.st_dev, ino: st.st_ino)
+        let type = st.st_mode & S_IFMT
+        if key == root.key { return root }
+        return lock.withLock { map in
+            // A known inode of another type means the number was reused
+            // behind our back: start a new node, the old one lives until forgotten.
+            if let known = map[key], known.type == type {
+                known.lookups += 1
+                if known.parent !== parent || !known.nameEquals(name) {
+                    known.parent = parent
+                    known.name = Inode.copyName(name)
+                }
+                return known
+            }
+            let fresh = Inode(key: key, type: type, generation: generations.wrappingAdd(1, ordering: .relaxed).newValue,
+                              parent: parent, name: name)
+            fresh.lookups = 1
+            map[key] = fresh
+            _ = Unmanaged.passRetained(fresh)
+            return fresh
+        }
+    }
+
+    /// Drops `count` kernel lookups; returns true when the inode is gone
+    /// from the kernel (its fd should be closed).
+    func forget(_ inode: Inode, count: UInt64) -> Bool {
+        if inode === root { return false }
+        let gone: Bool = lock.withLock { map in
+            // Clamp rather than trap: a miscount must not take the mount down.
+            inode.lookups -= min(count, inode.lookups)
+            guard inode.lookups == 0 else { return false }
+            if map[inode.key] === inode { map[inode.key] = nil }
+            return true
+        }
+        if gone { Unmanaged.passUnretained(inode).release() }
+        return gone
+    }
+
+    /// After a rename through the mount: the file `st` now lives at `name` in `parent`.
+    func moved(_ st: stat, to parent: Inode, name: UnsafePointer<CChar>) {
+        let key = InodeKey(dev: st.st_dev, ino: st.st_ino)
+        lock.withLock { map in
+            guard let known = map[key] else { return }
+            known.parent = parent
+            known.name = Inode.copyName(name)
+        }
+    }
+
+    /// Where `inode` was last seen, for reopening it.
+    func location(of inode: Inode) -> (parent: Inode, name: ContiguousArray<CChar>)? {
+        lock.withLock { _ in inode.parent.map { ($0, inode.name) } }
+    }
+
+    /// Number of inodes the kernel holds (for status and tests).
+    var count: Int { lock.withLock { $0.count } }
+}

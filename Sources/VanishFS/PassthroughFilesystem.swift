@@ -1,0 +1,147 @@
+import CFuse
+import FUSEKit
+import Glibc
+import LinuxSyscalls
+import Logging
+import Synchronization
+import SystemPackage
+
+/// Vanish's filesystem: every operation on the mount is done on the backing
+/// directory, through fds relative to it, with its errno passed back unchanged.
+public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendable {
+    let table: InodeTable
+    let fds: FDCache
+    let options: FilesystemOptions
+    let log: Logger
+    /// The backing root, opened before mounting (so an in-place mount still reaches it).
+    let rootFD: Int32
+    /// Set when the daemon runs as root: new entries are then given to the
+    /// caller with fchown, since the kernel already checked the caller may make them.
+    let actsForOthers: Bool
+    let devices: DeviceMap
+
+    /// Opens `source` (a directory) as the backing root.
+    public init(source: String, options: FilesystemOptions, logger: Logger) throws(Errno) {
+        let fd = try Sys.open(source, VANISH_O_PATH | O_DIRECTORY)
+        let st: stat
+        do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
+        let root = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, generation: 0,
+                         parent: nil, name: "")
+        root.fd = fd
+        root.lookups = 1
+        rootFD = fd
+        table = InodeTable(root: root)
+        self.options = options
+        log = logger
+        fds = FDCache(limit: options.fdCacheLimit ?? FileLimits.defaultCacheLimit(), table: table)
+        actsForOthers = geteuid() == 0
+        devices = DeviceMap(rootDevice: st.st_dev)
+    }
+
+    deinit { Sys.close(rootFD) }
+
+    /// Inodes the kernel currently holds (diagnostics).
+    public var knownInodes: Int { table.count }
+    /// O_PATH fds currently cached (diagnostics).
+    public var cachedFDs: Int { fds.openCount }
+    public var fdCacheLimit: Int { fds.limit }
+
+    public func initialize(_ conn: UnsafeMutablePointer<fuse_conn_info>) {
+        let capable = conn.pointee.capable
+        if options.writeback && capable & UInt32(FUSE_CAP_WRITEBACK_CACHE) != 0 {
+            conn.pointee.want |= UInt32(FUSE_CAP_WRITEBACK_CACHE)
+        }
+        // Move data between the backing file and /dev/fuse through pipes
+        // instead of copying it through our memory (as passthrough_hp does).
+        for cap in [FUSE_CAP_SPLICE_WRITE, FUSE_CAP_SPLICE_MOVE, FUSE_CAP_SPLICE_READ] {
+            if capable & UInt32(cap) != 0 { conn.pointee.want |= UInt32(cap) }
+        }
+        log.info("session started", metadata: ["fd_cache": "\(fds.limit)", "cache": "\(options.cache.rawValue)"])
+    }
+
+    public func destroy() {
+        log.info("session ending", metadata: ["inodes": "\(table.count)"])
+    }
+
+    // MARK: Shared helpers
+
+    @inline(__always)
+    func inode(_ id: fuse_ino_t) -> Inode { table.inode(id) }
+
+    /// The reply for a name that now refers to `node`.
+    @inline(__always)
+    func entry(_ node: Inode, _ st: stat) -> fuse_entry_param {
+        var e = fuse_entry_param()
+        e.ino = table.nodeID(node)
+        e.generation = node.generation
+        e.attr = devices.present(st)
+        e.attr_timeout = options.attrTimeout
+        e.entry_timeout = options.entryTimeout
+        return e
+    }
+
+    /// Applies the cache policy to a freshly opened file.
+    @inline(__always)
+    func configure(_ fi: UnsafeMutablePointer<fuse_file_info>, direct: Bool) {
+        switch options.cache {
+        case .always: fi.pointee.keep_cache = 1
+        case .never: fi.pointee.direct_io = 1
+        case .auto: break
+        }
+        if direct { fi.pointee.direct_io = 1 }
+    }
+}
+
+/// Inode numbers of filesystems mounted inside the source would collide
+/// with the source's own (every root is inode 2 on ext4, 1 on tmpfs...)
+/// once they all appear under the one FUSE st_dev, and `find`, `du`, `cp -a`
+/// and git compare (st_dev, st_ino). Files on the source's device keep their
+/// inode number; files on a nested device get its index in the top byte.
+final class DeviceMap: @unchecked Sendable {
+    private let rootDevice: dev_t
+    private let known = Mutex<[dev_t: UInt64]>([:])
+
+    init(rootDevice: dev_t) { self.rootDevice = rootDevice }
+
+    @inline(__always)
+    func present(_ st: stat) -> stat {
+        if st.st_dev == rootDevice { return st }
+        var out = st
+        out.st_ino = (st.st_ino & 0x00FF_FFFF_FFFF_FFFF) | (UInt(index(of: st.st_dev)) << 56)
+        return out
+    }
+
+    private func index(of dev: dev_t) -> UInt64 {
+        known.withLock { map in
+            if let i = map[dev] { return i }
+            let i = UInt64(map.count + 1) & 0xFF
+            map[dev] = i
+            return i
+        }
+    }
+}
+
+/// The process's fd budget.
+public enum FileLimits {
+    /// Raises the soft RLIMIT_NOFILE to the hard limit (the most any process
+    /// may have here) and returns it.
+    @discardableResult
+    public static func raise() -> Int {
+        var lim = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &lim) == 0 else { return 1024 }
+        if lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max
+            _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &lim)
+        }
+        return Int(min(lim.rlim_cur, rlim_t(Int32.max)))
+    }
+
+    /// Half the fd limit for cached inode fds, leaving the rest for files
+    /// programs hold open through the mount and for libfuse.
+    static func defaultCacheLimit() -> Int {
+        var lim = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &lim) == 0 else { return 256 }
+        let n = Int(min(lim.rlim_cur, 1 << 20))
+        return max(16, n / 2 - 32)
+    }
+}

@@ -1,0 +1,117 @@
+import ArgumentParser
+import FUSEKit
+import Glibc
+import Logging
+import VanishFS
+
+struct MountCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "mount",
+        abstract: "Mount SOURCE on MOUNTPOINT, or a directory over itself.",
+        discussion: """
+            With one path the directory is mounted in place: Vanish opens it first, then \
+            mounts on top, so existing paths keep working and every access goes through Vanish.
+
+            -o takes libfuse/kernel options (allow_other, default_permissions, ro, fsname=, ...) \
+            and Vanish's own: cache=auto|always|never, threads=N, clone_fd, writeback, fd_cache=N. \
+            allow_other always turns default_permissions on, so other users get only what \
+            the file modes grant them.
+
+            Unmount with `fusermount3 -u MOUNTPOINT`, `vanish unmount MOUNTPOINT`, SIGINT or SIGTERM.
+            """
+    )
+
+    @Flag(name: .shortAndLong, help: "Stay in the foreground and log to stderr.")
+    var foreground = false
+
+    @Flag(name: .shortAndLong, help: "Print every FUSE request (implies --foreground).")
+    var debug = false
+
+    @Option(name: .short, help: ArgumentHelp("Mount options, comma-separated; may repeat.", valueName: "opt[,opt...]"))
+    var options: [String] = []
+
+    @Option(help: "How the kernel caches entries, attributes and data: auto, always or never.")
+    var cache: String?
+
+    @Option(help: "Most worker threads serving requests.")
+    var threads: Int?
+
+    @Flag(help: "Give each worker thread its own /dev/fuse fd.")
+    var cloneFD = false
+
+    @Flag(help: "Serve requests on one thread (for debugging).")
+    var singleThreaded = false
+
+    @Option(help: "Write the log here when running in the background (default: syslog).")
+    var logFile: String?
+
+    @Argument(help: "The directory whose contents the mount shows.")
+    var source: String
+
+    @Argument(help: "Where to mount it (default: over SOURCE itself).")
+    var mountpoint: String?
+
+    func validate() throws {
+        if let cache, CacheMode(rawValue: cache) == nil {
+            throw ValidationError("--cache takes one of: auto, always, never")
+        }
+        if let threads, !(1...256).contains(threads) {
+            throw ValidationError("--threads takes a number from 1 to 256")
+        }
+    }
+
+    func run() throws {
+        var parsed = try MountOptionList(options)
+        if let cache { parsed.filesystem.cache = CacheMode(rawValue: cache)! }
+        let src = try MountPaths.resolve(source, what: "source")
+        let mnt = try MountPaths.resolve(mountpoint ?? source, what: "mountpoint")
+        guard MountPaths.isDirectory(src) else { throw ValidationError("source \(source) is not a directory") }
+        guard MountPaths.isDirectory(mnt) else { throw ValidationError("mountpoint \(mnt) is not a directory") }
+        if mnt != src && mnt.hasPrefix(src == "/" ? "/" : src + "/") {
+            throw ValidationError("""
+                mountpoint \(mnt) is inside source \(src): the mount would contain itself. \
+                Mount in place (vanish mount \(src)) or choose a mountpoint outside the source.
+                """)
+        }
+
+        let foreground = self.foreground || debug
+        FileLimits.raise()
+        bootstrapLogging(foreground: foreground, logFile: logFile)
+        let log = Logger(label: "vanish")
+
+        // Opened before mounting, so an in-place mount still reaches what it covers.
+        let fs: PassthroughFilesystem
+        do {
+            fs = try PassthroughFilesystem(source: src, options: parsed.filesystem, logger: log)
+        } catch {
+            throw RuntimeError("cannot open source \(src): \(error)")
+        }
+        let session: Session
+        do {
+            session = try Session(filesystem: fs, options: parsed.fuseOptions(source: src), debug: debug)
+        } catch {
+            throw RuntimeError("\(error)")
+        }
+        do {
+            try session.mount(at: mnt)
+        } catch {
+            throw RuntimeError("mounting \(src) on \(mnt) failed; see libfuse's message above")
+        }
+        try session.installSignalHandlers()
+        if !foreground { session.daemonize() }
+        log.info("mounted", metadata: ["source": "\(src)", "mountpoint": "\(mnt)", "pid": "\(getpid())"])
+
+        let config = LoopConfig(maxThreads: threads ?? parsed.threads ?? 10, cloneFD: cloneFD || parsed.cloneFD)
+        let status = singleThreaded ? session.runSingleThreaded() : session.run(config)
+        session.unmount()
+        log.info("unmounted", metadata: ["mountpoint": "\(mnt)", "status": "\(status)"])
+        // A positive status is the signal that ended the loop: a requested, clean stop.
+        if status < 0 { throw ExitCode.failure }
+    }
+}
+
+/// A failure worth one line on stderr and exit status 1.
+struct RuntimeError: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}

@@ -1,0 +1,60 @@
+import ArgumentParser
+import Glibc
+
+/// Facts about paths and mounts the mount and unmount commands check first.
+enum MountPaths {
+    /// realpath(3), or a validation error naming the path.
+    static func resolve(_ path: String, what: String) throws -> String {
+        guard let r = realpath(path, nil) else {
+            let e = errno
+            if e == ENOTCONN {
+                throw ValidationError("""
+                    \(what) \(path) is a dead FUSE mount (Transport endpoint is not connected): \
+                    its daemon is gone. Clear it with `fusermount3 -u \(path)` (or `vanish unmount \(path)`) \
+                    and mount again.
+                    """)
+            }
+            throw ValidationError("\(what) \(path): \(String(cString: strerror(e)))")
+        }
+        defer { free(r) }
+        return String(cString: r)
+    }
+
+    static func isDirectory(_ path: String) -> Bool {
+        var st = stat()
+        return stat(path, &st) == 0 && (st.st_mode & S_IFMT) == S_IFDIR
+    }
+
+    /// The filesystem type mounted exactly at `path`, from /proc/self/mountinfo
+    /// (the last one wins: mounts stack).
+    static func mountType(at path: String) -> String? {
+        guard let f = fopen("/proc/self/mountinfo", "r") else { return nil }
+        defer { fclose(f) }
+        var found: String?
+        var line: UnsafeMutablePointer<CChar>?
+        var cap = 0
+        while getline(&line, &cap, f) > 0 {
+            let fields = String(cString: line!).split(separator: " ")
+            // id parent major:minor root mountpoint opts [optional...] - fstype source superopts
+            guard fields.count > 7, let dash = fields.firstIndex(of: "-"), dash + 1 < fields.count else { continue }
+            if unescape(String(fields[4])) == path { found = String(fields[dash + 1]) }
+        }
+        free(line)
+        return found
+    }
+
+    /// mountinfo writes space, tab, newline and backslash as \ooo.
+    static func unescape(_ s: String) -> String {
+        guard s.contains("\\") else { return s }
+        var bytes: [UInt8] = []
+        var u = Array(s.utf8)[...]
+        while let c = u.first {
+            if c == UInt8(ascii: "\\"), u.count >= 4, let v = UInt8(String(decoding: u.dropFirst().prefix(3), as: UTF8.self), radix: 8) {
+                bytes.append(v); u = u.dropFirst(4)
+            } else {
+                bytes.append(c); u = u.dropFirst()
+            }
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+}

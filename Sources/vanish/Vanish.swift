@@ -1,0 +1,18 @@
+import ArgumentParser
+
+/// `vanish`: the command-line face of the filesystem.
+@main
+struct Vanish: ParsableCommand {
+    static let version = "0.1.0"
+
+    static let configuration = CommandConfiguration(
+        commandName: "vanish",
+        abstract: "A FUSE overlay filesystem where deleting is instant.",
+        discussion: """
+            Exit codes: 0 success; 1 the operation failed (the message says why); \
+            64 bad command-line arguments.
+            """,
+        version: version,
+        subcommands: [MountCommand.self, UnmountCommand.self]
+    )
+}
