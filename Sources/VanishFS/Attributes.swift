@@ -22,7 +22,7 @@ extension PassthroughFilesystem {
                         _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
         let node = inode(ino)
         let openFD: Int32? = (fi != nil && !node.isDirectory) ? Int32(truncatingIfNeeded: fi!.pointee.fh) : nil
-        var st = try fds.withFD(node) { fd throws(Errno) -> stat in
+        let apply = { (fd: Int32) throws(Errno) -> stat in
             if toSet & FUSE_SET_ATTR_MODE != 0 {
                 if let openFD { try Sys.fchmod(openFD, attr.pointee.st_mode) } else { try Sys.chmod(pathFD: fd, attr.pointee.st_mode) }
             }
@@ -47,6 +47,8 @@ extension PassthroughFilesystem {
             }
             return try Sys.fstat(openFD ?? fd)
         }
+        // An open handle reaches the file even after its name is gone.
+        var st = if let openFD { try apply(openFD) } else { try fds.withFD(node, apply) }
         st = devices.present(st)
         req.reply(attr: &st, timeout: options.attrTimeout)
     }

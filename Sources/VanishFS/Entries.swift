@@ -149,6 +149,7 @@ extension PassthroughFilesystem {
         }
         fi.pointee.fh = UInt64(fd)
         configure(fi, direct: direct)
+        fds.opened(node)
         var e = entry(node, st)
         req.reply(created: &e, fi)
     }

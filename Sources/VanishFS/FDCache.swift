@@ -101,6 +101,37 @@ final class FDCache: @unchecked Sendable {
         if closing >= 0 { Sys.close(closing) }
     }
 
+    /// A program opened `inode` through the mount.
+    func opened(_ inode: Inode) {
+        lock.withLock { _ in inode.openHandles += 1 }
+    }
+
+    /// A program closed a handle of `inode`; the last close lets go of an
+    /// fd held because its name was removed.
+    func closed(_ inode: Inode) {
+        let unpin: Bool = lock.withLock { _ in
+            inode.openHandles -= 1
+            guard inode.openHandles <= 0, inode.heldForOpenHandles else { return false }
+            inode.heldForOpenHandles = false
+            return true
+        }
+        if unpin { release(inode) }
+    }
+
+    /// Called before `inode`'s name is removed or replaced: if programs hold
+    /// it open, keep an fd so fstat and friends still reach it (the kernel
+    /// sends those by inode, not by handle).
+    func holdIfOpen(_ inode: Inode) {
+        let wanted: Bool = lock.withLock { _ in inode.openHandles > 0 && !inode.heldForOpenHandles }
+        guard wanted, (try? acquire(inode)) != nil else { return }
+        let extra: Bool = lock.withLock { _ in
+            if inode.heldForOpenHandles || inode.openHandles <= 0 { return true }
+            inode.heldForOpenHandles = true
+            return false
+        }
+        if extra { release(inode) }
+    }
+
     /// Closes about half the cached fds; called when an open hit EMFILE/ENFILE.
     func shrink() {
         var toClose: [Int32] = []

@@ -16,6 +16,7 @@ extension PassthroughFilesystem {
         }
         fi.pointee.fh = UInt64(fd)
         configure(fi, direct: direct)
+        fds.opened(node)
         req.reply(open: fi)
     }
 
@@ -41,6 +42,7 @@ extension PassthroughFilesystem {
 
     public func release(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         Sys.close(Int32(truncatingIfNeeded: fi.pointee.fh))
+        fds.closed(inode(ino))
         req.replyOK()
     }
 

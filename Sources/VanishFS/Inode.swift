@@ -37,6 +37,11 @@ final class Inode: @unchecked Sendable {
     var cached = false
     /// The kernel forgot this inode while its fd was pinned: close on unpin.
     var closeWhenUnpinned = false
+    /// Files programs have open on this inode through the mount.
+    var openHandles: Int32 = 0
+    /// Its last known name was removed while open: the fd holds one pin
+    /// until the last handle closes, as the only way left to reach it.
+    var heldForOpenHandles = false
 
     init(key: InodeKey, type: mode_t, generation: UInt64, parent: Inode?, name: UnsafePointer<CChar>) {
         self.key = key

@@ -79,6 +79,13 @@ final class InodeTable: @unchecked Sendable {
         }
     }
 
+    /// The inode the kernel knows for `st`, if any (no lookup counted).
+    func known(_ st: stat) -> Inode? {
+        let key = InodeKey(dev: st.st_dev, ino: st.st_ino)
+        if key == root.key { return nil }
+        return lock.withLock { $0[key] }
+    }
+
     /// Where `inode` was last seen, for reopening it.
     func location(of inode: Inode) -> (parent: Inode, name: ContiguousArray<CChar>)? {
         lock.withLock { _ in inode.parent.map { ($0, inode.name) } }

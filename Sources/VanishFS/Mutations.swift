@@ -10,12 +10,21 @@ import SystemPackage
 extension PassthroughFilesystem {
     /// Removes `name` from the directory `parentFD` (unlink or rmdir).
     func removeEntry(parentFD: Int32, name: UnsafePointer<CChar>, directory: Bool) throws(Errno) {
+        if !directory { holdIfOpen(parentFD, name) }
         try Sys.unlinkat(parentFD, name, directory ? AT_REMOVEDIR : 0)
+    }
+
+    /// Keeps a file that is about to lose its name reachable while programs have it open.
+    func holdIfOpen(_ parentFD: Int32, _ name: UnsafePointer<CChar>) {
+        guard let st = try? Sys.lstatat(parentFD, name), st.st_mode & S_IFMT == S_IFREG,
+              let node = table.known(st) else { return }
+        fds.holdIfOpen(node)
     }
 
     /// Renames with renameat2 semantics (NOREPLACE, EXCHANGE passed through).
     func renameEntry(_ pfd: Int32, _ name: UnsafePointer<CChar>, _ npfd: Int32, _ newName: UnsafePointer<CChar>,
                      flags: UInt32) throws(Errno) {
+        if flags & VANISH_RENAME_EXCHANGE == 0 { holdIfOpen(npfd, newName) }
         try Sys.renameat2(pfd, name, npfd, newName, flags)
     }
 

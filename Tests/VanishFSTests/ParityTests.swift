@@ -1,0 +1,240 @@
+import CFuse
+import Foundation
+import Glibc
+import Testing
+import VanishTestSupport
+
+/// Records what each step of a syscall script returned, so a run on a plain
+/// directory and a run on the mount can be compared line by line.
+struct Trace {
+    var lines: [String] = []
+    let dir: Int32
+
+    mutating func step(_ label: String, _ result: Int) {
+        lines.append("\(label): \(result < 0 ? errnoName(errno) : "ok")")
+    }
+    mutating func value(_ label: String, _ v: String) { lines.append("\(label) = \(v)") }
+
+    mutating func stat(_ label: String, _ name: String) {
+        var st = Glibc.stat()
+        if fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) < 0 { step("stat \(label)", -1); return }
+        value("stat \(label)", describe(st))
+    }
+
+    mutating func fstat(_ label: String, _ fd: Int32) {
+        var st = Glibc.stat()
+        if Glibc.fstat(fd, &st) < 0 { step("fstat \(label)", -1); return }
+        value("fstat \(label)", describe(st))
+    }
+
+    func describe(_ st: Glibc.stat) -> String {
+        "mode=\(String(st.st_mode, radix: 8)) nlink=\(st.st_nlink) size=\(st.st_size) uid=\(st.st_uid) gid=\(st.st_gid)"
+    }
+
+    mutating func read(_ label: String, _ fd: Int32, at offset: Int = 0, count: Int = 64) {
+        var buf = [UInt8](repeating: 0, count: count)
+        let n = pread(fd, &buf, count, off_t(offset))
+        if n < 0 { step("read \(label)", -1) } else { value("read \(label)", String(decoding: buf[..<n], as: UTF8.self)) }
+    }
+
+    mutating func write(_ label: String, _ fd: Int32, _ text: String, at offset: Int? = nil) {
+        let n = text.withCString { p in offset.map { pwrite(fd, p, strlen(p), off_t($0)) } ?? Glibc.write(fd, p, strlen(p)) }
+        step("write \(label)", n)
+    }
+}
+
+func errnoName(_ e: Int32) -> String {
+    let names: [Int32: String] = [EEXIST: "EEXIST", ENOENT: "ENOENT", ENOTEMPTY: "ENOTEMPTY", EISDIR: "EISDIR",
+                                  ENOTDIR: "ENOTDIR", ELOOP: "ELOOP", EINVAL: "EINVAL", EACCES: "EACCES",
+                                  EPERM: "EPERM", ENODATA: "ENODATA", EBADF: "EBADF", EXDEV: "EXDEV",
+                                  ERANGE: "ERANGE", ENXIO: "ENXIO", ESTALE: "ESTALE", EMFILE: "EMFILE"]
+    return names[e] ?? "errno \(e)"
+}
+
+/// The syscall script: regular use, edge cases and error paths.
+func parityScript(root: String) -> [String] {
+    let dir = open(root, O_RDONLY | O_DIRECTORY)
+    defer { close(dir) }
+    var t = Trace(dir: dir)
+    umask(0o022)
+
+    // Directories and their errors.
+    t.step("mkdir d", Int(mkdirat(dir, "d", 0o755)))
+    t.step("mkdir d again", Int(mkdirat(dir, "d", 0o755)))
+    t.step("rmdir missing", Int(unlinkat(dir, "missing", AT_REMOVEDIR)))
+    t.step("mkdir d/sub", Int(mkdirat(dir, "d/sub", 0o700)))
+    t.stat("d/sub", "d/sub")
+    t.step("rmdir non-empty d", Int(unlinkat(dir, "d", AT_REMOVEDIR)))
+    t.step("unlink dir d", Int(unlinkat(dir, "d", 0)))
+
+    // Creating files: O_EXCL, O_TRUNC, O_APPEND.
+    let f = openat(dir, "f", O_RDWR | O_CREAT | O_EXCL, 0o644)
+    t.step("create f excl", Int(f))
+    t.step("create f excl again", Int(openat(dir, "f", O_RDWR | O_CREAT | O_EXCL, 0o644)))
+    t.write("f", f, "hello world")
+    t.read("f", f)
+    let fa = openat(dir, "f", O_WRONLY | O_APPEND)
+    t.write("f append", fa, "!")
+    close(fa)
+    t.fstat("f", f)
+    t.read("f after append", f)
+    close(f)
+    let ft = openat(dir, "f", O_RDWR | O_TRUNC)
+    t.fstat("f after O_TRUNC", ft)
+    t.write("f rewrite", ft, "abcdef")
+    close(ft)
+    t.step("rmdir file", Int(unlinkat(dir, "f", AT_REMOVEDIR)))
+    t.step("mkdir under file", Int(mkdirat(dir, "f/x", 0o755)))
+    t.step("open dir for write", Int(openat(dir, "d", O_WRONLY)))
+    t.step("open missing", Int(openat(dir, "nope", O_RDONLY)))
+
+    // Reading and writing through a handle whose name was unlinked.
+    let u = openat(dir, "unlinked", O_RDWR | O_CREAT, 0o600)
+    t.write("unlinked", u, "still here")
+    t.step("unlink unlinked", Int(unlinkat(dir, "unlinked", 0)))
+    t.stat("unlinked name", "unlinked")
+    t.read("unlinked via fd", u)
+    t.write("unlinked more", u, " and more", at: 10)
+    t.read("unlinked again", u)
+    t.fstat("unlinked", u)
+    t.step("ftruncate unlinked", Int(ftruncate(u, 5)))
+    t.read("unlinked truncated", u)
+    close(u)
+
+    // Renaming over an open file: the old handle keeps the old data.
+    let g = openat(dir, "g", O_RDWR | O_CREAT, 0o644)
+    t.write("g old", g, "old")
+    let h = openat(dir, "h", O_RDWR | O_CREAT, 0o644)
+    t.write("h new", h, "new")
+    close(h)
+    t.step("rename h over g", Int(renameat(dir, "h", dir, "g")))
+    t.read("g old handle", g)
+    let g2 = openat(dir, "g", O_RDONLY)
+    t.read("g new handle", g2)
+    close(g); close(g2)
+    t.stat("h gone", "h")
+
+    // Hard links.
+    t.step("link f f2", Int(linkat(dir, "f", dir, "f2", 0)))
+    t.stat("f", "f")
+    t.stat("f2", "f2")
+    t.step("unlink f", Int(unlinkat(dir, "f", 0)))
+    t.stat("f2 after unlink f", "f2")
+    let f2 = openat(dir, "f2", O_RDONLY)
+    t.read("f2", f2)
+    close(f2)
+    t.step("link onto existing", Int(linkat(dir, "f2", dir, "g", 0)))
+
+    // renameat2 flags.
+    t.step("noreplace onto existing", Int(vanish_renameat2(dir, "f2", dir, "g", VANISH_RENAME_NOREPLACE)))
+    t.step("noreplace to new", Int(vanish_renameat2(dir, "f2", dir, "f3", VANISH_RENAME_NOREPLACE)))
+    t.step("exchange f3 g", Int(vanish_renameat2(dir, "f3", dir, "g", VANISH_RENAME_EXCHANGE)))
+    let gx = openat(dir, "g", O_RDONLY)
+    t.read("g after exchange", gx)
+    close(gx)
+    t.step("exchange with missing", Int(vanish_renameat2(dir, "g", dir, "missing", VANISH_RENAME_EXCHANGE)))
+    t.step("rename dir into itself", Int(renameat(dir, "d", dir, "d/sub/x")))
+    t.step("rename file over dir", Int(renameat(dir, "g", dir, "d")))
+    t.step("rename across dirs", Int(renameat(dir, "f3", dir, "d/f3")))
+    t.stat("d/f3", "d/f3")
+
+    // Symlinks are never followed by the daemon.
+    t.step("symlink", Int(symlinkat("g", dir, "sl")))
+    t.step("symlink loop", Int(symlinkat("loop", dir, "loop")))
+    t.step("open loop", Int(openat(dir, "loop", O_RDONLY)))
+    t.step("open nofollow", Int(openat(dir, "sl", O_RDONLY | O_NOFOLLOW)))
+    var link = [CChar](repeating: 0, count: 64)
+    let n = readlinkat(dir, "sl", &link, 63)
+    t.value("readlink", n < 0 ? errnoName(errno) : String(decoding: link[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self))
+    t.step("readlink regular", readlinkat(dir, "g", &link, 63))
+    t.stat("sl", "sl")
+
+    // Attributes.
+    t.step("chmod", Int(fchmodat(dir, "g", 0o640, 0)))
+    var times = (timespec(tv_sec: 1_000_000, tv_nsec: 0), timespec(tv_sec: 2_000_000, tv_nsec: 5))
+    t.step("utimensat", Int(withUnsafePointer(to: &times) {
+        utimensat(dir, "g", UnsafeRawPointer($0).assumingMemoryBound(to: timespec.self), 0)
+    }))
+    var omit = (timespec(tv_sec: 0, tv_nsec: VANISH_UTIME_OMIT), timespec(tv_sec: 3_000_000, tv_nsec: 0))
+    t.step("utimensat omit atime", Int(withUnsafePointer(to: &omit) {
+        utimensat(dir, "g", UnsafeRawPointer($0).assumingMemoryBound(to: timespec.self), 0)
+    }))
+    var st = Glibc.stat()
+    fstatat(dir, "g", &st, 0)
+    t.value("times", "\(st.st_atim.tv_sec) \(st.st_mtim.tv_sec)")
+    t.step("truncate grow", Int(truncate(root + "/g", 100)))
+    t.stat("g", "g")
+
+    // Extended attributes.
+    t.step("setxattr", Int(setxattr(root + "/g", "user.k", "v1", 2, 0)))
+    t.step("setxattr create existing", Int(setxattr(root + "/g", "user.k", "v2", 2, Int32(XATTR_CREATE))))
+    t.step("setxattr replace missing", Int(setxattr(root + "/g", "user.z", "v", 1, Int32(XATTR_REPLACE))))
+    var xbuf = [CChar](repeating: 0, count: 16)
+    let xn = getxattr(root + "/g", "user.k", &xbuf, 16)
+    t.value("getxattr", xn < 0 ? errnoName(errno) : String(decoding: xbuf[..<xn].map { UInt8(bitPattern: $0) }, as: UTF8.self))
+    t.step("getxattr small buffer", getxattr(root + "/g", "user.k", &xbuf, 1))
+    t.step("getxattr missing", getxattr(root + "/g", "user.missing", &xbuf, 16))
+    t.step("removexattr", Int(removexattr(root + "/g", "user.k")))
+    t.step("removexattr again", Int(removexattr(root + "/g", "user.k")))
+
+    // Special files.
+    t.step("mkfifo", Int(mkfifoat(dir, "fifo", 0o600)))
+    t.stat("fifo", "fifo")
+    t.step("mknod socket", Int(mknodat(dir, "sock", S_IFSOCK | 0o600, 0)))
+    t.stat("sock", "sock")
+
+    // Sparse files: fallocate, SEEK_DATA/SEEK_HOLE, copy_file_range.
+    let s = openat(dir, "sparse", O_RDWR | O_CREAT, 0o644)
+    t.step("fallocate", Int(vanish_fallocate(s, 0, 0, 1 << 20)))
+    t.step("punch hole", Int(vanish_fallocate(s, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 512 << 10)))
+    t.value("seek data", "\(lseek(s, 0, VANISH_SEEK_DATA))")
+    t.value("seek hole", "\(lseek(s, 0, VANISH_SEEK_HOLE))")
+    t.write("sparse tail", s, "tail", at: 1 << 20)
+    t.fstat("sparse", s)
+    let c = openat(dir, "copy", O_RDWR | O_CREAT, 0o644)
+    var inOff: off_t = 1 << 20, outOff: off_t = 0
+    t.value("copy_file_range", "\(vanish_copy_file_range(s, &inOff, c, &outOff, 4, 0))")
+    t.read("copy", c)
+    close(s); close(c)
+
+    // Listing.
+    t.value("listing", listing(root))
+    return t.lines
+}
+
+func listing(_ path: String) -> String {
+    ((try? FileManager.default.contentsOfDirectory(atPath: path)) ?? ["<error>"]).sorted().joined(separator: ",")
+}
+
+@Suite("POSIX parity", .enabled(if: FUSEAvailability.shouldRun, "needs /dev/fuse and fusermount3"))
+struct ParityTests {
+    @Test("the same syscalls give the same results on a plain directory and on the mount")
+    func sameResults() throws {
+        let plain = try makeTempDirectory()
+        defer { removeTree(plain) }
+        let expected = parityScript(root: plain)
+        try withVanishMount { m in
+            let actual = parityScript(root: m.mountpoint)
+            #expect(actual.count == expected.count)
+            for (a, e) in zip(actual, expected) { #expect(a == e) }
+            // And what the mount did landed in the backing directory.
+            #expect(listing(m.source) == listing(plain))
+            let status = try m.unmount()
+            #expect(status == 0)
+        }
+    }
+
+    @Test("the same script works with caching off and with write-back caching")
+    func cacheModes() throws {
+        let plain = try makeTempDirectory()
+        defer { removeTree(plain) }
+        let expected = parityScript(root: plain)
+        for opts in [["cache=never"], ["cache=always"], ["writeback"]] {
+            try withVanishMount(options: opts) { m in
+                let actual = parityScript(root: m.mountpoint)
+                for (a, e) in zip(actual, expected) { #expect(a == e, "with \(opts)") }
+                #expect(actual.count == expected.count)
+            }
+        }
+    }
+}

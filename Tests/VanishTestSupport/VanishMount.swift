@@ -1,0 +1,243 @@
+import Foundation
+import Glibc
+
+/// Whether FUSE tests can run here. Under CI=true they always run, so a
+/// missing /dev/fuse or fusermount3 fails the run instead of skipping it.
+public enum FUSEAvailability {
+    public static var isCI: Bool { ProcessInfo.processInfo.environment["CI"] == "true" }
+    public static var hasDevice: Bool { access("/dev/fuse", R_OK | W_OK) == 0 }
+    public static var hasFusermount: Bool { which("fusermount3") != nil }
+    /// The reason FUSE tests cannot run, or nil.
+    public static var missing: String? {
+        if !hasDevice { return "/dev/fuse is missing or not usable" }
+        if !hasFusermount { return "fusermount3 is not installed (apt-get install fuse3)" }
+        return nil
+    }
+    /// For `.enabled(if:)`: run when usable, and always under CI.
+    public static var shouldRun: Bool { missing == nil || isCI }
+    public static var isRoot: Bool { geteuid() == 0 }
+}
+
+public struct TestFailure: Error, CustomStringConvertible {
+    public var description: String
+    public init(_ d: String) { description = d }
+}
+
+/// Finds a program on PATH.
+public func which(_ name: String) -> String? {
+    for dir in (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin").split(separator: ":") {
+        let p = "\(dir)/\(name)"
+        if access(p, X_OK) == 0 { return p }
+    }
+    return nil
+}
+
+/// The vanish binary built next to the test bundle (or $VANISH_BINARY).
+public var vanishBinary: String {
+    if let b = ProcessInfo.processInfo.environment["VANISH_BINARY"] { return b }
+    let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? ""
+    var dir = URL(fileURLWithPath: exe).deletingLastPathComponent()
+    // swift test on Linux runs .build/<config>/<Package>PackageTests.xctest
+    if dir.lastPathComponent.hasSuffix(".xctest") { dir = dir.deletingLastPathComponent() }
+    return dir.appendingPathComponent("vanish").path
+}
+
+/// A fresh temporary directory, removed by `removeTree`.
+public func makeTempDirectory(_ prefix: String = "vanish-test") throws -> String {
+    var template = Array("/tmp/\(prefix).XXXXXX".utf8CString)
+    guard mkdtemp(&template) != nil else { throw TestFailure("mkdtemp failed: \(errno)") }
+    return String(decoding: template.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}
+
+public func removeTree(_ path: String) {
+    _ = try? run(["rm", "-rf", "--one-file-system", path])
+}
+
+/// Waits for `condition` to hold, checking every few milliseconds, up to `timeout` seconds.
+public func waitFor(_ what: String, timeout: Double = 15, _ condition: () throws -> Bool) throws {
+    let deadline = Date().addingTimeInterval(timeout)
+    while Date() < deadline {
+        if try condition() { return }
+        usleep(5_000)
+    }
+    throw TestFailure("timed out after \(timeout)s waiting for \(what)")
+}
+
+/// The mount type at `path` in /proc/self/mountinfo, or nil.
+public func mountType(at path: String) -> String? {
+    guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return nil }
+    var found: String?
+    for line in text.split(separator: "\n") {
+        let f = line.split(separator: " ")
+        guard f.count > 7, let dash = f.firstIndex(of: "-"), dash + 1 < f.count else { continue }
+        if f[4] == path { found = String(f[dash + 1]) }
+    }
+    return found
+}
+
+/// Result of a finished process.
+public struct ProcessResult: Sendable {
+    public var status: Int32
+    public var stdout: String
+    public var stderr: String
+    public var ok: Bool { status == 0 }
+}
+
+/// Runs a program and waits for it.
+@discardableResult
+public func run(_ args: [String], cwd: String? = nil, environment: [String: String]? = nil,
+                input: String? = nil) throws -> ProcessResult {
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: args[0].hasPrefix("/") ? args[0] : (which(args[0]) ?? args[0]))
+    p.arguments = Array(args.dropFirst())
+    if let cwd { p.currentDirectoryURL = URL(fileURLWithPath: cwd) }
+    if let environment { p.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
+    let out = Pipe(), err = Pipe(), inp = Pipe()
+    p.standardOutput = out
+    p.standardError = err
+    p.standardInput = inp
+    try p.run()
+    if let input { inp.fileHandleForWriting.write(Data(input.utf8)) }
+    try? inp.fileHandleForWriting.close()
+    // Read both pipes fully before waiting so a chatty child cannot block.
+    let errData = Locked(Data())
+    let t = Thread { errData.set(err.fileHandleForReading.readDataToEndOfFile()) }
+    t.start()
+    let o = out.fileHandleForReading.readDataToEndOfFile()
+    p.waitUntilExit()
+    while !errData.isSet { usleep(1000) }
+    return ProcessResult(status: p.terminationStatus, stdout: String(decoding: o, as: UTF8.self),
+                         stderr: String(decoding: errData.value, as: UTF8.self))
+}
+
+/// Runs a shell script with `sh -c`.
+@discardableResult
+public func sh(_ script: String, cwd: String? = nil, environment: [String: String]? = nil) throws -> ProcessResult {
+    try run(["/bin/sh", "-c", script], cwd: cwd, environment: environment)
+}
+
+final class Locked<T>: @unchecked Sendable {
+    private var v: T
+    private var done = false
+    private let lock = NSLock()
+    init(_ v: T) { self.v = v }
+    func set(_ n: T) { lock.lock(); v = n; done = true; lock.unlock() }
+    var isSet: Bool { lock.lock(); defer { lock.unlock() }; return done }
+    var value: T { lock.lock(); defer { lock.unlock() }; return v }
+}
+
+/// A real Vanish mount in a temporary directory, served by the built
+/// `vanish` binary in the foreground. `close()` (also called from deinit)
+/// unmounts and reaps the daemon whatever happened in the test.
+public final class VanishMount {
+    public let base: String
+    public let source: String
+    public let mountpoint: String
+    public let logPath: String
+    public private(set) var pid: pid_t = 0
+    private var closed = false
+
+    /// - Parameters:
+    ///   - options: `-o` items.
+    ///   - arguments: further `vanish mount` arguments.
+    ///   - inPlace: mount the source over itself.
+    ///   - fileLimit: run the daemon under `ulimit -n` of this value.
+    ///   - prepare: fills the source before mounting.
+    public init(options: [String] = [], arguments: [String] = [], inPlace: Bool = false, fileLimit: Int? = nil,
+                prepare: ((String) throws -> Void)? = nil) throws {
+        if let why = FUSEAvailability.missing { throw TestFailure("FUSE tests cannot run: \(why)") }
+        base = try makeTempDirectory()
+        source = base + "/source"
+        mountpoint = inPlace ? source : base + "/mnt"
+        logPath = base + "/vanish.log"
+        mkdir(source, 0o755)
+        if !inPlace { mkdir(mountpoint, 0o755) }
+        chmod(base, 0o755)
+        do {
+            try prepare?(source)
+            var cmd = [vanishBinary, "mount", "-f"]
+            if !options.isEmpty { cmd += ["-o", options.joined(separator: ",")] }
+            cmd += arguments
+            cmd += inPlace ? [source] : [source, mountpoint]
+            var script = "exec " + cmd.map(shellQuote).joined(separator: " ") + " 2>" + shellQuote(logPath)
+            if let fileLimit { script = "ulimit -n \(fileLimit) && " + script }
+            pid = try spawn(["/bin/sh", "-c", script])
+            try waitFor("the mount at \(mountpoint)") {
+                if mountType(at: mountpoint) == "fuse.vanish" { return true }
+                var status: Int32 = 0
+                if waitpid(pid, &status, WNOHANG) == pid {
+                    pid = 0
+                    throw TestFailure("vanish exited before mounting: \(log)")
+                }
+                return false
+            }
+        } catch {
+            close()
+            throw error
+        }
+    }
+
+    deinit { close() }
+
+    /// What the daemon wrote to stderr.
+    public var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+
+    public func path(_ relative: String) -> String { mountpoint + "/" + relative }
+    public func backing(_ relative: String) -> String { source + "/" + relative }
+
+    /// Unmounts with fusermount3 and returns the daemon's exit status.
+    @discardableResult
+    public func unmount() throws -> Int32 {
+        let r = try run(["fusermount3", "-u", mountpoint])
+        guard r.ok else { throw TestFailure("fusermount3 -u failed: \(r.stderr)") }
+        return try waitForExit()
+    }
+
+    /// Waits for the daemon to exit and returns its exit status (128+signal if killed).
+    public func waitForExit(timeout: Double = 20) throws -> Int32 {
+        guard pid > 0 else { throw TestFailure("daemon already reaped") }
+        var status: Int32 = 0
+        try waitFor("vanish (pid \(pid)) to exit", timeout: timeout) { waitpid(pid, &status, WNOHANG) == pid }
+        pid = 0
+        return (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+    }
+
+    /// Tears everything down; safe to call more than once.
+    public func close() {
+        guard !closed else { return }
+        closed = true
+        if mountType(at: mountpoint) != nil { _ = try? run(["fusermount3", "-u", mountpoint]) }
+        if pid > 0 {
+            var status: Int32 = 0
+            if (try? waitFor("daemon exit", timeout: 10, { waitpid(pid, &status, WNOHANG) == pid })) == nil {
+                kill(pid, SIGKILL)
+                waitpid(pid, &status, 0)
+            }
+            pid = 0
+        }
+        if mountType(at: mountpoint) != nil { _ = try? run(["fusermount3", "-uz", mountpoint]) }
+        removeTree(base)
+    }
+}
+
+/// Mounts, runs `body`, and always cleans up.
+public func withVanishMount<R>(options: [String] = [], arguments: [String] = [], inPlace: Bool = false,
+                               fileLimit: Int? = nil, prepare: ((String) throws -> Void)? = nil,
+                               _ body: (VanishMount) throws -> R) throws -> R {
+    let m = try VanishMount(options: options, arguments: arguments, inPlace: inPlace, fileLimit: fileLimit,
+                            prepare: prepare)
+    defer { m.close() }
+    return try body(m)
+}
+
+public func shellQuote(_ s: String) -> String { "'" + s.replacingOccurrences(of: "'", with: "'\\''") + "'" }
+
+/// posix_spawn without waiting; the caller reaps.
+public func spawn(_ args: [String]) throws -> pid_t {
+    var pid: pid_t = 0
+    let argv = args.map { strdup($0) } + [nil]
+    defer { argv.forEach { free($0) } }
+    let rc = posix_spawn(&pid, args[0], nil, nil, argv, environ)
+    guard rc == 0 else { throw TestFailure("spawn \(args[0]) failed: \(rc)") }
+    return pid
+}
