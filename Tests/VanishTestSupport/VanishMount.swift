@@ -49,8 +49,10 @@ public func makeTempDirectory(_ prefix: String = "vanish-test") throws -> String
     return String(decoding: template.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }
 
+/// Removes a test directory; refuses to descend into anything still mounted.
 public func removeTree(_ path: String) {
-    _ = try? run(["rm", "-rf", "--one-file-system", path])
+    if let t = mountType(at: path) { print("not removing \(path): a \(t) mount is still there"); return }
+    try? FileManager.default.removeItem(atPath: path)
 }
 
 /// Waits for `condition` to hold, checking every few milliseconds, up to `timeout` seconds.
@@ -83,47 +85,35 @@ public struct ProcessResult: Sendable {
     public var ok: Bool { status == 0 }
 }
 
-/// Runs a program and waits for it.
+/// Runs a program and waits for it. Output goes through temporary files
+/// (no pipe can fill up), and the child starts with an empty signal mask
+/// and default handlers: Foundation's Process passes on the test runner's
+/// blocked SIGCHLD, which makes a shell's `wait` hang forever.
 @discardableResult
 public func run(_ args: [String], cwd: String? = nil, environment: [String: String]? = nil,
                 input: String? = nil) throws -> ProcessResult {
-    let p = Process()
-    p.executableURL = URL(fileURLWithPath: args[0].hasPrefix("/") ? args[0] : (which(args[0]) ?? args[0]))
-    p.arguments = Array(args.dropFirst())
-    if let cwd { p.currentDirectoryURL = URL(fileURLWithPath: cwd) }
-    if let environment { p.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
-    let out = Pipe(), err = Pipe(), inp = Pipe()
-    p.standardOutput = out
-    p.standardError = err
-    p.standardInput = inp
-    try p.run()
-    if let input { inp.fileHandleForWriting.write(Data(input.utf8)) }
-    try? inp.fileHandleForWriting.close()
-    // Read both pipes fully before waiting so a chatty child cannot block.
-    let errData = Locked(Data())
-    let t = Thread { errData.set(err.fileHandleForReading.readDataToEndOfFile()) }
-    t.start()
-    let o = out.fileHandleForReading.readDataToEndOfFile()
-    p.waitUntilExit()
-    while !errData.isSet { usleep(1000) }
-    return ProcessResult(status: p.terminationStatus, stdout: String(decoding: o, as: UTF8.self),
-                         stderr: String(decoding: errData.value, as: UTF8.self))
+    let dir = try makeTempDirectory("vanish-run")
+    defer { removeTree(dir) }
+    let inPath = dir + "/in", outPath = dir + "/out", errPath = dir + "/err"
+    try (input ?? "").write(toFile: inPath, atomically: false, encoding: .utf8)
+    var script = "exec <" + shellQuote(inPath) + " >" + shellQuote(outPath) + " 2>" + shellQuote(errPath) + "; "
+    if let cwd { script += "cd " + shellQuote(cwd) + " || exit 127; " }
+    script += "exec " + args.map(shellQuote).joined(separator: " ")
+    var env = ProcessInfo.processInfo.environment
+    if let environment { env.merge(environment) { $1 } }
+    let pid = try spawn(["/bin/sh", "-c", script], environment: env)
+    var status: Int32 = 0
+    while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+    let code = (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+    return ProcessResult(status: code,
+                         stdout: (try? String(contentsOfFile: outPath, encoding: .utf8)) ?? "",
+                         stderr: (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? "")
 }
 
 /// Runs a shell script with `sh -c`.
 @discardableResult
 public func sh(_ script: String, cwd: String? = nil, environment: [String: String]? = nil) throws -> ProcessResult {
     try run(["/bin/sh", "-c", script], cwd: cwd, environment: environment)
-}
-
-final class Locked<T>: @unchecked Sendable {
-    private var v: T
-    private var done = false
-    private let lock = NSLock()
-    init(_ v: T) { self.v = v }
-    func set(_ n: T) { lock.lock(); v = n; done = true; lock.unlock() }
-    var isSet: Bool { lock.lock(); defer { lock.unlock() }; return done }
-    var value: T { lock.lock(); defer { lock.unlock() }; return v }
 }
 
 /// A real Vanish mount in a temporary directory, served by the built
@@ -159,7 +149,7 @@ public final class VanishMount {
             if !options.isEmpty { cmd += ["-o", options.joined(separator: ",")] }
             cmd += arguments
             cmd += inPlace ? [source] : [source, mountpoint]
-            var script = "exec " + cmd.map(shellQuote).joined(separator: " ") + " 2>" + shellQuote(logPath)
+            var script = "exec " + cmd.map(shellQuote).joined(separator: " ") + " </dev/null >" + shellQuote(logPath) + " 2>&1"
             if let fileLimit { script = "ulimit -n \(fileLimit) && " + script }
             pid = try spawn(["/bin/sh", "-c", script])
             try waitFor("the mount at \(mountpoint)") {
@@ -232,12 +222,24 @@ public func withVanishMount<R>(options: [String] = [], arguments: [String] = [],
 
 public func shellQuote(_ s: String) -> String { "'" + s.replacingOccurrences(of: "'", with: "'\\''") + "'" }
 
-/// posix_spawn without waiting; the caller reaps.
-public func spawn(_ args: [String]) throws -> pid_t {
+/// posix_spawn without waiting, with an empty signal mask and default
+/// signal handlers; the caller reaps.
+public func spawn(_ args: [String], environment: [String: String]? = nil) throws -> pid_t {
     var pid: pid_t = 0
     let argv = args.map { strdup($0) } + [nil]
     defer { argv.forEach { free($0) } }
-    let rc = posix_spawn(&pid, args[0], nil, nil, argv, environ)
+    let envStrings = (environment ?? ProcessInfo.processInfo.environment).map { strdup("\($0.key)=\($0.value)") } + [nil]
+    defer { envStrings.forEach { free($0) } }
+    var attr = posix_spawnattr_t()
+    posix_spawnattr_init(&attr)
+    defer { posix_spawnattr_destroy(&attr) }
+    var none = sigset_t(), all = sigset_t()
+    sigemptyset(&none)
+    sigfillset(&all)
+    posix_spawnattr_setsigmask(&attr, &none)
+    posix_spawnattr_setsigdefault(&attr, &all)
+    posix_spawnattr_setflags(&attr, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+    let rc = posix_spawn(&pid, args[0], nil, &attr, argv, envStrings)
     guard rc == 0 else { throw TestFailure("spawn \(args[0]) failed: \(rc)") }
     return pid
 }
