@@ -65,8 +65,8 @@ struct MountCommand: ParsableCommand {
         if let cache { parsed.filesystem.cache = CacheMode(rawValue: cache)! }
         let src = try MountPaths.resolve(source, what: "source")
         let mnt = try MountPaths.resolve(mountpoint ?? source, what: "mountpoint")
-        guard MountPaths.isDirectory(src) else { throw ValidationError("source \(source) is not a directory") }
-        guard MountPaths.isDirectory(mnt) else { throw ValidationError("mountpoint \(mnt) is not a directory") }
+        try MountPaths.requireDirectory(src, what: "source")
+        try MountPaths.requireDirectory(mnt, what: "mountpoint")
         if mnt != src && mnt.hasPrefix(src == "/" ? "/" : src + "/") {
             throw ValidationError("""
                 mountpoint \(mnt) is inside source \(src): the mount would contain itself. \

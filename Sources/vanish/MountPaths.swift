@@ -5,24 +5,27 @@ import Glibc
 enum MountPaths {
     /// realpath(3), or a validation error naming the path.
     static func resolve(_ path: String, what: String) throws -> String {
-        guard let r = realpath(path, nil) else {
-            let e = errno
-            if e == ENOTCONN {
-                throw ValidationError("""
-                    \(what) \(path) is a dead FUSE mount (Transport endpoint is not connected): \
-                    its daemon is gone. Clear it with `fusermount3 -u \(path)` (or `vanish unmount \(path)`) \
-                    and mount again.
-                    """)
-            }
-            throw ValidationError("\(what) \(path): \(String(cString: strerror(e)))")
-        }
+        guard let r = realpath(path, nil) else { throw pathError(path, what: what, errno: errno) }
         defer { free(r) }
         return String(cString: r)
     }
 
-    static func isDirectory(_ path: String) -> Bool {
+    /// Checks `path` is a usable directory; a dead FUSE mount gets its own explanation.
+    static func requireDirectory(_ path: String, what: String) throws {
         var st = stat()
-        return stat(path, &st) == 0 && (st.st_mode & S_IFMT) == S_IFDIR
+        guard stat(path, &st) == 0 else { throw pathError(path, what: what, errno: errno) }
+        guard st.st_mode & S_IFMT == S_IFDIR else { throw ValidationError("\(what) \(path) is not a directory") }
+    }
+
+    static func pathError(_ path: String, what: String, errno e: Int32) -> ValidationError {
+        if e == ENOTCONN {
+            return ValidationError("""
+                \(what) \(path) is a dead FUSE mount (Transport endpoint is not connected): \
+                its daemon is gone. Clear it with `vanish unmount \(path)` (or `fusermount3 -u \(path)`) \
+                and mount again.
+                """)
+        }
+        return ValidationError("\(what) \(path): \(String(cString: strerror(e)))")
     }
 
     /// The filesystem type mounted exactly at `path`, from /proc/self/mountinfo

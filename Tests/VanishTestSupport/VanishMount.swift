@@ -16,6 +16,8 @@ public enum FUSEAvailability {
     /// For `.enabled(if:)`: run when usable, and always under CI.
     public static var shouldRun: Bool { missing == nil || isCI }
     public static var isRoot: Bool { geteuid() == 0 }
+    /// For tests that switch users or mount other filesystems; CI runs as root.
+    public static var shouldRunAsRoot: Bool { (missing == nil && isRoot) || isCI }
 }
 
 public struct TestFailure: Error, CustomStringConvertible {

@@ -1,0 +1,146 @@
+import Foundation
+import Glibc
+import Testing
+import VanishTestSupport
+
+/// `vanish mount` and `vanish unmount` as users and service managers run them.
+@Suite("mount lifecycle", .enabled(if: FUSEAvailability.shouldRun, "needs /dev/fuse and fusermount3"))
+struct MountLifecycleTests {
+    /// pid of the daemon serving `mountpoint`, found by its command line.
+    func daemonPID(_ mountpoint: String) throws -> pid_t? {
+        let r = try run(["pgrep", "-f", "vanish mount .*\(mountpoint)"])
+        return r.stdout.split(separator: "\n").first.flatMap { pid_t($0) }
+    }
+
+    @Test("in the background by default; vanish unmount ends it and leaves no mount")
+    func daemonizes() throws {
+        let base = try makeTempDirectory()
+        defer { _ = try? run(["fusermount3", "-uz", base + "/mnt"]); removeTree(base) }
+        mkdir(base + "/src", 0o755); mkdir(base + "/mnt", 0o755)
+        let r = try run([vanishBinary, "mount", base + "/src", base + "/mnt"])
+        #expect(r.ok, "\(r.stderr)")
+        // The parent returns only once the mount is up.
+        #expect(mountType(at: base + "/mnt") == "fuse.vanish")
+        let pid = try #require(try daemonPID(base + "/mnt"))
+        let ls = try sh("echo hi > f && cat f", cwd: base + "/mnt")
+        #expect(ls.stdout == "hi\n")
+        let u = try run([vanishBinary, "unmount", base + "/mnt"])
+        #expect(u.ok, "\(u.stderr)")
+        #expect(mountType(at: base + "/mnt") == nil)
+        try waitFor("daemon \(pid) to exit") { kill(pid, 0) != 0 }
+        #expect(try String(contentsOfFile: base + "/src/f", encoding: .utf8) == "hi\n")
+    }
+
+    @Test("SIGTERM and SIGINT unmount cleanly and exit 0", arguments: [SIGTERM, SIGINT])
+    func signals(_ signal: Int32) throws {
+        let m = try VanishMount()
+        defer { m.close() }
+        kill(m.pid, signal)
+        let status = try m.waitForExit()
+        #expect(status == 0)
+        #expect(mountType(at: m.mountpoint) == nil)
+    }
+
+    @Test("fusermount3 -u ends the daemon with status 0")
+    func fusermount() throws {
+        let m = try VanishMount()
+        defer { m.close() }
+        #expect(try m.unmount() == 0)
+    }
+
+    @Test("mounted in place over a git repository, git and a build work unchanged")
+    func inPlace() throws {
+        let env = ["GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t",
+                   "GIT_COMMITTER_EMAIL": "t@e", "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/tmp"]
+        try withVanishMount(inPlace: true, prepare: { src in
+            let r = try sh("""
+                git init -q -b main . && printf 'all:\\n\\techo built > out.txt\\n' > Makefile
+                echo 'int main(void){return 0;}' > main.c && git add -A && git commit -qm init
+                """, cwd: src, environment: env)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            #expect(m.mountpoint == m.source)
+            #expect(mountType(at: m.source) == "fuse.vanish")
+            let r = try sh("""
+                set -e
+                git status --porcelain
+                echo change >> main.c && git commit -qam change && git log --oneline | wc -l
+                make -s && cat out.txt && rm out.txt
+                git status --porcelain
+                """, cwd: m.mountpoint, environment: env)
+            #expect(r.ok, "\(r.stderr)")
+            #expect(r.stdout == "2\nbuilt\n")
+            #expect(try m.unmount() == 0)
+            // What was done through the mount is in the directory underneath.
+            let after = try sh("git log --oneline | wc -l", cwd: m.source, environment: env)
+            #expect(after.stdout == "2\n")
+        }
+    }
+
+    @Test("a dead mount gets a clear message, and vanish unmount clears it")
+    func deadMount() throws {
+        let m = try VanishMount()
+        defer { m.close() }
+        kill(m.pid, SIGKILL)
+        _ = try m.waitForExit()
+        var st = stat()
+        #expect(stat(m.mountpoint, &st) != 0 && errno == ENOTCONN)
+        let again = try run([vanishBinary, "mount", m.source, m.mountpoint])
+        #expect(again.status == 64)
+        #expect(again.stderr.contains("Transport endpoint is not connected"))
+        #expect(again.stderr.contains("vanish unmount"))
+        let u = try run([vanishBinary, "unmount", m.mountpoint])
+        #expect(u.ok, "\(u.stderr)")
+        #expect(mountType(at: m.mountpoint) == nil)
+        let remount = try run([vanishBinary, "mount", m.source, m.mountpoint])
+        #expect(remount.ok, "\(remount.stderr)")
+        #expect(try run([vanishBinary, "unmount", m.mountpoint]).ok)
+    }
+
+    @Test("shows as fuse.vanish with the source as its device")
+    func mountEntry() throws {
+        try withVanishMount { m in
+            let line = try String(contentsOfFile: "/proc/mounts", encoding: .utf8)
+                .split(separator: "\n").first { $0.contains(" \(m.mountpoint) ") }
+            #expect(line?.hasPrefix("\(m.source) \(m.mountpoint) fuse.vanish ") == true)
+        }
+    }
+}
+
+@Suite("argument errors")
+struct ArgumentErrorTests {
+    @Test("bad arguments exit 64 with a message and mount nothing", arguments: [
+        (["mount", "/nonexistent-vanish-src", "/tmp"], "/nonexistent-vanish-src"),
+        (["mount", "-o", "cache=sometimes", "/tmp", "/tmp"], "cache="),
+        (["mount", "--threads", "0", "/tmp"], "--threads"),
+        (["mount", "-o", "no_default_permissions", "/tmp"], "permissions"),
+        (["unmount", "/tmp"], "not a mountpoint"),
+        (["frobnicate"], "frobnicate"),
+    ])
+    func badArguments(_ args: [String], _ mentions: String) throws {
+        let r = try run([vanishBinary] + args)
+        #expect(r.status == 64, "\(args): \(r.stderr)")
+        #expect(r.stderr.contains(mentions), "\(args): \(r.stderr)")
+    }
+
+    @Test("a source that is a file is refused")
+    func fileSource() throws {
+        let dir = try makeTempDirectory()
+        defer { removeTree(dir) }
+        #expect(FileManager.default.createFile(atPath: dir + "/file", contents: Data()))
+        let r = try run([vanishBinary, "mount", dir + "/file", dir])
+        #expect(r.status == 64)
+        #expect(r.stderr.contains("not a directory"))
+    }
+
+    @Test("a mountpoint inside the source is refused (the mount would contain itself)")
+    func mountpointInsideSource() throws {
+        let dir = try makeTempDirectory()
+        defer { removeTree(dir) }
+        mkdir(dir + "/inner", 0o755)
+        let r = try run([vanishBinary, "mount", dir, dir + "/inner"])
+        #expect(r.status == 64)
+        #expect(r.stderr.contains("inside"))
+        #expect(mountType(at: dir + "/inner") == nil)
+    }
+}

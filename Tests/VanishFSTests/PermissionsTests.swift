@@ -1,0 +1,90 @@
+import Foundation
+import Glibc
+import Testing
+import VanishTestSupport
+
+/// allow_other mounts served by a root daemon: other users get exactly what
+/// the modes grant them, and what they create is theirs.
+@Suite("permissions", .enabled(if: FUSEAvailability.shouldRunAsRoot, "needs /dev/fuse, fusermount3 and root"))
+struct PermissionsTests {
+    /// Runs `script` as nobody in `cwd`.
+    func asNobody(_ script: String, cwd: String) throws -> ProcessResult {
+        try run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", "/bin/sh", "-c", script],
+                cwd: cwd)
+    }
+
+    /// The same checks as nobody on a plain directory and on the mount.
+    func permissionScript() -> String {
+        """
+        for step in 'cat private' 'cat public' 'echo x > public' 'echo x > private' 'touch newfile' \
+                    'mkdir newdir' 'rm public' 'mv public moved' 'ls locked' 'cat locked/f' \
+                    'touch open/mine' 'rm open/theirs' 'rm open/mine' 'chmod 777 public' 'chown nobody public' \
+                    'ln public open/hard' 'setfattr -n user.x -v 1 public' 'truncate -s 0 public'; do
+          if sh -c "$step" 2>/dev/null; then echo "$step: ok"; else echo "$step: denied"; fi
+        done
+        """
+    }
+
+    func prepare(_ dir: String) throws {
+        let r = try sh("""
+            set -e
+            echo secret > private && chmod 600 private
+            echo hello > public && chmod 644 public
+            mkdir locked && echo x > locked/f && chmod 700 locked
+            mkdir open && chmod 1777 open && echo t > open/theirs
+            chmod 755 .
+            """, cwd: dir)
+        guard r.ok else { throw TestFailure(r.stderr) }
+    }
+
+    @Test("nobody gets the same answers on the mount as on a plain directory")
+    func parityAsNobody() throws {
+        let plain = try makeTempDirectory()
+        defer { removeTree(plain) }
+        chmod(plain, 0o755)
+        try prepare(plain)
+        let expected = try asNobody(permissionScript(), cwd: plain)
+        try withVanishMount(options: ["allow_other"], prepare: prepare) { m in
+            let actual = try asNobody(permissionScript(), cwd: m.mountpoint)
+            #expect(actual.stdout == expected.stdout)
+            #expect(expected.stdout.contains("cat private: denied"))
+            #expect(expected.stdout.contains("rm open/theirs: denied"))
+        }
+    }
+
+    @Test("entries made by another user belong to that user, setgid directories pass on their group")
+    func ownership() throws {
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            _ = try sh("mkdir shared && chgrp daemon shared && chmod 2777 shared && mkdir open && chmod 777 open",
+                       cwd: src)
+        }) { m in
+            let r = try asNobody("""
+                umask 027
+                touch open/file && mkdir open/dir && ln -s file open/link && mkfifo open/fifo
+                touch shared/file && mkdir shared/dir
+                """, cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            let owners = try sh("stat -c '%n %U %G %a' open/file open/dir open/link open/fifo shared/file shared/dir",
+                                cwd: m.source)
+            #expect(owners.stdout == """
+                open/file nobody nogroup 640
+                open/dir nobody nogroup 750
+                open/link nobody nogroup 777
+                open/fifo nobody nogroup 640
+                shared/file nobody daemon 640
+                shared/dir nobody daemon 2750
+
+                """)
+        }
+    }
+
+    @Test("without allow_other other users cannot enter the mount at all")
+    func privateByDefault() throws {
+        try withVanishMount { m in
+            let r = try asNobody("ls .", cwd: "/")
+            #expect(r.ok)
+            let denied = try asNobody("ls \(shellQuote(m.mountpoint))", cwd: "/")
+            #expect(!denied.ok)
+        }
+    }
+}

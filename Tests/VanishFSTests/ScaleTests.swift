@@ -1,0 +1,41 @@
+import Glibc
+import Testing
+import VanishTestSupport
+
+@Suite("scale", .enabled(if: FUSEAvailability.shouldRun, "needs /dev/fuse and fusermount3"))
+struct ScaleTests {
+    /// The kernel caches far more inodes than the daemon may hold fds; with
+    /// `ulimit -n 1024` an fd per inode would fail after ~1,000 files.
+    @Test("a 200,000-file tree is created, walked and removed under ulimit -n 1024")
+    func twoHundredThousandFiles() throws {
+        try withVanishMount(fileLimit: 1024) { m in
+            let root = open(m.mountpoint, O_RDONLY | O_DIRECTORY)
+            defer { close(root) }
+            var failures: [String] = []
+            for d in 0..<200 {
+                guard mkdirat(root, "d\(d)", 0o755) == 0 else { failures.append("mkdir d\(d): \(errno)"); continue }
+                let dir = openat(root, "d\(d)", O_RDONLY | O_DIRECTORY)
+                for i in 0..<1000 {
+                    let fd = openat(dir, "f\(i)", O_CREAT | O_WRONLY | O_EXCL, 0o644)
+                    if fd < 0 { failures.append("create d\(d)/f\(i): \(errno)"); if failures.count > 10 { break } }
+                    else { close(fd) }
+                }
+                close(dir)
+                if failures.count > 10 { break }
+            }
+            #expect(failures.isEmpty, "\(failures)")
+            let find = try sh("find . | wc -l", cwd: m.mountpoint)
+            #expect(find.ok && find.stdout == "200201\n", "\(find.stderr)")
+            let stat = try sh("find . -type f | wc -l && ls -lR . | grep -c '^-rw'",
+                              cwd: m.mountpoint)
+            #expect(stat.ok && stat.stdout == "200000\n200000\n", "\(stat.stderr)")
+            let daemonFDs = try sh("ls /proc/$(pgrep -f 'vanish mount -f.*\(m.base)' | head -1)/fd | wc -l")
+            #expect((Int(daemonFDs.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? .max) < 1024)
+            let rm = try sh("rm -rf d*", cwd: m.mountpoint)
+            #expect(rm.ok, "\(rm.stderr)")
+            let left = try sh("ls -A | wc -l && ls -A \(shellQuote(m.source)) | wc -l", cwd: m.mountpoint)
+            #expect(left.stdout == "0\n0\n")
+            #expect(!m.log.contains("Too many open files"))
+        }
+    }
+}

@@ -1,0 +1,35 @@
+import Glibc
+import Testing
+import VanishTestSupport
+
+/// A filesystem mounted inside the source shows through the Vanish mount.
+@Suite("nested mounts", .enabled(if: FUSEAvailability.shouldRunAsRoot, "needs /dev/fuse, fusermount3 and root"))
+struct SubmountTests {
+    @Test("a tmpfs inside the source: lookups cross into it, inode numbers stay unique, rename gives EXDEV")
+    func tmpfsInside() throws {
+        var tmpfs = ""
+        defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
+        try withVanishMount(prepare: { src in
+            tmpfs = src + "/inner"
+            mkdir(tmpfs, 0o755)
+            let r = try run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", tmpfs])
+            guard r.ok else { throw TestFailure(r.stderr) }
+            _ = try sh("echo data > inner/file && echo top > file", cwd: src)
+        }) { m in
+            let r = try sh("""
+                cat inner/file
+                echo more > inner/new
+                stat -c %i inner file inner/file . | sort | uniq -d | wc -l
+                python3 -c 'import os, errno
+                try:
+                    os.rename("inner/file", "moved"); print("renamed")
+                except OSError as e:
+                    print(errno.errorcode[e.errno])'
+                """, cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            #expect(r.stdout == "data\n0\nEXDEV\n", "inode numbers must not collide, rename must give EXDEV")
+            let inner = try sh("cat inner/new", cwd: m.source)
+            #expect(inner.stdout == "more\n")
+        }
+    }
+}
