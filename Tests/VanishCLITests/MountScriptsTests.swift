@@ -1,0 +1,72 @@
+import Foundation
+import Glibc
+import Testing
+import VanishTestSupport
+
+/// mount-scripts/: the mount(8) helper behind `mount -t fuse.vanish` and fstab lines.
+@Suite("mount scripts", .serialized, .enabled(if: FUSEAvailability.shouldRunAsRoot, "needs /dev/fuse, fusermount3 and root"))
+struct MountScriptsTests {
+    static let repo = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent().path
+    static let helper = "/sbin/mount.fuse.vanish"
+
+    /// Runs `body` with the repository's helper where mount(8) looks for it,
+    /// putting back whatever was there.
+    func withHelperInstalled(_ body: () throws -> Void) throws {
+        let backup = Self.helper + ".test-backup"
+        let had = access(Self.helper, F_OK) == 0
+        if had { rename(Self.helper, backup) }
+        defer {
+            unlink(Self.helper)
+            if had { rename(backup, Self.helper) }
+        }
+        #expect(symlink(Self.repo + "/mount-scripts/mount.vanish", Self.helper) == 0)
+        try body()
+    }
+
+    func scratch() throws -> (String, String, String) {
+        let base = try makeTempDirectory()
+        mkdir(base + "/src", 0o755); mkdir(base + "/mnt", 0o755)
+        return (base, base + "/src", base + "/mnt")
+    }
+
+    @Test("mount -t fuse.vanish with mount(8)-only options, then umount")
+    func mountType() throws {
+        let (base, src, mnt) = try scratch()
+        defer { _ = try? run(["fusermount3", "-uz", mnt]); removeTree(base) }
+        try withHelperInstalled {
+            let r = try run(["mount", "-t", "fuse.vanish", src, mnt, "-o", "noauto,nofail,allow_other,cache=never"],
+                            environment: ["VANISH_BINARY": vanishBinary])
+            #expect(r.ok, "\(r.stderr)")
+            let line = try String(contentsOfFile: "/proc/mounts", encoding: .utf8).split(separator: "\n")
+                .first { $0.contains(" \(mnt) ") }.map(String.init) ?? ""
+            #expect(line.contains("fuse.vanish"))
+            #expect(line.contains("allow_other") && line.contains("default_permissions"))
+            #expect(try sh("echo x > f && cat f", cwd: mnt).stdout == "x\n")
+            #expect(try run(["umount", mnt]).ok)
+            #expect(VanishTestSupport.mountType(at: mnt) == nil)
+        }
+    }
+
+    @Test("an fstab line of type fuse.vanish")
+    func fstab() throws {
+        let (base, src, mnt) = try scratch()
+        defer { _ = try? run(["fusermount3", "-uz", mnt]); removeTree(base) }
+        try withHelperInstalled {
+            let tab = base + "/fstab"
+            try "\(src) \(mnt) fuse.vanish defaults,noauto,x-systemd.automount,cache=auto 0 0\n"
+                .write(toFile: tab, atomically: true, encoding: .utf8)
+            let r = try run(["mount", "--fstab", tab, mnt], environment: ["VANISH_BINARY": vanishBinary])
+            #expect(r.ok, "\(r.stderr)")
+            #expect(VanishTestSupport.mountType(at: mnt) == "fuse.vanish")
+            #expect(try run([vanishBinary, "unmount", mnt]).ok)
+        }
+    }
+
+    @Test("the helper rejects arguments it does not know")
+    func badHelperArguments() throws {
+        let r = try run([Self.repo + "/mount-scripts/mount.vanish", "/a", "/b", "--bogus"])
+        #expect(r.status == 1)
+        #expect(r.stderr.contains("unknown argument"))
+    }
+}
