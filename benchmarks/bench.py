@@ -1,0 +1,516 @@
+#!/usr/bin/env python3
+"""Vanish's benchmark harness.
+
+Runs the same workloads, in one run, on the native backing directory, on
+libfuse's own C passthrough (passthrough_ll), on bindfs, mergerfs and Vanish,
+and writes a Markdown table and a JSON file with medians, min-max and ratios
+to native and to passthrough_ll.
+
+    sudo benchmarks/bench.py --quick          # smoke run, a few minutes
+    sudo benchmarks/bench.py                  # full sizes, tens of minutes
+    sudo benchmarks/bench.py --only create,rm-rf --peers native,vanish
+
+Needs root (drop_caches, mounting as root like the other peers); installs
+its Debian packages if they are missing.
+"""
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+EXAMPLES = "/usr/share/doc/libfuse3-dev/examples"
+PACKAGES = ["libfuse3-dev", "fuse3", "bindfs", "mergerfs", "fio", "git", "gcc", "pkg-config"]
+
+
+def sh(cmd, check=True, **kw):
+    return subprocess.run(cmd, shell=isinstance(cmd, str), check=check, **kw)
+
+
+def quiesce(drop=True):
+    """Flush and settle so one filesystem's deferred work doesn't land in the next figure."""
+    os.sync()
+    if drop:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    time.sleep(0.2)
+
+
+def is_mounted(path):
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == path for line in f)
+
+
+def wait_mounted(path, proc=None, timeout=15):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if is_mounted(path):
+            return
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"mount daemon exited with {proc.returncode}")
+        time.sleep(0.01)
+    raise RuntimeError(f"{path} did not mount")
+
+
+def unmount(path):
+    if is_mounted(path):
+        sh(["fusermount3", "-u", path], check=False)
+    deadline = time.time() + 15
+    while is_mounted(path) and time.time() < deadline:
+        time.sleep(0.05)
+    if is_mounted(path):
+        sh(["fusermount3", "-uz", path], check=False)
+
+
+# ---------------------------------------------------------------- peers
+
+class Peer:
+    name = ""
+    fuse = True
+
+    def mount(self, src, mnt):
+        """Returns the directory the workload runs in."""
+        raise NotImplementedError
+
+    def unmount(self, mnt):
+        unmount(mnt)
+        # The daemon may still be finishing; wait for it so it doesn't eat the next run's CPU.
+        deadline = time.time() + 10
+        while getattr(self, "proc", None) is not None and self.proc.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+
+
+class Native(Peer):
+    name = "native"
+    fuse = False
+
+    def mount(self, src, mnt):
+        return src
+
+    def unmount(self, mnt):
+        pass
+
+
+class PassthroughLL(Peer):
+    name = "passthrough_ll"
+
+    def __init__(self, binary):
+        self.binary = binary
+
+    def mount(self, src, mnt):
+        self.proc = subprocess.Popen([self.binary, "-f", "-o", f"source={src},cache=auto", mnt],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_mounted(mnt, self.proc)
+        return mnt
+
+
+class Bindfs(Peer):
+    name = "bindfs"
+
+    def mount(self, src, mnt):
+        self.proc = subprocess.Popen(["bindfs", "-f", src, mnt], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        wait_mounted(mnt, self.proc)
+        return mnt
+
+
+class Mergerfs(Peer):
+    name = "mergerfs"
+
+    def mount(self, src, mnt):
+        self.proc = subprocess.Popen(["mergerfs", "-f", src, mnt], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        wait_mounted(mnt, self.proc)
+        return mnt
+
+
+class Vanish(Peer):
+    name = "vanish"
+
+    def __init__(self, binary, options=""):
+        self.binary = binary
+        self.options = options
+        if options:
+            self.name = f"vanish ({options})"
+
+    def mount(self, src, mnt):
+        cmd = [self.binary, "mount", "-f"] + (["-o", self.options] if self.options else []) + [src, mnt]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_mounted(mnt, self.proc)
+        return mnt
+
+
+# ---------------------------------------------------------------- workloads
+
+def make_tree(root, dirs, per_dir, size=100):
+    data = b"x" * size
+    for d in range(dirs):
+        dp = os.path.join(root, f"d{d:03}")
+        os.mkdir(dp)
+        for i in range(per_dir):
+            fd = os.open(os.path.join(dp, f"f{i:05}"), os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644)
+            os.write(fd, data)
+            os.close(fd)
+
+
+class Workload:
+    """prepare_source runs natively before mounting; prepare_mounted through the
+    mount, untimed; run is what is timed."""
+    name = ""
+    cold = True   # drop caches after mounting, before the timed step
+
+    def prepare_source(self, src, cache):
+        pass
+
+    def prepare_mounted(self, target):
+        pass
+
+    def run(self, target):
+        raise NotImplementedError
+
+
+class Create(Workload):
+    def __init__(self, files):
+        self.files = files
+        self.name = f"create {files // 1000}k files in 100 dirs"
+
+    def run(self, target):
+        os.mkdir(os.path.join(target, "tree"))
+        make_tree(os.path.join(target, "tree"), 100, self.files // 100)
+
+
+class Walk(Workload):
+    def __init__(self, files, warm):
+        self.files = files
+        self.cold = not warm
+        self.name = f"find -ls walk of {files // 1000}k files, {'warm' if warm else 'cold'}"
+
+    def prepare_source(self, src, cache):
+        os.mkdir(os.path.join(src, "tree"))
+        make_tree(os.path.join(src, "tree"), 100, self.files // 100)
+
+    def prepare_mounted(self, target):
+        if not self.cold:
+            self.run(target)
+
+    def run(self, target):
+        sh(f"find {target}/tree -ls > /dev/null")
+
+
+class ListBigDir(Workload):
+    def __init__(self, files):
+        self.files = files
+        self.name = f"ls -l of one dir with {files // 1000}k entries"
+
+    def prepare_source(self, src, cache):
+        os.mkdir(os.path.join(src, "big"))
+        make_tree(os.path.join(src, "big"), 1, self.files, size=0)
+
+    def run(self, target):
+        sh(f"ls -l {target}/big/d000 > /dev/null")
+
+
+class SeqWrite(Workload):
+    def __init__(self, mib, direct=False):
+        self.mib = mib
+        self.direct = direct
+        self.name = f"sequential write {mib} MiB{' O_DIRECT' if direct else ''} (dd bs=1M, fsync)"
+
+    def run(self, target):
+        flag = "oflag=direct" if self.direct else "conv=fsync"
+        sh(f"dd if=/dev/zero of={target}/seq bs=1M count={self.mib} {flag} status=none")
+
+
+class SeqRead(Workload):
+    def __init__(self, mib, direct=False):
+        self.mib = mib
+        self.direct = direct
+        self.name = f"sequential read {mib} MiB{' O_DIRECT' if direct else ''} (dd bs=1M)"
+
+    def prepare_source(self, src, cache):
+        sh(f"dd if=/dev/urandom of={src}/seq bs=1M count={self.mib} status=none")
+
+    def run(self, target):
+        flag = "iflag=direct" if self.direct else ""
+        sh(f"dd if={target}/seq of=/dev/null bs=1M {flag} status=none")
+
+
+class RandRead(Workload):
+    def __init__(self, mib):
+        self.mib = mib
+        self.name = f"4 KiB random reads, {mib // 4} MiB of a {mib} MiB file (fio psync)"
+
+    def prepare_source(self, src, cache):
+        sh(f"dd if=/dev/urandom of={src}/rand bs=1M count={self.mib} status=none")
+
+    def run(self, target):
+        sh(["fio", "--name=r", f"--filename={target}/rand", "--rw=randread", "--bs=4k",
+            f"--size={self.mib}M", f"--io_size={self.mib // 4}M", "--ioengine=psync",
+            "--randrepeat=1", "--output=/dev/null"])
+
+
+class TarExtract(Workload):
+    name = "extract a source tarball (/usr/include)"
+
+    def run(self, target):
+        sh(f"tar xf {self.tarball} -C {target}")
+
+
+class TarCreate(Workload):
+    name = "re-archive the extracted tarball (tar cf - | cat)"
+
+    def prepare_source(self, src, cache):
+        sh(f"tar xf {self.tarball} -C {src}")
+
+    def run(self, target):
+        sh(f"tar cf - -C {target} . | cat > /dev/null")
+
+
+class GitStatus(Workload):
+    def __init__(self, files):
+        self.files = files
+        self.name = f"git status, {files // 1000}k-file repository"
+
+    def prepare_source(self, src, cache):
+        sh(f"tar xf {cache}/repo-{self.files}.tar -C {src}")
+
+    def run(self, target):
+        sh(f"git -C {target}/repo status --porcelain > /dev/null")
+
+
+class GitCheckout(GitStatus):
+    def __init__(self, files):
+        super().__init__(files)
+        self.name = f"git checkout of another branch, {files // 1000}k-file repository"
+
+    def run(self, target):
+        sh(f"git -C {target}/repo checkout -q other")
+
+
+class RmRf(Workload):
+    def __init__(self, files):
+        self.files = files
+        self.name = f"rm -rf of {files // 1000}k files made before mounting"
+
+    def prepare_source(self, src, cache):
+        os.mkdir(os.path.join(src, "tree"))
+        make_tree(os.path.join(src, "tree"), 100, self.files // 100)
+
+    def run(self, target):
+        sh(f"rm -rf {target}/tree")
+
+
+class UnlinkBig(Workload):
+    def __init__(self, gib):
+        self.gib = gib
+        self.name = f"unlink of a {gib} GiB file"
+
+    def prepare_source(self, src, cache):
+        sh(f"fallocate -l {self.gib}G {src}/big")
+
+    def run(self, target):
+        os.unlink(f"{target}/big")
+
+
+def make_repo(cache, files):
+    """A git repository with `files` files and a branch `other` that changes a tenth of them."""
+    out = f"{cache}/repo-{files}.tar"
+    if os.path.exists(out):
+        return
+    work = tempfile.mkdtemp(dir=cache)
+    repo = os.path.join(work, "repo")
+    os.mkdir(repo)
+    env = dict(os.environ, GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@b", GIT_COMMITTER_NAME="b",
+               GIT_COMMITTER_EMAIL="b@b", GIT_CONFIG_NOSYSTEM="1")
+    sh(["git", "init", "-q", "-b", "main", repo], env=env)
+    for i in range(files):
+        d = os.path.join(repo, f"src/m{i % 200:03}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"f{i}.c"), "w") as f:
+            f.write(f"int f{i}(void) {{ return {i}; }}\n")
+    sh(["git", "-C", repo, "add", "-A"], env=env)
+    sh(["git", "-C", repo, "commit", "-qm", "one"], env=env)
+    sh(["git", "-C", repo, "checkout", "-qb", "other"], env=env)
+    for i in range(0, files, 10):
+        with open(os.path.join(repo, f"src/m{i % 200:03}/f{i}.c"), "a") as f:
+            f.write("/* changed */\n")
+    sh(["git", "-C", repo, "commit", "-qam", "two"], env=env)
+    sh(["git", "-C", repo, "checkout", "-q", "main"], env=env)
+    sh(["tar", "cf", out, "-C", work, "repo"])
+    shutil.rmtree(work)
+
+
+# ---------------------------------------------------------------- running
+
+def build_peers(cache, only):
+    peers = []
+    want = lambda n: not only or n in only
+    if want("native"):
+        peers.append(Native())
+    if want("passthrough_ll"):
+        binary = f"{cache}/passthrough_ll"
+        if not os.path.exists(binary):
+            flags = sh(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True,
+                       text=True).stdout.split()
+            sh(["gcc", "-O2", "-DHAVE_FALLOCATE", "-DHAVE_COPY_FILE_RANGE", f"-I{EXAMPLES}",
+                f"{EXAMPLES}/passthrough_ll.c", "-o", binary] + flags)
+        peers.append(PassthroughLL(binary))
+    if want("bindfs"):
+        peers.append(Bindfs())
+    if want("mergerfs"):
+        peers.append(Mergerfs())
+    if want("vanish"):
+        sh(["swift", "build", "-c", "release", "--package-path", REPO], stdout=subprocess.DEVNULL)
+        binary = sh(["swift", "build", "-c", "release", "--package-path", REPO, "--show-bin-path"],
+                    capture_output=True, text=True).stdout.strip() + "/vanish"
+        peers.append(Vanish(binary))
+    return peers
+
+
+def workloads(quick):
+    n = 10_000 if quick else 100_000
+    mib = 256 if quick else 1024
+    repo = 5_000 if quick else 20_000
+    return [
+        Create(n), Walk(n, warm=False), Walk(n, warm=True), ListBigDir(n),
+        SeqWrite(mib), SeqRead(mib), SeqWrite(mib, direct=True), SeqRead(mib, direct=True),
+        RandRead(mib), TarExtract(), TarCreate(), GitStatus(repo), GitCheckout(repo),
+        RmRf(n), UnlinkBig(1 if quick else 10),
+    ]
+
+
+def measure(peer, work, runs, base_dir, cache):
+    times = []
+    for _ in range(runs):
+        base = tempfile.mkdtemp(prefix="run.", dir=base_dir)
+        src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
+        os.mkdir(src)
+        os.mkdir(mnt)
+        try:
+            work.prepare_source(src, cache)
+            quiesce()
+            target = peer.mount(src, mnt)
+            try:
+                work.prepare_mounted(target)
+                quiesce(drop=work.cold)
+                t0 = time.perf_counter()
+                work.run(target)
+                times.append(time.perf_counter() - t0)
+            finally:
+                peer.unmount(mnt)
+        except (subprocess.CalledProcessError, OSError, RuntimeError) as e:
+            return {"error": str(e).splitlines()[0][:120]}
+        finally:
+            unmount(mnt)
+            sh(["rm", "-rf", "--one-file-system", base], check=False)
+    return {"median": statistics.median(times), "min": min(times), "max": max(times), "runs": times}
+
+
+def fmt_time(s):
+    return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def machine_facts(base_dir):
+    fstype = sh(["stat", "-f", "-c", "%T", base_dir], capture_output=True, text=True).stdout.strip()
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    mem = next((l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal")), "0")
+    return {"kernel": platform.release(), "cpu": cpu, "cores": os.cpu_count(),
+            "memory_gib": round(int(mem) / 2**20), "backing_fs": fstype, "backing_dir": base_dir,
+            "libfuse": sh(["pkg-config", "--modversion", "fuse3"], capture_output=True, text=True).stdout.strip()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes, 3 runs: a smoke run")
+    ap.add_argument("--runs", type=int, help="runs per figure (default 3 quick, 5 full)")
+    ap.add_argument("--dir", default="/var/tmp/vanish-bench", help="backing directory (its filesystem is measured)")
+    ap.add_argument("--peers", help="comma list: native,passthrough_ll,bindfs,mergerfs,vanish")
+    ap.add_argument("--only", help="comma list of workload name prefixes")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="where to write results")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench.py needs root (drop_caches, mounting peers as root)")
+    missing = [p for p in PACKAGES if sh(["dpkg", "-s", p], check=False, capture_output=True).returncode]
+    if missing:
+        sh(["apt-get", "install", "-y", "-qq"] + missing, stdout=subprocess.DEVNULL)
+
+    runs = args.runs or (3 if args.quick else 5)
+    os.makedirs(args.dir, exist_ok=True)
+    cache = os.path.join(args.dir, "cache")
+    os.makedirs(cache, exist_ok=True)
+    peers = build_peers(cache, set(args.peers.split(",")) if args.peers else None)
+    works = workloads(args.quick)
+    if args.only:
+        prefixes = args.only.split(",")
+        works = [w for w in works if any(w.name.startswith(p) for p in prefixes)]
+    tarball = f"{cache}/include.tar"
+    if not os.path.exists(tarball):
+        sh(["tar", "cf", tarball, "-C", "/usr", "include"])
+    for w in works:
+        w.tarball = tarball
+        if isinstance(w, GitStatus):
+            make_repo(cache, w.files)
+
+    results = {"mode": "quick" if args.quick else "full", "runs": runs, "machine": machine_facts(args.dir),
+               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "workloads": []}
+    for w in works:
+        row = {"workload": w.name, "peers": {}}
+        for p in peers:
+            print(f"{w.name:<60} {p.name:<16}", end=" ", flush=True)
+            r = measure(p, w, runs, args.dir, cache)
+            row["peers"][p.name] = r
+            print(r.get("error") or f"{fmt_time(r['median'])}", flush=True)
+        results["workloads"].append(row)
+
+    os.makedirs(args.out, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    with open(os.path.join(args.out, f"bench-{stamp}.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    table = markdown(results, [p.name for p in peers])
+    with open(os.path.join(args.out, f"bench-{stamp}.md"), "w") as f:
+        f.write(table)
+    print()
+    print(table)
+
+
+def markdown(results, names):
+    m = results["machine"]
+    lines = [f"{results['mode']} run, median of {results['runs']} (min–max); ratio to native / to passthrough_ll. "
+             f"{m['cores']} cores, {m['memory_gib']} GiB, kernel {m['kernel']}, backing {m['backing_fs']}, "
+             f"libfuse {m['libfuse']}.", "",
+             "| workload | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for row in results["workloads"]:
+        native = row["peers"].get("native", {}).get("median")
+        ll = row["peers"].get("passthrough_ll", {}).get("median")
+        cells = []
+        for n in names:
+            r = row["peers"].get(n, {})
+            if "error" in r:
+                cells.append(f"failed: {r['error']}")
+                continue
+            if "median" not in r:
+                cells.append("–")
+                continue
+            cell = f"{fmt_time(r['median'])} ({fmt_time(r['min'])}–{fmt_time(r['max'])})"
+            ratios = []
+            if native and n != "native":
+                ratios.append(f"{r['median'] / native:.2f}×")
+            if ll and n not in ("native", "passthrough_ll"):
+                ratios.append(f"{r['median'] / ll:.2f}× ll")
+            if ratios:
+                cell += " " + " / ".join(ratios)
+            cells.append(cell)
+        lines.append(f"| {row['workload']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
