@@ -387,31 +387,49 @@ def workloads(quick):
     ]
 
 
-def measure(peer, work, runs, base_dir, cache):
-    times = []
-    for _ in range(runs):
-        base = tempfile.mkdtemp(prefix="run.", dir=base_dir)
-        src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
-        os.mkdir(src)
-        os.mkdir(mnt)
+def measure_once(peer, work, base_dir, cache):
+    """One timed run: fresh source, mount, untimed preparation, the timed step, unmount."""
+    base = tempfile.mkdtemp(prefix="run.", dir=base_dir)
+    src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
+    os.mkdir(src)
+    os.mkdir(mnt)
+    try:
+        work.prepare_source(src, cache)
+        quiesce()
+        target = peer.mount(src, mnt)
         try:
-            work.prepare_source(src, cache)
-            quiesce()
-            target = peer.mount(src, mnt)
-            try:
-                work.prepare_mounted(target)
-                quiesce(drop=work.cold)
-                t0 = time.perf_counter()
-                work.run(target)
-                times.append(time.perf_counter() - t0)
-            finally:
-                peer.unmount(mnt)
-        except (subprocess.CalledProcessError, OSError, RuntimeError) as e:
-            return {"error": str(e).splitlines()[0][:120]}
+            work.prepare_mounted(target)
+            quiesce(drop=work.cold)
+            t0 = time.perf_counter()
+            work.run(target)
+            return time.perf_counter() - t0
         finally:
-            unmount(mnt)
-            sh(["rm", "-rf", "--one-file-system", base], check=False)
-    return {"median": statistics.median(times), "min": min(times), "max": max(times), "runs": times}
+            peer.unmount(mnt)
+    finally:
+        unmount(mnt)
+        sh(["rm", "-rf", "--one-file-system", base], check=False)
+        quiesce(drop=False)
+
+
+def measure(peers, work, runs, base_dir, cache):
+    """Runs peers round-robin, run by run, so slow drift of the machine (the disk's
+    deferred discards, page cache, thermal) spreads over all of them alike."""
+    times = {p.name: [] for p in peers}
+    errors = {}
+    for _ in range(runs):
+        for p in peers:
+            if p.name in errors:
+                continue
+            try:
+                times[p.name].append(measure_once(p, work, base_dir, cache))
+            except (subprocess.CalledProcessError, OSError, RuntimeError) as e:
+                errors[p.name] = str(e).splitlines()[0][:120]
+    out = {}
+    for p in peers:
+        t = times[p.name]
+        out[p.name] = {"error": errors[p.name]} if p.name in errors else \
+            {"median": statistics.median(t), "min": min(t), "max": max(t), "runs": t}
+    return out
 
 
 def fmt_time(s):
@@ -462,12 +480,9 @@ def main():
     results = {"mode": "quick" if args.quick else "full", "runs": runs, "machine": machine_facts(args.dir),
                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "workloads": []}
     for w in works:
-        row = {"workload": w.name, "peers": {}}
-        for p in peers:
-            print(f"{w.name:<60} {p.name:<16}", end=" ", flush=True)
-            r = measure(p, w, runs, args.dir, cache)
-            row["peers"][p.name] = r
-            print(r.get("error") or f"{fmt_time(r['median'])}", flush=True)
+        row = {"workload": w.name, "peers": measure(peers, w, runs, args.dir, cache)}
+        for name, r in row["peers"].items():
+            print(f"{w.name:<60} {name:<16} {r.get('error') or fmt_time(r['median'])}", flush=True)
         results["workloads"].append(row)
 
     os.makedirs(args.out, exist_ok=True)
