@@ -37,11 +37,17 @@ let package = Package(
             dependencies: ["CFuse", "LinuxSyscalls"],
             swiftSettings: strict
         ),
+        // Instant delete: the graveyard on the backing filesystem and the reaper that empties it.
+        .target(
+            name: "VanishGraveyard",
+            dependencies: ["CFuse", "LinuxSyscalls"],
+            swiftSettings: strict
+        ),
         // The passthrough filesystem: inode table, fd cache, request handlers.
         .target(
             name: "VanishFS",
             dependencies: [
-                "CFuse", "FUSEKit", "LinuxSyscalls",
+                "CFuse", "FUSEKit", "LinuxSyscalls", "VanishGraveyard",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict
@@ -49,7 +55,7 @@ let package = Package(
         .executableTarget(
             name: "vanish",
             dependencies: [
-                "VanishFS", "FUSEKit", "LinuxSyscalls",
+                "CFuse", "VanishFS", "FUSEKit", "LinuxSyscalls", "VanishGraveyard",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],

@@ -76,11 +76,24 @@ extension PassthroughFilesystem {
 
     public func setxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, value: UnsafePointer<CChar>?,
                          size: Int, flags: Int32) throws(Errno) {
+        if isDeleteTrigger(name) {
+            try deleteByTrigger(req, ino)
+            req.replyOK()
+            return
+        }
         try fds.withFD(inode(ino)) { fd throws(Errno) in try Sys.setxattr(pathFD: fd, name, value, size, flags) }
         req.replyOK()
     }
 
     public func getxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, size: Int) throws(Errno) {
+        if isStatusQuery(ino, name) {
+            var json = statusJSON()
+            let count = json.utf8.count
+            if size == 0 { req.reply(xattrSize: count); return }
+            guard size >= count else { throw .outOfRange }
+            json.withUTF8 { req.reply(bytes: UnsafeRawBufferPointer($0)) }
+            return
+        }
         let node = inode(ino)
         if size == 0 {
             let n = try fds.withFD(node) { fd throws(Errno) in try Sys.getxattr(pathFD: fd, name, nil) }

@@ -106,9 +106,9 @@ extension PassthroughFilesystem {
         req.reply(bytes: UnsafeRawBufferPointer(start: buffer.baseAddress, count: used))
     }
 
-    /// Entries readdir leaves out (the graveyard, once there is one).
+    /// Entries readdir leaves out: the state directory with the graveyard.
     @inline(__always)
-    func isHidden(_ dir: Inode, _ name: UnsafePointer<CChar>) -> Bool { false }
+    func isHidden(_ dir: Inode, _ name: UnsafePointer<CChar>) -> Bool { isReserved(dir, name) }
 }
 
 @inline(__always)

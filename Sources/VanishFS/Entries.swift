@@ -10,6 +10,8 @@ extension PassthroughFilesystem {
         let p = inode(parent)
         let st: stat
         do throws(Errno) {
+            // The state directory does not exist as far as the mount is concerned.
+            if isReserved(p, name) { throw Errno.noSuchFileOrDirectory }
             st = try fds.withFD(p) { pfd throws(Errno) in try Sys.lstatat(pfd, name) }
         } catch .noSuchFileOrDirectory where options.negativeTimeout > 0 {
             // A negative entry: the kernel remembers the name is absent, which

@@ -101,14 +101,20 @@ final class FDCache: @unchecked Sendable {
         if closing >= 0 { Sys.close(closing) }
     }
 
+    /// Files open through the mount: when none are, deletes skip looking for them.
+    private let openFiles = Atomic<Int>(0)
+    var anyOpen: Bool { openFiles.load(ordering: .relaxed) > 0 }
+
     /// A program opened `inode` through the mount.
     func opened(_ inode: Inode) {
+        openFiles.wrappingAdd(1, ordering: .relaxed)
         lock.withLock { _ in inode.openHandles += 1 }
     }
 
     /// A program closed a handle of `inode`; the last close lets go of an
     /// fd held because its name was removed.
     func closed(_ inode: Inode) {
+        openFiles.wrappingSubtract(1, ordering: .relaxed)
         let unpin: Bool = lock.withLock { _ in
             inode.openHandles -= 1
             guard inode.openHandles <= 0, inode.heldForOpenHandles else { return false }
@@ -121,15 +127,19 @@ final class FDCache: @unchecked Sendable {
     /// Called before `inode`'s name is removed or replaced: if programs hold
     /// it open, keep an fd so fstat and friends still reach it (the kernel
     /// sends those by inode, not by handle).
-    func holdIfOpen(_ inode: Inode) {
-        let wanted: Bool = lock.withLock { _ in inode.openHandles > 0 && !inode.heldForOpenHandles }
-        guard wanted, (try? acquire(inode)) != nil else { return }
+    /// Returns whether programs have it open.
+    func holdIfOpen(_ inode: Inode) -> Bool {
+        let (open, wanted): (Bool, Bool) = lock.withLock { _ in
+            (inode.openHandles > 0, inode.openHandles > 0 && !inode.heldForOpenHandles)
+        }
+        guard wanted, (try? acquire(inode)) != nil else { return open }
         let extra: Bool = lock.withLock { _ in
             if inode.heldForOpenHandles || inode.openHandles <= 0 { return true }
             inode.heldForOpenHandles = true
             return false
         }
         if extra { release(inode) }
+        return true
     }
 
     /// Closes about half the cached fds; called when an open hit EMFILE/ENFILE.

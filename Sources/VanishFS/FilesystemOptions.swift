@@ -19,6 +19,8 @@ public struct FilesystemOptions: Sendable {
     public var writeback = false
     /// Most O_PATH fds kept open for inodes; nil picks half the fd limit.
     public var fdCacheLimit: Int?
+    /// Reaper threads; nil picks the number of cores.
+    public var reaperWorkers: Int?
 
     public init() {}
 

@@ -5,6 +5,8 @@ import LinuxSyscalls
 import Logging
 import Synchronization
 import SystemPackage
+import VanishGraveyard
+import Dispatch
 
 /// Vanish's filesystem: every operation on the mount is done on the backing
 /// directory, through fds relative to it, with its errno passed back unchanged.
@@ -19,12 +21,28 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// caller with fchown, since the kernel already checked the caller may make them.
     let actsForOthers: Bool
     let devices: DeviceMap
+    /// Where unlinked entries go, and who frees them.
+    let graveyard: Graveyard
+    public let reaper: Reaper
+    /// Sends cache invalidations to the kernel; set once the session exists.
+    /// Called on `notifications`, never from a request handler.
+    public var invalidateEntry: (@Sendable (_ parent: fuse_ino_t, _ child: fuse_ino_t, _ name: ContiguousArray<CChar>) -> Void)?
+    let notifications = DispatchQueue(label: "vanish.notify")
+    let sourcePath: String
 
-    /// Opens `source` (a directory) as the backing root.
-    public init(source: String, options: FilesystemOptions, logger: Logger) throws(Errno) {
+    /// Opens `source` (a directory) as the backing root and its graveyard.
+    public init(source: String, options: FilesystemOptions, logger: Logger) throws {
         let fd = try Sys.open(source, VANISH_O_PATH | O_DIRECTORY)
         let st: stat
         do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
+        do {
+            graveyard = try Graveyard(rootFD: fd)
+        } catch {
+            Sys.close(fd)
+            throw error
+        }
+        reaper = Reaper(graveyard: graveyard, workers: options.reaperWorkers ?? Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+        sourcePath = source
         let root = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, generation: 0,
                          parent: nil, name: "")
         root.fd = fd
@@ -56,7 +74,20 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         for cap in [FUSE_CAP_SPLICE_WRITE, FUSE_CAP_SPLICE_MOVE, FUSE_CAP_SPLICE_READ] {
             if capable & UInt32(cap) != 0 { conn.pointee.want |= UInt32(cap) }
         }
-        log.info("session started", metadata: ["fd_cache": "\(fds.limit)", "cache": "\(options.cache.rawValue)"])
+        // Threads start here, after daemonizing (a fork keeps only the forking thread).
+        reaper.start()
+        log.info("session started", metadata: ["fd_cache": "\(fds.limit)", "cache": "\(options.cache.rawValue)",
+                                                "reapers": "\(reaper.workerCount)"])
+    }
+
+    /// After the session ended: finish emptying the graveyard (after an
+    /// unmount) or stop at once (after a signal, leaving the rest for the next start).
+    public func stopReaping(finish: Bool) {
+        reaper.stop(finish ? .whenEmpty : .now)
+        reaper.join()
+        let s = reaper.statistics
+        log.info("reaper stopped", metadata: ["entries": "\(s.entries)", "files": "\(s.files)", "bytes": "\(s.bytes)",
+                                              "left": "\(reaper.pendingEntries())"])
     }
 
     public func destroy() {

@@ -1,4 +1,5 @@
 import ArgumentParser
+import Dispatch
 import FUSEKit
 import Glibc
 import Logging
@@ -98,6 +99,10 @@ struct MountCommand: ParsableCommand {
             throw RuntimeError("mounting \(src) on \(mnt) failed; see libfuse's message above")
         }
         try session.installSignalHandlers()
+        let notifier = session.notifier
+        fs.invalidateEntry = { parent, child, name in
+            name.withUnsafeBufferPointer { _ = notifier.delete(parent: parent, child: child, name: $0.baseAddress!, length: $0.count - 1) }
+        }
         if !foreground { session.daemonize() }
         log.info("mounted", metadata: ["source": "\(src)", "mountpoint": "\(mnt)", "pid": "\(getpid())"])
 
@@ -105,8 +110,26 @@ struct MountCommand: ParsableCommand {
         let status = singleThreaded ? session.runSingleThreaded() : session.run(config)
         session.unmount()
         log.info("unmounted", metadata: ["mountpoint": "\(mnt)", "status": "\(status)"])
+        // After an unmount the process stays to empty the graveyard (SIGTERM or
+        // SIGINT stops it promptly, the rest waits for the next start); after a
+        // signal it stops at once.
+        let stopNow = stopOnSignals { fs.reaper.stop(.now) }
+        fs.stopReaping(finish: status == 0)
+        withExtendedLifetime(stopNow) {}
         // A positive status is the signal that ended the loop: a requested, clean stop.
         if status < 0 { throw ExitCode.failure }
+    }
+}
+
+/// Runs `action` on SIGTERM or SIGINT (from a dispatch source, so it need
+/// not be async-signal-safe); keep the returned sources alive.
+func stopOnSignals(_ action: @escaping @Sendable () -> Void) -> [any DispatchSourceSignal] {
+    [SIGTERM, SIGINT].map { sig in
+        signal(sig, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+        source.setEventHandler(handler: action)
+        source.resume()
+        return source
     }
 }
 

@@ -13,6 +13,6 @@ struct Vanish: ParsableCommand {
             64 bad command-line arguments.
             """,
         version: version,
-        subcommands: [MountCommand.self, UnmountCommand.self]
+        subcommands: [MountCommand.self, UnmountCommand.self, RemoveCommand.self, StatusCommand.self, ReapCommand.self]
     )
 }

@@ -1,0 +1,112 @@
+import CFuse
+import FUSEKit
+import Glibc
+import LinuxSyscalls
+import SystemPackage
+import VanishGraveyard
+
+/// In-band controls any program can use through the mount, no socket needed:
+///
+/// - `setxattr(PATH, "user.vanish.delete", …)` removes PATH, a file or a
+///   whole tree, with one rename into the graveyard (what `vanish rm` does);
+/// - `getxattr(MOUNT_ROOT, "user.vanish.status")` answers JSON about the
+///   graveyard and the reaper (what `vanish status` reads).
+extension PassthroughFilesystem {
+    static let deleteAttribute = "user.vanish.delete"
+    static let statusAttribute = "user.vanish.status"
+
+    /// True if `name` is the delete trigger (compared without allocating).
+    @inline(__always)
+    func isDeleteTrigger(_ name: UnsafePointer<CChar>) -> Bool {
+        name[0] == 0x75 && strcmp(name, PassthroughFilesystem.deleteAttribute) == 0
+    }
+
+    @inline(__always)
+    func isStatusQuery(_ ino: fuse_ino_t, _ name: UnsafePointer<CChar>) -> Bool {
+        ino == fuse_ino_t(FUSE_ROOT_ID) && name[0] == 0x75 && strcmp(name, PassthroughFilesystem.statusAttribute) == 0
+    }
+
+    /// Buries the entry `ino` was last looked up as, after checking that the
+    /// caller could delete it with rm: write and search permission on its
+    /// directory, and the sticky-bit rule. Checked with the caller's uid and
+    /// groups, never the daemon's.
+    func deleteByTrigger(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
+        let node = inode(ino)
+        guard node !== table.root else { throw .resourceBusy }
+        guard let (parent, name) = table.location(of: node) else { throw .noSuchFileOrDirectory }
+        let caller = req.caller
+        try fds.withFD(parent) { pfd throws(Errno) in
+            try name.withUnsafeBufferPointer { n throws(Errno) in
+                let entry = try Sys.lstatat(pfd, n.baseAddress!)
+                guard entry.st_dev == node.key.dev, entry.st_ino == node.key.ino else { throw .noSuchFileOrDirectory }
+                if caller.uid != 0 {
+                    let dir = try Sys.fstat(pfd)
+                    try checkMayDelete(req, caller: caller, dir: dir, entry: entry)
+                }
+                try bury(pfd, n.baseAddress!)
+            }
+        }
+        // Tell the kernel the name is gone, from outside this handler (libfuse
+        // may deadlock if a handler sends a notification for its own session).
+        if let invalidate = invalidateEntry {
+            let parentID = table.nodeID(parent)
+            let childID = table.nodeID(node)
+            notifications.async { invalidate(parentID, childID, name) }
+        }
+    }
+
+    private func checkMayDelete(_ req: Request, caller: Caller, dir: stat, entry: stat) throws(Errno) {
+        let wx: mode_t = 0o3
+        let granted: mode_t
+        if caller.uid == dir.st_uid {
+            granted = (dir.st_mode >> 6) & 0o7
+        } else if inGroup(req, caller: caller, dir.st_gid) {
+            granted = (dir.st_mode >> 3) & 0o7
+        } else {
+            granted = dir.st_mode & 0o7
+        }
+        guard granted & wx == wx else { throw .permissionDenied }
+        if dir.st_mode & S_ISVTX != 0 && caller.uid != dir.st_uid && caller.uid != entry.st_uid {
+            throw .notPermitted
+        }
+    }
+
+    /// Whether the caller belongs to `gid` (primary or supplementary group).
+    private func inGroup(_ req: Request, caller: Caller, _ gid: gid_t) -> Bool {
+        if caller.gid == gid { return true }
+        var groups = [gid_t](repeating: 0, count: 64)
+        var n = fuse_req_getgroups(req.raw, Int32(groups.count), &groups)
+        if n > groups.count {
+            groups = [gid_t](repeating: 0, count: Int(n))
+            n = fuse_req_getgroups(req.raw, Int32(groups.count), &groups)
+        }
+        return n > 0 && groups.prefix(Int(n)).contains(gid)
+    }
+
+    /// The JSON `vanish status` shows.
+    func statusJSON() -> String {
+        let s = reaper.statistics
+        var fs = statvfs()
+        _ = fstatvfs(rootFD, &fs)
+        let free = UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
+        return """
+            {"source":"\(jsonEscape(sourcePath))","pid":\(getpid()),"pending_entries":\(reaper.pendingEntries()),\
+            "reaped_entries":\(s.entries),"freed_files":\(s.files),"freed_bytes":\(s.bytes),\
+            "buried_entries":\(s.buried),"reaper_workers":\(reaper.workerCount),"free_bytes":\(free),\
+            "known_inodes":\(table.count),"cached_fds":\(fds.openCount),"fd_cache_limit":\(fds.limit)}
+            """
+    }
+}
+
+func jsonEscape(_ s: String) -> String {
+    var out = ""
+    for u in s.unicodeScalars {
+        switch u {
+        case "\"": out += "\\\""
+        case "\\": out += "\\\\"
+        case _ where u.value < 0x20: out += "\\u" + String(repeating: "0", count: 4 - String(u.value, radix: 16).count) + String(u.value, radix: 16)
+        default: out.unicodeScalars.append(u)
+        }
+    }
+    return out
+}

@@ -1,0 +1,142 @@
+import CFuse
+import Glibc
+import LinuxSyscalls
+import Synchronization
+import SystemPackage
+
+/// Where deleted entries wait for the reaper: `SOURCE/.vanish/graveyard/<shard>/<unique name>`,
+/// on the same filesystem as what is deleted, so hiding an entry is one rename.
+///
+/// Nothing here is reachable through the mount: the filesystem hides the
+/// state directory from readdir and lookup and refuses to create it.
+public final class Graveyard: @unchecked Sendable {
+    /// The state directory's name in the source root.
+    public static let stateDirectoryName = ".vanish"
+    static let markerName = "VANISH-STATE-DIRECTORY"
+    /// Entries are spread over this many directories so none grows huge.
+    public static let shardCount = 64
+
+    /// O_PATH fds of the shard directories, open for the graveyard's life.
+    public let shardFDs: [Int32]
+    public let stateFD: Int32
+    public let device: dev_t
+    private let counter = Atomic<UInt64>(0)
+    private let instance: UInt32
+
+    /// Opens (or makes) the state directory in the source root `rootFD`.
+    /// Refuses a `.vanish` that is not Vanish's: nothing of the user's is touched.
+    public init(rootFD: Int32) throws(GraveyardError) {
+        let name = Graveyard.stateDirectoryName
+        do throws(Errno) {
+            try Sys.mkdirat(rootFD, name, 0o700)
+            let fd = try Sys.openat(rootFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+            defer { Sys.close(fd) }
+            let marker = try Sys.openat(fd, Graveyard.markerName, O_WRONLY | O_CREAT | O_EXCL, 0o600)
+            let text = "This directory holds Vanish's graveyard: deleted entries waiting to be freed.\n"
+            _ = text.withCString { write(marker, $0, strlen($0)) }
+            Sys.close(marker)
+        } catch .fileExists {
+            // Already there: ours only if it carries the marker.
+        } catch {
+            throw .cannotCreate("\(error)")
+        }
+        let state: Int32
+        do throws(Errno) {
+            state = try Sys.openat(rootFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+        } catch {
+            throw .notOurs
+        }
+        guard (try? Sys.lstatat(state, Graveyard.markerName)) != nil else {
+            Sys.close(state)
+            throw .notOurs
+        }
+        stateFD = state
+        var shards: [Int32] = []
+        do throws(Errno) {
+            do throws(Errno) { try Sys.mkdirat(state, "graveyard", 0o700) } catch .fileExists {}
+            let grave = try Sys.openat(state, "graveyard", VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+            defer { Sys.close(grave) }
+            for i in 0..<Graveyard.shardCount {
+                let shard = Graveyard.hex(UInt64(i), digits: 2)
+                do throws(Errno) { try Sys.mkdirat(grave, shard, 0o700) } catch .fileExists {}
+                shards.append(try Sys.openat(grave, shard, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW))
+            }
+            device = try Sys.fstat(grave).st_dev
+        } catch {
+            shards.forEach(Sys.close)
+            Sys.close(state)
+            throw .cannotCreate("\(error)")
+        }
+        shardFDs = shards
+        instance = UInt32(truncatingIfNeeded: getpid())
+    }
+
+    deinit {
+        shardFDs.forEach(Sys.close)
+        Sys.close(stateFD)
+    }
+
+    /// Moves `name` out of `parentFD` into the graveyard with one rename.
+    /// Throws EXDEV when the entry lives on another filesystem.
+    @inline(__always)
+    public func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
+        let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
+        let shard = shardFDs[Int(n % UInt64(Graveyard.shardCount))]
+        try withUniqueName(n) { grave throws(Errno) in
+            try Sys.renameat2(parentFD, name, shard, grave, VANISH_RENAME_NOREPLACE)
+        }
+    }
+
+    /// `<ns since epoch>-<pid>-<counter>` in hex, built on the stack: unique
+    /// across restarts, and sorting by name sorts by deletion time.
+    @inline(__always)
+    private func withUniqueName<R>(_ n: UInt64, _ body: (UnsafePointer<CChar>) throws(Errno) -> R) throws(Errno) -> R {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        let ns = UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+        var storage: (UInt64, UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0, 0)
+        return try withUnsafeMutableBytes(of: &storage) { raw throws(Errno) -> R in
+            let p = raw.baseAddress!.assumingMemoryBound(to: CChar.self)
+            var i = 0
+            Graveyard.writeHex(ns, digits: 16, into: p, at: &i)
+            p[i] = 0x2D; i += 1
+            Graveyard.writeHex(UInt64(instance), digits: 8, into: p, at: &i)
+            p[i] = 0x2D; i += 1
+            Graveyard.writeHex(n, digits: 10, into: p, at: &i)
+            p[i] = 0
+            return try body(UnsafePointer(p))
+        }
+    }
+
+    static func writeHex(_ v: UInt64, digits: Int, into p: UnsafeMutablePointer<CChar>, at i: inout Int) {
+        for d in stride(from: digits - 1, through: 0, by: -1) {
+            let nibble = Int((v >> (UInt64(d) * 4)) & 0xF)
+            p[i] = CChar(nibble < 10 ? 48 + nibble : 87 + nibble)
+            i += 1
+        }
+    }
+
+    static func hex(_ v: UInt64, digits: Int) -> String {
+        var s = String(v, radix: 16)
+        while s.count < digits { s = "0" + s }
+        return s
+    }
+}
+
+public enum GraveyardError: Error, CustomStringConvertible {
+    case notOurs
+    case cannotCreate(String)
+
+    public var description: String {
+        switch self {
+        case .notOurs:
+            return """
+                the source already has a \(Graveyard.stateDirectoryName) that is not Vanish's state \
+                directory (no \(Graveyard.markerName) marker in it); Vanish will not use or hide it. \
+                Rename it and mount again.
+                """
+        case .cannotCreate(let why):
+            return "cannot create the graveyard \(Graveyard.stateDirectoryName)/graveyard in the source: \(why)"
+        }
+    }
+}

@@ -1,0 +1,75 @@
+import ArgumentParser
+import CFuse
+import Glibc
+
+struct RemoveCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "rm",
+        abstract: "Remove files or whole trees inside a Vanish mount, in one step whatever their size.",
+        discussion: """
+            A directory goes to the graveyard with one rename (through the xattr trigger \
+            user.vanish.delete, which any program can set too), so this returns in milliseconds; \
+            the reaper frees the data later. The same rules as rm -r apply to the calling user: \
+            write and search permission on the parent, and the sticky bit. Other entries are \
+            unlinked, which on a Vanish mount is the same single rename.
+            """
+    )
+
+    @Flag(name: [.customShort("r"), .customShort("R"), .long], help: "Remove directories and their contents.")
+    var recursive = false
+
+    @Flag(name: .shortAndLong, help: "Ignore paths that do not exist.")
+    var force = false
+
+    @Argument(help: "What to remove.")
+    var paths: [String]
+
+    func validate() throws {
+        if paths.isEmpty { throw ValidationError("name at least one path") }
+    }
+
+    func run() throws {
+        var failed = false
+        for path in paths {
+            do {
+                try remove(path)
+            } catch let e as RuntimeError {
+                FileHandleStderr.write("vanish rm: \(e.description)\n")
+                failed = true
+            }
+        }
+        if failed { throw ExitCode.failure }
+    }
+
+    private func remove(_ path: String) throws {
+        var st = stat()
+        guard lstat(path, &st) == 0 else {
+            if errno == ENOENT && force { return }
+            throw RuntimeError("cannot remove \(path): \(String(cString: strerror(errno)))")
+        }
+        guard st.st_mode & S_IFMT == S_IFDIR else {
+            guard unlink(path) == 0 else { throw RuntimeError("cannot remove \(path): \(String(cString: strerror(errno)))") }
+            return
+        }
+        guard recursive else { throw RuntimeError("cannot remove \(path): Is a directory (use -r)") }
+        guard setxattr(path, "user.vanish.delete", "", 0, 0) == 0 else {
+            let e = errno
+            if e == ENOTSUP || e == ENODATA {
+                throw RuntimeError("cannot remove \(path): not inside a Vanish mount (use rm -r there)")
+            }
+            throw RuntimeError("cannot remove \(path): \(String(cString: strerror(e)))")
+        }
+        // The daemon tells the kernel right after answering; wait for that so
+        // the path is gone for every process when we return.
+        for _ in 0..<2000 {
+            if lstat(path, &st) != 0 { return }
+            usleep(500)
+        }
+        throw RuntimeError("\(path) was removed, but the kernel still shows it")
+    }
+}
+
+/// Writes to stderr without Foundation.
+enum FileHandleStderr {
+    static func write(_ s: String) { _ = s.withCString { Glibc.write(2, $0, strlen($0)) } }
+}

@@ -1,0 +1,96 @@
+import ArgumentParser
+import CFuse
+import Foundation
+
+struct StatusCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "status",
+        abstract: "Show a mount's graveyard backlog and what the reaper has freed.",
+        discussion: "Reads the user.vanish.status attribute of the mount's root."
+    )
+
+    @Flag(help: "Print the raw JSON.")
+    var json = false
+
+    @Flag(help: "Wait until the graveyard is empty, showing progress.")
+    var wait = false
+
+    @Argument(help: "The mountpoint.")
+    var mountpoint: String
+
+    func run() throws {
+        var status = try read()
+        if wait {
+            let start = Date()
+            let firstFreed = status.freedFiles
+            let terminal = isatty(1) != 0
+            var lastLine = Date.distantPast
+            while status.pending > 0 {
+                let elapsed = Date().timeIntervalSince(start)
+                let rate = elapsed > 0 ? Double(status.freedFiles - firstFreed) / elapsed : 0
+                let line = "waiting: \(status.pending) graveyard entries, \(status.freedFiles) files and "
+                    + "\(bytes(status.freedBytes)) freed" + (rate > 0 ? String(format: ", %.0f files/s", rate) : "")
+                if terminal {
+                    print("\r\u{1B}[K" + line, terminator: "")
+                    fflush(nil)
+                } else if Date().timeIntervalSince(lastLine) >= 1 {
+                    print(line)
+                    lastLine = Date()
+                }
+                usleep(100_000)
+                status = try read()
+            }
+            if terminal { print("\r\u{1B}[K", terminator: "") }
+        }
+        if json {
+            print(status.raw)
+        } else {
+            print("""
+                source:           \(status.source)
+                graveyard:        \(status.pending) entries waiting
+                reaped:           \(status.reaped) entries, \(status.freedFiles) files, \(bytes(status.freedBytes))
+                deleted (mount):  \(status.buried) entries since mount
+                reaper workers:   \(status.workers)
+                free space:       \(bytes(status.free))
+                """)
+        }
+    }
+
+    struct Status {
+        var raw: String
+        var source: String
+        var pending: Int
+        var reaped: Int
+        var freedFiles: Int
+        var freedBytes: Int
+        var buried: Int
+        var workers: Int
+        var free: Int
+    }
+
+    func read() throws -> Status {
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let n = getxattr(mountpoint, "user.vanish.status", &buffer, buffer.count)
+        guard n > 0 else {
+            let e = errno
+            if e == ENODATA || e == ENOTSUP { throw ValidationError("\(mountpoint) is not the root of a Vanish mount") }
+            throw RuntimeError("cannot read status of \(mountpoint): \(String(cString: strerror(e)))")
+        }
+        let raw = String(decoding: buffer[..<n], as: UTF8.self)
+        guard let obj = try JSONSerialization.jsonObject(with: Data(buffer[..<n])) as? [String: Any] else {
+            throw RuntimeError("unreadable status from \(mountpoint)")
+        }
+        func int(_ k: String) -> Int { (obj[k] as? NSNumber)?.intValue ?? 0 }
+        return Status(raw: raw, source: obj["source"] as? String ?? "?", pending: int("pending_entries"),
+                      reaped: int("reaped_entries"), freedFiles: int("freed_files"), freedBytes: int("freed_bytes"),
+                      buried: int("buried_entries"), workers: int("reaper_workers"), free: int("free_bytes"))
+    }
+}
+
+func bytes(_ n: Int) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"]
+    var v = Double(n)
+    var i = 0
+    while v >= 1024 && i < units.count - 1 { v /= 1024; i += 1 }
+    return i == 0 ? "\(n) B" : String(format: "%.1f %@", v, units[i])
+}
