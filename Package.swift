@@ -73,6 +73,11 @@ let package = Package(
             swiftSettings: strict
         ),
         .testTarget(
+            name: "VanishGraveyardTests",
+            dependencies: ["VanishTestSupport", "vanish"],
+            swiftSettings: strict
+        ),
+        .testTarget(
             name: "VanishCLITests",
             dependencies: ["VanishTestSupport", "vanish"],
             swiftSettings: strict

@@ -46,6 +46,24 @@ enum MountPaths {
         return found
     }
 
+    /// The type of the mount that holds `path` (the longest mountpoint that is a prefix of it).
+    static func mountType(containing path: String) -> String? {
+        guard let f = fopen("/proc/self/mountinfo", "r") else { return nil }
+        defer { fclose(f) }
+        var best: (length: Int, type: String)?
+        var line: UnsafeMutablePointer<CChar>?
+        var cap = 0
+        while getline(&line, &cap, f) > 0 {
+            let fields = String(cString: line!).split(separator: " ")
+            guard fields.count > 7, let dash = fields.firstIndex(of: "-"), dash + 1 < fields.count else { continue }
+            let point = unescape(String(fields[4]))
+            let inside = path == point || point == "/" || path.hasPrefix(point + "/")
+            if inside && point.count >= (best?.length ?? -1) { best = (point.count, String(fields[dash + 1])) }
+        }
+        free(line)
+        return best?.type
+    }
+
     /// mountinfo writes space, tab, newline and backslash as \ooo.
     static func unescape(_ s: String) -> String {
         guard s.contains("\\") else { return s }

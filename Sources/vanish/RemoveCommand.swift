@@ -52,6 +52,11 @@ struct RemoveCommand: ParsableCommand {
             return
         }
         guard recursive else { throw RuntimeError("cannot remove \(path): Is a directory (use -r)") }
+        // Elsewhere the trigger would just be stored as an ordinary xattr.
+        let resolved = (try? MountPaths.resolve(path, what: "path")) ?? path
+        guard MountPaths.mountType(containing: resolved) == "fuse.vanish" else {
+            throw RuntimeError("cannot remove \(path): not inside a Vanish mount (use rm -r there)")
+        }
         guard setxattr(path, "user.vanish.delete", "", 0, 0) == 0 else {
             let e = errno
             if e == ENOTSUP || e == ENODATA {

@@ -135,14 +135,15 @@ public final class VanishMount {
     ///   - inPlace: mount the source over itself.
     ///   - fileLimit: run the daemon under `ulimit -n` of this value.
     ///   - prepare: fills the source before mounting.
+    ///   - existingSource: mount this directory instead of a fresh one (it is not removed).
     public init(options: [String] = [], arguments: [String] = [], inPlace: Bool = false, fileLimit: Int? = nil,
-                prepare: ((String) throws -> Void)? = nil) throws {
+                existingSource: String? = nil, prepare: ((String) throws -> Void)? = nil) throws {
         if let why = FUSEAvailability.missing { throw TestFailure("FUSE tests cannot run: \(why)") }
         base = try makeTempDirectory()
-        source = base + "/source"
+        source = existingSource ?? base + "/source"
         mountpoint = inPlace ? source : base + "/mnt"
         logPath = base + "/vanish.log"
-        mkdir(source, 0o755)
+        if existingSource == nil { mkdir(source, 0o755) }
         if !inPlace { mkdir(mountpoint, 0o755) }
         chmod(base, 0o755)
         do {
@@ -214,10 +215,11 @@ public final class VanishMount {
 
 /// Mounts, runs `body`, and always cleans up.
 public func withVanishMount<R>(options: [String] = [], arguments: [String] = [], inPlace: Bool = false,
-                               fileLimit: Int? = nil, prepare: ((String) throws -> Void)? = nil,
+                               fileLimit: Int? = nil, prepareExisting existingSource: String? = nil,
+                               prepare: ((String) throws -> Void)? = nil,
                                _ body: (VanishMount) throws -> R) throws -> R {
     let m = try VanishMount(options: options, arguments: arguments, inPlace: inPlace, fileLimit: fileLimit,
-                            prepare: prepare)
+                            existingSource: existingSource, prepare: prepare)
     defer { m.close() }
     return try body(m)
 }

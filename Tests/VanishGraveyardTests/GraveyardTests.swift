@@ -1,0 +1,251 @@
+import Foundation
+import Glibc
+import Testing
+import VanishTestSupport
+
+/// Entries waiting in the source's graveyard (on the backing filesystem).
+func graveyardCount(_ source: String) throws -> Int {
+    let r = try sh("find .vanish/graveyard -mindepth 2 -maxdepth 2 | wc -l", cwd: source)
+    return Int(r.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
+}
+
+/// `vanish status --wait`: returns once the reaper has emptied the graveyard.
+func waitForReaper(_ m: VanishMount) throws {
+    let r = try run([vanishBinary, "status", "--wait", m.mountpoint])
+    guard r.ok else { throw TestFailure("status --wait failed: \(r.stderr)") }
+}
+
+func freeBytes(_ path: String) -> UInt64 {
+    var st = statvfs()
+    statvfs(path, &st)
+    return UInt64(st.f_bavail) * UInt64(st.f_frsize)
+}
+
+/// Makes `count` files of `size` bytes spread over directories under `dir`.
+func makeTree(_ dir: String, files count: Int, size: Int = 100) throws {
+    let r = try run(["python3", "-c", """
+        import os, sys
+        root, n, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+        data = b"x" * size
+        for i in range(n):
+            d = os.path.join(root, f"d{i // 1000}")
+            if i % 1000 == 0: os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, f"f{i}"), "wb") as f: f.write(data)
+        """, dir, "\(count)", "\(size)"])
+    guard r.ok else { throw TestFailure(r.stderr) }
+}
+
+@Suite("graveyard and reaper", .enabled(if: FUSEAvailability.shouldRun, "needs /dev/fuse and fusermount3"))
+struct GraveyardTests {
+    @Test("unlink hides a file at once and the reaper gives its space back")
+    func spaceComesBack() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
+        var tmpfs = ""
+        defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
+        try withVanishMount(prepare: { src in
+            tmpfs = src
+            let r = try run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", src])
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let w = try sh("dd if=/dev/urandom of=big bs=1M count=64 status=none && sync", cwd: m.mountpoint)
+            #expect(w.ok)
+            let before = freeBytes(m.source)
+            #expect(unlink(m.path("big")) == 0)
+            #expect(access(m.path("big"), F_OK) != 0)
+            #expect(access(m.backing("big"), F_OK) != 0)
+            try waitForReaper(m)
+            #expect(try graveyardCount(m.source) == 0)
+            #expect(freeBytes(m.source) >= before + 60 << 20)
+        }
+    }
+
+    @Test("the state directory is invisible and its name reserved")
+    func hiddenAndReserved() throws {
+        try withVanishMount { m in
+            #expect(access(m.backing(".vanish/graveyard"), F_OK) == 0)
+            let r = try sh("""
+                ls -A | grep -c vanish
+                stat .vanish 2>&1 | grep -c 'No such file'
+                for step in 'mkdir .vanish' 'touch .vanish' 'ln -s x .vanish' 'mkfifo .vanish'; do
+                  $step 2>&1 | grep -c 'Operation not permitted'
+                done
+                touch f && mv f .vanish 2>&1 | grep -c 'Operation not permitted'
+                mkdir sub && mkdir sub/.vanish && echo nested-is-fine
+                """, cwd: m.mountpoint)
+            #expect(r.stdout == "0\n1\n1\n1\n1\n1\n1\nnested-is-fine\n")
+        }
+    }
+
+    @Test("a .vanish that is not Vanish's makes the mount refuse and stays untouched")
+    func foreignStateDirectory() throws {
+        let base = try makeTempDirectory()
+        defer { removeTree(base) }
+        mkdir(base + "/src", 0o755); mkdir(base + "/mnt", 0o755)
+        mkdir(base + "/src/.vanish", 0o755)
+        try "mine\n".write(toFile: base + "/src/.vanish/notes", atomically: true, encoding: .utf8)
+        let r = try run([vanishBinary, "mount", base + "/src", base + "/mnt"])
+        #expect(r.status == 1)
+        #expect(r.stderr.contains("not Vanish's"))
+        #expect(mountType(at: base + "/mnt") == nil)
+        #expect(try String(contentsOfFile: base + "/src/.vanish/notes", encoding: .utf8) == "mine\n")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: base + "/src/.vanish") == ["notes"])
+    }
+
+    @Test("vanish rm -r removes a 20,000-file tree in one step; the reaper frees it")
+    func vanishRmOfATree() throws {
+        try withVanishMount(prepare: { src in try makeTree(src + "/tree", files: 20_000) }) { m in
+            let r = try run([vanishBinary, "rm", "-r", m.path("tree")])
+            #expect(r.ok, "\(r.stderr)")
+            // Gone for every process, through the mount and underneath.
+            #expect(try sh("test ! -e tree && ls -A | wc -l", cwd: m.mountpoint).stdout == "0\n")
+            #expect(access(m.backing("tree"), F_OK) != 0)
+            try waitForReaper(m)
+            #expect(try graveyardCount(m.source) == 0)
+            let status = try run([vanishBinary, "status", "--json", m.mountpoint])
+            #expect(status.stdout.contains("\"freed_files\":20000"), "\(status.stdout)")
+        }
+    }
+
+    @Test("vanish rm: -f, files, errors")
+    func removeArguments() throws {
+        try withVanishMount { m in
+            let r = try sh("""
+                echo x > file && mkdir dir
+                "$0" rm file && test ! -e file && echo file-gone
+                "$0" rm dir 2>&1 | grep -c 'use -r'
+                "$0" rm missing 2>&1 | grep -c 'No such file'
+                "$0" rm -f missing && echo forced
+                """.replacingOccurrences(of: "\"$0\"", with: shellQuote(vanishBinary)), cwd: m.mountpoint)
+            #expect(r.stdout == "file-gone\n1\n1\nforced\n")
+        }
+        let elsewhere = try makeTempDirectory()
+        defer { removeTree(elsewhere) }
+        mkdir(elsewhere + "/d", 0o755)
+        let r = try run([vanishBinary, "rm", "-r", elsewhere + "/d"])
+        #expect(r.status == 1)
+        #expect(r.stderr.contains("not inside a Vanish mount"))
+    }
+
+    @Test("vanish rm and the xattr trigger obey rm's rules for another user")
+    func removePermissions() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root to become nobody")
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            _ = try sh("""
+                mkdir -p rootdir/sub && chmod 755 rootdir
+                mkdir -p sticky/roots && chmod 1777 sticky && chmod 777 sticky/roots
+                mkdir -p sticky/mine && chown nobody:nogroup sticky/mine
+                mkdir -p open/theirs && chmod 777 open open/theirs
+                """, cwd: src)
+        }) { m in
+            let binary = m.base + "/vanish"
+            #expect(try run(["cp", vanishBinary, binary]).ok)
+            let r = try run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", "/bin/sh", "-c", """
+                cd \(shellQuote(m.mountpoint))
+                \(binary) rm -r rootdir/sub 2>&1 | grep -c 'Permission denied'
+                setfattr -n user.vanish.delete rootdir/sub 2>&1 | grep -c 'Permission denied'
+                \(binary) rm -r sticky/roots 2>&1 | grep -c 'Operation not permitted'
+                \(binary) rm -r sticky/mine && echo own-in-sticky-ok
+                \(binary) rm -r open/theirs && echo writable-parent-ok
+                """])
+            #expect(r.stdout == "1\n1\n1\nown-in-sticky-ok\nwritable-parent-ok\n", "\(r.stderr)")
+            #expect(access(m.backing("rootdir/sub"), F_OK) == 0)
+            #expect(access(m.backing("sticky/roots"), F_OK) == 0)
+        }
+    }
+
+    @Test("rename over a file sends the old target to the graveyard")
+    func renameOver() throws {
+        try withVanishMount { m in
+            let r = try sh("echo old > a && echo new > b && mv b a && cat a && ls", cwd: m.mountpoint)
+            #expect(r.stdout == "new\na\n")
+            let status = try run([vanishBinary, "status", "--json", m.mountpoint])
+            #expect(status.stdout.contains("\"buried_entries\":1"), "\(status.stdout)")
+        }
+    }
+
+    @Test("on a filesystem mounted inside the source, delete happens in the request (EXDEV)")
+    func nestedFilesystem() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for tmpfs")
+        var tmpfs = ""
+        defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
+        try withVanishMount(prepare: { src in
+            tmpfs = src + "/inner"
+            mkdir(tmpfs, 0o755)
+            guard try run(["mount", "-t", "tmpfs", "tmpfs", tmpfs]).ok else { throw TestFailure("tmpfs") }
+        }) { m in
+            let r = try sh("echo x > inner/f && rm inner/f && ls -A inner | wc -l", cwd: m.mountpoint)
+            #expect(r.stdout == "0\n")
+            #expect(m.log.contains("deleted in the request"))
+        }
+    }
+
+    @Test("a tree deeper than PATH_MAX is reaped")
+    func deepTree() throws {
+        try withVanishMount(prepare: { src in
+            let r = try run(["python3", "-c", """
+                import os, sys
+                fd = os.open(sys.argv[1], os.O_RDONLY)
+                os.mkdir("deep", dir_fd=fd)
+                for i in range(1800):
+                    nfd = os.open("deep" if i == 0 else "dd", os.O_RDONLY, dir_fd=fd)
+                    os.close(fd); fd = nfd
+                    os.mkdir("dd", dir_fd=fd)
+                    open(f"/proc/self/fd/{fd}/file", "w").close()
+                """, src])
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            #expect(try run([vanishBinary, "rm", "-r", m.path("deep")]).ok)
+            try waitForReaper(m)
+            #expect(try graveyardCount(m.source) == 0)
+        }
+    }
+
+    @Test("after an unmount the daemon finishes reaping, then exits 0")
+    func reapsAfterUnmount() throws {
+        let m = try VanishMount(prepare: { src in try makeTree(src + "/tree", files: 20_000) })
+        defer { m.close() }
+        #expect(try run([vanishBinary, "rm", "-r", m.path("tree")]).ok)
+        #expect(try m.unmount() == 0)
+        #expect(try graveyardCount(m.source) == 0)
+    }
+}
+
+/// SIGKILL at random points during deletes and reaping: nothing that was not
+/// deleted is lost, the graveyard never shows, leftovers are reaped later.
+@Suite("crash safety", .serialized, .enabled(if: FUSEAvailability.shouldRun, "needs /dev/fuse and fusermount3"))
+struct CrashSafetyTests {
+    @Test("SIGKILL during rm -rf, vanish rm and reaping", arguments: 0..<4)
+    func killAndRemount(_ round: Int) throws {
+        let m = try VanishMount(prepare: { src in
+            try makeTree(src + "/keep", files: 2_000, size: 4096)
+            try makeTree(src + "/doomed1", files: 10_000)
+            try makeTree(src + "/doomed2", files: 10_000)
+        })
+        defer { m.close() }
+        let sums = try sh("find keep -type f -exec md5sum {} + | sort", cwd: m.source).stdout
+        // Deletes in flight through the mount, then the daemon dies mid-way.
+        let rm = try spawn(["/bin/sh", "-c", "rm -rf \(shellQuote(m.path("doomed1"))) 2>/dev/null"])
+        _ = try run([vanishBinary, "rm", "-r", m.path("doomed2")])
+        usleep(UInt32(1_000 * (20 + 70 * round)))
+        kill(m.pid, SIGKILL)
+        _ = try m.waitForExit()
+        var status: Int32 = 0
+        waitpid(rm, &status, 0)
+        #expect(try run(["fusermount3", "-u", m.mountpoint]).ok)
+
+        // Nothing that was kept is damaged, underneath or after remounting.
+        #expect(try sh("find keep -type f -exec md5sum {} + | sort", cwd: m.source).stdout == sums)
+        if round % 2 == 0 {
+            try withVanishMount(prepareExisting: m.source) { again in
+                #expect(try sh("ls -A | grep -c vanish || true", cwd: again.mountpoint).stdout == "0\n")
+                #expect(try sh("find keep -type f -exec md5sum {} + | sort", cwd: again.mountpoint).stdout == sums)
+                try waitForReaper(again)
+            }
+        } else {
+            let r = try run([vanishBinary, "reap", m.source])
+            #expect(r.ok, "\(r.stderr)")
+            #expect(r.stdout.contains("reaped"))
+        }
+        #expect(try graveyardCount(m.source) == 0)
+    }
+}
