@@ -166,6 +166,8 @@ class Workload:
     mount, untimed; run is what is timed."""
     name = ""
     cold = True   # drop caches after mounting, before the timed step
+    vanish_only = False
+    peer = None   # the peer being measured, for workloads that differ by peer
 
     def prepare_source(self, src, cache):
         pass
@@ -308,6 +310,42 @@ class RmRf(Workload):
         sh(f"rm -rf {target}/tree")
 
 
+class RemoveTreeOneStep(Workload):
+    """What a user runs to get rid of a tree: `vanish rm -r` on Vanish, `rm -rf` elsewhere."""
+    def __init__(self, files):
+        self.files = files
+        self.name = f"remove a {files // 1000}k-file tree in one step (vanish rm -r; rm -rf elsewhere)"
+
+    def prepare_source(self, src, cache):
+        os.mkdir(os.path.join(src, "tree"))
+        make_tree(os.path.join(src, "tree"), 100, self.files // 100)
+
+    def run(self, target):
+        if isinstance(self.peer, Vanish):
+            sh([self.peer.binary, "rm", "-r", f"{target}/tree"])
+        else:
+            sh(f"rm -rf {target}/tree")
+
+
+class ReaperDrain(Workload):
+    """Vanish only: time for the reaper to free a tree `vanish rm` just buried."""
+    vanish_only = True
+
+    def __init__(self, files):
+        self.files = files
+        self.name = f"reaper: free a {files // 1000}k-file tree after vanish rm (status --wait)"
+
+    def prepare_source(self, src, cache):
+        os.mkdir(os.path.join(src, "tree"))
+        make_tree(os.path.join(src, "tree"), 100, self.files // 100)
+
+    def prepare_mounted(self, target):
+        sh([self.peer.binary, "rm", "-r", f"{target}/tree"])
+
+    def run(self, target):
+        sh([self.peer.binary, "status", "--wait", target], stdout=subprocess.DEVNULL)
+
+
 class UnlinkBig(Workload):
     def __init__(self, gib):
         self.gib = gib
@@ -383,7 +421,7 @@ def workloads(quick):
         Create(n), Walk(n, warm=False), Walk(n, warm=True), ListBigDir(n),
         SeqWrite(mib), SeqRead(mib), SeqWrite(mib, direct=True), SeqRead(mib, direct=True),
         RandRead(mib), TarExtract(), TarCreate(), GitStatus(repo), GitCheckout(repo),
-        RmRf(n), UnlinkBig(1 if quick else 10),
+        RmRf(n), RemoveTreeOneStep(n), ReaperDrain(n), UnlinkBig(1 if quick else 10),
     ]
 
 
@@ -416,10 +454,13 @@ def measure(peers, work, runs, base_dir, cache):
     deferred discards, page cache, thermal) spreads over all of them alike."""
     times = {p.name: [] for p in peers}
     errors = {}
+    if getattr(work, "vanish_only", False):
+        peers = [p for p in peers if isinstance(p, Vanish)]
     for _ in range(runs):
         for p in peers:
             if p.name in errors:
                 continue
+            work.peer = p
             try:
                 times[p.name].append(measure_once(p, work, base_dir, cache))
             except (subprocess.CalledProcessError, OSError, RuntimeError) as e:

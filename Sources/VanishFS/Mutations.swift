@@ -35,8 +35,7 @@ extension PassthroughFilesystem {
     /// deletes it at once instead.
     func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
         do {
-            try graveyard.bury(parentFD, name)
-            reaper.noteBuried()
+            reaper.noteBuried(shard: try graveyard.bury(parentFD, name))
         } catch .improperLink {
             noteSynchronousDelete()
             try deleteNow(parentFD, name)

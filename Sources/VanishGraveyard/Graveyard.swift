@@ -76,15 +76,17 @@ public final class Graveyard: @unchecked Sendable {
         Sys.close(stateFD)
     }
 
-    /// Moves `name` out of `parentFD` into the graveyard with one rename.
-    /// Throws EXDEV when the entry lives on another filesystem.
-    @inline(__always)
-    public func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
+    /// Moves `name` out of `parentFD` into the graveyard with one rename and
+    /// returns the shard it went to. Throws EXDEV when the entry lives on
+    /// another filesystem.
+    @inline(__always) @discardableResult
+    public func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> Int {
         let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
-        let shard = shardFDs[Int(n % UInt64(Graveyard.shardCount))]
+        let shard = Int(n % UInt64(Graveyard.shardCount))
         try withUniqueName(n) { grave throws(Errno) in
-            try Sys.renameat2(parentFD, name, shard, grave, VANISH_RENAME_NOREPLACE)
+            try Sys.renameat2(parentFD, name, shardFDs[shard], grave, VANISH_RENAME_NOREPLACE)
         }
+        return shard
     }
 
     /// `<ns since epoch>-<pid>-<counter>` in hex, built on the stack: unique

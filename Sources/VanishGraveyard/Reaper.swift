@@ -14,7 +14,7 @@ public final class Reaper: @unchecked Sendable {
     public struct Statistics: Sendable, Equatable {
         /// Graveyard entries (files or whole trees) removed.
         public var entries: UInt64
-        /// Files and directories deleted.
+        /// Files and directories deleted (a directory counts once, when it goes).
         public var files: UInt64
         /// Bytes given back to the filesystem.
         public var bytes: UInt64
@@ -36,17 +36,20 @@ public final class Reaper: @unchecked Sendable {
     private let files = Atomic<UInt64>(0)
     private let bytes = Atomic<UInt64>(0)
     private let buried = Atomic<UInt64>(0)
+    /// Directories a worker handed back to the graveyard for others to take.
+    private let splits = Atomic<UInt64>(0)
     private let stopState = Atomic<Int>(0)
-    private let idleWorkers = Atomic<Int>(0)
-    /// Workers found nothing to do on their last pass.
-    private let emptyPasses = Atomic<Int>(0)
-    private let wakeup = DispatchSemaphore(value: 0)
+    /// Bit w is set while worker w sleeps.
+    private let idleMask = Atomic<UInt64>(0)
+    /// One per worker: a wakeup must reach the worker that owns the shard.
+    private let wakeups: [DispatchSemaphore]
     private let finished = DispatchSemaphore(value: 0)
     private let started = Atomic<Bool>(false)
 
     public init(graveyard: Graveyard, workers: Int) {
         self.graveyard = graveyard
         workerCount = max(1, min(workers, Graveyard.shardCount))
+        wakeups = (0..<workerCount).map { _ in DispatchSemaphore(value: 0) }
     }
 
     public var statistics: Statistics {
@@ -60,18 +63,27 @@ public final class Reaper: @unchecked Sendable {
         for w in 0..<workerCount { spawnThread { [self] in work(w) } }
     }
 
-    /// Something was buried: wake an idle worker (cheap when none is idle).
+    /// Something was buried in `shard`: wake its worker if it sleeps (one
+    /// atomic load when it does not).
     @inline(__always)
-    public func noteBuried() {
-        buried.wrappingAdd(1, ordering: .relaxed)
-        if idleWorkers.load(ordering: .relaxed) > 0 { wakeup.signal() }
+    public func noteBuried(shard: Int) {
+        buried.wrappingAdd(1, ordering: .sequentiallyConsistent)
+        wake(owner(of: shard))
+    }
+
+    @inline(__always)
+    private func owner(of shard: Int) -> Int { shard % workerCount }
+
+    @inline(__always)
+    private func wake(_ worker: Int) {
+        if idleMask.load(ordering: .sequentiallyConsistent) & (1 << UInt64(worker)) != 0 { wakeups[worker].signal() }
     }
 
     /// Asks the workers to stop (now, or once the graveyard is empty) and waits for them.
     public func stop(_ how: Stop) {
         stopState.store(max(stopState.load(ordering: .relaxed), how.rawValue), ordering: .relaxed)
         guard started.load(ordering: .relaxed) else { return }
-        for _ in 0..<workerCount { wakeup.signal() }
+        wakeups.forEach { $0.signal() }
     }
 
     /// Waits until every worker has stopped.
@@ -95,6 +107,11 @@ public final class Reaper: @unchecked Sendable {
         return n
     }
 
+    /// Changes whenever anything lands in the graveyard.
+    private var generation: UInt64 {
+        buried.load(ordering: .sequentiallyConsistent) &+ splits.load(ordering: .sequentiallyConsistent)
+    }
+
     private func work(_ index: Int) {
         // Idle I/O class: the disk serves this thread only when nobody else wants it.
         _ = vanish_ioprio_set_thread(3, 0)
@@ -104,17 +121,26 @@ public final class Reaper: @unchecked Sendable {
         while true {
             let state = stopState.load(ordering: .relaxed)
             if state == Stop.now.rawValue { return }
+            let seen = generation
             var found = 0
-            for shard in mine {
+            // When finishing, every worker sweeps every shard: others may still
+            // hand subdirectories into any of them, and the last one out must see them.
+            let shards = state == Stop.whenEmpty.rawValue ? graveyard.shardFDs : mine
+            for shard in shards {
                 found += reap(shard)
                 if stopState.load(ordering: .relaxed) == Stop.now.rawValue { return }
             }
             if found > 0 { continue }
             if stopState.load(ordering: .relaxed) == Stop.whenEmpty.rawValue { return }
-            idleWorkers.wrappingAdd(1, ordering: .relaxed)
-            // The timeout is a safety net for a lost wakeup, not the pacing.
-            _ = wakeup.wait(timeout: .now() + .seconds(2))
-            idleWorkers.wrappingSubtract(1, ordering: .relaxed)
+            // Announce being idle, then look once more: whoever buries after this
+            // sees the bit and signals; whoever buried before, we see here.
+            let bit: UInt64 = 1 << UInt64(index)
+            idleMask.bitwiseOr(bit, ordering: .sequentiallyConsistent)
+            if generation == seen {
+                // The timeout only guards against the unforeseen; wakeups come from noteBuried.
+                _ = wakeups[index].wait(timeout: .now() + .seconds(2))
+            }
+            idleMask.bitwiseAnd(~bit, ordering: .sequentiallyConsistent)
         }
     }
 
@@ -123,7 +149,12 @@ public final class Reaper: @unchecked Sendable {
         guard let fd = try? Sys.openat(shard, ".", O_RDONLY | O_DIRECTORY), let dp = fdopendir(fd) else { return 0 }
         defer { closedir(dp) }
         var found = 0
-        var remover = TreeRemover(shouldStop: { [self] in stopState.load(ordering: .relaxed) == Stop.now.rawValue })
+        var remover = TreeRemover(graveyard: graveyard,
+                                  shouldStop: { [self] in stopState.load(ordering: .relaxed) == Stop.now.rawValue },
+                                  handedBack: { [self] shard in
+                                      splits.wrappingAdd(1, ordering: .sequentiallyConsistent)
+                                      wake(owner(of: shard))
+                                  })
         while let d = readdir(dp) {
             let name = vanish_dirent_name(d)!
             if name[0] == 0x2E { continue }

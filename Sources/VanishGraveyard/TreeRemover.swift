@@ -3,73 +3,56 @@ import Glibc
 import LinuxSyscalls
 import SystemPackage
 
-/// Deletes one graveyard entry, file or tree, with fd-relative calls only
-/// (openat, readdir, unlinkat), holding one directory fd at a time and a
-/// stack of names: trees deeper than PATH_MAX and deeper than the fd limit
-/// are fine. Nothing else can reach inside a graveyard entry, so walking
-/// back up through ".." is safe.
+/// Deletes one graveyard entry with fd-relative calls only (openat, readdir,
+/// unlinkat). A directory's files are unlinked and each subdirectory is
+/// moved back into the graveyard as an entry of its own, one rename each,
+/// instead of being descended into. So one huge tree becomes many
+/// independent entries that every reaper worker can take (parallel per
+/// directory, as rmz is), no path is ever longer than one name, depth costs
+/// neither stack nor fds, and a stop or a crash leaves only whole entries.
 struct TreeRemover {
     var files: UInt64 = 0
     var bytes: UInt64 = 0
+    let graveyard: Graveyard
     let shouldStop: () -> Bool
+    /// Called with the shard a subdirectory was handed back to.
+    let handedBack: (Int) -> Void
 
-    /// Removes `name` in the directory `parentFD`; returns false if told to stop midway.
+    /// Removes `name` in the directory `parentFD`; returns false if told to
+    /// stop before it was gone.
     mutating func remove(_ parentFD: Int32, _ name: UnsafePointer<CChar>) -> Bool {
         guard let st = try? Sys.lstatat(parentFD, name) else { return true }
         if st.st_mode & S_IFMT != S_IFDIR {
             if (try? Sys.unlinkat(parentFD, name, 0)) != nil { count(st) }
             return true
         }
-        return removeTree(parentFD, name)
+        guard let fd = try? Sys.openat(parentFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW) else { return true }
+        guard let dp = fdopendir(fd) else { Sys.close(fd); return true }
+        let dfd = dirfd(dp)
+        while let d = readdir(dp) {
+            let child = vanish_dirent_name(d)!
+            if child[0] == 0x2E && (child[1] == 0 || (child[1] == 0x2E && child[2] == 0)) { continue }
+            if d.pointee.d_type == UInt8(DT_DIR), let shard = try? graveyard.bury(dfd, child) {
+                handedBack(shard)
+                continue
+            }
+            if let cst = try? Sys.lstatat(dfd, child) {
+                if cst.st_mode & S_IFMT == S_IFDIR {
+                    if let shard = try? graveyard.bury(dfd, child) { handedBack(shard) }
+                } else if (try? Sys.unlinkat(dfd, child, 0)) != nil {
+                    count(cst)
+                }
+            }
+            if shouldStop() { closedir(dp); return false }
+        }
+        closedir(dp)
+        if (try? Sys.unlinkat(parentFD, name, AT_REMOVEDIR)) != nil { files += 1 }
+        return true
     }
 
     private mutating func count(_ st: stat) {
         files += 1
         // Space is freed only with the last link.
         if st.st_nlink <= 1 { bytes += UInt64(st.st_blocks) * 512 }
-    }
-
-    private mutating func removeTree(_ parentFD: Int32, _ top: UnsafePointer<CChar>) -> Bool {
-        guard var cur = try? Sys.openat(parentFD, top, O_RDONLY | O_DIRECTORY | O_NOFOLLOW) else { return true }
-        var path: [ContiguousArray<CChar>] = []
-        while true {
-            guard let dp = fdopendir(cur) else { Sys.close(cur); return true }
-            let dfd = dirfd(dp)
-            var child: Int32 = -1
-            var childName = ContiguousArray<CChar>()
-            while let d = readdir(dp) {
-                let name = vanish_dirent_name(d)!
-                if name[0] == 0x2E && (name[1] == 0 || (name[1] == 0x2E && name[2] == 0)) { continue }
-                let type = d.pointee.d_type
-                if type == UInt8(DT_DIR) || type == UInt8(DT_UNKNOWN) {
-                    if let fd = try? Sys.openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW) {
-                        child = fd
-                        childName = ContiguousArray(UnsafeBufferPointer(start: name, count: strlen(name) + 1))
-                        break
-                    }
-                }
-                if let st = try? Sys.lstatat(dfd, name), (try? Sys.unlinkat(dfd, name, 0)) != nil { count(st) }
-                if shouldStop() { closedir(dp); return false }
-            }
-            if child >= 0 {
-                // Go down; the directory is rescanned when we come back up.
-                closedir(dp)
-                path.append(childName)
-                cur = child
-                continue
-            }
-            // This directory is empty now: go up and remove it.
-            if path.isEmpty {
-                closedir(dp)
-                try? Sys.unlinkat(parentFD, top, AT_REMOVEDIR)
-                return true
-            }
-            let up = try? Sys.openat(dfd, "..", O_RDONLY | O_DIRECTORY)
-            closedir(dp)
-            guard let up else { return true }
-            let name = path.removeLast()
-            _ = name.withUnsafeBufferPointer { try? Sys.unlinkat(up, $0.baseAddress!, AT_REMOVEDIR) }
-            cur = up
-        }
     }
 }

@@ -28,7 +28,7 @@ struct StatusCommand: ParsableCommand {
             while status.pending > 0 {
                 let elapsed = Date().timeIntervalSince(start)
                 let rate = elapsed > 0 ? Double(status.freedFiles - firstFreed) / elapsed : 0
-                let line = "waiting: \(status.pending) graveyard entries, \(status.freedFiles) files and "
+                let line = "waiting: \(status.pending) graveyard entries; \(status.freedFiles) files and directories, "
                     + "\(bytes(status.freedBytes)) freed" + (rate > 0 ? String(format: ", %.0f files/s", rate) : "")
                 if terminal {
                     print("\r\u{1B}[K" + line, terminator: "")
@@ -48,7 +48,7 @@ struct StatusCommand: ParsableCommand {
             print("""
                 source:           \(status.source)
                 graveyard:        \(status.pending) entries waiting
-                reaped:           \(status.reaped) entries, \(status.freedFiles) files, \(bytes(status.freedBytes))
+                reaped:           \(status.reaped) entries, \(status.freedFiles) files and directories, \(bytes(status.freedBytes))
                 deleted (mount):  \(status.buried) entries since mount
                 reaper workers:   \(status.workers)
                 free space:       \(bytes(status.free))
