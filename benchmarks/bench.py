@@ -311,7 +311,10 @@ class RmRf(Workload):
 
 
 class RemoveTreeOneStep(Workload):
-    """What a user runs to get rid of a tree: `vanish rm -r` on Vanish, `rm -rf` elsewhere."""
+    """What a user runs to get rid of a tree: `vanish rm -r` on Vanish, `rm -rf` elsewhere.
+    Warm: the command's binary and libraries are in the page cache, as when a user runs it."""
+    cold = False
+
     def __init__(self, files):
         self.files = files
         self.name = f"remove a {files // 1000}k-file tree in one step (vanish rm -r; rm -rf elsewhere)"
@@ -325,6 +328,23 @@ class RemoveTreeOneStep(Workload):
             sh([self.peer.binary, "rm", "-r", f"{target}/tree"])
         else:
             sh(f"rm -rf {target}/tree")
+
+
+class RemoveTreeInProcess(RemoveTreeOneStep):
+    """The time a program waits: Vanish's in-band trigger (setxattr user.vanish.delete,
+    then the path is gone) versus shutil.rmtree elsewhere, with no process start-up."""
+    def __init__(self, files):
+        super().__init__(files)
+        self.name = f"remove a {files // 1000}k-file tree in-process (user.vanish.delete; shutil.rmtree elsewhere)"
+
+    def run(self, target):
+        path = f"{target}/tree"
+        if isinstance(self.peer, Vanish):
+            os.setxattr(path, "user.vanish.delete", b"")
+            while os.path.lexists(path):
+                pass
+        else:
+            shutil.rmtree(path)
 
 
 class ReaperDrain(Workload):
@@ -421,7 +441,7 @@ def workloads(quick):
         Create(n), Walk(n, warm=False), Walk(n, warm=True), ListBigDir(n),
         SeqWrite(mib), SeqRead(mib), SeqWrite(mib, direct=True), SeqRead(mib, direct=True),
         RandRead(mib), TarExtract(), TarCreate(), GitStatus(repo), GitCheckout(repo),
-        RmRf(n), RemoveTreeOneStep(n), ReaperDrain(n), UnlinkBig(1 if quick else 10),
+        RmRf(n), RemoveTreeOneStep(n), RemoveTreeInProcess(n), ReaperDrain(n), UnlinkBig(1 if quick else 10),
     ]
 
 
