@@ -85,14 +85,14 @@ extension PassthroughFilesystem {
 
     /// The JSON `vanish status` shows.
     func statusJSON() -> String {
-        let s = reaper.statistics
+        let s = reaper?.statistics ?? .zero
         var fs = statvfs()
         _ = fstatvfs(rootFD, &fs)
         let free = UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
         return """
-            {"source":"\(jsonEscape(sourcePath))","pid":\(getpid()),"pending_entries":\(reaper.pendingEntries()),\
+            {"source":"\(jsonEscape(sourcePath))","pid":\(getpid()),"graveyard":\(graveyard != nil),"pending_entries":\(reaper?.pendingEntries() ?? 0),\
             "reaped_entries":\(s.entries),"freed_files":\(s.files),"freed_bytes":\(s.bytes),\
-            "buried_entries":\(s.buried),"reaper_workers":\(reaper.workerCount),"free_bytes":\(free),\
+            "buried_entries":\(s.buried),"reaper_workers":\(reaper?.workerCount ?? 0),"free_bytes":\(free),\
             "known_inodes":\(table.count),"cached_fds":\(fds.openCount),"fd_cache_limit":\(fds.limit)}
             """
     }

@@ -21,6 +21,9 @@ public struct FilesystemOptions: Sendable {
     public var fdCacheLimit: Int?
     /// Reaper threads; nil picks the number of cores.
     public var reaperWorkers: Int?
+    /// Delete through the graveyard. Off for read-only mounts, which must
+    /// not write a state directory into the source.
+    public var graveyard = true
 
     public init() {}
 

@@ -34,6 +34,10 @@ extension PassthroughFilesystem {
     /// Moves an entry into the graveyard; on another filesystem (EXDEV)
     /// deletes it at once instead.
     func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
+        guard let graveyard, let reaper else {
+            try deleteNow(parentFD, name)
+            return
+        }
         do {
             reaper.noteBuried(shard: try graveyard.bury(parentFD, name))
         } catch .improperLink {
@@ -89,7 +93,7 @@ extension PassthroughFilesystem {
     @inline(__always)
     func isReserved(_ parent: Inode, _ name: UnsafePointer<CChar>) -> Bool {
         // ".vanish" in the source root, compared without allocating.
-        parent === table.root && name[0] == 0x2E && strcmp(name, Graveyard.stateDirectoryName) == 0
+        parent === table.root && name[0] == 0x2E && graveyard != nil && strcmp(name, Graveyard.stateDirectoryName) == 0
     }
 
     /// Gives a new entry to the process that asked for it.

@@ -21,9 +21,10 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// caller with fchown, since the kernel already checked the caller may make them.
     let actsForOthers: Bool
     let devices: DeviceMap
-    /// Where unlinked entries go, and who frees them.
-    let graveyard: Graveyard
-    public let reaper: Reaper
+    /// Where unlinked entries go, and who frees them; nil when the source
+    /// cannot hold a graveyard (read-only), and deletes are then done in the request.
+    let graveyard: Graveyard?
+    public let reaper: Reaper?
     /// Sends cache invalidations to the kernel; set once the session exists.
     /// Called on `notifications`, never from a request handler.
     public var invalidateEntry: (@Sendable (_ parent: fuse_ino_t, _ child: fuse_ino_t, _ name: ContiguousArray<CChar>) -> Void)?
@@ -35,13 +36,21 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         let fd = try Sys.open(source, VANISH_O_PATH | O_DIRECTORY)
         let st: stat
         do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
-        do {
-            graveyard = try Graveyard(rootFD: fd)
-        } catch {
-            Sys.close(fd)
-            throw error
+        var grave: Graveyard?
+        if options.graveyard {
+            do {
+                grave = try Graveyard(rootFD: fd)
+            } catch GraveyardError.cannotCreate(let why)
+                        where [.permissionDenied, .readOnlyFileSystem, .notPermitted].contains(why) {
+                // A source we may read but not write: serve it, deleting in the request.
+                logger.warning("no graveyard: deletes will be done in the request", metadata: ["why": "\(why)"])
+            } catch {
+                Sys.close(fd)
+                throw error
+            }
         }
-        reaper = Reaper(graveyard: graveyard, workers: options.reaperWorkers ?? Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+        graveyard = grave
+        reaper = grave.map { Reaper(graveyard: $0, workers: options.reaperWorkers ?? Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))) }
         sourcePath = source
         let root = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, generation: 0,
                          parent: nil, name: "")
@@ -75,14 +84,15 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
             if capable & UInt32(cap) != 0 { conn.pointee.want |= UInt32(cap) }
         }
         // Threads start here, after daemonizing (a fork keeps only the forking thread).
-        reaper.start()
+        reaper?.start()
         log.info("session started", metadata: ["fd_cache": "\(fds.limit)", "cache": "\(options.cache.rawValue)",
-                                                "reapers": "\(reaper.workerCount)"])
+                                                "reapers": "\(reaper?.workerCount ?? 0)"])
     }
 
     /// After the session ended: finish emptying the graveyard (after an
     /// unmount) or stop at once (after a signal, leaving the rest for the next start).
     public func stopReaping(finish: Bool) {
+        guard let reaper else { return }
         reaper.stop(finish ? .whenEmpty : .now)
         reaper.join()
         let s = reaper.statistics

@@ -38,7 +38,7 @@ public final class Graveyard: @unchecked Sendable {
         } catch .fileExists {
             // Already there: ours only if it carries the marker.
         } catch {
-            throw .cannotCreate("\(error)")
+            throw .cannotCreate(error)
         }
         let state: Int32
         do throws(Errno) {
@@ -65,7 +65,7 @@ public final class Graveyard: @unchecked Sendable {
         } catch {
             shards.forEach(Sys.close)
             Sys.close(state)
-            throw .cannotCreate("\(error)")
+            throw .cannotCreate(error)
         }
         shardFDs = shards
         instance = UInt32(truncatingIfNeeded: getpid())
@@ -125,9 +125,9 @@ public final class Graveyard: @unchecked Sendable {
     }
 }
 
-public enum GraveyardError: Error, CustomStringConvertible {
+public enum GraveyardError: Error, CustomStringConvertible, Equatable {
     case notOurs
-    case cannotCreate(String)
+    case cannotCreate(Errno)
 
     public var description: String {
         switch self {
@@ -137,8 +137,8 @@ public enum GraveyardError: Error, CustomStringConvertible {
                 directory (no \(Graveyard.markerName) marker in it); Vanish will not use or hide it. \
                 Rename it and mount again.
                 """
-        case .cannotCreate(let why):
-            return "cannot create the graveyard \(Graveyard.stateDirectoryName)/graveyard in the source: \(why)"
+        case .cannotCreate(let errno):
+            return "cannot create the graveyard \(Graveyard.stateDirectoryName)/graveyard in the source: \(errno)"
         }
     }
 }

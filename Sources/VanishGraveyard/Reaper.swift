@@ -20,6 +20,8 @@ public final class Reaper: @unchecked Sendable {
         public var bytes: UInt64
         /// Entries moved into the graveyard since start.
         public var buried: UInt64
+
+        public static let zero = Statistics(entries: 0, files: 0, bytes: 0, buried: 0)
     }
 
     public enum Stop: Int {

@@ -14,7 +14,7 @@ struct MountCommand: ParsableCommand {
             mounts on top, so existing paths keep working and every access goes through Vanish.
 
             -o takes libfuse/kernel options (allow_other, default_permissions, ro, fsname=, ...) \
-            and Vanish's own: cache=auto|always|never, threads=N, clone_fd, writeback, fd_cache=N. \
+            and Vanish's own: cache=auto|always|never, threads=N, clone_fd, writeback, fd_cache=N, reapers=N. \
             allow_other always turns default_permissions on, so other users get only what \
             the file modes grant them.
 
@@ -64,6 +64,8 @@ struct MountCommand: ParsableCommand {
     func run() throws {
         var parsed = try MountOptionList(options)
         if let cache { parsed.filesystem.cache = CacheMode(rawValue: cache)! }
+        // A read-only mount deletes nothing and must not write .vanish into the source.
+        if parsed.fuse.contains("ro") { parsed.filesystem.graveyard = false }
         let src = try MountPaths.resolve(source, what: "source")
         let mnt = try MountPaths.resolve(mountpoint ?? source, what: "mountpoint")
         try MountPaths.requireDirectory(src, what: "source")
@@ -113,7 +115,7 @@ struct MountCommand: ParsableCommand {
         // After an unmount the process stays to empty the graveyard (SIGTERM or
         // SIGINT stops it promptly, the rest waits for the next start); after a
         // signal it stops at once.
-        let stopNow = stopOnSignals { fs.reaper.stop(.now) }
+        let stopNow = stopOnSignals { fs.reaper?.stop(.now) }
         fs.stopReaping(finish: status == 0)
         withExtendedLifetime(stopNow) {}
         // A positive status is the signal that ended the loop: a requested, clean stop.

@@ -10,7 +10,7 @@ struct MountOptionList {
     var fuse: [String] = []
 
     /// Keys Vanish takes itself; everything else goes to libfuse.
-    static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache"]
+    static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache", "reapers"]
 
     init(_ lists: [String]) throws {
         for list in lists {
@@ -32,6 +32,11 @@ struct MountOptionList {
                         throw ValidationError("-o fd_cache= takes a number of fds, at least 8")
                     }
                     filesystem.fdCacheLimit = n
+                case "reapers":
+                    guard let v = value, let n = Int(v), (1...64).contains(n) else {
+                        throw ValidationError("-o reapers= takes a number from 1 to 64")
+                    }
+                    filesystem.reaperWorkers = n
                 case "clone_fd": cloneFD = true
                 case "writeback": filesystem.writeback = true
                 case "no_default_permissions", "nodefault_permissions":

@@ -250,3 +250,43 @@ struct CrashSafetyTests {
         #expect(try graveyardCount(m.source) == 0)
     }
 }
+
+@Suite("sources that cannot hold a graveyard", .enabled(if: FUSEAvailability.shouldRun, "needs /dev/fuse and fusermount3"))
+struct NoGraveyardTests {
+    @Test("a read-only mount writes nothing into the source")
+    func readOnlyMount() throws {
+        try withVanishMount(options: ["ro"], prepare: { src in
+            try "x\n".write(toFile: src + "/f", atomically: true, encoding: .utf8)
+        }) { m in
+            let cat = try sh("cat f", cwd: m.mountpoint)
+            #expect(cat.stdout == "x\n")
+            #expect(access(m.backing(".vanish"), F_OK) != 0)
+            #expect(unlink(m.path("f")) != 0 && errno == EROFS)
+        }
+    }
+
+    @Test("a source the daemon may not write is served, deleting in the request")
+    func unwritableSource() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root to become nobody")
+        var st = stat()
+        stat("/dev/fuse", &st)
+        let oldMode = st.st_mode & 0o777
+        if oldMode != 0o666 { chmod("/dev/fuse", 0o666) }
+        defer { if oldMode != 0o666 { chmod("/dev/fuse", oldMode) } }
+        let base = try makeTempDirectory()
+        defer { _ = try? run(["fusermount3", "-uz", base + "/mnt"]); removeTree(base) }
+        chmod(base, 0o755)
+        // The root of the source is root's; a subdirectory in it is nobody's.
+        let setup = try sh("mkdir -p src/mine mnt && chown nobody:nogroup src/mine mnt && cp \(shellQuote(vanishBinary)) vanish",
+                           cwd: base)
+        #expect(setup.ok)
+        let nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
+        let m = try run(nobody + [base + "/vanish", "mount", base + "/src", base + "/mnt"])
+        #expect(m.ok, "\(m.stderr)")
+        let r = try run(nobody + ["/bin/sh", "-c", "cd \(base)/mnt && echo x > mine/f && rm mine/f && ls -A mine | wc -l"])
+        #expect(r.stdout == "0\n", "\(r.stderr)")
+        #expect(access(base + "/src/.vanish", F_OK) != 0)
+        let u = try run(nobody + [base + "/vanish", "unmount", base + "/mnt"])
+        #expect(u.ok)
+    }
+}
