@@ -493,12 +493,18 @@ def measure(peers, work, runs, base_dir, cache):
     return out
 
 
+def fmt_ratio(x):
+    """0.02× hides how large a win is: small ratios read as fractions (1/506)."""
+    return f"1/{1 / x:.0f}" if x < 0.1 else f"{x:.2f}×"
+
+
 def fmt_time(s):
     return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
 def machine_facts(base_dir):
-    fstype = sh(["stat", "-f", "-c", "%T", base_dir], capture_output=True, text=True).stdout.strip()
+    # findmnt names ext4 as ext4 (stat -f only sees the ext2/3/4 magic).
+    fstype = sh(["findmnt", "-n", "-o", "FSTYPE,OPTIONS", "-T", base_dir], capture_output=True, text=True).stdout.strip()
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     mem = next((l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal")), "0")
     return {"kernel": platform.release(), "cpu": cpu, "cores": os.cpu_count(),
@@ -578,9 +584,9 @@ def markdown(results, names):
             cell = f"{fmt_time(r['median'])} ({fmt_time(r['min'])}–{fmt_time(r['max'])})"
             ratios = []
             if native and n != "native":
-                ratios.append(f"{r['median'] / native:.2f}×")
+                ratios.append(fmt_ratio(r['median'] / native))
             if ll and n not in ("native", "passthrough_ll"):
-                ratios.append(f"{r['median'] / ll:.2f}× ll")
+                ratios.append(fmt_ratio(r['median'] / ll) + " ll")
             if ratios:
                 cell += " " + " / ".join(ratios)
             cells.append(cell)
