@@ -99,35 +99,21 @@ class Native(Peer):
         pass
 
 
-class PassthroughLL(Peer):
-    name = "passthrough_ll"
+class CommandPeer(Peer):
+    """A FUSE filesystem started as `argv + [src, mnt]` in the foreground."""
 
-    def __init__(self, binary):
-        self.binary = binary
-
-    def mount(self, src, mnt):
-        self.proc = subprocess.Popen([self.binary, "-f", "-o", f"source={src},cache=auto", mnt],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_mounted(mnt, self.proc)
-        return mnt
-
-
-class Bindfs(Peer):
-    name = "bindfs"
+    def __init__(self, name, argv, source_as_option=None):
+        self.name = name
+        self.argv = argv
+        self.source_as_option = source_as_option
 
     def mount(self, src, mnt):
-        self.proc = subprocess.Popen(["bindfs", "-f", src, mnt], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-        wait_mounted(mnt, self.proc)
-        return mnt
-
-
-class Mergerfs(Peer):
-    name = "mergerfs"
-
-    def mount(self, src, mnt):
-        self.proc = subprocess.Popen(["mergerfs", "-f", src, mnt], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        if self.source_as_option:
+            # passthrough_ll takes the source as -o source=DIR.
+            cmd = self.argv + ["-o", self.source_as_option.format(src=src), mnt]
+        else:
+            cmd = self.argv + [src, mnt]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_mounted(mnt, self.proc)
         return mnt
 
@@ -420,11 +406,11 @@ def build_peers(cache, only):
                        text=True).stdout.split()
             sh(["gcc", "-O2", "-DHAVE_FALLOCATE", "-DHAVE_COPY_FILE_RANGE", f"-I{EXAMPLES}",
                 f"{EXAMPLES}/passthrough_ll.c", "-o", binary] + flags)
-        peers.append(PassthroughLL(binary))
+        peers.append(CommandPeer("passthrough_ll", [binary, "-f"], source_as_option="source={src},cache=auto"))
     if want("bindfs"):
-        peers.append(Bindfs())
+        peers.append(CommandPeer("bindfs", ["bindfs", "-f"]))
     if want("mergerfs"):
-        peers.append(Mergerfs())
+        peers.append(CommandPeer("mergerfs", ["mergerfs", "-f"]))
     if want("vanish"):
         sh(["swift", "build", "-c", "release", "--package-path", REPO], stdout=subprocess.DEVNULL)
         binary = sh(["swift", "build", "-c", "release", "--package-path", REPO, "--show-bin-path"],

@@ -6,19 +6,12 @@ import VanishTestSupport
 /// An ordinary user mounts through the setuid fusermount3, as on a desktop.
 @Suite("unprivileged daemon", .serialized, .enabled(if: FUSEAvailability.shouldRunAsRoot, "needs /dev/fuse, fusermount3 and root to become nobody"))
 struct UnprivilegedTests {
-    func asNobody(_ args: [String], cwd: String? = nil) throws -> ProcessResult {
-        try run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"] + args, cwd: cwd)
-    }
-
     @Test("nobody mounts, uses and unmounts its own directory; the fd limit is its own")
     func nobodyMounts() throws {
-        // Debian's udev rule makes /dev/fuse 0666; some images leave it 0600.
-        var st = stat()
-        stat("/dev/fuse", &st)
-        let oldMode = st.st_mode & 0o777
-        if oldMode != 0o666 { chmod("/dev/fuse", 0o666) }
-        defer { if oldMode != 0o666 { chmod("/dev/fuse", oldMode) } }
+        try withFUSEDeviceOpenToAll { try nobodyMountsOwnDirectory() }
+    }
 
+    func nobodyMountsOwnDirectory() throws {
         let base = try makeTempDirectory()
         let (src, mnt) = (base + "/src", base + "/mnt")
         defer { _ = try? run(["fusermount3", "-uz", mnt]); removeTree(base) }
@@ -29,13 +22,13 @@ struct UnprivilegedTests {
         let binary = base + "/vanish"
         #expect(try run(["cp", vanishBinary, binary]).ok)
 
-        let m = try asNobody(["/bin/sh", "-c", "ulimit -n 512 && exec \(binary) mount \(src) \(mnt)"])
+        let m = try runAsNobody(["/bin/sh", "-c", "ulimit -n 512 && exec \(binary) mount \(src) \(mnt)"])
         #expect(m.ok, "\(m.stderr)")
         #expect(mountType(at: mnt) == "fuse.vanish")
         // Root itself is kept out of a mount another user made without allow_other.
         let rootDenied = try run(["ls", mnt])
         #expect(!rootDenied.ok)
-        let use = try asNobody(["/bin/sh", "-c", """
+        let use = try runAsNobody(["/bin/sh", "-c", """
             set -e
             cd \(mnt)
             for i in $(seq 1 2000); do echo $i > f$i; done
@@ -43,7 +36,7 @@ struct UnprivilegedTests {
             """])
         #expect(use.ok, "\(use.stderr)")
         #expect(use.stdout == "2000\n1999\n2\n0\n")
-        let u = try asNobody([binary, "unmount", mnt])
+        let u = try runAsNobody([binary, "unmount", mnt])
         #expect(u.ok, "\(u.stderr)")
         #expect(mountType(at: mnt) == nil)
     }

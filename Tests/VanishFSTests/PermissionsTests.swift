@@ -9,8 +9,7 @@ import VanishTestSupport
 struct PermissionsTests {
     /// Runs `script` as nobody in `cwd`.
     func asNobody(_ script: String, cwd: String) throws -> ProcessResult {
-        try run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", "/bin/sh", "-c", script],
-                cwd: cwd)
+        try runAsNobody(["/bin/sh", "-c", script], cwd: cwd)
     }
 
     /// The same checks as nobody on a plain directory and on the mount.

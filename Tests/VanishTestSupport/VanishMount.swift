@@ -247,3 +247,20 @@ public func spawn(_ args: [String], environment: [String: String]? = nil) throws
     guard rc == 0 else { throw TestFailure("spawn \(args[0]) failed: \(rc)") }
     return pid
 }
+
+/// Runs a program as nobody:nogroup with no supplementary groups.
+@discardableResult
+public func runAsNobody(_ args: [String], cwd: String? = nil) throws -> ProcessResult {
+    try run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"] + args, cwd: cwd)
+}
+
+/// Runs `body` with /dev/fuse usable by every user, as Debian's udev rule
+/// makes it (0666); some images leave it 0600. The old mode is put back.
+public func withFUSEDeviceOpenToAll<R>(_ body: () throws -> R) rethrows -> R {
+    var st = stat()
+    stat("/dev/fuse", &st)
+    let oldMode = st.st_mode & 0o777
+    if oldMode != 0o666 { chmod("/dev/fuse", 0o666) }
+    defer { if oldMode != 0o666 { chmod("/dev/fuse", oldMode) } }
+    return try body()
+}
