@@ -400,13 +400,15 @@ def build_peers(cache, only):
     if want("native"):
         peers.append(Native())
     if want("passthrough_ll"):
+        # With xattr support on, as Vanish, bindfs and mergerfs have it; without it the
+        # kernel stops asking after one ENOSYS, and `ls -l` looks cheaper than it is.
         binary = f"{cache}/passthrough_ll"
         if not os.path.exists(binary):
             flags = sh(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True,
                        text=True).stdout.split()
             sh(["gcc", "-O2", "-DHAVE_FALLOCATE", "-DHAVE_COPY_FILE_RANGE", f"-I{EXAMPLES}",
                 f"{EXAMPLES}/passthrough_ll.c", "-o", binary] + flags)
-        peers.append(CommandPeer("passthrough_ll", [binary, "-f"], source_as_option="source={src},cache=auto"))
+        peers.append(CommandPeer("passthrough_ll", [binary, "-f"], source_as_option="source={src},cache=auto,xattr"))
     if want("bindfs"):
         peers.append(CommandPeer("bindfs", ["bindfs", "-f"]))
     if want("mergerfs"):

@@ -78,6 +78,25 @@ static inline int vanish_faccessat2(int dirfd, const char *path, int mode, int f
     return (int)syscall(SYS_faccessat2, dirfd, path, mode, flags);
 }
 
+// getxattrat/listxattrat (Linux 6.13): xattrs of a name relative to a
+// directory fd, without opening the file. Same numbers on x86_64 and arm64.
+#ifndef SYS_getxattrat
+#define SYS_getxattrat 464
+#endif
+#ifndef SYS_listxattrat
+#define SYS_listxattrat 465
+#endif
+struct vanish_xattr_args { uint64_t value; uint32_t size; uint32_t flags; };
+
+static inline ssize_t vanish_getxattrat(int dirfd, const char *path, const char *name, void *value, size_t size) {
+    struct vanish_xattr_args args = { (uint64_t)(uintptr_t)value, (uint32_t)size, 0 };
+    return (ssize_t)syscall(SYS_getxattrat, dirfd, path, AT_SYMLINK_NOFOLLOW, name, &args, sizeof(args));
+}
+
+static inline ssize_t vanish_listxattrat(int dirfd, const char *path, char *list, size_t size) {
+    return (ssize_t)syscall(SYS_listxattrat, dirfd, path, AT_SYMLINK_NOFOLLOW, list, size);
+}
+
 /// Per-thread filesystem credentials (the glibc wrappers need _GNU_SOURCE).
 /// The raw syscall changes only the calling thread.
 static inline int vanish_setfsuid(uid_t uid) { return (int)syscall(SYS_setfsuid, uid); }

@@ -233,6 +233,22 @@ extension Sys {
         }
     }
 
+    /// `getxattrat(dirfd, name, AT_SYMLINK_NOFOLLOW, attr, …)` (Linux 6.13+):
+    /// no fd for the file itself; ENOSYS on older kernels.
+    @inlinable
+    public static func getxattrat(_ dirfd: Int32, _ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>,
+                                  _ buffer: UnsafeMutableRawBufferPointer?) throws(Errno) -> Int {
+        try check(vanish_getxattrat(dirfd, path, name, buffer?.baseAddress, buffer?.count ?? 0))
+    }
+
+    /// `listxattrat(dirfd, name, AT_SYMLINK_NOFOLLOW, …)` (Linux 6.13+).
+    @inlinable
+    public static func listxattrat(_ dirfd: Int32, _ path: UnsafePointer<CChar>,
+                                   _ buffer: UnsafeMutableRawBufferPointer?) throws(Errno) -> Int {
+        try check(vanish_listxattrat(dirfd, path, buffer?.baseAddress?.assumingMemoryBound(to: CChar.self),
+                                     buffer?.count ?? 0))
+    }
+
     /// `removexattr("/proc/self/fd/N", …)`.
     @inlinable
     public static func removexattr(pathFD fd: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {

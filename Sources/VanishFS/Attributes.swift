@@ -2,6 +2,7 @@ import CFuse
 import FUSEKit
 import Glibc
 import LinuxSyscalls
+import Synchronization
 import SystemPackage
 
 // Attributes, links, extended attributes, permission checks, statfs.
@@ -96,31 +97,70 @@ extension PassthroughFilesystem {
         }
         let node = inode(ino)
         if size == 0 {
-            let n = try fds.withFD(node) { fd throws(Errno) in try Sys.getxattr(pathFD: fd, name, nil) }
-            req.reply(xattrSize: n)
+            req.reply(xattrSize: try readXattr(node, name, nil))
             return
         }
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 1)
         defer { buffer.deallocate() }
-        let n = try fds.withFD(node) { fd throws(Errno) in try Sys.getxattr(pathFD: fd, name, buffer) }
+        let n = try readXattr(node, name, buffer)
         req.reply(bytes: UnsafeRawBufferPointer(rebasing: buffer[..<n]))
     }
 
     public func listxattr(_ req: Request, _ ino: fuse_ino_t, size: Int) throws(Errno) {
         let node = inode(ino)
         if size == 0 {
-            let n = try fds.withFD(node) { fd throws(Errno) in try Sys.listxattr(pathFD: fd, nil) }
-            req.reply(xattrSize: n)
+            req.reply(xattrSize: try listXattrs(node, nil))
             return
         }
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 1)
         defer { buffer.deallocate() }
-        let n = try fds.withFD(node) { fd throws(Errno) in try Sys.listxattr(pathFD: fd, buffer) }
+        let n = try listXattrs(node, buffer)
         req.reply(bytes: UnsafeRawBufferPointer(rebasing: buffer[..<n]))
+    }
+
+    /// getxattr of `node`. `ls -l` asks for an xattr of every entry right
+    /// after readdirplus, which opened none of them: where the kernel has
+    /// getxattrat, read it through the parent's fd and the name (one call)
+    /// instead of opening, verifying and going through /proc (three).
+    private func readXattr(_ node: Inode, _ name: UnsafePointer<CChar>,
+                           _ buffer: UnsafeMutableRawBufferPointer?) throws(Errno) -> Int {
+        if XattrAt.usable, !fds.isCached(node), let (parent, entry) = table.location(of: node) {
+            do {
+                return try fds.withFD(parent) { pfd throws(Errno) in
+                    try entry.withUnsafeBufferPointer { e throws(Errno) in try Sys.getxattrat(pfd, e.baseAddress!, name, buffer) }
+                }
+            } catch .noFunction {
+                XattrAt.usable = false
+            }
+        }
+        return try fds.withFD(node) { fd throws(Errno) in try Sys.getxattr(pathFD: fd, name, buffer) }
+    }
+
+    /// listxattr of `node`, by the same route as `readXattr`.
+    private func listXattrs(_ node: Inode, _ buffer: UnsafeMutableRawBufferPointer?) throws(Errno) -> Int {
+        if XattrAt.usable, !fds.isCached(node), let (parent, entry) = table.location(of: node) {
+            do {
+                return try fds.withFD(parent) { pfd throws(Errno) in
+                    try entry.withUnsafeBufferPointer { e throws(Errno) in try Sys.listxattrat(pfd, e.baseAddress!, buffer) }
+                }
+            } catch .noFunction {
+                XattrAt.usable = false
+            }
+        }
+        return try fds.withFD(node) { fd throws(Errno) in try Sys.listxattr(pathFD: fd, buffer) }
     }
 
     public func removexattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         try fds.withFD(inode(ino)) { fd throws(Errno) in try Sys.removexattr(pathFD: fd, name) }
         req.replyOK()
+    }
+}
+
+/// Whether the kernel has getxattrat/listxattrat (6.13+); cleared on the first ENOSYS.
+enum XattrAt {
+    static let available = Atomic<Bool>(true)
+    static var usable: Bool {
+        get { available.load(ordering: .relaxed) }
+        set { available.store(newValue, ordering: .relaxed) }
     }
 }

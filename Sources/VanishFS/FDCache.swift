@@ -158,6 +158,9 @@ final class FDCache: @unchecked Sendable {
 
     var openCount: Int { lock.withLock { $0.count } }
 
+    /// Whether `inode` has an fd now (a hint: it may be evicted right after).
+    func isCached(_ inode: Inode) -> Bool { inode === table.root || lock.withLock { _ in inode.fd >= 0 } }
+
     /// Opens `inode` again from where it was last seen and checks it is still the same file.
     private func reopen(_ inode: Inode) throws(Errno) -> Int32 {
         guard let (parent, name) = table.location(of: inode) else { throw Errno(rawValue: ESTALE) }
