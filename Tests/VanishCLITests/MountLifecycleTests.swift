@@ -97,6 +97,25 @@ struct MountLifecycleTests {
         #expect(try run([vanishBinary, "unmount", m.mountpoint]).ok)
     }
 
+    @Test("-d prints every request; --log-file gets the daemon's log once it is in the background")
+    func debugAndLogFile() throws {
+        try withVanishMount(arguments: ["-d"]) { m in
+            _ = try sh("ls -la", cwd: m.mountpoint)
+            try waitFor("debug output") { m.log.contains("opcode: READDIR") || m.log.contains("opcode: READDIRPLUS") }
+        }
+        let base = try makeTempDirectory()
+        defer { _ = try? run(["fusermount3", "-uz", base + "/mnt"]); removeTree(base) }
+        mkdir(base + "/src", 0o755); mkdir(base + "/mnt", 0o755)
+        let r = try run([vanishBinary, "mount", "--log-file", base + "/log", base + "/src", base + "/mnt"])
+        #expect(r.ok, "\(r.stderr)")
+        #expect(try run([vanishBinary, "unmount", base + "/mnt"]).ok)
+        try waitFor("the daemon's last log line") {
+            ((try? String(contentsOfFile: base + "/log", encoding: .utf8)) ?? "").contains("reaper stopped")
+        }
+        let log = try String(contentsOfFile: base + "/log", encoding: .utf8)
+        #expect(log.contains("mounted") && log.contains("session started") && log.contains("unmounted"))
+    }
+
     @Test("shows as fuse.vanish with the source as its device")
     func mountEntry() throws {
         try withVanishMount { m in

@@ -197,6 +197,46 @@ func parityScript(root: String) -> [String] {
     t.read("copy", c)
     close(s); close(c)
 
+    // Device nodes (root may make them; the mount is nodev, so only their metadata is compared).
+    t.step("mknod char device", Int(mknodat(dir, "null", S_IFCHR | 0o600, dev_t((1 << 8) | 3))))
+    var dev = Glibc.stat()
+    if fstatat(dir, "null", &dev, AT_SYMLINK_NOFOLLOW) == 0 { t.value("device", "\(dev.st_rdev >> 8),\(dev.st_rdev & 0xff)") }
+
+    // O_DIRECT with aligned buffers, and the sync calls.
+    let d = openat(dir, "direct", O_RDWR | O_CREAT | VANISH_O_DIRECT, 0o644)
+    t.step("open O_DIRECT", Int(d))
+    var aligned: UnsafeMutableRawPointer?
+    posix_memalign(&aligned, 4096, 8192)
+    let buffer = aligned!
+    memset(buffer, 0x41, 8192)
+    t.value("O_DIRECT write", "\(pwrite(d, buffer, 8192, 0))")
+    memset(buffer, 0, 8192)
+    t.value("O_DIRECT read", "\(pread(d, buffer, 4096, 4096)) \(buffer.load(fromByteOffset: 4095, as: UInt8.self))")
+    free(buffer)
+    t.step("fsync", Int(Glibc.fsync(d)))
+    t.step("fdatasync", Int(fdatasync(d)))
+    close(d)
+    let dirFD = openat(dir, "d", O_RDONLY | O_DIRECTORY)
+    t.step("fsyncdir", Int(Glibc.fsync(dirFD)))
+    close(dirFD)
+
+    // More fallocate modes.
+    let z = openat(dir, "zero", O_RDWR | O_CREAT, 0o644)
+    t.write("zero data", z, String(repeating: "z", count: 8192))
+    t.step("zero range", Int(vanish_fallocate(z, FALLOC_FL_ZERO_RANGE, 0, 4096)))
+    t.read("after zero range", z, at: 4090, count: 12)
+    t.step("keep size", Int(vanish_fallocate(z, FALLOC_FL_KEEP_SIZE, 0, 1 << 20)))
+    t.fstat("zero", z)
+    close(z)
+
+    // access(2), statfs.
+    t.step("access rw", Int(faccessat(dir, "g", R_OK | W_OK, 0)))
+    t.step("access x", Int(faccessat(dir, "g", X_OK, 0)))
+    t.step("access missing", Int(faccessat(dir, "missing", F_OK, 0)))
+    var vfs = statvfs()
+    t.step("statvfs", Int(statvfs(root, &vfs)))
+    t.value("statvfs", "bsize=\(vfs.f_bsize) namemax=\(vfs.f_namemax)")
+
     // Listing.
     t.value("listing", listing(root))
     return t.lines
@@ -225,12 +265,12 @@ struct ParityTests {
         }
     }
 
-    @Test("the same script works with caching off and with write-back caching")
+    @Test("the same script works in every cache mode, with write-back caching and with clone_fd")
     func cacheModes() throws {
         let plain = try makeTempDirectory()
         defer { removeTree(plain) }
         let expected = parityScript(root: plain)
-        for opts in [["cache=never"], ["cache=always"], ["writeback"]] {
+        for opts in [["cache=never"], ["cache=always"], ["writeback"], ["clone_fd", "threads=3"]] {
             try withVanishMount(options: opts) { m in
                 let actual = parityScript(root: m.mountpoint)
                 for (a, e) in zip(actual, expected) { #expect(a == e, "with \(opts)") }
