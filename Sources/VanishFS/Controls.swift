@@ -48,11 +48,9 @@ extension PassthroughFilesystem {
         }
         // Tell the kernel the name is gone, from outside this handler (libfuse
         // may deadlock if a handler sends a notification for its own session).
-        if let invalidate = invalidateEntry {
-            let parentID = table.nodeID(parent)
-            let childID = table.nodeID(node)
-            notifications.async { invalidate(parentID, childID, name) }
-        }
+        let parentID = table.nodeID(parent)
+        let childID = table.nodeID(node)
+        notifications.async { [self] in invalidateEntry?(parentID, childID, name) }
     }
 
     private func checkMayDelete(_ req: Request, caller: Caller, dir: stat, entry: stat) throws(Errno) {
@@ -91,6 +89,7 @@ extension PassthroughFilesystem {
         let free = UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
         return """
             {"source":"\(jsonEscape(sourcePath))","pid":\(getpid()),"graveyard":\(graveyard != nil),"pending_entries":\(reaper?.pendingEntries() ?? 0),\
+            "reaper_idle":\(reaper?.isIdle ?? true),\
             "reaped_entries":\(s.entries),"freed_files":\(s.files),"freed_bytes":\(s.bytes),\
             "buried_entries":\(s.buried),"reaper_workers":\(reaper?.workerCount ?? 0),"free_bytes":\(free),\
             "known_inodes":\(table.count),"cached_fds":\(fds.openCount),"fd_cache_limit":\(fds.limit)}

@@ -25,9 +25,9 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// cannot hold a graveyard (read-only), and deletes are then done in the request.
     let graveyard: Graveyard?
     public let reaper: Reaper?
-    /// Sends cache invalidations to the kernel; set once the session exists.
-    /// Called on `notifications`, never from a request handler.
-    public var invalidateEntry: (@Sendable (_ parent: fuse_ino_t, _ child: fuse_ino_t, _ name: ContiguousArray<CChar>) -> Void)?
+    /// Sends cache invalidations to the kernel. Only touched on
+    /// `notifications`, never from a request handler (libfuse may deadlock).
+    var invalidateEntry: (@Sendable (_ parent: fuse_ino_t, _ child: fuse_ino_t, _ name: ContiguousArray<CChar>) -> Void)?
     let notifications = DispatchQueue(label: "vanish.notify")
     let sourcePath: String
 
@@ -87,6 +87,15 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         reaper?.start()
         log.info("session started", metadata: ["fd_cache": "\(fds.limit)", "cache": "\(options.cache.rawValue)",
                                                 "reapers": "\(reaper?.workerCount ?? 0)"])
+    }
+
+    /// Lets the filesystem tell the kernel to forget entries it removed on
+    /// its own (`vanish rm`); `nil` stops it. Returns once any notification
+    /// already queued has been sent, so the session can be destroyed after.
+    public func setEntryInvalidator(
+        _ f: (@Sendable (_ parent: fuse_ino_t, _ child: fuse_ino_t, _ name: ContiguousArray<CChar>) -> Void)?
+    ) {
+        notifications.sync { invalidateEntry = f }
     }
 
     /// After the session ended: finish emptying the graveyard (after an

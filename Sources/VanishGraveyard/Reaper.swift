@@ -95,6 +95,15 @@ public final class Reaper: @unchecked Sendable {
         started.store(false, ordering: .relaxed)
     }
 
+    /// Every worker is asleep: the graveyard was empty at each one's last
+    /// pass and nothing landed since. (A scan alone can miss an entry a
+    /// worker is moving from one shard to another.)
+    public var isIdle: Bool {
+        guard started.load(ordering: .relaxed) else { return true }
+        let all: UInt64 = workerCount >= 64 ? ~0 : (1 << UInt64(workerCount)) - 1
+        return idleMask.load(ordering: .sequentiallyConsistent) == all
+    }
+
     /// Entries in the graveyard now (a directory scan: for status, not the hot path).
     public func pendingEntries() -> Int {
         var n = 0

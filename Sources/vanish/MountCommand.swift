@@ -102,7 +102,7 @@ struct MountCommand: ParsableCommand {
         }
         try session.installSignalHandlers()
         let notifier = session.notifier
-        fs.invalidateEntry = { parent, child, name in
+        fs.setEntryInvalidator { parent, child, name in
             name.withUnsafeBufferPointer { _ = notifier.delete(parent: parent, child: child, name: $0.baseAddress!, length: $0.count - 1) }
         }
         if !foreground { session.daemonize() }
@@ -110,6 +110,8 @@ struct MountCommand: ParsableCommand {
 
         let config = LoopConfig(maxThreads: threads ?? parsed.threads ?? 10, cloneFD: cloneFD || parsed.cloneFD)
         let status = singleThreaded ? session.runSingleThreaded() : session.run(config)
+        // No notification may reach libfuse once the session is gone.
+        fs.setEntryInvalidator(nil)
         session.unmount()
         log.info("unmounted", metadata: ["mountpoint": "\(mnt)", "status": "\(status)"])
         // After an unmount the process stays to empty the graveyard (SIGTERM or

@@ -25,7 +25,7 @@ struct StatusCommand: ParsableCommand {
             let firstFreed = status.freedFiles
             let terminal = isatty(1) != 0
             var lastLine = Date.distantPast
-            while status.pending > 0 {
+            while status.pending > 0 || !status.idle {
                 let elapsed = Date().timeIntervalSince(start)
                 let rate = elapsed > 0 ? Double(status.freedFiles - firstFreed) / elapsed : 0
                 let line = "waiting: \(status.pending) graveyard entries; \(status.freedFiles) files and directories, "
@@ -66,6 +66,8 @@ struct StatusCommand: ParsableCommand {
         var buried: Int
         var workers: Int
         var free: Int
+        /// All reaper workers asleep (nothing in flight between shards).
+        var idle: Bool
     }
 
     func read() throws -> Status {
@@ -83,7 +85,8 @@ struct StatusCommand: ParsableCommand {
         func int(_ k: String) -> Int { (obj[k] as? NSNumber)?.intValue ?? 0 }
         return Status(raw: raw, source: obj["source"] as? String ?? "?", pending: int("pending_entries"),
                       reaped: int("reaped_entries"), freedFiles: int("freed_files"), freedBytes: int("freed_bytes"),
-                      buried: int("buried_entries"), workers: int("reaper_workers"), free: int("free_bytes"))
+                      buried: int("buried_entries"), workers: int("reaper_workers"), free: int("free_bytes"),
+                      idle: (obj["reaper_idle"] as? NSNumber)?.boolValue ?? (obj["reaper_idle"] as? Bool) ?? true)
     }
 }
 
