@@ -38,31 +38,10 @@
 #define VANISH_SEEK_HOLE 4
 static const long VANISH_UTIME_NOW = (1l << 30) - 1l;
 static const long VANISH_UTIME_OMIT = (1l << 30) - 2l;
-#define VANISH_MAX_HANDLE_SZ 128
-
-/// `struct file_handle` with room for the largest handle, so Swift can keep
-/// one by value.
-struct vanish_file_handle {
-    unsigned int handle_bytes;
-    int handle_type;
-    unsigned char f_handle[VANISH_MAX_HANDLE_SZ];
-};
 
 static inline int vanish_renameat2(int olddirfd, const char *oldpath, int newdirfd,
                                    const char *newpath, unsigned int flags) {
     return (int)syscall(SYS_renameat2, olddirfd, oldpath, newdirfd, newpath, flags);
-}
-
-static inline int vanish_name_to_handle_at(int dirfd, const char *path,
-                                           struct vanish_file_handle *handle,
-                                           int *mount_id, int flags) {
-    handle->handle_bytes = VANISH_MAX_HANDLE_SZ;
-    return (int)syscall(SYS_name_to_handle_at, dirfd, path, handle, mount_id, flags);
-}
-
-static inline int vanish_open_by_handle_at(int mount_fd, struct vanish_file_handle *handle,
-                                           int flags) {
-    return (int)syscall(SYS_open_by_handle_at, mount_fd, handle, flags);
 }
 
 static inline ssize_t vanish_copy_file_range(int fd_in, off_t *off_in, int fd_out,
@@ -95,15 +74,6 @@ static inline ssize_t vanish_getxattrat(int dirfd, const char *path, const char 
 
 static inline ssize_t vanish_listxattrat(int dirfd, const char *path, char *list, size_t size) {
     return (ssize_t)syscall(SYS_listxattrat, dirfd, path, AT_SYMLINK_NOFOLLOW, list, size);
-}
-
-/// Per-thread filesystem credentials (the glibc wrappers need _GNU_SOURCE).
-/// The raw syscall changes only the calling thread.
-static inline int vanish_setfsuid(uid_t uid) { return (int)syscall(SYS_setfsuid, uid); }
-static inline int vanish_setfsgid(gid_t gid) { return (int)syscall(SYS_setfsgid, gid); }
-
-static inline long vanish_getdents64(int fd, void *buf, size_t count) {
-    return syscall(SYS_getdents64, fd, buf, count);
 }
 
 /// ioprio_set(IOPRIO_WHO_PROCESS, 0 = this thread, class << 13 | data).

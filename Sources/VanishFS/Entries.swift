@@ -158,8 +158,8 @@ extension PassthroughFilesystem {
 
     /// Logs the first crossing into each filesystem mounted inside the source.
     private func noteCrossing(into st: stat, at name: UnsafePointer<CChar>) {
-        _ = devices.present(st)
-        log.debug("lookup crosses into another filesystem", metadata: ["name": "\(String(cString: name))",
-                                                                        "dev": "\(st.st_dev)"])
+        guard devices.index(of: st.st_dev).new else { return }
+        log.info("serving a filesystem mounted inside the source (inode numbers remapped, renames across give EXDEV)",
+                 metadata: ["at": "\(String(cString: name))", "dev": "\(st.st_dev)"])
     }
 }

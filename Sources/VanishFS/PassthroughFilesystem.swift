@@ -67,10 +67,6 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
 
     deinit { Sys.close(rootFD) }
 
-    /// Inodes the kernel currently holds (diagnostics).
-    public var knownInodes: Int { table.count }
-    /// O_PATH fds currently cached (diagnostics).
-    public var cachedFDs: Int { fds.openCount }
     public var fdCacheLimit: Int { fds.limit }
 
     public func initialize(_ conn: UnsafeMutablePointer<fuse_conn_info>) {
@@ -157,16 +153,17 @@ final class DeviceMap: @unchecked Sendable {
     func present(_ st: stat) -> stat {
         if st.st_dev == rootDevice { return st }
         var out = st
-        out.st_ino = (st.st_ino & 0x00FF_FFFF_FFFF_FFFF) | (UInt(index(of: st.st_dev)) << 56)
+        out.st_ino = (st.st_ino & 0x00FF_FFFF_FFFF_FFFF) | (UInt(index(of: st.st_dev).index) << 56)
         return out
     }
 
-    private func index(of dev: dev_t) -> UInt64 {
+    /// The device's index, and whether this call gave it one.
+    func index(of dev: dev_t) -> (index: UInt64, new: Bool) {
         known.withLock { map in
-            if let i = map[dev] { return i }
+            if let i = map[dev] { return (i, false) }
             let i = UInt64(map.count + 1) & 0xFF
             map[dev] = i
-            return i
+            return (i, true)
         }
     }
 }

@@ -30,6 +30,8 @@ struct SubmountTests {
             #expect(r.stdout == "data\n0\nEXDEV\n", "inode numbers must not collide, rename must give EXDEV")
             let inner = try sh("cat inner/new", cwd: m.source)
             #expect(inner.stdout == "more\n")
+            // The crossing is logged once per nested filesystem, however many lookups cross it.
+            #expect(m.log.components(separatedBy: "mounted inside the source").count == 2, "\(m.log)")
         }
     }
 }
