@@ -11,6 +11,7 @@ let package = Package(
     products: [
         .executable(name: "vanish", targets: ["vanish"]),
         .library(name: "VanishFS", targets: ["VanishFS"]),
+        .library(name: "VanishClient", targets: ["VanishClient"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
@@ -52,10 +53,26 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // What programs use to talk to a mount's control socket (trash, restore, events).
+        .systemLibrary(name: "CXattr", path: "CShims/CXattr"),
+        .target(
+            name: "VanishClient",
+            dependencies: ["CXattr"],
+            swiftSettings: strict
+        ),
+        // The daemon's side of the control socket.
+        .target(
+            name: "VanishControl",
+            dependencies: [
+                "VanishFS", "VanishClient",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
         .executableTarget(
             name: "vanish",
             dependencies: [
-                "CFuse", "VanishFS", "FUSEKit", "LinuxSyscalls", "VanishGraveyard",
+                "CFuse", "VanishFS", "FUSEKit", "LinuxSyscalls", "VanishGraveyard", "VanishClient", "VanishControl",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],

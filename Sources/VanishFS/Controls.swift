@@ -43,7 +43,7 @@ extension PassthroughFilesystem {
                     let dir = try Sys.fstat(pfd)
                     try checkMayDelete(req, caller: caller, dir: dir, entry: entry)
                 }
-                try bury(pfd, n.baseAddress!)
+                try bury(pfd, n.baseAddress!, st: entry, from: parent, caller: caller)
             }
         }
         // Tell the kernel the name is gone, from outside this handler (libfuse
@@ -92,6 +92,8 @@ extension PassthroughFilesystem {
             "reaper_idle":\(reaper?.isIdle ?? true),\
             "reaped_entries":\(s.entries),"freed_files":\(s.files),"freed_bytes":\(s.bytes),\
             "buried_entries":\(s.buried),"reaper_workers":\(reaper?.workerCount ?? 0),"free_bytes":\(free),\
+            "restorable_entries":\(graveyard?.restorableCount ?? 0),"restorable_bytes":\(graveyard?.restorableBytes ?? 0),\
+            "keep_seconds":\(Double(reaper?.policy.keep ?? 0) / 1e9),"socket":"\(jsonEscape(controlSocket))",\
             "known_inodes":\(table.count),"cached_fds":\(fds.openCount),"fd_cache_limit":\(fds.limit)}
             """
     }

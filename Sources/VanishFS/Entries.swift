@@ -96,14 +96,20 @@ extension PassthroughFilesystem {
     public func unlink(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let p = inode(parent)
         try checkNotReserved(p, name)
-        try fds.withFD(p) { pfd throws(Errno) in try removeEntry(parentFD: pfd, name: name, directory: false) }
+        let caller = req.caller
+        try fds.withFD(p) { pfd throws(Errno) in
+            try removeEntry(parent: p, parentFD: pfd, name: name, directory: false, caller: caller)
+        }
         req.replyOK()
     }
 
     public func rmdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let p = inode(parent)
         try checkNotReserved(p, name)
-        try fds.withFD(p) { pfd throws(Errno) in try removeEntry(parentFD: pfd, name: name, directory: true) }
+        let caller = req.caller
+        try fds.withFD(p) { pfd throws(Errno) in
+            try removeEntry(parent: p, parentFD: pfd, name: name, directory: true, caller: caller)
+        }
         req.replyOK()
     }
 
@@ -113,9 +119,10 @@ extension PassthroughFilesystem {
         let np = inode(newParent)
         try checkNotReserved(p, name)
         try checkNotReserved(np, newName)
+        let caller = req.caller
         try fds.withFD(p) { pfd throws(Errno) in
             try fds.withFD(np) { npfd throws(Errno) in
-                try renameEntry(pfd, name, npfd, newName, flags: flags)
+                try renameEntry(pfd, name, npfd, newName, flags: flags, newParent: np, caller: caller)
                 // Keep the moved inode reachable under its new name (and the
                 // other one, for an exchange) so its fd can be reopened later.
                 if let st = try? Sys.lstatat(npfd, newName) { table.moved(st, to: np, name: newName) }

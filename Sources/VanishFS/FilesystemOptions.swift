@@ -1,3 +1,5 @@
+import VanishGraveyard
+
 /// How the kernel may cache what Vanish tells it.
 public enum CacheMode: String, Sendable, CaseIterable {
     /// Entries and attributes trusted for 1 s; file data kept while the
@@ -24,6 +26,8 @@ public struct FilesystemOptions: Sendable {
     /// Delete through the graveyard. Off for read-only mounts, which must
     /// not write a state directory into the source.
     public var graveyard = true
+    /// The undo window, its limits, and the reaper's rate.
+    public var reaping = Reaper.Policy()
 
     public init() {}
 

@@ -91,6 +91,32 @@ final class InodeTable: @unchecked Sendable {
         lock.withLock { _ in inode.parent.map { ($0, inode.name) } }
     }
 
+    /// The path of `name` in `dir`, relative to the mount root, as the
+    /// kernel last saw it (for trash records and events; not for access,
+    /// which stays fd-relative).
+    func path(of dir: Inode, appending name: UnsafePointer<CChar>?) -> [UInt8] {
+        var parts: [ContiguousArray<CChar>] = []
+        lock.withLock { _ in
+            var node: Inode? = dir
+            while let n = node, n !== root {
+                parts.append(n.name)
+                node = n.parent
+            }
+        }
+        var out: [UInt8] = []
+        for part in parts.reversed() {
+            if !out.isEmpty { out.append(0x2F) }
+            part.withUnsafeBufferPointer { b in
+                out.append(contentsOf: UnsafeRawBufferPointer(start: b.baseAddress, count: max(0, b.count - 1)))
+            }
+        }
+        if let name {
+            if !out.isEmpty { out.append(0x2F) }
+            out.append(contentsOf: UnsafeRawBufferPointer(start: name, count: strlen(name)))
+        }
+        return out
+    }
+
     /// Number of inodes the kernel holds (for status and tests).
     var count: Int { lock.withLock { $0.count } }
 }

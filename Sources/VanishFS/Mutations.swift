@@ -9,50 +9,113 @@ import VanishGraveyard
 // where new entries get their owner. The graveyard (instant delete) and the
 // event journal hook in here.
 extension PassthroughFilesystem {
-    /// Removes `name` from the directory `parentFD`.
+    /// Removes `name` from the directory `parentFD` (the inode `parent`).
     ///
     /// unlink is one rename into the graveyard, so the caller never waits for
     /// data to be freed, except where unlinking frees no data anyway and a
     /// graveyard link would show: a file with other hard links (their
     /// st_nlink must drop now) or one programs hold open (fstat must say
     /// st_nlink 0; its space returns at the last close, as POSIX says).
-    /// rmdir stays a real rmdir: only an empty directory may go (ENOTEMPTY),
-    /// and removing one frees no data.
-    func removeEntry(parentFD: Int32, name: UnsafePointer<CChar>, directory: Bool) throws(Errno) {
+    /// rmdir stays a real rmdir (only an empty directory may go, and removing
+    /// one frees no data) unless there is an undo window: then the empty
+    /// directory is kept too, so restoring a tree removed with `rm -rf`
+    /// brings its directories back with their modes and owners.
+    func removeEntry(parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>, directory: Bool,
+                     caller: Caller) throws(Errno) {
         if directory {
-            try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
+            guard let reaper, reaper.policy.keep > 0 else {
+                try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
+                return
+            }
+            let st = try Sys.lstatat(parentFD, name)
+            guard st.st_mode & S_IFMT == S_IFDIR else { throw .notDirectory }
+            try requireEmptyDirectory(parentFD, name)
+            try bury(parentFD, name, st: st, from: parent, caller: caller)
             return
         }
         let st = try Sys.lstatat(parentFD, name)
+        if st.st_mode & S_IFMT == S_IFDIR { throw .isDirectory }
         if st.st_nlink > 1 || holdIfOpen(st) {
             try Sys.unlinkat(parentFD, name, 0)
         } else {
-            try bury(parentFD, name)
+            try bury(parentFD, name, st: st, from: parent, caller: caller)
         }
     }
 
-    /// Moves an entry into the graveyard; on another filesystem (EXDEV)
-    /// deletes it at once instead.
-    func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
+    /// ENOTEMPTY unless the directory holds nothing but `.` and `..`.
+    private func requireEmptyDirectory(_ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
+        let fd = try Sys.openat(parentFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW)
+        guard let dp = fdopendir(fd) else { Sys.close(fd); throw Errno(rawValue: errno) }
+        defer { closedir(dp) }
+        while let d = Glibc.readdir(dp) {
+            if !isDotOrDotDot(vanish_dirent_name(d)!) { throw .directoryNotEmpty }
+        }
+    }
+
+    /// Moves an entry into the graveyard (with its trash record when there
+    /// is an undo window); on another filesystem (EXDEV) deletes it at once instead.
+    func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, st: stat, from parent: Inode,
+              caller: Caller, asName: UnsafePointer<CChar>? = nil) throws(Errno) {
         guard let graveyard, let reaper else {
             try deleteNow(parentFD, name)
             return
         }
+        var record: TrashRecord?
+        if reaper.policy.keep > 0 {
+            let type = st.st_mode & S_IFMT
+            // A tree's size is unknown without walking it; a file's is its blocks.
+            let bytes: UInt64? = type == S_IFDIR && st.st_nlink > 2 ? nil : UInt64(st.st_blocks) * 512
+            record = TrashRecord(path: table.path(of: parent, appending: asName ?? name), uid: caller.uid, gid: caller.gid,
+                                 bytes: type == S_IFDIR && bytes == nil ? nil : bytes, kind: TrashRecord.Kind(mode: st.st_mode))
+        }
         do {
-            reaper.noteBuried(shard: try graveyard.bury(parentFD, name))
+            reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record))
         } catch .improperLink {
             noteSynchronousDelete()
             try deleteNow(parentFD, name)
         }
     }
 
-    /// Deletes an entry that cannot reach the graveyard (a nested filesystem).
+    /// Deletes an entry that cannot reach the graveyard (a nested
+    /// filesystem, or no graveyard at all): a whole tree when `vanish rm` asked.
     private func deleteNow(_ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
         do {
             try Sys.unlinkat(parentFD, name, 0)
         } catch .isDirectory {
-            try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
+            do {
+                try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
+            } catch .directoryNotEmpty {
+                try removeTree(parentFD, name)
+            }
         }
+    }
+
+    /// Removes a directory and everything in it with fd-relative calls,
+    /// never following a symlink and never crossing into another filesystem.
+    private func removeTree(_ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
+        let fd = try Sys.openat(parentFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW)
+        guard let dp = fdopendir(fd) else { Sys.close(fd); throw Errno(rawValue: errno) }
+        let dev = try Sys.fstat(fd).st_dev
+        var failure: Errno?
+        while let d = Glibc.readdir(dp) {
+            let child = vanish_dirent_name(d)!
+            if isDotOrDotDot(child) { continue }
+            do throws(Errno) {
+                let st = try Sys.lstatat(dirfd(dp), child)
+                if st.st_mode & S_IFMT != S_IFDIR {
+                    try Sys.unlinkat(dirfd(dp), child, 0)
+                } else if st.st_dev != dev {
+                    throw Errno.resourceBusy  // a mountpoint: rm -r would refuse it too
+                } else {
+                    try removeTree(dirfd(dp), child)
+                }
+            } catch {
+                failure = failure ?? error
+            }
+        }
+        closedir(dp)
+        if let failure { throw failure }
+        try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
     }
 
     private func noteSynchronousDelete() {
@@ -69,7 +132,7 @@ extension PassthroughFilesystem {
 
     /// Renames with renameat2 semantics (NOREPLACE, EXCHANGE passed through).
     func renameEntry(_ pfd: Int32, _ name: UnsafePointer<CChar>, _ npfd: Int32, _ newName: UnsafePointer<CChar>,
-                     flags: UInt32) throws(Errno) {
+                     flags: UInt32, newParent: Inode, caller: Caller) throws(Errno) {
         let target = flags & VANISH_RENAME_EXCHANGE == 0 ? try? Sys.lstatat(npfd, newName) : nil
         if flags == 0, let target, target.st_mode & S_IFMT != S_IFDIR, target.st_nlink == 1, !holdIfOpen(target),
            let source = try? Sys.lstatat(pfd, name), source.st_mode & S_IFMT != S_IFDIR,
@@ -78,7 +141,8 @@ extension PassthroughFilesystem {
             // two atomically (the new name never goes missing), then bury the
             // old target from where the source was, so the reaper frees it.
             try Sys.renameat2(pfd, name, npfd, newName, VANISH_RENAME_EXCHANGE)
-            try bury(pfd, name)
+            // Its trash record names where it was: the target's path.
+            try bury(pfd, name, st: target, from: newParent, caller: caller, asName: newName)
             return
         }
         try Sys.renameat2(pfd, name, npfd, newName, flags)

@@ -30,6 +30,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     var invalidateEntry: (@Sendable (_ parent: fuse_ino_t, _ child: fuse_ino_t, _ name: ContiguousArray<CChar>) -> Void)?
     let notifications = DispatchQueue(label: "vanish.notify")
     let sourcePath: String
+    /// The control socket's path, published in the status attribute; set before mounting.
+    public var controlSocket = ""
 
     /// Opens `source` (a directory) as the backing root and its graveyard.
     public init(source: String, options: FilesystemOptions, logger: Logger) throws {
@@ -50,7 +52,10 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
             }
         }
         graveyard = grave
-        reaper = grave.map { Reaper(graveyard: $0, workers: options.reaperWorkers ?? Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))) }
+        reaper = grave.map {
+            Reaper(graveyard: $0, workers: options.reaperWorkers ?? Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))),
+                   policy: options.reaping)
+        }
         sourcePath = source
         let root = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, generation: 0,
                          parent: nil, name: "")

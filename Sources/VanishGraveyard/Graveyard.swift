@@ -22,6 +22,7 @@ public final class Graveyard: @unchecked Sendable {
     public let device: dev_t
     private let counter = Atomic<UInt64>(0)
     private let instance: UInt32
+    let trash = TrashIndex()
 
     /// Opens (or makes) the state directory in the source root `rootFD`.
     /// Refuses a `.vanish` that is not Vanish's: nothing of the user's is touched.
@@ -69,6 +70,7 @@ public final class Graveyard: @unchecked Sendable {
         }
         shardFDs = shards
         instance = UInt32(truncatingIfNeeded: getpid())
+        loadTrash()
     }
 
     deinit {
@@ -79,12 +81,30 @@ public final class Graveyard: @unchecked Sendable {
     /// Moves `name` out of `parentFD` into the graveyard with one rename and
     /// returns the shard it went to. Throws EXDEV when the entry lives on
     /// another filesystem.
+    ///
+    /// With a `record` the entry stays restorable during the undo window
+    /// (its sidecar is written first). `expired` marks pieces of an entry
+    /// already being reaped: they carry time 0, so no undo window keeps them.
     @inline(__always) @discardableResult
-    public func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> Int {
+    public func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, record: TrashRecord? = nil,
+                     expired: Bool = false) throws(Errno) -> Int {
         let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
         let shard = Int(n % UInt64(Graveyard.shardCount))
-        try withUniqueName(n) { grave throws(Errno) in
-            try Sys.renameat2(parentFD, name, shardFDs[shard], grave, VANISH_RENAME_NOREPLACE)
+        let sfd = shardFDs[shard]
+        try withUniqueName(n, expired: expired) { grave throws(Errno) in
+            guard let record else {
+                try Sys.renameat2(parentFD, name, sfd, grave, VANISH_RENAME_NOREPLACE)
+                return
+            }
+            try writeSidecar(sfd, grave, record)
+            do throws(Errno) {
+                try Sys.renameat2(parentFD, name, sfd, grave, VANISH_RENAME_NOREPLACE)
+            } catch {
+                removeSidecar(sfd, grave)
+                throw error
+            }
+            let id = String(cString: grave)
+            trash.insert(TrashEntry(id: id, shard: shard, deleted: Graveyard.deletionTime(grave) ?? 0, record: record))
         }
         return shard
     }
@@ -92,10 +112,9 @@ public final class Graveyard: @unchecked Sendable {
     /// `<ns since epoch>-<pid>-<counter>` in hex, built on the stack: unique
     /// across restarts, and sorting by name sorts by deletion time.
     @inline(__always)
-    private func withUniqueName<R>(_ n: UInt64, _ body: (UnsafePointer<CChar>) throws(Errno) -> R) throws(Errno) -> R {
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        let ns = UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+    private func withUniqueName<R>(_ n: UInt64, expired: Bool,
+                                   _ body: (UnsafePointer<CChar>) throws(Errno) -> R) throws(Errno) -> R {
+        let ns = expired ? 0 : Graveyard.now()
         var storage: (UInt64, UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0, 0)
         return try withUnsafeMutableBytes(of: &storage) { raw throws(Errno) -> R in
             let p = raw.baseAddress!.assumingMemoryBound(to: CChar.self)
@@ -108,6 +127,14 @@ public final class Graveyard: @unchecked Sendable {
             p[i] = 0
             return try body(UnsafePointer(p))
         }
+    }
+
+    /// Wall-clock time in ns since the epoch (what entry names carry).
+    @inline(__always)
+    public static func now() -> UInt64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
     }
 
     static func writeHex(_ v: UInt64, digits: Int, into p: UnsafeMutablePointer<CChar>, at i: inout Int) {

@@ -24,6 +24,21 @@ public final class Reaper: @unchecked Sendable {
         public static let zero = Statistics(entries: 0, files: 0, bytes: 0, buried: 0)
     }
 
+    /// How long deleted entries stay restorable, and what cuts that short.
+    public struct Policy: Sendable {
+        /// The undo window in ns; 0 reaps as soon as possible.
+        public var keep: UInt64 = 0
+        /// Most bytes the restorable entries may hold; the oldest go first beyond it.
+        public var keepMaxBytes: UInt64?
+        /// Percent of the backing filesystem to keep free: below it the
+        /// oldest entries are reaped whatever their window.
+        public var keepMinFreePercent: Double = 10
+        /// Most files and directories deleted per second (all workers together).
+        public var rate: Double?
+
+        public init() {}
+    }
+
     public enum Stop: Int {
         case running = 0
         /// Stop once the graveyard is empty.
@@ -47,12 +62,24 @@ public final class Reaper: @unchecked Sendable {
     private let wakeups: [DispatchSemaphore]
     private let finished = DispatchSemaphore(value: 0)
     private let started = Atomic<Bool>(false)
+    public let policy: Policy
+    /// Entries deleted at or before this time (ns) are due now, inside
+    /// their window or not: space ran short or the byte limit was passed.
+    private let horizon = Atomic<UInt64>(0)
+    private let wardenWakeup = DispatchSemaphore(value: 0)
+    private let limiter: RateLimiter?
 
-    public init(graveyard: Graveyard, workers: Int) {
+    public init(graveyard: Graveyard, workers: Int, policy: Policy = Policy()) {
         self.graveyard = graveyard
+        self.policy = policy
         workerCount = max(1, min(workers, Graveyard.shardCount))
         wakeups = (0..<workerCount).map { _ in DispatchSemaphore(value: 0) }
+        limiter = policy.rate.map(RateLimiter.init(perSecond:))
     }
+
+    /// Whether entries wait out an undo window.
+    @inline(__always)
+    var keeps: Bool { policy.keep > 0 }
 
     public var statistics: Statistics {
         Statistics(entries: entries.load(ordering: .relaxed), files: files.load(ordering: .relaxed),
@@ -63,6 +90,7 @@ public final class Reaper: @unchecked Sendable {
     public func start() {
         guard !started.exchange(true, ordering: .relaxed) else { return }
         for w in 0..<workerCount { spawnThread { [self] in work(w) } }
+        if keeps { spawnThread { [self] in ward() } }
     }
 
     /// Something was buried in `shard`: wake its worker if it sleeps (one
@@ -70,7 +98,12 @@ public final class Reaper: @unchecked Sendable {
     @inline(__always)
     public func noteBuried(shard: Int) {
         buried.wrappingAdd(1, ordering: .sequentiallyConsistent)
-        wake(owner(of: shard))
+        // Inside an undo window nothing new is due yet; only the limits may be.
+        if keeps {
+            if let max = policy.keepMaxBytes, graveyard.restorableBytes > max { wardenWakeup.signal() }
+        } else {
+            wake(owner(of: shard))
+        }
     }
 
     @inline(__always)
@@ -86,6 +119,7 @@ public final class Reaper: @unchecked Sendable {
         stopState.store(max(stopState.load(ordering: .relaxed), how.rawValue), ordering: .relaxed)
         guard started.load(ordering: .relaxed) else { return }
         wakeups.forEach { $0.signal() }
+        wardenWakeup.signal()
     }
 
     /// Waits until every worker has stopped.
@@ -134,11 +168,12 @@ public final class Reaper: @unchecked Sendable {
             if state == Stop.now.rawValue { return }
             let seen = generation
             var found = 0
+            var nextDue = UInt64.max
             // When finishing, every worker sweeps every shard: others may still
             // hand subdirectories into any of them, and the last one out must see them.
             let shards = state == Stop.whenEmpty.rawValue ? graveyard.shardFDs : mine
             for shard in shards {
-                found += reap(shard)
+                found += reap(shard, nextDue: &nextDue)
                 if stopState.load(ordering: .relaxed) == Stop.now.rawValue { return }
             }
             if found > 0 { continue }
@@ -148,30 +183,58 @@ public final class Reaper: @unchecked Sendable {
             let bit: UInt64 = 1 << UInt64(index)
             idleMask.bitwiseOr(bit, ordering: .sequentiallyConsistent)
             if generation == seen {
-                // The timeout only guards against the unforeseen; wakeups come from noteBuried.
-                _ = wakeups[index].wait(timeout: .now() + .seconds(2))
+                _ = wakeups[index].wait(timeout: sleepUntil(nextDue))
             }
             idleMask.bitwiseAnd(~bit, ordering: .sequentiallyConsistent)
         }
     }
 
-    /// One pass over a shard; returns how many entries it found.
-    private func reap(_ shard: Int32) -> Int {
+    /// Without a window, wakeups come from noteBuried and the timeout only
+    /// guards against the unforeseen; with one, the next entry's window end.
+    private func sleepUntil(_ nextDue: UInt64) -> DispatchTime {
+        guard keeps else { return .now() + .seconds(2) }
+        // Nothing waiting: whatever is buried from now on is due a window later at the earliest.
+        let now = Graveyard.now()
+        let due = nextDue == .max ? now &+ policy.keep : nextDue
+        let wait = due > now ? min(due - now, 30_000_000_000) : 0
+        return .now() + .nanoseconds(Int(max(wait, 50_000_000)))
+    }
+
+    /// Whether an entry deleted at `time` may be reaped now.
+    @inline(__always)
+    private func isDue(_ time: UInt64, now: UInt64, nextDue: inout UInt64) -> Bool {
+        guard keeps, time != 0, time > horizon.load(ordering: .relaxed) else { return true }
+        let end = time &+ policy.keep
+        if end <= now { return true }
+        nextDue = min(nextDue, end)
+        return false
+    }
+
+    /// One pass over a shard; returns how many entries it took.
+    private func reap(_ shard: Int32, nextDue: inout UInt64) -> Int {
         guard let fd = try? Sys.openat(shard, ".", O_RDONLY | O_DIRECTORY), let dp = fdopendir(fd) else { return 0 }
         defer { closedir(dp) }
         var found = 0
-        var remover = TreeRemover(graveyard: graveyard,
+        var remover = TreeRemover(graveyard: graveyard, limiter: limiter,
                                   shouldStop: { [self] in stopState.load(ordering: .relaxed) == Stop.now.rawValue },
                                   handedBack: { [self] shard in
                                       splits.wrappingAdd(1, ordering: .sequentiallyConsistent)
                                       wake(owner(of: shard))
                                   })
+        let now = keeps ? Graveyard.now() : 0
         while let d = readdir(dp) {
             let name = vanish_dirent_name(d)!
             if name[0] == 0x2E { continue }
+            if keeps && !isDue(Graveyard.deletionTime(name) ?? 0, now: now, nextDue: &nextDue) { continue }
+            var restorable = false
+            // A restore holds it: leave it alone.
+            guard graveyard.trash.claimForReaping(name, had: &restorable) else { continue }
             found += 1
             let done = remover.remove(dirfd(dp), name)
-            if done { entries.wrappingAdd(1, ordering: .relaxed) }
+            if done {
+                entries.wrappingAdd(1, ordering: .relaxed)
+                if restorable { graveyard.removeSidecar(dirfd(dp), name) }
+            }
             files.wrappingAdd(remover.files, ordering: .relaxed)
             bytes.wrappingAdd(remover.bytes, ordering: .relaxed)
             remover.files = 0
@@ -179,6 +242,76 @@ public final class Reaper: @unchecked Sendable {
             if !done { break }
         }
         return found
+    }
+
+    /// Keeps the undo window within its limits: every second (or when a
+    /// delete passes the byte limit) moves the horizon forward, oldest
+    /// entries first, until the restorable bytes fit under keepMaxBytes and
+    /// the filesystem has keepMinFreePercent free.
+    private func ward() {
+        _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(vanish_gettid()), 19)
+        while stopState.load(ordering: .relaxed) == Stop.running.rawValue {
+            let wanted = bytesToFree()
+            if wanted > 0 {
+                var freed: UInt64 = 0
+                var newHorizon = horizon.load(ordering: .relaxed)
+                for e in graveyard.restorable where e.deleted > newHorizon {
+                    newHorizon = e.deleted
+                    freed += e.record.bytes ?? 0
+                    if freed >= wanted { break }
+                }
+                if newHorizon > horizon.load(ordering: .relaxed) {
+                    horizon.store(newHorizon, ordering: .relaxed)
+                    for w in 0..<workerCount { wakeups[w].signal() }
+                }
+            }
+            _ = wardenWakeup.wait(timeout: .now() + .seconds(1))
+        }
+    }
+
+    /// How many bytes must go before the window's limits hold again.
+    private func bytesToFree() -> UInt64 {
+        var need: UInt64 = 0
+        let kept = graveyard.restorableBytes
+        if let max = policy.keepMaxBytes, kept > max { need = kept - max }
+        if policy.keepMinFreePercent > 0, let fs = try? Sys.fstatvfs(graveyard.stateFD) {
+            let total = Double(fs.f_blocks) * Double(fs.f_frsize)
+            let free = Double(fs.f_bavail) * Double(fs.f_frsize)
+            let floor = total * policy.keepMinFreePercent / 100
+            // Entries of unknown size (whole trees) count as nothing, so
+            // everything up to the newest may be taken: under pressure,
+            // freeing too much beats running out.
+            if free < floor { need = Swift.max(need, UInt64(floor - free)) }
+        }
+        return need
+    }
+}
+
+/// Spaces deletions out to at most `perSecond`, shared by all workers.
+final class RateLimiter: @unchecked Sendable {
+    private let interval: UInt64
+    private let next = Atomic<UInt64>(0)
+
+    init(perSecond: Double) { interval = UInt64(1e9 / max(perSecond, 0.001)) }
+
+    /// Waits for this caller's slot.
+    func take() {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        let now = UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+        // No credit for idle time beyond one interval: a burst stays a burst of one.
+        var slot = next.load(ordering: .relaxed)
+        while true {
+            let start = max(slot, now)
+            let (exchanged, original) = next.compareExchange(expected: slot, desired: start + interval, ordering: .relaxed)
+            if exchanged { slot = start; break }
+            slot = original
+        }
+        if slot > now {
+            var wait = timespec(tv_sec: Int((slot - now) / 1_000_000_000), tv_nsec: Int((slot - now) % 1_000_000_000))
+            var left = timespec()
+            while nanosleep(&wait, &left) != 0 && errno == EINTR { wait = left }
+        }
     }
 }
 

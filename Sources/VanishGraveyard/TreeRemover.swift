@@ -14,6 +14,7 @@ struct TreeRemover {
     var files: UInt64 = 0
     var bytes: UInt64 = 0
     let graveyard: Graveyard
+    let limiter: RateLimiter?
     let shouldStop: () -> Bool
     /// Called with the shard a subdirectory was handed back to.
     let handedBack: (Int) -> Void
@@ -23,6 +24,7 @@ struct TreeRemover {
     mutating func remove(_ parentFD: Int32, _ name: UnsafePointer<CChar>) -> Bool {
         guard let st = try? Sys.lstatat(parentFD, name) else { return true }
         if st.st_mode & S_IFMT != S_IFDIR {
+            limiter?.take()
             if (try? Sys.unlinkat(parentFD, name, 0)) != nil { count(st) }
             return true
         }
@@ -32,20 +34,22 @@ struct TreeRemover {
         while let d = readdir(dp) {
             let child = vanish_dirent_name(d)!
             if child[0] == 0x2E && (child[1] == 0 || (child[1] == 0x2E && child[2] == 0)) { continue }
-            if d.pointee.d_type == UInt8(DT_DIR), let shard = try? graveyard.bury(dfd, child) {
+            if d.pointee.d_type == UInt8(DT_DIR), let shard = try? graveyard.bury(dfd, child, expired: true) {
                 handedBack(shard)
                 continue
             }
             if let cst = try? Sys.lstatat(dfd, child) {
                 if cst.st_mode & S_IFMT == S_IFDIR {
-                    if let shard = try? graveyard.bury(dfd, child) { handedBack(shard) }
-                } else if (try? Sys.unlinkat(dfd, child, 0)) != nil {
-                    count(cst)
+                    if let shard = try? graveyard.bury(dfd, child, expired: true) { handedBack(shard) }
+                } else {
+                    limiter?.take()
+                    if (try? Sys.unlinkat(dfd, child, 0)) != nil { count(cst) }
                 }
             }
             if shouldStop() { closedir(dp); return false }
         }
         closedir(dp)
+        limiter?.take()
         if (try? Sys.unlinkat(parentFD, name, AT_REMOVEDIR)) != nil { files += 1 }
         return true
     }

@@ -3,6 +3,7 @@ import Dispatch
 import FUSEKit
 import Glibc
 import Logging
+import VanishControl
 import VanishFS
 
 struct MountCommand: ParsableCommand {
@@ -14,7 +15,8 @@ struct MountCommand: ParsableCommand {
             mounts on top, so existing paths keep working and every access goes through Vanish.
 
             -o takes libfuse/kernel options (allow_other, default_permissions, ro, fsname=, ...) \
-            and Vanish's own: cache=auto|always|never, threads=N, clone_fd, writeback, fd_cache=N, reapers=N. \
+            and Vanish's own: cache=auto|always|never, threads=N, clone_fd, writeback, fd_cache=N, reapers=N, \
+            keep=DURATION, keep_max_bytes=SIZE, keep_min_free=PERCENT, reap_rate=FILES_PER_SECOND. \
             allow_other always turns default_permissions on, so other users get only what \
             the file modes grant them.
 
@@ -43,6 +45,18 @@ struct MountCommand: ParsableCommand {
     @Flag(help: "Serve requests on one thread (for debugging).")
     var singleThreaded = false
 
+    @Option(help: ArgumentHelp("""
+        How long deleted entries stay restorable (vanish trash, vanish restore) before the reaper \
+        frees them: 0 (default, free at once), or e.g. 90s, 30m, 12h, 7d.
+        """, valueName: "duration"))
+    var keep: String?
+
+    @Option(help: ArgumentHelp("""
+        Most bytes restorable entries may hold; beyond it the oldest are freed early. The oldest \
+        also go early whenever the source filesystem has less than keep_min_free (default 10%) free.
+        """, valueName: "size"))
+    var keepMaxBytes: String?
+
     @Option(help: "Write the log here when running in the background (default: syslog).")
     var logFile: String?
 
@@ -59,11 +73,19 @@ struct MountCommand: ParsableCommand {
         if let threads, !(1...256).contains(threads) {
             throw ValidationError("--threads takes a number from 1 to 256")
         }
+        if let keep, Quantity.duration(keep) == nil {
+            throw ValidationError("--keep takes a duration such as 0, 90s, 30m, 12h or 7d")
+        }
+        if let keepMaxBytes, Quantity.bytes(keepMaxBytes) == nil {
+            throw ValidationError("--keep-max-bytes takes a size such as 500M, 20G or 1T")
+        }
     }
 
     func run() throws {
         var parsed = try MountOptionList(options)
         if let cache { parsed.filesystem.cache = CacheMode(rawValue: cache)! }
+        if let keep { parsed.filesystem.reaping.keep = Quantity.duration(keep)! }
+        if let keepMaxBytes { parsed.filesystem.reaping.keepMaxBytes = Quantity.bytes(keepMaxBytes)! }
         // A read-only mount deletes nothing and must not write .vanish into the source.
         if parsed.fuse.contains("ro") { parsed.filesystem.graveyard = false }
         let src = try MountPaths.resolve(source, what: "source")
@@ -89,6 +111,18 @@ struct MountCommand: ParsableCommand {
         } catch {
             throw RuntimeError("cannot open source \(src): \(error)")
         }
+        let instance = MountCommand.newInstanceID()
+        let control: ControlServer?
+        do {
+            let path = ControlServer.socketDirectory() + "/\(instance).sock"
+            control = try ControlServer(path: path, shared: parsed.allowsOthers, filesystem: fs, logger: log)
+            fs.controlSocket = path
+        } catch {
+            // The mount works without it; only trash, restore and events need it.
+            log.error("no control socket: \(error)")
+            control = nil
+        }
+        defer { control?.stop() }
         let session: Session
         do {
             session = try Session(filesystem: fs, options: parsed.fuseOptions(source: src), debug: debug)
@@ -103,9 +137,17 @@ struct MountCommand: ParsableCommand {
         try session.installSignalHandlers()
         let notifier = session.notifier
         fs.setEntryInvalidator { parent, child, name in
-            name.withUnsafeBufferPointer { _ = notifier.delete(parent: parent, child: child, name: $0.baseAddress!, length: $0.count - 1) }
+            name.withUnsafeBufferPointer {
+                // Without a child the name was added behind the kernel's back (a restore).
+                if child == 0 {
+                    _ = notifier.invalidateEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
+                } else {
+                    _ = notifier.delete(parent: parent, child: child, name: $0.baseAddress!, length: $0.count - 1)
+                }
+            }
         }
         if !foreground { session.daemonize() }
+        control?.start()
         log.info("mounted", metadata: ["source": "\(src)", "mountpoint": "\(mnt)", "pid": "\(getpid())"])
 
         let config = LoopConfig(maxThreads: threads ?? parsed.threads ?? 10, cloneFD: cloneFD || parsed.cloneFD)
@@ -122,6 +164,16 @@ struct MountCommand: ParsableCommand {
         withExtendedLifetime(stopNow) {}
         // A positive status is the signal that ended the loop: a requested, clean stop.
         if status < 0 { throw ExitCode.failure }
+    }
+}
+
+extension MountCommand {
+    /// 16 random hex digits naming this mount instance (its socket, its events).
+    static func newInstanceID() -> String {
+        var g = SystemRandomNumberGenerator()
+        let v = g.next() as UInt64
+        let s = String(v, radix: 16)
+        return String(repeating: "0", count: 16 - s.count) + s
     }
 }
 

@@ -10,7 +10,8 @@ struct MountOptionList {
     var fuse: [String] = []
 
     /// Keys Vanish takes itself; everything else goes to libfuse.
-    static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache", "reapers"]
+    static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache", "reapers",
+                                       "keep", "keep_max_bytes", "keep_min_free", "reap_rate"]
 
     init(_ lists: [String]) throws {
         for list in lists {
@@ -37,6 +38,26 @@ struct MountOptionList {
                         throw ValidationError("-o reapers= takes a number from 1 to 64")
                     }
                     filesystem.reaperWorkers = n
+                case "keep":
+                    guard let v = value, let ns = Quantity.duration(v) else {
+                        throw ValidationError("-o keep= takes a duration such as 0, 90s, 30m, 12h or 7d")
+                    }
+                    filesystem.reaping.keep = ns
+                case "keep_max_bytes":
+                    guard let v = value, let n = Quantity.bytes(v) else {
+                        throw ValidationError("-o keep_max_bytes= takes a size such as 500M, 20G or 1T")
+                    }
+                    filesystem.reaping.keepMaxBytes = n
+                case "keep_min_free":
+                    guard let v = value, let p = Double(v.hasSuffix("%") ? String(v.dropLast()) : v), (0...100).contains(p) else {
+                        throw ValidationError("-o keep_min_free= takes a percentage from 0 to 100")
+                    }
+                    filesystem.reaping.keepMinFreePercent = p
+                case "reap_rate":
+                    guard let v = value, let r = Double(v), r > 0 else {
+                        throw ValidationError("-o reap_rate= takes a number of files per second above 0")
+                    }
+                    filesystem.reaping.rate = r
                 case "clone_fd": cloneFD = true
                 case "writeback": filesystem.writeback = true
                 case "no_default_permissions", "nodefault_permissions":
@@ -89,5 +110,29 @@ struct MountOptionList {
             out.append(c)
         }
         return out
+    }
+}
+
+/// Durations and sizes as people write them.
+enum Quantity {
+    /// "90", "90s", "30m", "12h", "7d" → ns.
+    static func duration(_ text: String) -> UInt64? {
+        let units: [Character: Double] = ["s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604_800]
+        var number = Substring(text)
+        var scale = 1.0
+        if let last = text.last, let u = units[last] { number = number.dropLast(); scale = u }
+        guard let v = Double(number), v >= 0, v * scale < 3e9 else { return nil }
+        return UInt64(v * scale * 1e9)
+    }
+
+    /// "4096", "500K", "500M", "20G", "1T" (powers of 1024; a trailing "B" or "iB" is allowed) → bytes.
+    static func bytes(_ text: String) -> UInt64? {
+        var t = Substring(text.uppercased())
+        if t.hasSuffix("IB") { t = t.dropLast(2) } else if t.hasSuffix("B") { t = t.dropLast() }
+        let units: [Character: Double] = ["K": 0x1p10, "M": 0x1p20, "G": 0x1p30, "T": 0x1p40, "P": 0x1p50]
+        var scale = 1.0
+        if let last = t.last, let u = units[last] { t = t.dropLast(); scale = u }
+        guard let v = Double(t), v >= 0, v * scale < 9e18 else { return nil }
+        return UInt64(v * scale)
     }
 }

@@ -28,40 +28,58 @@ enum MountPaths {
         return ValidationError("\(what) \(path): \(String(cString: strerror(e)))")
     }
 
-    /// The filesystem type mounted exactly at `path`, from /proc/self/mountinfo
-    /// (the last one wins: mounts stack).
-    static func mountType(at path: String) -> String? {
-        guard let f = fopen("/proc/self/mountinfo", "r") else { return nil }
+    /// Every mount this process sees, in mount order: (mountpoint, fstype).
+    static func mounts() -> [(point: String, type: String)] {
+        guard let f = fopen("/proc/self/mountinfo", "r") else { return [] }
         defer { fclose(f) }
-        var found: String?
+        var out: [(String, String)] = []
         var line: UnsafeMutablePointer<CChar>?
         var cap = 0
         while getline(&line, &cap, f) > 0 {
             let fields = String(cString: line!).split(separator: " ")
             // id parent major:minor root mountpoint opts [optional...] - fstype source superopts
             guard fields.count > 7, let dash = fields.firstIndex(of: "-"), dash + 1 < fields.count else { continue }
-            if unescape(String(fields[4])) == path { found = String(fields[dash + 1]) }
+            out.append((unescape(String(fields[4])), String(fields[dash + 1])))
         }
         free(line)
-        return found
+        return out
     }
 
-    /// The type of the mount that holds `path` (the longest mountpoint that is a prefix of it).
-    static func mountType(containing path: String) -> String? {
-        guard let f = fopen("/proc/self/mountinfo", "r") else { return nil }
-        defer { fclose(f) }
-        var best: (length: Int, type: String)?
-        var line: UnsafeMutablePointer<CChar>?
-        var cap = 0
-        while getline(&line, &cap, f) > 0 {
-            let fields = String(cString: line!).split(separator: " ")
-            guard fields.count > 7, let dash = fields.firstIndex(of: "-"), dash + 1 < fields.count else { continue }
-            let point = unescape(String(fields[4]))
-            let inside = path == point || point == "/" || path.hasPrefix(point + "/")
-            if inside && point.count >= (best?.length ?? -1) { best = (point.count, String(fields[dash + 1])) }
+    /// The filesystem type mounted exactly at `path` (the last one wins: mounts stack).
+    static func mountType(at path: String) -> String? {
+        mounts().last { $0.point == path }?.type
+    }
+
+    /// The innermost mount that holds `path` (the longest mountpoint that is a prefix of it).
+    static func mount(containing path: String) -> (point: String, type: String)? {
+        var best: (point: String, type: String)?
+        for m in mounts() {
+            let inside = path == m.point || m.point == "/" || path.hasPrefix(m.point + "/")
+            if inside && m.point.count >= (best?.point.count ?? -1) { best = m }
         }
-        free(line)
-        return best?.type
+        return best
+    }
+
+    static func mountType(containing path: String) -> String? { mount(containing: path)?.type }
+
+    /// `path` made absolute and cleaned of `.`, `..` and double slashes
+    /// without touching the filesystem (it may name something deleted).
+    static func lexicallyAbsolute(_ path: String) -> String {
+        var parts: [Substring] = []
+        let full: String
+        if path.hasPrefix("/") {
+            full = path
+        } else {
+            let cwd = getcwd(nil, 0)
+            defer { free(cwd) }
+            full = (cwd.map { String(cString: $0) } ?? "/") + "/" + path
+        }
+        for p in full.split(separator: "/") {
+            if p == "." { continue }
+            if p == ".." { _ = parts.popLast(); continue }
+            parts.append(p)
+        }
+        return "/" + parts.joined(separator: "/")
     }
 
     /// mountinfo writes space, tab, newline and backslash as \ooo.

@@ -12,7 +12,7 @@ struct StatusCommand: ParsableCommand {
     @Flag(help: "Print the raw JSON.")
     var json = false
 
-    @Flag(help: "Wait until the graveyard is empty, showing progress.")
+    @Flag(help: "Wait until the graveyard is empty (but for entries the undo window keeps), showing progress.")
     var wait = false
 
     @Argument(help: "The mountpoint.")
@@ -25,7 +25,7 @@ struct StatusCommand: ParsableCommand {
             let firstFreed = status.freedFiles
             let terminal = isatty(1) != 0
             var lastLine = Date.distantPast
-            while status.pending > 0 || !status.idle {
+            while status.pending > status.restorable || !status.idle {
                 let elapsed = Date().timeIntervalSince(start)
                 let rate = elapsed > 0 ? Double(status.freedFiles - firstFreed) / elapsed : 0
                 let line = "waiting: \(status.pending) graveyard entries; \(status.freedFiles) files and directories, "
@@ -47,7 +47,8 @@ struct StatusCommand: ParsableCommand {
         } else {
             print("""
                 source:           \(status.source)
-                graveyard:        \(status.pending) entries waiting
+                graveyard:        \(status.pending) entries waiting, \(status.restorable) of them restorable (\(bytes(status.restorableBytes)) known)
+                undo window:      \(status.keepSeconds > 0 ? "\(Int(status.keepSeconds)) s" : "none")
                 reaped:           \(status.reaped) entries, \(status.freedFiles) files and directories, \(bytes(status.freedBytes))
                 deleted (mount):  \(status.buried) entries since mount
                 reaper workers:   \(status.workers)
@@ -66,6 +67,9 @@ struct StatusCommand: ParsableCommand {
         var buried: Int
         var workers: Int
         var free: Int
+        var restorable: Int
+        var restorableBytes: Int
+        var keepSeconds: Double
         /// All reaper workers asleep (nothing in flight between shards).
         var idle: Bool
     }
@@ -86,6 +90,8 @@ struct StatusCommand: ParsableCommand {
         return Status(raw: raw, source: obj["source"] as? String ?? "?", pending: int("pending_entries"),
                       reaped: int("reaped_entries"), freedFiles: int("freed_files"), freedBytes: int("freed_bytes"),
                       buried: int("buried_entries"), workers: int("reaper_workers"), free: int("free_bytes"),
+                      restorable: int("restorable_entries"), restorableBytes: int("restorable_bytes"),
+                      keepSeconds: (obj["keep_seconds"] as? NSNumber)?.doubleValue ?? 0,
                       idle: (obj["reaper_idle"] as? NSNumber)?.boolValue ?? (obj["reaper_idle"] as? Bool) ?? true)
     }
 }

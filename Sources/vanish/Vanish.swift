@@ -13,6 +13,7 @@ struct Vanish: ParsableCommand {
             64 bad command-line arguments.
             """,
         version: version,
-        subcommands: [MountCommand.self, UnmountCommand.self, RemoveCommand.self, StatusCommand.self, ReapCommand.self]
+        subcommands: [MountCommand.self, UnmountCommand.self, RemoveCommand.self, StatusCommand.self, ReapCommand.self,
+                      TrashCommand.self, RestoreCommand.self]
     )
 }

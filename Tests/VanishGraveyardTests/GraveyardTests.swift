@@ -177,6 +177,11 @@ struct GraveyardTests {
             let r = try sh("echo x > inner/f && rm inner/f && ls -A inner | wc -l", cwd: m.mountpoint)
             #expect(r.stdout == "0\n")
             #expect(m.log.contains("deleted in the request"))
+            // vanish rm of a whole tree there is done in the request too.
+            #expect(try sh("mkdir -p inner/t/u && touch inner/t/u/f inner/t/g", cwd: m.mountpoint).ok)
+            let rm = try run([vanishBinary, "rm", "-r", m.path("inner/t")])
+            #expect(rm.ok, "\(rm.stderr)")
+            #expect(access(m.backing("inner/t"), F_OK) != 0)
         }
     }
 

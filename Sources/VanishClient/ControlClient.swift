@@ -1,0 +1,113 @@
+import Foundation
+import CXattr
+import Glibc
+
+/// A connection to a mount's control socket.
+public final class ControlClient {
+    public let socketPath: String
+    private let fd: Int32
+    private var buffer: [UInt8] = []
+
+    public struct Failure: Error, CustomStringConvertible {
+        public var description: String
+        public var errno: Int32
+        public init(_ description: String, errno: Int32 = EIO) {
+            self.description = description
+            self.errno = errno
+        }
+    }
+
+    /// Connects to the socket the mount at `mountpoint` publishes.
+    public convenience init(mountpoint: String) throws(Failure) {
+        try self.init(socketPath: ControlClient.socketPath(of: mountpoint))
+    }
+
+    public init(socketPath: String) throws(Failure) {
+        self.socketPath = socketPath
+        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw Failure("socket: \(String(cString: strerror(errno)))") }
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        let path = Array(socketPath.utf8)
+        guard path.count < MemoryLayout.size(ofValue: addr.sun_path) else {
+            close(fd)
+            throw Failure("socket path too long: \(socketPath)")
+        }
+        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
+            raw.copyBytes(from: path)
+            raw[path.count] = 0
+        }
+        let rc = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard rc == 0 else {
+            let e = errno
+            close(fd)
+            throw Failure("cannot reach the daemon at \(socketPath): \(String(cString: strerror(e)))", errno: e)
+        }
+    }
+
+    deinit { close(fd) }
+
+    /// The control socket of the Vanish mount at `mountpoint` (from its status attribute).
+    public static func socketPath(of mountpoint: String) throws(Failure) -> String {
+        var buffer = [UInt8](repeating: 0, count: 8192)
+        let n = getxattr(mountpoint, ControlProtocol.statusAttribute, &buffer, buffer.count)
+        guard n > 0 else {
+            let e = errno
+            if e == ENODATA || e == ENOTSUP { throw Failure("\(mountpoint) is not the root of a Vanish mount", errno: e) }
+            throw Failure("cannot read the status of \(mountpoint): \(String(cString: strerror(e)))", errno: e)
+        }
+        guard let status = (try? JSONSerialization.jsonObject(with: Data(buffer[..<n]))) as? [String: Any],
+              let path = status["socket"] as? String, !path.isEmpty else {
+            throw Failure("the Vanish mount at \(mountpoint) has no control socket")
+        }
+        return path
+    }
+
+    /// Sends one request.
+    public func send(_ request: [String: Any]) throws(Failure) {
+        let line = Array((jsonLine(request) + "\n").utf8)
+        var sent = 0
+        while sent < line.count {
+            let n = line[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw Failure("sending to the daemon: \(String(cString: strerror(errno)))")
+            }
+            sent += n
+        }
+    }
+
+    /// The next JSON line from the daemon; nil when it closed the connection.
+    public func receive() throws(Failure) -> [String: Any]? {
+        while true {
+            if let nl = buffer.firstIndex(of: 0x0A) {
+                let line = buffer[..<nl]
+                buffer.removeSubrange(...nl)
+                guard let obj = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] else {
+                    throw Failure("unreadable answer from the daemon")
+                }
+                return obj
+            }
+            var chunk = [UInt8](repeating: 0, count: 65536)
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw Failure("reading from the daemon: \(String(cString: strerror(errno)))")
+            }
+            if n == 0 { return nil }
+            buffer += chunk[..<n]
+        }
+    }
+
+    /// Sends a request and returns its single answer, turning `{"error":…}` into a Failure.
+    public func call(_ request: [String: Any]) throws(Failure) -> [String: Any] {
+        try send(request)
+        guard let answer = try receive() else { throw Failure("the daemon closed the connection") }
+        if let message = answer["error"] as? String {
+            throw Failure(message, errno: Int32((answer["errno"] as? Int) ?? Int(EIO)))
+        }
+        return answer
+    }
+}

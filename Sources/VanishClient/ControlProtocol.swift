@@ -1,0 +1,48 @@
+import Foundation
+
+/// The control socket's protocol: the client sends one JSON object on one
+/// line; the daemon answers with JSON lines (one for a request, a stream for
+/// events) and closes the connection when done.
+///
+/// Paths are relative to the mount root. A path that is valid UTF-8 travels
+/// as a JSON string in `path`; any other byte sequence adds `path_b64` (the
+/// raw bytes, base64), and `path` then shows it with U+FFFD for display.
+public enum ControlProtocol {
+    /// Socket file name prefix and directory, chosen by the daemon and
+    /// published in the mount root's `user.vanish.status` attribute as `socket`.
+    public static let statusAttribute = "user.vanish.status"
+}
+
+/// A path as raw bytes, with the JSON encoding described in `ControlProtocol`.
+public struct PathBytes: Hashable, Sendable, CustomStringConvertible {
+    public var bytes: [UInt8]
+    public init(_ bytes: [UInt8]) { self.bytes = bytes }
+    public init(_ string: String) { bytes = Array(string.utf8) }
+
+    public var isValidUTF8: Bool { String(validating: bytes, as: UTF8.self) != nil }
+    public var description: String { String(decoding: bytes, as: UTF8.self) }
+
+    /// Adds `key` (and `key_b64` when needed) to a JSON object.
+    public func put(into object: inout [String: Any], key: String) {
+        object[key] = description
+        if !isValidUTF8 { object[key + "_b64"] = Data(bytes).base64EncodedString() }
+    }
+
+    /// Reads `key` / `key_b64` from a JSON object.
+    public static func get(_ object: [String: Any], key: String) -> PathBytes? {
+        if let b64 = object[key + "_b64"] as? String, let data = Data(base64Encoded: b64) { return PathBytes([UInt8](data)) }
+        return (object[key] as? String).map(PathBytes.init)
+    }
+}
+
+/// One line of JSON, without pretty-printing and with no `\/` escapes.
+public func jsonLine(_ object: [String: Any]) -> String {
+    guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]) else {
+        return "{}"
+    }
+    return String(decoding: data, as: UTF8.self)
+}
+
+public func parseJSONLine(_ line: some StringProtocol) -> [String: Any]? {
+    (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any]
+}

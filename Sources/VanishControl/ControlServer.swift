@@ -1,0 +1,214 @@
+import Foundation
+import Glibc
+import Logging
+import VanishClient
+import VanishFS
+
+/// The mount's control socket: `vanish trash`, `vanish restore` and
+/// `vanish events` talk to the daemon through it. Each peer is identified
+/// by SO_PEERCRED, and everything it sees or does is checked against those
+/// credentials, never the daemon's own.
+public final class ControlServer: @unchecked Sendable {
+    public let path: String
+    private let filesystem: PassthroughFilesystem
+    private let log: Logger
+    private let listener: Int32
+    private let lock = NSLock()
+    private var connections = 0
+    private var stopped = false
+    /// More peers than this at once are turned away (each holds a thread).
+    static let maxConnections = 128
+
+    /// Binds the socket at `path`; `shared` lets every local user connect
+    /// (for allow_other mounts), otherwise only the daemon's user may.
+    public init(path: String, shared: Bool, filesystem: PassthroughFilesystem, logger: Logger) throws {
+        self.path = path
+        self.filesystem = filesystem
+        log = logger
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw ControlClient.Failure("socket: \(String(cString: strerror(errno)))") }
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: addr.sun_path) else {
+            close(fd)
+            throw ControlClient.Failure("control socket path too long: \(path)")
+        }
+        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
+            raw.copyBytes(from: bytes)
+            raw[bytes.count] = 0
+        }
+        unlink(path)
+        // Born owner-only, so nobody can connect before the mode is final.
+        let old = umask(0o177)
+        let rc = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        umask(old)
+        guard rc == 0, listen(fd, 64) == 0 else {
+            let e = errno
+            close(fd)
+            throw ControlClient.Failure("cannot listen on \(path): \(String(cString: strerror(e)))")
+        }
+        if shared { chmod(path, 0o666) }
+        listener = fd
+    }
+
+    /// A directory for control sockets: /run/vanish for root, the user's
+    /// runtime directory (or /tmp/vanish-UID) otherwise; made owner-only
+    /// for users, searchable by all for root (the socket's mode decides).
+    public static func socketDirectory() -> String {
+        let uid = getuid()
+        var dir: String
+        if uid == 0 {
+            dir = "/run/vanish"
+            mkdir(dir, 0o755)
+        } else if let runtime = ProcessInfo.processInfo.environment["XDG_RUNTIME_DIR"], access(runtime, W_OK) == 0 {
+            dir = runtime + "/vanish"
+            mkdir(dir, 0o700)
+        } else {
+            dir = "/tmp/vanish-\(uid)"
+            mkdir(dir, 0o700)
+        }
+        var st = stat()
+        // Never use a directory someone else planted.
+        if lstat(dir, &st) != 0 || st.st_uid != uid || st.st_mode & S_IFMT != S_IFDIR {
+            dir = NSTemporaryDirectory() + "vanish-\(uid)-\(getpid())"
+            mkdir(dir, 0o700)
+        }
+        return dir
+    }
+
+    /// Starts accepting (after any fork: threads don't survive it).
+    public func start() {
+        Thread.detachNewThread { [self] in acceptLoop() }
+    }
+
+    /// Stops accepting and removes the socket file.
+    public func stop() {
+        lock.lock()
+        stopped = true
+        lock.unlock()
+        shutdown(listener, Int32(SHUT_RDWR))
+        unlink(path)
+    }
+
+    private func acceptLoop() {
+        while true {
+            let fd = accept(listener, nil, nil)
+            if fd >= 0 { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+            if fd < 0 {
+                if errno == EINTR || errno == ECONNABORTED { continue }
+                lock.lock(); let done = stopped; lock.unlock()
+                if !done { log.error("control socket stopped accepting", metadata: ["errno": "\(errno)"]) }
+                close(listener)
+                return
+            }
+            lock.lock()
+            let admitted = connections < ControlServer.maxConnections
+            if admitted { connections += 1 }
+            lock.unlock()
+            guard admitted else {
+                let conn = Connection(fd: fd)
+                conn.write(["error": "too many connections to this mount's control socket", "errno": Int(EAGAIN)])
+                continue
+            }
+            Thread.detachNewThread { [self] in
+                serve(Connection(fd: fd))
+                lock.lock(); connections -= 1; lock.unlock()
+            }
+        }
+    }
+
+    private func serve(_ conn: Connection) {
+        guard let peer = conn.peer() else { return }
+        guard let request = conn.readRequest() else {
+            conn.write(["error": "expected one JSON object on one line", "errno": Int(EINVAL)])
+            return
+        }
+        switch request["op"] as? String {
+        case "trash-list":
+            let entries = filesystem.trash(for: peer).map { e -> [String: Any] in
+                var o: [String: Any] = ["id": e.id, "deleted_ns": e.deleted, "uid": Int(e.record.uid),
+                                        "gid": Int(e.record.gid), "kind": e.record.kind.name]
+                if let b = e.record.bytes { o["bytes"] = b }
+                PathBytes(e.record.path).put(into: &o, key: "path")
+                return o
+            }
+            conn.write(["ok": true, "entries": entries])
+        case "restore":
+            let id = request["id"] as? String
+            let path = PathBytes.get(request, key: "path")
+            let to = PathBytes.get(request, key: "to")
+            do {
+                let restored = try filesystem.restore(id: id, path: path?.bytes, to: to?.bytes, as: peer)
+                conn.write(["ok": true, "restored": restored.map { p -> [String: Any] in
+                    var o: [String: Any] = [:]
+                    PathBytes(p).put(into: &o, key: "path")
+                    return o
+                }])
+                log.info("restored", metadata: ["uid": "\(peer.uid)", "entries": "\(restored.count)"])
+            } catch {
+                conn.write(["error": error.description, "errno": Int(error.errno)])
+            }
+        default:
+            conn.write(["error": "unknown request; this daemon knows: trash-list, restore", "errno": Int(EINVAL)])
+        }
+    }
+}
+
+/// One accepted peer.
+final class Connection {
+    let fd: Int32
+    init(fd: Int32) { self.fd = fd }
+    deinit { close(fd) }
+
+    /// The peer's uid, gid and groups, as the kernel reports them.
+    func peer() -> Credentials? {
+        // struct ucred { pid_t pid; uid_t uid; gid_t gid; } (Glibc hides it behind _GNU_SOURCE).
+        var cred: (pid: pid_t, uid: uid_t, gid: gid_t) = (0, 0, 0)
+        var len = socklen_t(MemoryLayout<(pid_t, uid_t, gid_t)>.size)
+        guard getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0, len == 12 else { return nil }
+        return Credentials(uid: cred.uid, gid: cred.gid, groups: Connection.groups(of: cred.pid))
+    }
+
+    /// Supplementary groups of `pid` (what fuse_req_getgroups reads too).
+    static func groups(of pid: pid_t) -> [gid_t] {
+        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+              let line = status.split(separator: "\n").first(where: { $0.hasPrefix("Groups:") }) else { return [] }
+        return line.dropFirst("Groups:".count).split(separator: " ").compactMap { gid_t($0.trimmingCharacters(in: .whitespaces)) }
+    }
+
+    /// Reads the request line (at most 64 KiB).
+    func readRequest() -> [String: Any]? {
+        var data: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        while data.count < 65536 {
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 { break }
+            data += chunk[..<n]
+            if let nl = data.firstIndex(of: 0x0A) { return parseJSONLine(String(decoding: data[..<nl], as: UTF8.self)) }
+        }
+        return data.isEmpty ? nil : parseJSONLine(String(decoding: data, as: UTF8.self))
+    }
+
+    /// Writes one JSON line; false once the peer is gone.
+    @discardableResult
+    func write(_ object: [String: Any]) -> Bool {
+        send(Array((jsonLine(object) + "\n").utf8))
+    }
+
+    func send(_ bytes: [UInt8]) -> Bool {
+        var sent = 0
+        while sent < bytes.count {
+            let n = bytes[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                return false
+            }
+            sent += n
+        }
+        return true
+    }
+}

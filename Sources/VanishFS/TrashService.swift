@@ -1,0 +1,179 @@
+import CFuse
+import Glibc
+import LinuxSyscalls
+import SystemPackage
+import VanishGraveyard
+
+/// Who asks, as the kernel vouches for it (SO_PEERCRED on the control
+/// socket): permission checks for listing and restoring use these, never
+/// the daemon's own rights.
+public struct Credentials: Sendable {
+    public var uid: uid_t
+    public var gid: gid_t
+    public var groups: [gid_t]
+
+    public init(uid: uid_t, gid: gid_t, groups: [gid_t]) {
+        self.uid = uid
+        self.gid = gid
+        self.groups = groups
+    }
+
+    /// Whether the mode bits of `st` grant all of `mask` (R=4, W=2, X=1),
+    /// as the kernel's generic_permission decides (root passes, except that
+    /// execute needs some x bit).
+    func permits(_ st: stat, _ mask: mode_t) -> Bool {
+        if uid == 0 { return mask & 1 == 0 || st.st_mode & 0o111 != 0 || st.st_mode & S_IFMT == S_IFDIR }
+        let bits: mode_t
+        if st.st_uid == uid {
+            bits = (st.st_mode >> 6) & 7
+        } else if st.st_gid == gid || groups.contains(st.st_gid) {
+            bits = (st.st_mode >> 3) & 7
+        } else {
+            bits = st.st_mode & 7
+        }
+        return bits & mask == mask
+    }
+}
+
+/// Why a restore did not happen.
+public enum RestoreError: Error, CustomStringConvertible {
+    case noSuchEntry(String)
+    case notYours(String)
+    case taken(String)
+    case invalidDestination(String)
+    case failed(String, Errno)
+
+    public var description: String {
+        switch self {
+        case .noSuchEntry(let what): "nothing restorable is known as \(what)"
+        case .notYours(let what): "\(what) was deleted by another user; only they or root may restore it"
+        case .taken(let path): "\(path) exists; nothing was changed (restore it elsewhere with --to)"
+        case .invalidDestination(let why): why
+        case .failed(let path, let errno): "cannot restore to \(path): \(errno)"
+        }
+    }
+
+    public var errno: Int32 {
+        switch self {
+        case .noSuchEntry: ENOENT
+        case .notYours: EPERM
+        case .taken: EEXIST
+        case .invalidDestination: EINVAL
+        case .failed(_, let e): e.rawValue
+        }
+    }
+}
+
+/// The undo window seen from outside: list what a user deleted, put it back.
+extension PassthroughFilesystem {
+    /// The restorable entries `who` may see (their own; everything for root), oldest first.
+    public func trash(for who: Credentials) -> [TrashEntry] {
+        guard let graveyard else { return [] }
+        return graveyard.restorable.filter { who.uid == 0 || $0.record.uid == who.uid }
+    }
+
+    /// Restores one entry by id, or by original path (its latest deletion,
+    /// and, for a directory, everything deleted inside it since then that is
+    /// still in the trash). Returns the paths put back. `destination`
+    /// (relative to the mount root) is allowed only for one entry.
+    public func restore(id: String?, path: [UInt8]?, to destination: [UInt8]?,
+                        as who: Credentials) throws(RestoreError) -> [[UInt8]] {
+        guard let graveyard else { throw .noSuchEntry("anything (this mount has no graveyard)") }
+        let visible = trash(for: who)
+        var plan: [TrashEntry] = []
+        if let id {
+            guard let e = graveyard.restorable.first(where: { $0.id == id }) else { throw .noSuchEntry(id) }
+            guard who.uid == 0 || e.record.uid == who.uid else { throw .notYours(id) }
+            plan = [e]
+        } else if let path {
+            let shown = String(decoding: path, as: UTF8.self)
+            let exact = graveyard.restorable.filter { $0.record.path == path }
+            guard let top = exact.last else { throw .noSuchEntry(shown) }
+            guard who.uid == 0 || top.record.uid == who.uid else { throw .notYours(shown) }
+            plan = [top]
+            if top.record.kind == .directory && destination == nil {
+                // rm -rf removes children first: they were deleted before the
+                // directory, after any earlier deletion of the same path.
+                let since = exact.dropLast().last?.deleted ?? 0
+                var newest: [[UInt8]: TrashEntry] = [:]
+                for e in visible where e.deleted > since && e.deleted <= top.deleted && isInside(e.record.path, path) {
+                    newest[e.record.path] = e
+                }
+                // Parents before children.
+                plan += newest.values.sorted { $0.record.path.count < $1.record.path.count }
+            }
+        } else {
+            throw .invalidDestination("name an entry by id or by path")
+        }
+        var restored: [[UInt8]] = []
+        for (i, e) in plan.enumerated() {
+            let target = i == 0 ? (destination ?? e.record.path) : e.record.path
+            do {
+                try restore(e, to: target, as: who, graveyard: graveyard)
+                restored.append(target)
+            } catch {
+                // The first entry failing is the answer; a child that cannot
+                // go back (its name taken) stays restorable on its own.
+                if i == 0 { throw error }
+            }
+        }
+        return restored
+    }
+
+    private func isInside(_ path: [UInt8], _ dir: [UInt8]) -> Bool {
+        path.count > dir.count + 1 && path[dir.count] == 0x2F && Array(path[..<dir.count]) == dir
+    }
+
+    private func restore(_ e: TrashEntry, to target: [UInt8], as who: Credentials,
+                         graveyard: Graveyard) throws(RestoreError) {
+        let shown = String(decoding: target, as: UTF8.self)
+        var parts = target.split(separator: 0x2F, omittingEmptySubsequences: true).map { Array($0) }
+        guard let leaf = parts.popLast() else { throw .invalidDestination("cannot restore onto the mount root") }
+        for p in parts + [leaf] where p == [0x2E] || p == [0x2E, 0x2E] {
+            throw .invalidDestination("\(shown): paths may not contain . or ..")
+        }
+        if let first = parts.first ?? Optional(leaf), first == Array(Graveyard.stateDirectoryName.utf8) {
+            throw .invalidDestination("\(shown) is Vanish's reserved state directory")
+        }
+        // Walk down from the root one name at a time, never following a
+        // symlink, checking search permission as the caller would need it.
+        var dirFD = rootFD
+        var owned = false
+        defer { if owned { Sys.close(dirFD) } }
+        do throws(Errno) {
+            for p in parts {
+                guard who.permits(try Sys.fstat(dirFD), 1) else { throw Errno.permissionDenied }
+                let next = try (p + [0]).withUnsafeBufferPointer { b throws(Errno) in
+                    try Sys.openat(dirFD, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
+                                   VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+                }
+                if owned { Sys.close(dirFD) }
+                dirFD = next
+                owned = true
+            }
+            let dir = try Sys.fstat(dirFD)
+            // Creating a name needs write and search permission on the directory.
+            guard who.permits(dir, 3) else { throw Errno.permissionDenied }
+        } catch {
+            throw .failed(shown, error)
+        }
+        guard let claimed = graveyard.claim(e.id) else { throw .noSuchEntry(e.id) }
+        do throws(Errno) {
+            try (leaf + [0]).withUnsafeBufferPointer { b throws(Errno) in
+                try graveyard.restore(claimed, to: dirFD, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self))
+            }
+        } catch {
+            graveyard.release(claimed)
+            if error == .fileExists || error == .directoryNotEmpty { throw .taken(shown) }
+            throw .failed(shown, error)
+        }
+        // The kernel may remember the name as absent: tell it, from outside any handler.
+        let parentID: fuse_ino_t? = (try? Sys.fstat(dirFD)).flatMap { st in
+            dirFD == rootFD ? fuse_ino_t(FUSE_ROOT_ID) : table.known(st).map(table.nodeID)
+        }
+        if let parentID {
+            let name = ContiguousArray(leaf.map { CChar(bitPattern: $0) } + [0])
+            notifications.async { [self] in invalidateEntry?(parentID, 0, name) }
+        }
+    }
+}

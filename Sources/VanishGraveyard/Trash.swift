@@ -1,0 +1,241 @@
+import CFuse
+import Glibc
+import LinuxSyscalls
+import Synchronization
+import SystemPackage
+
+/// What Vanish remembers of a deleted entry while its undo window lasts,
+/// kept beside it in the graveyard as `.<entry name>` (a "sidecar"), so a
+/// restart or a crash loses none of it.
+public struct TrashRecord: Sendable, Equatable {
+    /// Where it was, relative to the mount root, as raw bytes (any name a
+    /// filesystem allows, valid UTF-8 or not).
+    public var path: [UInt8]
+    /// Who deleted it: only they (or root) may list or restore it.
+    public var uid: UInt32
+    public var gid: UInt32
+    /// Bytes its data takes on disk; nil when unknown (a whole tree).
+    public var bytes: UInt64?
+    public var kind: Kind
+
+    public enum Kind: UInt8, Sendable {
+        case file = 0x66, directory = 0x64, symlink = 0x6C, other = 0x6F
+        public var name: String {
+            switch self { case .file: "file"; case .directory: "directory"; case .symlink: "symlink"; case .other: "other" }
+        }
+        public init(mode: mode_t) {
+            switch mode & S_IFMT {
+            case S_IFREG: self = .file
+            case S_IFDIR: self = .directory
+            case S_IFLNK: self = .symlink
+            default: self = .other
+            }
+        }
+    }
+
+    public init(path: [UInt8], uid: UInt32, gid: UInt32, bytes: UInt64?, kind: Kind) {
+        self.path = path
+        self.uid = uid
+        self.gid = gid
+        self.bytes = bytes
+        self.kind = kind
+    }
+
+    static let magic = "vanish-trash 1\n"
+
+    /// `vanish-trash 1\n<uid> <gid> <bytes|-> <kind>\n<path bytes>`: the
+    /// path last, so it may hold any byte, newlines included.
+    func encoded() -> [UInt8] {
+        var out = Array(TrashRecord.magic.utf8)
+        out += Array("\(uid) \(gid) \(bytes.map(String.init) ?? "-") \(Character(Unicode.Scalar(kind.rawValue)))\n".utf8)
+        out += path
+        return out
+    }
+
+    init?(decoding data: [UInt8]) {
+        let magic = Array(TrashRecord.magic.utf8)
+        guard data.count > magic.count, Array(data[..<magic.count]) == magic,
+              let nl = data[magic.count...].firstIndex(of: 0x0A) else { return nil }
+        let fields = String(decoding: data[magic.count..<nl], as: UTF8.self).split(separator: " ")
+        guard fields.count == 4, let uid = UInt32(fields[0]), let gid = UInt32(fields[1]),
+              let k = fields[3].utf8.first, let kind = Kind(rawValue: k) else { return nil }
+        self.init(path: Array(data[(nl + 1)...]), uid: uid, gid: gid, bytes: UInt64(fields[2]), kind: kind)
+    }
+}
+
+/// A graveyard entry that can still be restored.
+public struct TrashEntry: Sendable {
+    /// The entry's name in the graveyard; stable until it is reaped or restored.
+    public var id: String
+    public var shard: Int
+    /// When it was deleted, in ns since the epoch (from its name).
+    public var deleted: UInt64
+    public var record: TrashRecord
+}
+
+/// The restorable entries, in memory: loaded from the sidecars at start,
+/// added to by `bury`, and taken out by whoever gets an entry first, the
+/// reaper or a restore, so the two never act on the same entry.
+final class TrashIndex: @unchecked Sendable {
+    private struct State {
+        var entries: [String: TrashEntry] = [:]
+        /// Entries a restore has taken and not finished with.
+        var restoring: Set<String> = []
+    }
+    private let state = Mutex(State())
+    private let knownBytes = Atomic<UInt64>(0)
+    /// Entries plus restores in flight: lets the reaper skip the lock when zero.
+    private let population = Atomic<Int>(0)
+
+    func insert(_ e: TrashEntry) {
+        let fresh = state.withLock { s in s.entries.updateValue(e, forKey: e.id) == nil }
+        if fresh {
+            population.wrappingAdd(1, ordering: .relaxed)
+            knownBytes.wrappingAdd(e.record.bytes ?? 0, ordering: .relaxed)
+        }
+    }
+
+    private func removed(_ e: TrashEntry) {
+        population.wrappingSubtract(1, ordering: .relaxed)
+        knownBytes.wrappingSubtract(e.record.bytes ?? 0, ordering: .relaxed)
+    }
+
+    /// For the reaper: false if a restore holds the entry; otherwise the
+    /// entry is out of the index (if it was in) and the reaper owns it.
+    /// Returns the record it had, if any, through `had`.
+    func claimForReaping(_ name: UnsafePointer<CChar>, had: inout Bool) -> Bool {
+        had = false
+        guard population.load(ordering: .relaxed) > 0 else { return true }
+        let id = String(cString: name)
+        let (ok, taken): (Bool, TrashEntry?) = state.withLock { s in
+            if s.restoring.contains(id) { return (false, nil) }
+            return (true, s.entries.removeValue(forKey: id))
+        }
+        if let taken { removed(taken); had = true }
+        return ok
+    }
+
+    /// For a restore: takes the entry so the reaper leaves it alone.
+    func claimForRestore(_ id: String) -> TrashEntry? {
+        state.withLock { s -> TrashEntry? in
+            guard let e = s.entries.removeValue(forKey: id) else { return nil }
+            s.restoring.insert(id)
+            knownBytes.wrappingSubtract(e.record.bytes ?? 0, ordering: .relaxed)
+            return e
+        }
+    }
+
+    /// Ends a restore: the entry is back in place (`restored`) or back in the index.
+    func finishRestore(_ e: TrashEntry, restored: Bool) {
+        state.withLock { s in
+            s.restoring.remove(e.id)
+            if !restored { s.entries[e.id] = e }
+        }
+        if restored {
+            population.wrappingSubtract(1, ordering: .relaxed)
+        } else {
+            knownBytes.wrappingAdd(e.record.bytes ?? 0, ordering: .relaxed)
+        }
+    }
+
+    var all: [TrashEntry] { state.withLock { Array($0.entries.values) } }
+    var count: Int { state.withLock { $0.entries.count } }
+    /// Bytes of the entries whose size is known.
+    var bytes: UInt64 { knownBytes.load(ordering: .relaxed) }
+}
+
+extension Graveyard {
+    /// Deletion time (ns since the epoch) encoded at the start of an entry's
+    /// name; nil for a name Vanish did not make.
+    @inline(__always)
+    public static func deletionTime(_ name: UnsafePointer<CChar>) -> UInt64? {
+        var v: UInt64 = 0
+        for i in 0..<16 {
+            let c = UInt8(bitPattern: name[i])
+            switch c {
+            case 0x30...0x39: v = v << 4 | UInt64(c - 0x30)
+            case 0x61...0x66: v = v << 4 | UInt64(c - 0x61 + 10)
+            default: return nil
+            }
+        }
+        return name[16] == 0x2D ? v : nil
+    }
+
+    /// Reads every sidecar into the index; sidecars whose entry is gone
+    /// (a crash between writing one and the rename) are removed.
+    func loadTrash() {
+        for (shard, sfd) in shardFDs.enumerated() {
+            guard let fd = try? Sys.openat(sfd, ".", O_RDONLY | O_DIRECTORY), let dp = fdopendir(fd) else { continue }
+            var sidecars: [String] = []
+            while let d = readdir(dp) {
+                let name = vanish_dirent_name(d)!
+                if name[0] == 0x2E && name[1] != 0 && !(name[1] == 0x2E && name[2] == 0) {
+                    sidecars.append(String(cString: name + 1))
+                }
+            }
+            closedir(dp)
+            for id in sidecars {
+                guard (try? Sys.lstatat(sfd, id)) != nil else {
+                    _ = try? Sys.unlinkat(sfd, "." + id, 0)
+                    continue
+                }
+                guard let record = readSidecar(sfd, id), let time = Graveyard.deletionTime(id) else { continue }
+                trash.insert(TrashEntry(id: id, shard: shard, deleted: time, record: record))
+            }
+        }
+    }
+
+    private func readSidecar(_ shardFD: Int32, _ id: String) -> TrashRecord? {
+        guard let fd = try? Sys.openat(shardFD, "." + id, O_RDONLY | O_NOFOLLOW) else { return nil }
+        defer { Sys.close(fd) }
+        var data: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 8192)
+        while true {
+            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n <= 0 { break }
+            data += buffer[..<n]
+        }
+        return TrashRecord(decoding: data)
+    }
+
+    /// Writes the sidecar for `id` before the entry moves in, so every kept
+    /// entry can be listed even after a crash (an orphan sidecar is removed at start).
+    func writeSidecar(_ shardFD: Int32, _ id: UnsafePointer<CChar>, _ record: TrashRecord) throws(Errno) {
+        var name: [CChar] = [0x2E]
+        name.append(contentsOf: UnsafeBufferPointer(start: id, count: strlen(id) + 1))
+        let fd = try Sys.openat(shardFD, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0o600)
+        defer { Sys.close(fd) }
+        let data = record.encoded()
+        let n = data.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        if n != data.count {
+            _ = try? Sys.unlinkat(shardFD, name, 0)
+            throw Errno(rawValue: n < 0 ? errno : ENOSPC)
+        }
+    }
+
+    /// Removes the sidecar of an entry that was reaped or restored.
+    func removeSidecar(_ shardFD: Int32, _ id: UnsafePointer<CChar>) {
+        var name: [CChar] = [0x2E]
+        name.append(contentsOf: UnsafeBufferPointer(start: id, count: strlen(id) + 1))
+        _ = try? Sys.unlinkat(shardFD, name, 0)
+    }
+
+    /// Entries that can be restored, oldest first.
+    public var restorable: [TrashEntry] { trash.all.sorted { $0.id < $1.id } }
+    public var restorableCount: Int { trash.count }
+    /// Bytes the restorable entries hold, as far as known.
+    public var restorableBytes: UInt64 { trash.bytes }
+
+    /// Takes a restorable entry so the reaper will not touch it; end with
+    /// `restore` or `release`.
+    public func claim(_ id: String) -> TrashEntry? { trash.claimForRestore(id) }
+    public func release(_ e: TrashEntry) { trash.finishRestore(e, restored: false) }
+
+    /// Moves a claimed entry back to `name` in `parentFD`, never replacing
+    /// what is there (EEXIST). On failure the entry stays claimed: `release` it.
+    public func restore(_ e: TrashEntry, to parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
+        try Sys.renameat2(shardFDs[e.shard], e.id, parentFD, name, VANISH_RENAME_NOREPLACE)
+        removeSidecar(shardFDs[e.shard], e.id)
+        trash.finishRestore(e, restored: true)
+    }
+}

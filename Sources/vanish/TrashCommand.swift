@@ -1,0 +1,134 @@
+import ArgumentParser
+import Foundation
+import VanishClient
+
+struct TrashCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "trash",
+        abstract: "See what the undo window (vanish mount --keep) still holds.",
+        subcommands: [List.self]
+    )
+
+    struct List: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "List restorable entries: yours, or everyone's for root.",
+            discussion: "Columns: id, deletion time, size (- when unknown: a whole tree), deleting user, original path."
+        )
+
+        @Flag(help: "One JSON object per line (fields: id, path, path_b64 if not UTF-8, deleted_ns, bytes, kind, uid, gid).")
+        var json = false
+
+        @Argument(help: "The mountpoint.")
+        var mountpoint: String
+
+        func run() throws {
+            let entries = try TrashCommand.list(mountpoint)
+            if json {
+                for e in entries { print(jsonLine(e)) }
+                return
+            }
+            if entries.isEmpty {
+                print("nothing restorable on \(mountpoint)")
+                return
+            }
+            let format = DateFormatter()
+            format.dateFormat = "yyyy-MM-dd HH:mm:ss"
+            for e in entries {
+                let ns = (e["deleted_ns"] as? NSNumber)?.doubleValue ?? 0
+                let when = format.string(from: Date(timeIntervalSince1970: ns / 1e9))
+                let size = (e["bytes"] as? NSNumber).map { bytes($0.intValue) } ?? "-"
+                let uid = (e["uid"] as? NSNumber)?.uint32Value ?? 0
+                let user = getpwuid(uid).map { String(cString: $0.pointee.pw_name) } ?? "\(uid)"
+                let path = PathBytes.get(e, key: "path")?.description ?? "?"
+                let kind = e["kind"] as? String == "directory" ? "/" : ""
+                print("\(e["id"] as? String ?? "?")  \(when)  \(size.padding(toLength: 9, withPad: " ", startingAt: 0)) \(user.padding(toLength: 8, withPad: " ", startingAt: 0)) \(path)\(kind)")
+            }
+        }
+    }
+
+    /// The entries the calling user may see on the mount at `mountpoint`.
+    static func list(_ mountpoint: String) throws -> [[String: Any]] {
+        do {
+            let client = try ControlClient(mountpoint: mountpoint)
+            let answer = try client.call(["op": "trash-list"])
+            return answer["entries"] as? [[String: Any]] ?? []
+        } catch {
+            throw RuntimeError(error.description)
+        }
+    }
+}
+
+struct RestoreCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "restore",
+        abstract: "Put a deleted entry back while its undo window lasts.",
+        discussion: """
+            Name it by its original path (its latest deletion is restored; a directory comes back with \
+            everything deleted inside it since, as after rm -rf) or by the id `vanish trash list` shows. \
+            Nothing is ever overwritten: if the path is taken, restore elsewhere with --to. Only the user \
+            who deleted an entry, or root, may restore it.
+            """
+    )
+
+    @Option(help: "Restore here instead (a path inside the same mount).")
+    var to: String?
+
+    @Option(help: "The mount to look in (default: the one holding PATH; for an id, every Vanish mount).")
+    var mount: String?
+
+    @Argument(help: "The original path, or an id from `vanish trash list`.")
+    var entry: String
+
+    static func isID(_ s: String) -> Bool {
+        s.utf8.count == 36 && s.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) || $0 == 0x2D }
+    }
+
+    func run() throws {
+        var request: [String: Any] = ["op": "restore"]
+        let mountpoint: String
+        if RestoreCommand.isID(entry) && !FileManager.default.fileExists(atPath: entry) {
+            request["id"] = entry
+            if let mount {
+                mountpoint = MountPaths.lexicallyAbsolute(mount)
+            } else {
+                let candidates = MountPaths.mounts().filter { $0.type == "fuse.vanish" }.map(\.point)
+                guard let found = candidates.first(where: { point in
+                    ((try? TrashCommand.list(point)) ?? []).contains { $0["id"] as? String == entry }
+                }) else {
+                    throw RuntimeError("no Vanish mount has a restorable entry \(entry) of yours")
+                }
+                mountpoint = found
+            }
+        } else {
+            let path = MountPaths.lexicallyAbsolute(entry)
+            mountpoint = try mount.map(MountPaths.lexicallyAbsolute) ?? RestoreCommand.vanishMount(holding: path)
+            PathBytes(try RestoreCommand.relative(path, in: mountpoint)).put(into: &request, key: "path")
+        }
+        if let to {
+            PathBytes(try RestoreCommand.relative(MountPaths.lexicallyAbsolute(to), in: mountpoint)).put(into: &request, key: "to")
+        }
+        let answer: [String: Any]
+        do {
+            answer = try ControlClient(mountpoint: mountpoint).call(request)
+        } catch {
+            throw RuntimeError("cannot restore \(entry): \(error.description)")
+        }
+        for item in answer["restored"] as? [[String: Any]] ?? [] {
+            let p = PathBytes.get(item, key: "path")?.description ?? "?"
+            print("restored \(mountpoint == "/" ? "" : mountpoint)/\(p)")
+        }
+    }
+
+    static func vanishMount(holding path: String) throws -> String {
+        guard let m = MountPaths.mount(containing: path), m.type == "fuse.vanish" else {
+            throw RuntimeError("\(path) is not inside a Vanish mount (name the mount with --mount)")
+        }
+        return m.point
+    }
+
+    static func relative(_ path: String, in mountpoint: String) throws -> [UInt8] {
+        let prefix = mountpoint == "/" ? "/" : mountpoint + "/"
+        guard path.hasPrefix(prefix) else { throw RuntimeError("\(path) is not inside the mount at \(mountpoint)") }
+        return Array(path.dropFirst(prefix.count).utf8)
+    }
+}

@@ -1,0 +1,217 @@
+import Foundation
+import Glibc
+import Testing
+import VanishTestSupport
+
+/// `vanish trash list --json` as objects.
+func trashList(_ m: VanishMount) throws -> [[String: Any]] {
+    let r = try run([vanishBinary, "trash", "list", "--json", m.mountpoint])
+    guard r.ok else { throw TestFailure("trash list failed: \(r.stderr)") }
+    return r.stdout.split(separator: "\n").compactMap {
+        (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: Any]
+    }
+}
+
+func trashPaths(_ m: VanishMount) throws -> [String] {
+    try trashList(m).compactMap { $0["path"] as? String }.sorted()
+}
+
+@Suite("undo window", .enabled(if: FUSEAvailability.shouldRun, "needs /dev/fuse and fusermount3"))
+struct UndoWindowTests {
+    @Test("deleted entries are listed and restored; nothing is ever overwritten")
+    func listAndRestore() throws {
+        try withVanishMount(arguments: ["--keep", "1h"], prepare: { src in
+            try makeTree(src + "/tree", files: 300, size: 1000)
+        }) { m in
+            let sums = try sh("find tree -type f -exec md5sum {} + | sort", cwd: m.mountpoint).stdout
+            let r = try sh("echo hello > note && rm note && rm -rf tree && ls -A", cwd: m.mountpoint)
+            #expect(r.stdout == "")
+            let list = try trashList(m)
+            let note = try #require(list.first { $0["path"] as? String == "note" })
+            #expect(note["uid"] as? Int == Int(getuid()))
+            #expect(note["kind"] as? String == "file")
+            #expect((note["bytes"] as? Int ?? 0) > 0)
+            let age = Date().timeIntervalSince1970 - ((note["deleted_ns"] as? NSNumber)?.doubleValue ?? 0) / 1e9
+            #expect(age >= 0 && age < 600)
+            // rm -rf: every file and directory, each with its own path.
+            #expect(list.filter { ($0["path"] as? String ?? "").hasPrefix("tree/") }.count == 300 + 1)
+            #expect(list.contains { $0["path"] as? String == "tree" && $0["kind"] as? String == "directory" })
+
+            // By path; a directory comes back whole, as before rm -rf.
+            #expect(try run([vanishBinary, "restore", m.path("note")]).ok)
+            #expect(try String(contentsOfFile: m.path("note"), encoding: .utf8) == "hello\n")
+            let tree = try run([vanishBinary, "restore", m.path("tree")])
+            #expect(tree.ok, "\(tree.stderr)")
+            #expect(try sh("find tree -type f -exec md5sum {} + | sort", cwd: m.mountpoint).stdout == sums)
+            #expect(try trashList(m).isEmpty)
+
+            // The original path is taken: refused, both files intact; then --to.
+            let clash = try sh("echo old > a && rm a && echo new > a", cwd: m.mountpoint)
+            #expect(clash.ok)
+            let refused = try run([vanishBinary, "restore", m.path("a")])
+            #expect(refused.status == 1)
+            #expect(refused.stderr.contains("exists"), "\(refused.stderr)")
+            #expect(try String(contentsOfFile: m.path("a"), encoding: .utf8) == "new\n")
+            let id = try #require(try trashList(m).first?["id"] as? String)
+            let moved = try run([vanishBinary, "restore", id, "--to", m.path("a.old")])
+            #expect(moved.ok, "\(moved.stderr)")
+            #expect(try String(contentsOfFile: m.path("a.old"), encoding: .utf8) == "old\n")
+
+            // Bad requests lose nothing.
+            #expect(try run([vanishBinary, "restore", m.path("never-was")]).status == 1)
+            let reserved = try run([vanishBinary, "restore", m.path("a"), "--to", m.path(".vanish/x")])
+            #expect(reserved.status == 1)
+            #expect(try run([vanishBinary, "restore", "/tmp/not-a-mount/x"]).status == 1)
+        }
+    }
+
+    @Test("vanish rm of a tree is one restorable entry")
+    func removeTreeAndRestore() throws {
+        try withVanishMount(arguments: ["--keep", "1h"], prepare: { src in
+            try makeTree(src + "/big", files: 2000)
+        }) { m in
+            #expect(try run([vanishBinary, "rm", "-r", m.path("big")]).ok)
+            let list = try trashList(m)
+            #expect(list.count == 1)
+            #expect(list.first?["kind"] as? String == "directory")
+            #expect(try run([vanishBinary, "restore", m.path("big")]).ok)
+            #expect(try sh("find big -type f | wc -l", cwd: m.mountpoint).stdout == "2000\n")
+        }
+    }
+
+    @Test("when the window ends the reaper frees the entries")
+    func windowEnds() throws {
+        try withVanishMount(options: ["keep=1s"]) { m in
+            #expect(try sh("for i in 1 2 3; do echo $i > f$i; done; rm f1 f2 f3", cwd: m.mountpoint).ok)
+            try waitFor("the window to pass and the reaper to free 3 entries") {
+                try graveyardCount(m.source) == 0 && trashList(m).isEmpty
+            }
+            // And the sidecars went with them.
+            #expect(try sh("find .vanish/graveyard -mindepth 2 | wc -l", cwd: m.source).stdout == "0\n")
+        }
+    }
+
+    @Test("beyond keep_max_bytes the oldest entries are freed first")
+    func byteLimit() throws {
+        try withVanishMount(options: ["keep=1h", "keep_max_bytes=1M"]) { m in
+            for name in ["a", "b", "c"] {
+                #expect(try sh("head -c 600000 /dev/urandom > \(name) && sync \(name) && rm \(name)", cwd: m.mountpoint).ok)
+            }
+            try waitFor("the oldest two entries to go") { try trashPaths(m) == ["c"] }
+        }
+    }
+
+    @Test("when the filesystem runs short of space the window gives way, oldest first")
+    func spacePressure() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
+        var tmpfs = ""
+        defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
+        try withVanishMount(options: ["keep=1h", "keep_min_free=25"], prepare: { src in
+            tmpfs = src
+            guard try run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", src]).ok else { throw TestFailure("tmpfs") }
+        }) { m in
+            #expect(try sh("head -c 20M /dev/zero > old && rm old", cwd: m.mountpoint).ok)
+            #expect(try trashPaths(m) == ["old"])
+            // 64 MiB - 20 kept - 30 new leaves less than the 25% floor.
+            #expect(try sh("head -c 30M /dev/zero > new", cwd: m.mountpoint).ok)
+            try waitFor("the kept file to be freed") { try trashPaths(m).isEmpty && freeBytes(m.source) > 30 << 20 }
+            #expect(access(m.path("new"), F_OK) == 0)
+        }
+    }
+
+    @Test("the trash outlives a remount")
+    func survivesRemount() throws {
+        let m = try VanishMount(arguments: ["--keep", "1h"])
+        defer { m.close() }
+        #expect(try sh("echo precious > p && rm p", cwd: m.mountpoint).ok)
+        #expect(try m.unmount() == 0)
+        try withVanishMount(arguments: ["--keep", "1h"], prepareExisting: m.source) { again throws in
+            #expect(try trashPaths(again) == ["p"])
+            #expect(try run([vanishBinary, "restore", again.path("p")]).ok)
+            #expect(try String(contentsOfFile: again.path("p"), encoding: .utf8) == "precious\n")
+        }
+    }
+
+    @Test("another user sees and restores only what they deleted")
+    func otherUsers() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root to become nobody")
+        try withFUSEDeviceOpenToAll {
+            try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"]) { m in
+                let binary = m.base + "/vanish"
+                #expect(try run(["cp", vanishBinary, binary]).ok)
+                #expect(try sh("mkdir shared && chmod 1777 shared && echo mine > shared/root-file && rm shared/root-file",
+                               cwd: m.mountpoint).ok)
+                let nobodyList = try runAsNobody([binary, "trash", "list", "--json", m.mountpoint])
+                #expect(nobodyList.ok, "\(nobodyList.stderr)")
+                #expect(nobodyList.stdout == "")
+                let id = try #require(try trashList(m).first?["id"] as? String)
+                let denied = try runAsNobody([binary, "restore", id, "--mount", m.mountpoint])
+                #expect(denied.status == 1)
+                #expect(denied.stderr.contains("another user"), "\(denied.stderr)")
+                #expect(access(m.path("shared/root-file"), F_OK) != 0)
+
+                #expect(try runAsNobody(["/bin/sh", "-c", "echo theirs > \(m.path("shared/n")) && rm \(m.path("shared/n"))"]).ok)
+                let theirs = try runAsNobody([binary, "trash", "list", "--json", m.mountpoint])
+                #expect(theirs.stdout.contains("\"shared/n\"") && !theirs.stdout.contains("root-file"))
+                let back = try runAsNobody([binary, "restore", m.path("shared/n")])
+                #expect(back.ok, "\(back.stderr)")
+                // Restoring into a directory they may not write is refused.
+                #expect(try sh("mkdir closed && echo x > closed/f && rm closed/f", cwd: m.mountpoint).ok)
+                let rootsID = try #require(try trashList(m).first { $0["path"] as? String == "closed/f" }?["id"] as? String)
+                let intoClosed = try runAsNobody([binary, "restore", rootsID, "--mount", m.mountpoint, "--to", m.path("shared/x")])
+                #expect(intoClosed.status == 1)
+            }
+        }
+    }
+
+    @Test("a reaper rate limit still drains the graveyard")
+    func rateLimit() throws {
+        try withVanishMount(options: ["reap_rate=5000"], prepare: { src in try makeTree(src + "/t", files: 500) }) { m in
+            #expect(try run([vanishBinary, "rm", "-r", m.path("t")]).ok)
+            try waitForReaper(m)
+            #expect(try graveyardCount(m.source) == 0)
+        }
+    }
+
+    @Test("bad --keep and -o keep values are refused")
+    func badArguments() throws {
+        for args in [["--keep", "soon"], ["--keep-max-bytes", "lots"], ["-o", "keep=-1s"], ["-o", "keep_min_free=120"],
+                     ["-o", "reap_rate=0"]] {
+            let r = try run([vanishBinary, "mount"] + args + ["/tmp", "/mnt"])
+            #expect(r.status == 64, "\(args): \(r.stderr)")
+        }
+    }
+}
+
+/// SIGKILL of the daemon while a restore is under way: every file is
+/// either back in place or still restorable, never lost.
+@Suite("crash during restore", .enabled(if: FUSEAvailability.shouldRun, "needs /dev/fuse and fusermount3"))
+struct RestoreCrashTests {
+    @Test("SIGKILL during a restore of a big tree", arguments: 0..<2)
+    func killDuringRestore(_ round: Int) throws {
+        let m = try VanishMount(arguments: ["--keep", "1h"], prepare: { src in try makeTree(src + "/t", files: 3000) })
+        defer { m.close() }
+        let sums = try sh("find t -type f -exec md5sum {} + | sort", cwd: m.mountpoint).stdout
+        #expect(try sh("rm -rf t", cwd: m.mountpoint).ok)
+        let restore = try spawn(["/bin/sh", "-c", "exec \(shellQuote(vanishBinary)) restore \(shellQuote(m.path("t"))) >/dev/null 2>&1"])
+        usleep(UInt32(20_000 + 60_000 * round))
+        kill(m.pid, SIGKILL)
+        _ = try m.waitForExit()
+        var status: Int32 = 0
+        waitpid(restore, &status, 0)
+        #expect(try run(["fusermount3", "-u", m.mountpoint]).ok)
+        try withVanishMount(arguments: ["--keep", "1h"], prepareExisting: m.source) { again throws in
+            // Whatever did not make it back is still in the trash; finish the job.
+            if !(try trashList(again)).isEmpty {
+                let r = try run([vanishBinary, "restore", again.path("t")])
+                if !r.ok {
+                    // The directory itself came back: restore what is left inside, one by one.
+                    for e in try trashList(again) {
+                        #expect(try run([vanishBinary, "restore", e["id"] as! String, "--mount", again.mountpoint]).ok)
+                    }
+                }
+            }
+            #expect(try sh("find t -type f -exec md5sum {} + | sort", cwd: again.mountpoint).stdout == sums)
+        }
+    }
+}
