@@ -44,11 +44,16 @@ let package = Package(
             dependencies: ["CFuse", "LinuxSyscalls"],
             swiftSettings: strict
         ),
+        // Change events: the journal request handlers append to and subscribers follow.
+        .target(
+            name: "VanishEvents",
+            swiftSettings: strict
+        ),
         // The passthrough filesystem: inode table, fd cache, request handlers.
         .target(
             name: "VanishFS",
             dependencies: [
-                "CFuse", "FUSEKit", "LinuxSyscalls", "VanishGraveyard",
+                "CFuse", "FUSEKit", "LinuxSyscalls", "VanishGraveyard", "VanishEvents",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict
@@ -64,7 +69,7 @@ let package = Package(
         .target(
             name: "VanishControl",
             dependencies: [
-                "VanishFS", "VanishClient",
+                "VanishFS", "VanishClient", "VanishEvents",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict
@@ -72,7 +77,7 @@ let package = Package(
         .executableTarget(
             name: "vanish",
             dependencies: [
-                "CFuse", "VanishFS", "FUSEKit", "LinuxSyscalls", "VanishGraveyard", "VanishClient", "VanishControl",
+                "CFuse", "VanishFS", "FUSEKit", "LinuxSyscalls", "VanishGraveyard", "VanishClient", "VanishControl", "VanishEvents",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -91,6 +96,11 @@ let package = Package(
         ),
         .testTarget(
             name: "VanishGraveyardTests",
+            dependencies: ["VanishTestSupport", "vanish"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "VanishEventsTests",
             dependencies: ["VanishTestSupport", "vanish"],
             swiftSettings: strict
         ),

@@ -113,4 +113,20 @@ static inline struct fuse_session *vanish_session_new(struct fuse_args *args,
 
 static inline const char *vanish_dirent_name(const struct dirent *d) { return d->d_name; }
 
+/// name_to_handle_at(2) into a caller's buffer: writes the handle type (4
+/// bytes) and the handle into `out` and returns its length, or -1 with errno.
+/// The handle names the inode and its generation, so it survives renames
+/// and remounts and is not reused for another file: Vanish's file id.
+/// (struct file_handle needs _GNU_SOURCE, which Swift's Glibc module clashes with.)
+static inline int vanish_file_handle(int dirfd, const char *name, int flags, unsigned char *out, int capacity) {
+    struct { unsigned int bytes; int type; unsigned char data[128]; } h;
+    int mount_id;
+    h.bytes = sizeof(h.data);
+    if (syscall(SYS_name_to_handle_at, dirfd, name, &h, &mount_id, flags) != 0) return -1;
+    if ((int)h.bytes + 4 > capacity) { errno = EOVERFLOW; return -1; }
+    memcpy(out, &h.type, 4);
+    memcpy(out + 4, h.data, h.bytes);
+    return (int)h.bytes + 4;
+}
+
 #endif

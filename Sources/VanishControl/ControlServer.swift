@@ -2,6 +2,7 @@ import Foundation
 import Glibc
 import Logging
 import VanishClient
+import VanishEvents
 import VanishFS
 
 /// The mount's control socket: `vanish trash`, `vanish restore` and
@@ -151,8 +152,102 @@ public final class ControlServer: @unchecked Sendable {
             } catch {
                 conn.write(["error": error.description, "errno": Int(error.errno)])
             }
+        case "events":
+            streamEvents(conn, request, peer)
         default:
-            conn.write(["error": "unknown request; this daemon knows: trash-list, restore", "errno": Int(EINVAL)])
+            conn.write(["error": "unknown request; this daemon knows: trash-list, restore, events", "errno": Int(EINVAL)])
+        }
+    }
+}
+
+extension ControlServer {
+    /// Streams journal lines to a subscriber until it goes away or the mount
+    /// ends: from after its cursor (or a `reset` first, when the cursor cannot
+    /// be served), or from now; with `snapshot`, every existing entry first.
+    func streamEvents(_ conn: Connection, _ request: [String: Any], _ peer: Credentials) {
+        guard let journal = filesystem.journal else {
+            conn.write(["error": "this mount records no events (mounted read-only or with -o noevents)", "errno": Int(ENOTSUP)])
+            return
+        }
+        let types = (request["types"] as? [String]).map(Set.init)
+        let prefixes = (request["paths"] as? [Any])?.compactMap { item -> [UInt8]? in
+            guard let s = item as? String else { return nil }
+            return Array(s.utf8.drop { $0 == 0x2F }.reversed().drop { $0 == 0x2F }.reversed())
+        }
+        let since = request["since"] as? String
+        var reader = journal.reader(after: since)
+        if reader == nil {
+            reader = journal.reader(after: nil)
+            let why = since.map { $0.hasPrefix(journal.instance + ":") ? "the journal no longer holds events after it" : "it is from another mount instance" }
+            guard conn.write(["type": "reset", "instance": journal.instance, "cursor": journal.cursor(reader!.next - 1),
+                              "reason": "cursor \(since ?? "") cannot be served: \(why ?? "")"]) else { return }
+        }
+        guard let reader else { return }
+        if request["snapshot"] as? Bool == true {
+            // The reader already stands before anything that happens during the
+            // scan, so nothing falls between the listing and the live events.
+            let start = journal.cursor(reader.next - 1)
+            guard conn.write(["type": "scan-started", "instance": journal.instance, "cursor": start]) else { return }
+            var alive = true
+            var count = 0
+            filesystem.walk { path, st, id in
+                if let prefixes, !prefixes.contains(where: { ControlServer.isWithin(path, $0) }) { return true }
+                if peer.uid != 0 && !filesystem.mayObserve(path, as: peer) { return true }
+                var o: [String: Any] = ["type": "exists", "kind": ControlServer.kind(st.st_mode), "id": id,
+                                        "size": Int(st.st_size), "mode": Int(st.st_mode & 0o7777),
+                                        "owner_uid": Int(st.st_uid), "owner_gid": Int(st.st_gid)]
+                PathBytes(path).put(into: &o, key: "path")
+                count += 1
+                alive = conn.write(o)
+                return alive
+            }
+            guard alive, conn.write(["type": "scan-completed", "instance": journal.instance, "cursor": start,
+                                     "entries": count]) else { return }
+        }
+        let filtered = types != nil || prefixes != nil || peer.uid != 0
+        while true {
+            guard let lines = reader.read(timeout: 1) else { return }
+            if lines.isEmpty {
+                if conn.peerClosed() { return }
+                continue
+            }
+            var out: [UInt8] = []
+            for line in lines {
+                if filtered && !visible(line, types: types, prefixes: prefixes, peer: peer) { continue }
+                out += line
+            }
+            if !out.isEmpty && !conn.send(out) { return }
+        }
+    }
+
+    private func visible(_ line: [UInt8], types: Set<String>?, prefixes: [[UInt8]]?, peer: Credentials) -> Bool {
+        guard let o = parseJSONLine(String(decoding: line, as: UTF8.self)) else { return false }
+        if let types, !types.contains(o["type"] as? String ?? "") { return false }
+        let paths = ["path", "from", "target"].compactMap { PathBytes.get(o, key: $0)?.bytes }
+        if let prefixes {
+            // Lifecycle events (no path) always pass; a move counts at either end.
+            if !paths.isEmpty && !paths.contains(where: { p in prefixes.contains { ControlServer.isWithin(p, $0) } }) { return false }
+        }
+        if peer.uid != 0 && (o["uid"] as? Int) != Int(peer.uid) {
+            if !paths.allSatisfy({ filesystem.mayObserve($0, as: peer) }) { return false }
+        }
+        return true
+    }
+
+    static func isWithin(_ path: [UInt8], _ dir: [UInt8]) -> Bool {
+        dir.isEmpty || path == dir || (path.count > dir.count && path[dir.count] == 0x2F && Array(path[..<dir.count]) == dir)
+    }
+
+    static func kind(_ mode: mode_t) -> String {
+        switch mode & S_IFMT {
+        case S_IFREG: "file"
+        case S_IFDIR: "directory"
+        case S_IFLNK: "symlink"
+        case S_IFIFO: "fifo"
+        case S_IFSOCK: "socket"
+        case S_IFCHR: "char-device"
+        case S_IFBLK: "block-device"
+        default: "other"
         }
     }
 }
@@ -191,6 +286,15 @@ final class Connection {
             if let nl = data.firstIndex(of: 0x0A) { return parseJSONLine(String(decoding: data[..<nl], as: UTF8.self)) }
         }
         return data.isEmpty ? nil : parseJSONLine(String(decoding: data, as: UTF8.self))
+    }
+
+    /// True once the peer hung up (checked while no events flow).
+    func peerClosed() -> Bool {
+        var p = pollfd(fd: fd, events: Int16(POLLIN) | Int16(0x2000), revents: 0)  // POLLRDHUP
+        guard poll(&p, 1, 0) > 0 else { return false }
+        if p.revents & (Int16(POLLHUP) | Int16(0x2000) | Int16(POLLERR)) != 0 { return true }
+        var byte: UInt8 = 0
+        return recv(fd, &byte, 1, Int32(MSG_PEEK) | Int32(MSG_DONTWAIT)) == 0
     }
 
     /// Writes one JSON line; false once the peer is gone.

@@ -50,6 +50,7 @@ extension PassthroughFilesystem {
         }
         // An open handle reaches the file even after its name is gone.
         var st = if let openFD { try apply(openFD) } else { try fds.withFD(node, apply) }
+        if observing { emitAttributes(req.caller, node, toSet: toSet, st: st, xattr: nil) }
         st = devices.present(st)
         req.reply(attr: &st, timeout: options.attrTimeout)
     }
@@ -83,6 +84,7 @@ extension PassthroughFilesystem {
             return
         }
         try fds.withFD(inode(ino)) { fd throws(Errno) in try Sys.setxattr(pathFD: fd, name, value, size, flags) }
+        if observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: name) }
         req.replyOK()
     }
 
@@ -152,6 +154,7 @@ extension PassthroughFilesystem {
 
     public func removexattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         try fds.withFD(inode(ino)) { fd throws(Errno) in try Sys.removexattr(pathFD: fd, name) }
+        if observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: name) }
         req.replyOK()
     }
 }

@@ -43,7 +43,9 @@ extension PassthroughFilesystem {
                     let dir = try Sys.fstat(pfd)
                     try checkMayDelete(req, caller: caller, dir: dir, entry: entry)
                 }
+                let id = observing ? fileID(pfd, n.baseAddress!) : ""
                 try bury(pfd, n.baseAddress!, st: entry, from: parent, caller: caller)
+                emitDeleted(caller, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true)
             }
         }
         // Tell the kernel the name is gone, from outside this handler (libfuse

@@ -68,6 +68,7 @@ extension PassthroughFilesystem {
                     st = try Sys.fstat(fd)
                 }
                 let node = table.remember(st, parent: p, name: name)
+                emitCreated(req.caller, parent: p, name: name, st: st, fd: fd)
                 fds.adopt(node, fd: fd)
                 return (node, st)
             } catch {
@@ -88,7 +89,18 @@ extension PassthroughFilesystem {
             try fds.withFD(node) { fd throws(Errno) in try Sys.link(fd: fd, npfd, newName) }
             return try Sys.lstatat(npfd, newName)
         }
+        let target = observing ? path(of: node) : []
         let linked = table.remember(st, parent: np, name: newName)
+        if observing {
+            let id = fds.withFDIfPossible(np) { fileID($0, newName) } ?? ""
+            emit(.linked, req.caller) { e in
+                e.path("path", table.path(of: np, appending: newName))
+                e.path("target", target)
+                e.string("kind", kindName(st.st_mode))
+                e.string("id", id)
+                e.int("links", st.st_nlink)
+            }
+        }
         var e = entry(linked, st)
         req.reply(entry: &e)
     }
@@ -98,7 +110,9 @@ extension PassthroughFilesystem {
         try checkNotReserved(p, name)
         let caller = req.caller
         try fds.withFD(p) { pfd throws(Errno) in
-            try removeEntry(parent: p, parentFD: pfd, name: name, directory: false, caller: caller)
+            let id = observing ? fileID(pfd, name) : ""
+            let mode = try removeEntry(parent: p, parentFD: pfd, name: name, directory: false, caller: caller)
+            emitDeleted(caller, parent: p, name: name, mode: mode, id: id, tree: false)
         }
         req.replyOK()
     }
@@ -108,7 +122,9 @@ extension PassthroughFilesystem {
         try checkNotReserved(p, name)
         let caller = req.caller
         try fds.withFD(p) { pfd throws(Errno) in
-            try removeEntry(parent: p, parentFD: pfd, name: name, directory: true, caller: caller)
+            let id = observing ? fileID(pfd, name) : ""
+            let mode = try removeEntry(parent: p, parentFD: pfd, name: name, directory: true, caller: caller)
+            emitDeleted(caller, parent: p, name: name, mode: mode, id: id, tree: false)
         }
         req.replyOK()
     }
@@ -122,7 +138,20 @@ extension PassthroughFilesystem {
         let caller = req.caller
         try fds.withFD(p) { pfd throws(Errno) in
             try fds.withFD(np) { npfd throws(Errno) in
+                let replaced = observing && flags & VANISH_RENAME_EXCHANGE == 0 && (try? Sys.lstatat(npfd, newName)) != nil
                 try renameEntry(pfd, name, npfd, newName, flags: flags, newParent: np, caller: caller)
+                if observing {
+                    let id = fileID(npfd, newName)
+                    let kind = (try? Sys.lstatat(npfd, newName)).map { kindName($0.st_mode) } ?? ""
+                    emit(.renamed, caller) { e in
+                        e.path("path", table.path(of: np, appending: newName))
+                        e.path("from", table.path(of: p, appending: name))
+                        e.string("kind", kind)
+                        e.string("id", id)
+                        if flags & VANISH_RENAME_EXCHANGE != 0 { e.bool("exchange", true) }
+                        if replaced { e.bool("replaced", true) }
+                    }
+                }
                 // Keep the moved inode reachable under its new name (and the
                 // other one, for an exchange) so its fd can be reopened later.
                 if let st = try? Sys.lstatat(npfd, newName) { table.moved(st, to: np, name: newName) }
@@ -150,7 +179,9 @@ extension PassthroughFilesystem {
                 if try adoptOwnership(fd: fd, parentFD: pfd, caller: caller, mode: mode, st: &st, pathFD: false) {
                     st = try Sys.fstat(fd)
                 }
-                return (fd, table.remember(st, parent: p, name: name), st)
+                let node = table.remember(st, parent: p, name: name)
+                emitCreated(caller, parent: p, name: name, st: st, fd: fd)
+                return (fd, node, st)
             } catch {
                 Sys.close(fd)
                 throw error

@@ -31,6 +31,11 @@ final class FDCache: @unchecked Sendable {
     /// Runs `body` with an O_PATH fd of `inode`, opening one if needed; the
     /// fd stays valid (pinned) until `body` returns.
     @inline(__always)
+    /// `withFD` for what may fail quietly (event details): nil if the inode cannot be reached.
+    func withFDIfPossible<R>(_ inode: Inode, _ body: (Int32) -> R) -> R? {
+        try? withFD(inode) { fd throws(Errno) in body(fd) }
+    }
+
     func withFD<R>(_ inode: Inode, _ body: (Int32) throws(Errno) -> R) throws(Errno) -> R {
         if inode === table.root { return try body(inode.fd) }
         let fd = try acquire(inode)

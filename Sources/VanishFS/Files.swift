@@ -27,8 +27,10 @@ extension PassthroughFilesystem {
 
     public func write(_ req: Request, _ ino: fuse_ino_t, _ buf: UnsafeMutablePointer<fuse_bufvec>, offset: off_t,
                       _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        let n = vanish_write_buf_to_fd(buf, Int32(truncatingIfNeeded: fi.pointee.fh), offset)
+        let fd = Int32(truncatingIfNeeded: fi.pointee.fh)
+        let n = vanish_write_buf_to_fd(buf, fd, offset)
         if n < 0 { throw Errno(rawValue: Int32(-n)) }
+        if observing { writing.wrote(fd, req.caller) }
         req.reply(written: n)
     }
 
@@ -41,7 +43,9 @@ extension PassthroughFilesystem {
     }
 
     public func release(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        Sys.close(Int32(truncatingIfNeeded: fi.pointee.fh))
+        let fd = Int32(truncatingIfNeeded: fi.pointee.fh)
+        if observing { emitWritten(inode(ino), fd: fd) }
+        Sys.close(fd)
         fds.closed(inode(ino))
         req.replyOK()
     }
@@ -55,6 +59,7 @@ extension PassthroughFilesystem {
     public func fallocate(_ req: Request, _ ino: fuse_ino_t, mode: Int32, offset: off_t, length: off_t,
                           _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         try Sys.fallocate(Int32(truncatingIfNeeded: fi.pointee.fh), mode, offset, length)
+        if observing { writing.wrote(Int32(truncatingIfNeeded: fi.pointee.fh), req.caller) }
         req.replyOK()
     }
 
@@ -62,9 +67,11 @@ extension PassthroughFilesystem {
                               _ fiIn: UnsafeMutablePointer<fuse_file_info>, output: fuse_ino_t,
                               outputOffset: off_t, _ fiOut: UnsafeMutablePointer<fuse_file_info>,
                               length: Int, flags: Int32) throws(Errno) {
-        let n = try Sys.copyFileRange(Int32(truncatingIfNeeded: fiIn.pointee.fh), inputOffset,
-                                      Int32(truncatingIfNeeded: fiOut.pointee.fh), outputOffset,
-                                      length, UInt32(bitPattern: flags))
+        let inFD = Int32(truncatingIfNeeded: fiIn.pointee.fh)
+        let outFD = Int32(truncatingIfNeeded: fiOut.pointee.fh)
+        let n = try Sys.copyFileRange(inFD, inputOffset, outFD, outputOffset, length, UInt32(bitPattern: flags))
+        // The new file's data comes from another file in the mount: say which.
+        if observing { writing.wrote(outFD, req.caller, source: (path(of: inode(input)), fileID(inFD, nil))) }
         req.reply(written: n)
     }
 

@@ -20,18 +20,19 @@ extension PassthroughFilesystem {
     /// one frees no data) unless there is an undo window: then the empty
     /// directory is kept too, so restoring a tree removed with `rm -rf`
     /// brings its directories back with their modes and owners.
+    @discardableResult
     func removeEntry(parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>, directory: Bool,
-                     caller: Caller) throws(Errno) {
+                     caller: Caller) throws(Errno) -> mode_t {
         if directory {
             guard let reaper, reaper.policy.keep > 0 else {
                 try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
-                return
+                return S_IFDIR
             }
             let st = try Sys.lstatat(parentFD, name)
             guard st.st_mode & S_IFMT == S_IFDIR else { throw .notDirectory }
             try requireEmptyDirectory(parentFD, name)
             try bury(parentFD, name, st: st, from: parent, caller: caller)
-            return
+            return S_IFDIR
         }
         let st = try Sys.lstatat(parentFD, name)
         if st.st_mode & S_IFMT == S_IFDIR { throw .isDirectory }
@@ -40,6 +41,7 @@ extension PassthroughFilesystem {
         } else {
             try bury(parentFD, name, st: st, from: parent, caller: caller)
         }
+        return st.st_mode
     }
 
     /// ENOTEMPTY unless the directory holds nothing but `.` and `..`.

@@ -5,6 +5,7 @@ import LinuxSyscalls
 import Logging
 import Synchronization
 import SystemPackage
+import VanishEvents
 import VanishGraveyard
 import Dispatch
 
@@ -30,6 +31,10 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     var invalidateEntry: (@Sendable (_ parent: fuse_ino_t, _ child: fuse_ino_t, _ name: ContiguousArray<CChar>) -> Void)?
     let notifications = DispatchQueue(label: "vanish.notify")
     let sourcePath: String
+    /// The event journal, when observing (set before mounting).
+    var events: Journal?
+    let writing = WritingHandles()
+    let commandNames = CommandNames()
     /// The control socket's path, published in the status attribute; set before mounting.
     public var controlSocket = ""
 

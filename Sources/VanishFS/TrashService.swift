@@ -161,6 +161,16 @@ extension PassthroughFilesystem {
         do throws(Errno) {
             try (leaf + [0]).withUnsafeBufferPointer { b throws(Errno) in
                 try graveyard.restore(claimed, to: dirFD, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self))
+                if observing {
+                    let id = fileID(dirFD, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self))
+                    emit(.restored, nil) { ev in
+                        ev.path("path", target)
+                        ev.string("kind", claimed.record.kind.name)
+                        ev.string("id", id)
+                        ev.string("entry", claimed.id)
+                        ev.int("uid", who.uid)
+                    }
+                }
             }
         } catch {
             graveyard.release(claimed)

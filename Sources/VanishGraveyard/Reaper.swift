@@ -68,6 +68,9 @@ public final class Reaper: @unchecked Sendable {
     private let horizon = Atomic<UInt64>(0)
     private let wardenWakeup = DispatchSemaphore(value: 0)
     private let limiter: RateLimiter?
+    /// Called after each graveyard entry is freed: (entry id, files, bytes).
+    /// Set before `start`.
+    public var onReaped: (@Sendable (String, UInt64, UInt64) -> Void)?
 
     public init(graveyard: Graveyard, workers: Int, policy: Policy = Policy()) {
         self.graveyard = graveyard
@@ -233,6 +236,10 @@ public final class Reaper: @unchecked Sendable {
             let done = remover.remove(dirfd(dp), name)
             if done {
                 entries.wrappingAdd(1, ordering: .relaxed)
+                // Pieces of a tree (time 0) are reported with the entry they came from.
+                if let onReaped, Graveyard.deletionTime(name) != 0 {
+                    onReaped(String(cString: name), remover.files, remover.bytes)
+                }
                 if restorable { graveyard.removeSidecar(dirfd(dp), name) }
             }
             files.wrappingAdd(remover.files, ordering: .relaxed)

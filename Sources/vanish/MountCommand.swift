@@ -4,6 +4,7 @@ import FUSEKit
 import Glibc
 import Logging
 import VanishControl
+import VanishEvents
 import VanishFS
 
 struct MountCommand: ParsableCommand {
@@ -112,6 +113,16 @@ struct MountCommand: ParsableCommand {
             throw RuntimeError("cannot open source \(src): \(error)")
         }
         let instance = MountCommand.newInstanceID()
+        var journal: Journal?
+        if parsed.events, let eventsFD = fs.openEventsDirectory() {
+            defer { close(eventsFD) }
+            do {
+                journal = try Journal(eventsFD: eventsFD, instance: instance, limits: parsed.journalLimits)
+                fs.attach(journal: journal!)
+            } catch {
+                log.error("no event journal: \(error)")
+            }
+        }
         let control: ControlServer?
         do {
             let path = ControlServer.socketDirectory() + "/\(instance).sock"
@@ -147,11 +158,18 @@ struct MountCommand: ParsableCommand {
             }
         }
         if !foreground { session.daemonize() }
+        journal?.start()
+        journal?.append(.mounted) { e in
+            e.string("source", src)
+            e.string("mountpoint", mnt)
+            e.int("pid", getpid())
+        }
         control?.start()
         log.info("mounted", metadata: ["source": "\(src)", "mountpoint": "\(mnt)", "pid": "\(getpid())"])
 
         let config = LoopConfig(maxThreads: threads ?? parsed.threads ?? 10, cloneFD: cloneFD || parsed.cloneFD)
         let status = singleThreaded ? session.runSingleThreaded() : session.run(config)
+        journal?.append(.unmounting) { e in e.string("mountpoint", mnt) }
         // No notification may reach libfuse once the session is gone.
         fs.setEntryInvalidator(nil)
         session.unmount()
@@ -161,6 +179,7 @@ struct MountCommand: ParsableCommand {
         // signal it stops at once.
         let stopNow = stopOnSignals { fs.reaper?.stop(.now) }
         fs.stopReaping(finish: status == 0)
+        journal?.close()
         withExtendedLifetime(stopNow) {}
         // A positive status is the signal that ended the loop: a requested, clean stop.
         if status < 0 { throw ExitCode.failure }

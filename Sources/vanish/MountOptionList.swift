@@ -1,4 +1,5 @@
 import ArgumentParser
+import VanishEvents
 import VanishFS
 
 /// Splits `-o` lists into Vanish's own settings and the options libfuse and
@@ -7,11 +8,15 @@ struct MountOptionList {
     var filesystem = FilesystemOptions()
     var threads: Int?
     var cloneFD = false
+    /// Record every change in the event journal (`vanish events`).
+    var events = true
+    var journalLimits = Journal.Limits()
     var fuse: [String] = []
 
     /// Keys Vanish takes itself; everything else goes to libfuse.
     static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache", "reapers",
-                                       "keep", "keep_max_bytes", "keep_min_free", "reap_rate"]
+                                       "keep", "keep_max_bytes", "keep_min_free", "reap_rate", "noevents",
+                                       "events_max_bytes"]
 
     init(_ lists: [String]) throws {
         for list in lists {
@@ -58,6 +63,12 @@ struct MountOptionList {
                         throw ValidationError("-o reap_rate= takes a number of files per second above 0")
                     }
                     filesystem.reaping.rate = r
+                case "noevents": events = false
+                case "events_max_bytes":
+                    guard let v = value, let n = Quantity.bytes(v), n >= 1 << 20 else {
+                        throw ValidationError("-o events_max_bytes= takes a size of at least 1M")
+                    }
+                    journalLimits.maxBytes = n
                 case "clone_fd": cloneFD = true
                 case "writeback": filesystem.writeback = true
                 case "no_default_permissions", "nodefault_permissions":

@@ -14,6 +14,6 @@ struct Vanish: ParsableCommand {
             """,
         version: version,
         subcommands: [MountCommand.self, UnmountCommand.self, RemoveCommand.self, StatusCommand.self, ReapCommand.self,
-                      TrashCommand.self, RestoreCommand.self]
+                      TrashCommand.self, RestoreCommand.self, EventsCommand.self]
     )
 }

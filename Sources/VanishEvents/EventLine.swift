@@ -1,0 +1,137 @@
+import Glibc
+
+/// What happened; the `type` field of an event.
+public enum EventType: String, Sendable, CaseIterable {
+    case created, written, truncated, renamed, deleted, linked, attributes
+    case mounted, unmounting, reaped, restored
+    /// Only in a subscriber's stream: its cursor cannot be served, rescan.
+    case reset
+    /// Only in a snapshot: the scan's bounds and one line per existing entry.
+    case scanStarted = "scan-started", exists, scanCompleted = "scan-completed"
+}
+
+/// One event as a line of JSON, built straight into bytes (no Foundation,
+/// no intermediate objects) because request handlers make them.
+///
+/// Field order is fixed: `seq` first, then `type`, so readers can skip and
+/// filter without parsing the rest. Paths are relative to the mount root;
+/// bytes that are not valid UTF-8 are shown as U+FFFD in the string field
+/// and the exact bytes are added as `<field>_b64`.
+public struct EventLine: Sendable {
+    public private(set) var bytes: [UInt8] = []
+
+    init(seq: UInt64, type: EventType, time: UInt64, instance: String) {
+        bytes.reserveCapacity(256)
+        raw("{\"seq\":")
+        number(seq)
+        raw(",\"type\":\"")
+        raw(type.rawValue)
+        raw("\",\"time_ns\":")
+        number(time)
+        raw(",\"instance\":\"")
+        raw(instance)
+        raw("\"")
+    }
+
+    public mutating func path(_ key: String, _ value: [UInt8]) {
+        raw(",\"")
+        raw(key)
+        raw("\":\"")
+        let valid = value.allSatisfy { $0 < 0x80 } || String(validating: value, as: UTF8.self) != nil
+        if valid {
+            escape(value)
+        } else {
+            escape(Array(String(decoding: value, as: UTF8.self).utf8))
+        }
+        raw("\"")
+        if !valid {
+            raw(",\"")
+            raw(key)
+            raw("_b64\":\"")
+            base64(value)
+            raw("\"")
+        }
+    }
+
+    public mutating func string(_ key: String, _ value: String) {
+        raw(",\"")
+        raw(key)
+        raw("\":\"")
+        escape(Array(value.utf8))
+        raw("\"")
+    }
+
+    public mutating func int(_ key: String, _ value: some BinaryInteger) {
+        raw(",\"")
+        raw(key)
+        raw("\":")
+        if value < 0 { bytes.append(0x2D); number(UInt64(-Int64(value))) } else { number(UInt64(value)) }
+    }
+
+    public mutating func bool(_ key: String, _ value: Bool) {
+        raw(",\"")
+        raw(key)
+        raw(value ? "\":true" : "\":false")
+    }
+
+    mutating func finish() {
+        raw("}\n")
+    }
+
+    private mutating func raw(_ s: String) { bytes.append(contentsOf: s.utf8) }
+
+    private mutating func number(_ v: UInt64) {
+        if v == 0 { bytes.append(0x30); return }
+        var digits: (UInt64, UInt64, UInt64) = (0, 0, 0)
+        var n = v
+        var count = 0
+        withUnsafeMutableBytes(of: &digits) { buf in
+            while n > 0 { buf[count] = UInt8(n % 10) + 0x30; n /= 10; count += 1 }
+            for i in stride(from: count - 1, through: 0, by: -1) { bytes.append(buf[i]) }
+        }
+    }
+
+    private static let hex: [UInt8] = Array("0123456789abcdef".utf8)
+
+    private mutating func escape(_ value: [UInt8]) {
+        for c in value {
+            switch c {
+            case 0x22: bytes += [0x5C, 0x22]
+            case 0x5C: bytes += [0x5C, 0x5C]
+            case 0x0A: bytes += [0x5C, 0x6E]
+            case 0..<0x20, 0x7F:
+                bytes += [0x5C, 0x75, 0x30, 0x30, EventLine.hex[Int(c >> 4)], EventLine.hex[Int(c & 0xF)]]
+            default: bytes.append(c)
+            }
+        }
+    }
+
+    private static let alphabet: [UInt8] = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
+
+    private mutating func base64(_ data: [UInt8]) {
+        var i = 0
+        while i < data.count {
+            let b0 = UInt32(data[i])
+            let b1 = i + 1 < data.count ? UInt32(data[i + 1]) : 0
+            let b2 = i + 2 < data.count ? UInt32(data[i + 2]) : 0
+            let v = b0 << 16 | b1 << 8 | b2
+            bytes.append(EventLine.alphabet[Int(v >> 18 & 63)])
+            bytes.append(EventLine.alphabet[Int(v >> 12 & 63)])
+            bytes.append(i + 1 < data.count ? EventLine.alphabet[Int(v >> 6 & 63)] : 0x3D)
+            bytes.append(i + 2 < data.count ? EventLine.alphabet[Int(v & 63)] : 0x3D)
+            i += 3
+        }
+    }
+
+    /// The `seq` of a line this type wrote (nil for anything else).
+    public static func seq(of line: UnsafeRawBufferPointer) -> UInt64? {
+        let prefix = Array("{\"seq\":".utf8)
+        guard line.count > prefix.count, zip(prefix, line).allSatisfy({ $0 == $1 }) else { return nil }
+        var v: UInt64 = 0
+        for c in line[prefix.count...] {
+            guard c >= 0x30 && c <= 0x39 else { break }
+            v = v * 10 + UInt64(c - 0x30)
+        }
+        return v
+    }
+}

@@ -1,0 +1,306 @@
+import Foundation
+import Glibc
+import Synchronization
+
+/// The mount's event journal: every event gets the next sequence number and
+/// goes to an append-only file under `.vanish/events/<instance>/`, split in
+/// segments named by their first sequence number. Request handlers only
+/// append to a memory buffer (one lock, no I/O); a writer thread moves it to
+/// disk, and subscribers read the files at their own pace, so a slow or
+/// stopped subscriber never holds anything up and memory stays bounded.
+/// Old segments go when the journal passes its size or age limit.
+public final class Journal: @unchecked Sendable {
+    public struct Limits: Sendable {
+        /// Most bytes kept on disk; the oldest segments go first.
+        public var maxBytes: UInt64 = 256 << 20
+        /// Segments older than this go (ns).
+        public var maxAge: UInt64 = 7 * 86_400 * 1_000_000_000
+        public var segmentBytes: UInt64 = 16 << 20
+        public init() {}
+    }
+
+    public let instance: String
+    public let limits: Limits
+    private let directoryFD: Int32
+
+    private struct Pending {
+        var seq: UInt64 = 0
+        var buffer: [UInt8] = []
+    }
+    private let pending = Mutex(Pending())
+    private let wakeWriter = DispatchSemaphore(value: 0)
+    /// Guards the segment list and `durable`; readers wait on it for news.
+    private let state = NSCondition()
+    private struct Segment { var first: UInt64; var name: String; var bytes: UInt64; var created: UInt64 }
+    private var segments: [Segment] = []
+    /// Every event up to this one is in the files.
+    private var durable: UInt64 = 0
+    private var currentFD: Int32 = -1
+    private var closed = false
+    private var writerDone = DispatchSemaphore(value: 0)
+
+    /// Opens a fresh journal for `instance` in `eventsFD` (`.vanish/events`),
+    /// removing those of earlier instances: their cursors get a reset.
+    public init(eventsFD: Int32, instance: String, limits: Limits = Limits()) throws {
+        self.instance = instance
+        self.limits = limits
+        Journal.removeAll(in: eventsFD, except: instance)
+        guard mkdirat(eventsFD, instance, 0o700) == 0 || errno == EEXIST else {
+            throw JournalError("cannot create the event journal: \(String(cString: strerror(errno)))")
+        }
+        directoryFD = openat(eventsFD, instance, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        guard directoryFD >= 0 else { throw JournalError("cannot open the event journal: \(String(cString: strerror(errno)))") }
+        try startSegment(first: 1)
+    }
+
+    deinit {
+        if currentFD >= 0 { Glibc.close(currentFD) }
+        Glibc.close(directoryFD)
+    }
+
+    /// Starts the writer thread (after any fork).
+    public func start() {
+        Thread.detachNewThread { [self] in writer() }
+    }
+
+    /// Writes what is buffered and stops the writer.
+    public func close() {
+        state.lock()
+        closed = true
+        state.unlock()
+        wakeWriter.signal()
+        writerDone.wait()
+        state.lock()
+        state.broadcast()
+        state.unlock()
+    }
+
+    /// Appends one event: `fill` adds its fields. Returns its sequence number.
+    @discardableResult
+    public func append(_ type: EventType, _ fill: (inout EventLine) -> Void) -> UInt64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        let time = UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+        // Fields are built outside the lock; only numbering and the copy are inside.
+        var line = EventLine(seq: 0, type: type, time: time, instance: instance)
+        fill(&line)
+        line.finish()
+        let (seq, wasEmpty, tooBig): (UInt64, Bool, Bool) = pending.withLock { p in
+            p.seq += 1
+            let wasEmpty = p.buffer.isEmpty
+            // The placeholder seq 0 is one digit; put the real one in its place.
+            var digits = Array(String(p.seq).utf8)
+            digits.insert(contentsOf: Array("{\"seq\":".utf8), at: 0)
+            p.buffer += digits
+            p.buffer += line.bytes[8...]
+            return (p.seq, wasEmpty, p.buffer.count > 8 << 20)
+        }
+        if wasEmpty || tooBig { wakeWriter.signal() }
+        if tooBig {
+            // The disk is behind: wait for it rather than grow without bound.
+            waitDurable(seq, timeout: 5)
+        }
+        return seq
+    }
+
+    /// The newest sequence number given out.
+    public var lastSeq: UInt64 { pending.withLock { $0.seq } }
+
+    /// A cursor naming the state after `seq`.
+    public func cursor(_ seq: UInt64) -> String { "\(instance):\(seq)" }
+
+    private func writer() {
+        defer { writerDone.signal() }
+        while true {
+            _ = wakeWriter.wait(timeout: .now() + .seconds(1))
+            let (batch, last): ([UInt8], UInt64) = pending.withLock { p in
+                let b = p.buffer
+                p.buffer = []
+                p.buffer.reserveCapacity(64 << 10)
+                return (b, p.seq)
+            }
+            if !batch.isEmpty { write(batch) }
+            state.lock()
+            if !batch.isEmpty { durable = last }
+            state.broadcast()
+            let done = closed
+            state.unlock()
+            if done && pending.withLock({ $0.buffer.isEmpty }) { return }
+            trim()
+        }
+    }
+
+    private func write(_ batch: [UInt8]) {
+        var off = 0
+        while off < batch.count {
+            let n = batch[off...].withUnsafeBytes { Glibc.write(currentFD, $0.baseAddress, $0.count) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                // A full disk: keep the events in memory and retry shortly.
+                usleep(100_000)
+                continue
+            }
+            off += n
+        }
+        state.lock()
+        segments[segments.count - 1].bytes += UInt64(batch.count)
+        let full = segments[segments.count - 1].bytes >= limits.segmentBytes
+        state.unlock()
+        if full { try? startSegment(first: pending.withLock { $0.seq } + 1) }
+    }
+
+    /// Rotation: events after the batch just written go to a new file. Called
+    /// only by the writer (or before it starts), so the files stay in order.
+    private func startSegment(first: UInt64) throws {
+        let hex = String(first, radix: 16)
+        let name = String(repeating: "0", count: 16 - hex.count) + hex + ".jsonl"
+        let fd = openat(directoryFD, name, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard fd >= 0 else { throw JournalError("cannot create \(name): \(String(cString: strerror(errno)))") }
+        state.lock()
+        if currentFD >= 0 { Glibc.close(currentFD) }
+        currentFD = fd
+        segments.append(Segment(first: first, name: name, bytes: 0, created: Journal.now()))
+        state.unlock()
+    }
+
+    private func trim() {
+        state.lock()
+        defer { state.unlock() }
+        let now = Journal.now()
+        while segments.count > 1 {
+            let total = segments.reduce(0) { $0 + $1.bytes }
+            let oldest = segments[0]
+            guard total > limits.maxBytes || now &- oldest.created > limits.maxAge else { break }
+            // Readers that have it open keep reading it; new ones get a reset.
+            unlinkat(directoryFD, oldest.name, 0)
+            segments.removeFirst()
+        }
+    }
+
+    static func now() -> UInt64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+    }
+
+    static func removeAll(in eventsFD: Int32, except keep: String) {
+        let fd = openat(eventsFD, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0, let dp = fdopendir(fd) else { return }
+        var names: [String] = []
+        while let d = readdir(dp) {
+            let name = withUnsafeBytes(of: d.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            if name != "." && name != ".." && name != keep { names.append(name) }
+        }
+        for name in names {
+            let sub = openat(dirfd(dp), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+            if sub >= 0, let sp = fdopendir(sub) {
+                var files: [String] = []
+                while let d = readdir(sp) {
+                    let f = withUnsafeBytes(of: d.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+                    if f != "." && f != ".." { files.append(f) }
+                }
+                for f in files { unlinkat(dirfd(sp), f, 0) }
+                closedir(sp)
+            }
+            unlinkat(dirfd(dp), name, AT_REMOVEDIR)
+        }
+        closedir(dp)
+    }
+
+    /// Blocks until `seq` is in the files (or the timeout passes).
+    @discardableResult
+    func waitDurable(_ seq: UInt64, timeout: Double) -> Bool {
+        let deadline = Date(timeIntervalSinceNow: timeout)
+        state.lock()
+        defer { state.unlock() }
+        while durable < seq && !closed {
+            if !state.wait(until: deadline) { return false }
+        }
+        return durable >= seq
+    }
+
+    /// Where a subscriber starts: after `cursor`, or now (nil). nil result:
+    /// the cursor cannot be served (another instance, or older than the
+    /// journal keeps): send a reset and start from now.
+    public func reader(after cursor: String?) -> Reader? {
+        let head = lastSeq
+        guard let cursor else { return Reader(journal: self, next: head + 1) }
+        let parts = cursor.split(separator: ":")
+        guard parts.count == 2, parts[0] == instance, let seq = UInt64(parts[1]), seq <= head else { return nil }
+        state.lock()
+        let oldest = segments.first?.first ?? 1
+        state.unlock()
+        guard seq + 1 >= oldest else { return nil }
+        return Reader(journal: self, next: seq + 1)
+    }
+
+    /// Follows the journal from one sequence number on, in order, none twice.
+    public final class Reader {
+        let journal: Journal
+        public private(set) var next: UInt64
+        private var fd: Int32 = -1
+        private var segmentFirst: UInt64 = 0
+        private var partial: [UInt8] = []
+
+        init(journal: Journal, next: UInt64) {
+            self.journal = journal
+            self.next = next
+        }
+
+        deinit { if fd >= 0 { Glibc.close(fd) } }
+
+        /// The next lines (each with its newline), waiting up to `timeout`
+        /// seconds for some; empty on timeout; nil once the journal closed
+        /// or lost what this reader needs (it fell too far behind).
+        public func read(timeout: Double) -> [[UInt8]]? {
+            if !journal.waitDurable(next, timeout: timeout) {
+                journal.state.lock()
+                let closed = journal.closed
+                journal.state.unlock()
+                return closed ? nil : []
+            }
+            var out: [[UInt8]] = []
+            while out.isEmpty {
+                if fd < 0 && !open() { return nil }
+                var chunk = [UInt8](repeating: 0, count: 256 << 10)
+                let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+                if n <= 0 {
+                    // End of this file: move on if a newer segment exists, else wait.
+                    journal.state.lock()
+                    let newer = journal.segments.contains { $0.first > segmentFirst && $0.first <= next }
+                    journal.state.unlock()
+                    if newer { Glibc.close(fd); fd = -1; partial = []; continue }
+                    if !journal.waitDurable(next, timeout: timeout) { return [] }
+                    continue
+                }
+                partial += chunk[..<n]
+                var start = 0
+                while let nl = partial[start...].firstIndex(of: 0x0A) {
+                    let line = Array(partial[start...nl])
+                    start = nl + 1
+                    guard let seq = line.withUnsafeBytes({ EventLine.seq(of: $0) }), seq >= next else { continue }
+                    next = seq + 1
+                    out.append(line)
+                }
+                partial.removeFirst(start)
+            }
+            return out
+        }
+
+        private func open() -> Bool {
+            journal.state.lock()
+            let segment = journal.segments.last { $0.first <= next }
+            let oldest = journal.segments.first?.first ?? 1
+            journal.state.unlock()
+            guard let segment, next >= oldest else { return false }
+            fd = openat(journal.directoryFD, segment.name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+            segmentFirst = segment.first
+            return fd >= 0
+        }
+    }
+}
+
+public struct JournalError: Error, CustomStringConvertible {
+    public var description: String
+    init(_ d: String) { description = d }
+}

@@ -1,0 +1,269 @@
+import CFuse
+import FUSEKit
+import Glibc
+import LinuxSyscalls
+import Synchronization
+import SystemPackage
+import VanishEvents
+import VanishGraveyard
+
+/// Handles that wrote since they were opened: their release is the
+/// `written` event ("finished copying"), one per writing session.
+final class WritingHandles: @unchecked Sendable {
+    struct Session {
+        var caller: Caller
+        /// Set when the data came from another file in the mount (copy_file_range).
+        var source: (path: [UInt8], id: String)?
+    }
+    private let map = Mutex<[Int32: Session]>([:])
+
+    /// Notes a write by `caller` on `fd`; cheap after the first.
+    @inline(__always)
+    func wrote(_ fd: Int32, _ caller: Caller, source: (path: [UInt8], id: String)? = nil) {
+        map.withLock { m in
+            if m[fd] == nil || source != nil {
+                m[fd] = Session(caller: m[fd]?.caller ?? caller, source: source ?? m[fd]?.source)
+            }
+        }
+    }
+
+    func take(_ fd: Int32) -> Session? { map.withLock { $0.removeValue(forKey: fd) } }
+}
+
+/// Command names by pid, so an event costs no /proc read for a busy process.
+final class CommandNames: @unchecked Sendable {
+    private let cache = Mutex<[pid_t: String]>([:])
+
+    func name(of pid: pid_t) -> String {
+        if pid <= 0 { return "" }
+        if let n = cache.withLock({ $0[pid] }) { return n }
+        var name = ""
+        let fd = open("/proc/\(pid)/comm", O_RDONLY | O_CLOEXEC)
+        if fd >= 0 {
+            var buffer = [UInt8](repeating: 0, count: 64)
+            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            close(fd)
+            if n > 0 { name = String(decoding: buffer[..<n].prefix { $0 != 0x0A }, as: UTF8.self) }
+        }
+        cache.withLock { c in
+            if c.count > 4096 { c.removeAll(keepingCapacity: true) }
+            c[pid] = name
+        }
+        return name
+    }
+}
+
+// The observer: every change made through the mount becomes one event in
+// the journal, from the handler that made it.
+extension PassthroughFilesystem {
+    /// Starts recording events (before mounting).
+    public func attach(journal: Journal) {
+        events = journal
+        reaper?.onReaped = { id, files, bytes in
+            journal.append(.reaped) { e in
+                e.string("entry", id)
+                e.int("files", files)
+                e.int("bytes", bytes)
+            }
+        }
+    }
+
+    @inline(__always)
+    var observing: Bool { events != nil }
+
+    /// `.vanish/events`, made if needed: where the journal lives. nil
+    /// without a state directory (read-only mounts have no journal).
+    public func openEventsDirectory() -> Int32? {
+        guard let graveyard else { return nil }
+        if mkdirat(graveyard.stateFD, "events", 0o700) != 0 && errno != EEXIST { return nil }
+        let fd = openat(graveyard.stateFD, "events", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        return fd >= 0 ? fd : nil
+    }
+
+    /// The journal, for the control socket.
+    public var journal: Journal? { events }
+
+    /// Appends an event caused by `caller` (nil for Vanish's own doing).
+    func emit(_ type: EventType, _ caller: Caller?, _ fill: (inout EventLine) -> Void) {
+        guard let events else { return }
+        let comm = caller.map { commandNames.name(of: $0.pid) }
+        events.append(type) { e in
+            fill(&e)
+            if let caller, let comm {
+                e.int("uid", caller.uid)
+                e.int("gid", caller.gid)
+                e.int("pid", caller.pid)
+                e.string("comm", comm)
+            }
+        }
+    }
+
+    /// The file id: the backing filesystem's file handle for the entry (hex),
+    /// which names the inode and its generation, so it survives renames and
+    /// remounts and is never given to another file. "" if the filesystem
+    /// has no handles.
+    func fileID(_ dirFD: Int32, _ name: UnsafePointer<CChar>?) -> String {
+        var buffer = [UInt8](repeating: 0, count: 136)
+        let empty: CChar = 0
+        let n = withUnsafePointer(to: empty) { emptyName in
+            buffer.withUnsafeMutableBufferPointer { b in
+                vanish_file_handle(dirFD, name ?? emptyName, name == nil ? VANISH_AT_EMPTY_PATH : 0, b.baseAddress, Int32(b.count))
+            }
+        }
+        guard n > 0 else { return "" }
+        var out = ""
+        out.reserveCapacity(Int(n) * 2)
+        for byte in buffer[..<Int(n)] {
+            out.append(Character(Unicode.Scalar(hexDigits[Int(byte >> 4)])))
+            out.append(Character(Unicode.Scalar(hexDigits[Int(byte & 0xF)])))
+        }
+        return out
+    }
+
+    func kindName(_ mode: mode_t) -> String {
+        switch mode & S_IFMT {
+        case S_IFREG: "file"
+        case S_IFDIR: "directory"
+        case S_IFLNK: "symlink"
+        case S_IFIFO: "fifo"
+        case S_IFSOCK: "socket"
+        case S_IFCHR: "char-device"
+        case S_IFBLK: "block-device"
+        default: "other"
+        }
+    }
+
+    /// Path of an inode by its last known name.
+    func path(of node: Inode) -> [UInt8] {
+        if node === table.root { return [] }
+        guard let (parent, name) = table.location(of: node) else { return [] }
+        return name.withUnsafeBufferPointer { table.path(of: parent, appending: $0.baseAddress!) }
+    }
+
+    func emitCreated(_ caller: Caller, parent: Inode, name: UnsafePointer<CChar>, st: stat, fd: Int32) {
+        guard observing else { return }
+        let id = fileID(fd, nil)
+        emit(.created, caller) { e in
+            e.path("path", table.path(of: parent, appending: name))
+            e.string("kind", kindName(st.st_mode))
+            e.string("id", id)
+        }
+    }
+
+    /// A handle that wrote is being closed.
+    func emitWritten(_ node: Inode, fd: Int32) {
+        guard observing, let session = writing.take(fd) else { return }
+        let size = (try? Sys.fstat(fd).st_size) ?? 0
+        let id = fileID(fd, nil)
+        emit(.written, session.caller) { e in
+            e.path("path", path(of: node))
+            e.string("kind", "file")
+            e.string("id", id)
+            e.int("size", size)
+            if let source = session.source {
+                e.path("copied_from", source.path)
+                e.string("copied_from_id", source.id)
+            }
+        }
+    }
+}
+
+extension PassthroughFilesystem {
+    func emitDeleted(_ caller: Caller, parent: Inode, name: UnsafePointer<CChar>, mode: mode_t, id: String, tree: Bool) {
+        guard observing else { return }
+        emit(.deleted, caller) { e in
+            e.path("path", table.path(of: parent, appending: name))
+            e.string("kind", kindName(mode))
+            e.string("id", id)
+            // vanish rm: one event for the whole subtree.
+            if tree && mode & S_IFMT == S_IFDIR { e.bool("tree", true) }
+        }
+    }
+
+    func emitAttributes(_ caller: Caller, _ node: Inode, toSet: Int32, st: stat?, xattr: UnsafePointer<CChar>?) {
+        let id = fds.withFDIfPossible(node) { fileID($0, nil) } ?? ""
+        if toSet & FUSE_SET_ATTR_SIZE != 0 {
+            emit(.truncated, caller) { e in
+                e.path("path", path(of: node))
+                e.string("kind", "file")
+                e.string("id", id)
+                e.int("size", st?.st_size ?? 0)
+            }
+        }
+        var changed: [String] = []
+        if toSet & FUSE_SET_ATTR_MODE != 0 { changed.append("mode") }
+        if toSet & FUSE_SET_ATTR_UID != 0 { changed.append("uid") }
+        if toSet & FUSE_SET_ATTR_GID != 0 { changed.append("gid") }
+        if toSet & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_ATIME_NOW) != 0 { changed.append("atime") }
+        if toSet & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW) != 0 { changed.append("mtime") }
+        if xattr != nil { changed.append("xattr") }
+        guard !changed.isEmpty else { return }
+        emit(.attributes, caller) { e in
+            e.path("path", path(of: node))
+            e.string("kind", kindName(node.type))
+            e.string("id", id)
+            e.string("changed", changed.joined(separator: ","))
+            if let xattr { e.string("xattr", String(cString: xattr)) }
+            if let st {
+                if toSet & FUSE_SET_ATTR_MODE != 0 { e.int("mode", st.st_mode & 0o7777) }
+                if toSet & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID) != 0 { e.int("owner_uid", st.st_uid); e.int("owner_gid", st.st_gid) }
+            }
+        }
+    }
+}
+
+private let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
+
+// What subscribers need beyond the journal.
+extension PassthroughFilesystem {
+    /// Visits every entry under the root (not the state directory), parents
+    /// before children, with fd-relative calls that never follow a symlink
+    /// or leave a nested filesystem's tree unvisited. `visit` returns false to stop.
+    public func walk(_ visit: (_ path: [UInt8], _ st: stat, _ id: String) -> Bool) {
+        var stop = false
+        func descend(_ dirFD: Int32, _ prefix: [UInt8], top: Bool) {
+            guard let fd = try? Sys.openat(dirFD, ".", O_RDONLY | O_DIRECTORY), let dp = fdopendir(fd) else { return }
+            defer { closedir(dp) }
+            while !stop, let d = Glibc.readdir(dp) {
+                let name = vanish_dirent_name(d)!
+                if isDotOrDotDot(name) { continue }
+                if top && graveyard != nil && strcmp(name, Graveyard.stateDirectoryName) == 0 { continue }
+                guard let st = try? Sys.lstatat(dirfd(dp), name) else { continue }
+                var path = prefix
+                if !path.isEmpty { path.append(0x2F) }
+                path.append(contentsOf: UnsafeRawBufferPointer(start: name, count: strlen(name)))
+                if !visit(path, st, fileID(dirfd(dp), name)) { stop = true; return }
+                if st.st_mode & S_IFMT == S_IFDIR,
+                   let sub = try? Sys.openat(dirfd(dp), name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) {
+                    descend(sub, path, top: false)
+                    Sys.close(sub)
+                }
+            }
+        }
+        descend(rootFD, [], top: true)
+    }
+
+    /// Whether `who` could see the entry at `path` (search permission on
+    /// every directory above it, read permission on its own directory), as
+    /// the kernel would decide for them on the mount.
+    public func mayObserve(_ path: [UInt8], as who: Credentials) -> Bool {
+        if who.uid == 0 { return true }
+        let parts = path.split(separator: 0x2F).dropLast()
+        var dirFD = rootFD
+        var owned = false
+        defer { if owned { Sys.close(dirFD) } }
+        for p in parts {
+            guard let st = try? Sys.fstat(dirFD), who.permits(st, 1) else { return false }
+            let next = (Array(p) + [0]).withUnsafeBufferPointer { b in
+                try? Sys.openat(dirFD, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
+                                VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+            }
+            guard let next else { return false }
+            if owned { Sys.close(dirFD) }
+            dirFD = next
+            owned = true
+        }
+        guard let st = try? Sys.fstat(dirFD) else { return false }
+        return who.permits(st, 5)
+    }
+}

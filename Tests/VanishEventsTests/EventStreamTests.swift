@@ -1,0 +1,228 @@
+import Foundation
+import Glibc
+import Testing
+import VanishTestSupport
+
+/// A `vanish events --json` subscriber writing to a file; stopped and reaped by `stop()`.
+final class Subscriber {
+    let pid: pid_t
+    let output: String
+
+    init(_ m: VanishMount, _ arguments: [String] = [], name: String = "events") throws {
+        output = m.base + "/\(name).jsonl"
+        let cmd = ([vanishBinary, "events", "--json"] + arguments + [m.mountpoint]).map(shellQuote).joined(separator: " ")
+        pid = try spawn(["/bin/sh", "-c", "exec \(cmd) >\(shellQuote(output)) 2>&1"])
+        // Subscribed once the daemon has seen the connection: wait for a marker event to arrive.
+    }
+
+    var events: [[String: Any]] {
+        ((try? String(contentsOfFile: output, encoding: .utf8)) ?? "").split(separator: "\n").compactMap {
+            (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: Any]
+        }
+    }
+
+    /// Waits until an event satisfies `match`.
+    func waitFor(_ what: String, timeout: Double = 15, _ match: @escaping ([String: Any]) -> Bool) throws {
+        try VanishTestSupport.waitFor(what, timeout: timeout) { events.contains(where: match) }
+    }
+
+    func stop() {
+        kill(pid, SIGTERM)
+        var status: Int32 = 0
+        waitpid(pid, &status, 0)
+    }
+}
+
+/// Makes the subscriber provably attached: touches a marker until its event shows.
+func attach(_ s: Subscriber, _ m: VanishMount) throws {
+    var n = 0
+    try waitFor("the subscriber to attach") {
+        n += 1
+        _ = try sh("touch .attach-\(n) && rm .attach-\(n)", cwd: m.mountpoint)
+        return s.events.contains { ($0["path"] as? String ?? "").hasPrefix(".attach-") }
+    }
+}
+
+/// The (type, path) pairs after the attach markers, without reaper events.
+func changes(_ s: Subscriber) -> [String] {
+    s.events.filter { !($0["path"] as? String ?? "").hasPrefix(".attach-") && $0["type"] as? String != "reaped" }
+        .map { e in
+            var d = "\(e["type"] as? String ?? "?") \(e["path"] as? String ?? "")"
+            if let from = e["from"] as? String ?? e["target"] as? String { d += " <- \(from)" }
+            return d
+        }
+}
+
+@Suite("event stream", .enabled(if: FUSEAvailability.shouldRun, "needs /dev/fuse and fusermount3"))
+struct EventStreamTests {
+    @Test("shell sequences give exactly the expected events, in order")
+    func shellSequences() throws {
+        try withVanishMount { m in
+            let s = try Subscriber(m)
+            defer { s.stop() }
+            try attach(s, m)
+            let r = try sh("""
+                mkdir -p src/sub && printf a > src/sub/f && cp -r src dst
+                mv dst/sub/f other && echo old > t && echo new > n && mv n t
+                chmod 600 t && touch -d @0 t && setfattr -n user.k -v v t && ln t t2
+                exec 3>w; exec 4>>w; printf 1 >&3; printf 2 >&4; exec 3>&- 4>&-
+                rm -rf src
+                """, cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            try s.waitFor("the last delete") { $0["type"] as? String == "deleted" && $0["path"] as? String == "src" }
+            let expected = [
+                "created src", "created src/sub", "created src/sub/f", "written src/sub/f",
+                "created dst", "created dst/sub", "created dst/sub/f", "written dst/sub/f",
+                "renamed other <- dst/sub/f",
+                "created t", "written t", "created n", "written n", "renamed t <- n",
+                "attributes t", "attributes t", "attributes t", "linked t2 <- t",
+                "created w", "written w", "written w",
+                "deleted src/sub/f", "deleted src/sub", "deleted src",
+            ]
+            #expect(changes(s) == expected)
+            // Rename over a file says it replaced one; ids follow the file across the rename.
+            let rename = try #require(s.events.first { $0["type"] as? String == "renamed" && $0["path"] as? String == "t" })
+            #expect(rename["replaced"] as? Bool == true)
+            let createdN = try #require(s.events.first { $0["type"] as? String == "created" && $0["path"] as? String == "n" })
+            #expect(rename["id"] as? String == createdN["id"] as? String)
+            #expect((rename["id"] as? String ?? "").count > 8)
+            // Who did it.
+            #expect(rename["comm"] as? String == "mv")
+            #expect(rename["uid"] as? Int == Int(getuid()))
+            // Sequence numbers strictly increase.
+            let seqs = s.events.compactMap { $0["seq"] as? Int }
+            #expect(seqs == seqs.sorted() && Set(seqs).count == seqs.count)
+        }
+    }
+
+    @Test("cp names the file it copied from (copy_file_range)")
+    func copies() throws {
+        try withVanishMount { m in
+            let s = try Subscriber(m)
+            defer { s.stop() }
+            try attach(s, m)
+            #expect(try sh("echo data > orig && cp orig copy", cwd: m.mountpoint).ok)
+            try s.waitFor("the copy") { $0["type"] as? String == "written" && $0["path"] as? String == "copy" }
+            let orig = try #require(s.events.first { $0["type"] as? String == "created" && $0["path"] as? String == "orig" })
+            let copy = try #require(s.events.first { $0["type"] as? String == "written" && $0["path"] as? String == "copy" })
+            #expect(copy["copied_from"] as? String == "orig")
+            #expect(copy["copied_from_id"] as? String == orig["id"] as? String)
+            #expect(copy["id"] as? String != orig["id"] as? String)
+        }
+    }
+
+    @Test("vanish rm is one event for the whole tree")
+    func treeDelete() throws {
+        try withVanishMount(prepare: { src in try makeTreeForEvents(src + "/tree") }) { m in
+            let s = try Subscriber(m, ["--type", "deleted"])
+            defer { s.stop() }
+            try attach(s, m)
+            #expect(try run([vanishBinary, "rm", "-r", m.path("tree")]).ok)
+            try s.waitFor("the tree delete") { $0["path"] as? String == "tree" }
+            let deletes = s.events.filter { !($0["path"] as? String ?? "").hasPrefix(".attach-") }
+            #expect(deletes.count == 1)
+            #expect(deletes.first?["tree"] as? Bool == true)
+        }
+    }
+
+    @Test("a subscriber resumes from its cursor with nothing lost or repeated; a stale cursor gets reset")
+    func resume() throws {
+        try withVanishMount { m in
+            let first = try Subscriber(m, name: "first")
+            try attach(first, m)
+            #expect(try sh("touch a b", cwd: m.mountpoint).ok)
+            try first.waitFor("b") { $0["path"] as? String == "b" && $0["type"] as? String == "created" }
+            first.stop()
+            let last = try #require(first.events.last)
+            let cursor = "\(last["instance"] as! String):\(last["seq"] as! Int)"
+            #expect(try sh("touch c d", cwd: m.mountpoint).ok)
+            let second = try Subscriber(m, ["--since", cursor], name: "second")
+            defer { second.stop() }
+            try second.waitFor("d") { $0["path"] as? String == "d" && $0["type"] as? String == "created" }
+            let paths = second.events.filter { $0["type"] as? String == "created" }.compactMap { $0["path"] as? String }
+            #expect(paths == ["c", "d"])
+            #expect(second.events.first?["seq"] as? Int == (last["seq"] as! Int) + 1)
+
+            let stale = try Subscriber(m, ["--since", "0123456789abcdef:5"], name: "stale")
+            defer { stale.stop() }
+            try stale.waitFor("reset") { $0["type"] as? String == "reset" }
+            #expect(stale.events.first?["type"] as? String == "reset")
+        }
+    }
+
+    @Test("a snapshot lists everything, then continues live without a gap")
+    func snapshot() throws {
+        try withVanishMount(prepare: { src in
+            mkdir(src + "/dir", 0o755)
+            for i in 0..<50 { _ = FileManager.default.createFile(atPath: src + "/dir/f\(i)", contents: Data("x".utf8)) }
+        }) { m in
+            // A writer keeps creating files during the scan.
+            let writer = try spawn(["/bin/sh", "-c", "for i in $(seq 1 200); do touch \(shellQuote(m.path("dir")))/w$i; done"])
+            let s = try Subscriber(m, ["--snapshot"])
+            defer { s.stop() }
+            var status: Int32 = 0
+            waitpid(writer, &status, 0)
+            try s.waitFor("the scan to finish") { $0["type"] as? String == "scan-completed" }
+            try s.waitFor("the last write") { $0["path"] as? String == "dir/w200" }
+            let seen = Set(s.events.filter { ["exists", "created"].contains($0["type"] as? String ?? "") }
+                .compactMap { $0["path"] as? String })
+            for i in 0..<50 { #expect(seen.contains("dir/f\(i)")) }
+            for i in 1...200 { #expect(seen.contains("dir/w\(i)"), "dir/w\(i) missing") }
+            #expect(!seen.contains(".vanish"))
+        }
+    }
+
+    @Test("a 100,000-file burst loses nothing while another subscriber is stopped")
+    func burst() throws {
+        try withVanishMount { m in
+            let live = try Subscriber(m, ["--type", "created"], name: "live")
+            let stopped = try Subscriber(m, ["--type", "created"], name: "stopped")
+            defer { live.stop(); kill(stopped.pid, SIGCONT); stopped.stop() }
+            try attach(live, m)
+            try attach(stopped, m)
+            kill(stopped.pid, SIGSTOP)
+            let r = try run(["python3", "-c", """
+                import os, sys
+                root = sys.argv[1]
+                for d in range(100):
+                    os.mkdir(os.path.join(root, f"d{d}"))
+                    for i in range(1000):
+                        os.close(os.open(os.path.join(root, f"d{d}", f"f{i}"), os.O_CREAT | os.O_WRONLY, 0o644))
+                """, m.mountpoint])
+            #expect(r.ok, "\(r.stderr)")
+            func count(_ s: Subscriber) -> Int {
+                s.events.filter { ($0["path"] as? String ?? "").hasPrefix("d") }.count
+            }
+            try live.waitFor("all creations", timeout: 120) { $0["path"] as? String == "d99/f999" }
+            #expect(count(live) == 100_100)
+            kill(stopped.pid, SIGCONT)
+            try stopped.waitFor("the stopped subscriber to catch up", timeout: 120) { $0["path"] as? String == "d99/f999" }
+            #expect(count(stopped) == 100_100)
+        }
+    }
+
+    @Test("names with newlines and invalid UTF-8 round-trip")
+    func oddNames() throws {
+        try withVanishMount { m in
+            let s = try Subscriber(m)
+            defer { s.stop() }
+            try attach(s, m)
+            let r = try run(["python3", "-c", """
+                import os, sys
+                os.close(os.open(os.path.join(sys.argv[1].encode(), b"new\\nline"), os.O_CREAT | os.O_WRONLY))
+                os.close(os.open(os.path.join(sys.argv[1].encode(), b"bad\\xff\\xfe"), os.O_CREAT | os.O_WRONLY))
+                """, m.mountpoint])
+            #expect(r.ok, "\(r.stderr)")
+            try s.waitFor("the odd names") { ($0["path_b64"] as? String) != nil }
+            try s.waitFor("the newline name") { $0["path"] as? String == "new\nline" }
+            let bad = try #require(s.events.first { $0["path_b64"] != nil })
+            let bytes = [UInt8](Data(base64Encoded: bad["path_b64"] as! String)!)
+            #expect(bytes == Array("bad".utf8) + [0xFF, 0xFE])
+        }
+    }
+}
+
+func makeTreeForEvents(_ dir: String) throws {
+    let r = try sh("mkdir -p \(shellQuote(dir))/a/b && for i in 1 2 3; do echo $i > \(shellQuote(dir))/a/b/f$i; done")
+    guard r.ok else { throw TestFailure(r.stderr) }
+}
