@@ -238,18 +238,7 @@ extension ControlServer {
         dir.isEmpty || path == dir || (path.count > dir.count && path[dir.count] == 0x2F && Array(path[..<dir.count]) == dir)
     }
 
-    static func kind(_ mode: mode_t) -> String {
-        switch mode & S_IFMT {
-        case S_IFREG: "file"
-        case S_IFDIR: "directory"
-        case S_IFLNK: "symlink"
-        case S_IFIFO: "fifo"
-        case S_IFSOCK: "socket"
-        case S_IFCHR: "char-device"
-        case S_IFBLK: "block-device"
-        default: "other"
-        }
-    }
+    static func kind(_ mode: mode_t) -> String { PassthroughFilesystem.kindName(mode) }
 }
 
 /// One accepted peer.

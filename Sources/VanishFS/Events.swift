@@ -120,7 +120,10 @@ extension PassthroughFilesystem {
         return out
     }
 
-    func kindName(_ mode: mode_t) -> String {
+    func kindName(_ mode: mode_t) -> String { Self.kindName(mode) }
+
+    /// The `kind` field of events for a st_mode.
+    public static func kindName(_ mode: mode_t) -> String {
         switch mode & S_IFMT {
         case S_IFREG: "file"
         case S_IFDIR: "directory"
