@@ -37,8 +37,12 @@ extension PassthroughFilesystem {
     public func flush(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         // close() of a duplicate reports deferred write errors (NFS, quotas)
         // to the program's close(), as the backing filesystem would.
-        let dup = try Sys.dup(Int32(truncatingIfNeeded: fi.pointee.fh))
+        let fd = Int32(truncatingIfNeeded: fi.pointee.fh)
+        let dup = try Sys.dup(fd)
         if Glibc.close(dup) < 0 { throw Errno(rawValue: errno) }
+        // flush comes with the program's close(); release may come later, after
+        // the program has moved on (renamed the file, say): report it here.
+        if observing { emitWritten(inode(ino), fd: fd) }
         req.replyOK()
     }
 
