@@ -26,19 +26,9 @@ public final class ControlClient {
         self.socketPath = socketPath
         fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw Failure("socket: \(String(cString: strerror(errno)))") }
-        var addr = sockaddr_un()
-        addr.sun_family = sa_family_t(AF_UNIX)
-        let path = Array(socketPath.utf8)
-        guard path.count < MemoryLayout.size(ofValue: addr.sun_path) else {
+        guard let rc = ControlClient.withAddress(socketPath, { connect(fd, $0, $1) }) else {
             close(fd)
             throw Failure("socket path too long: \(socketPath)")
-        }
-        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
-            raw.copyBytes(from: path)
-            raw[path.count] = 0
-        }
-        let rc = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
         }
         guard rc == 0 else {
             let e = errno
@@ -48,6 +38,22 @@ public final class ControlClient {
     }
 
     deinit { close(fd) }
+
+    /// Calls `body` with the sockaddr_un for `path` (connect, bind); nil if
+    /// the path does not fit in sun_path.
+    public static func withAddress(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> Int32) -> Int32? {
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: addr.sun_path) else { return nil }
+        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
+            raw.copyBytes(from: bytes)
+            raw[bytes.count] = 0
+        }
+        return withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+    }
 
     /// The control socket of the Vanish mount at `mountpoint` (from its status attribute).
     public static func socketPath(of mountpoint: String) throws(Failure) -> String {

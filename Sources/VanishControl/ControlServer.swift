@@ -28,24 +28,15 @@ public final class ControlServer: @unchecked Sendable {
         log = logger
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw ControlClient.Failure("socket: \(String(cString: strerror(errno)))") }
-        var addr = sockaddr_un()
-        addr.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: addr.sun_path) else {
-            close(fd)
-            throw ControlClient.Failure("control socket path too long: \(path)")
-        }
-        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
         unlink(path)
         // Born owner-only, so nobody can connect before the mode is final.
         let old = umask(0o177)
-        let rc = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
+        let bound = ControlClient.withAddress(path) { bind(fd, $0, $1) }
         umask(old)
+        guard let rc = bound else {
+            close(fd)
+            throw ControlClient.Failure("control socket path too long: \(path)")
+        }
         guard rc == 0, listen(fd, 64) == 0 else {
             let e = errno
             close(fd)

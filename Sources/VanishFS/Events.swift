@@ -251,22 +251,9 @@ extension PassthroughFilesystem {
     /// the kernel would decide for them on the mount.
     public func mayObserve(_ path: [UInt8], as who: Credentials) -> Bool {
         if who.uid == 0 { return true }
-        let parts = path.split(separator: 0x2F).dropLast()
-        var dirFD = rootFD
-        var owned = false
-        defer { if owned { Sys.close(dirFD) } }
-        for p in parts {
-            guard let st = try? Sys.fstat(dirFD), who.permits(st, 1) else { return false }
-            let next = (Array(p) + [0]).withUnsafeBufferPointer { b in
-                try? Sys.openat(dirFD, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
-                                VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
-            }
-            guard let next else { return false }
-            if owned { Sys.close(dirFD) }
-            dirFD = next
-            owned = true
-        }
-        guard let st = try? Sys.fstat(dirFD) else { return false }
-        return who.permits(st, 5)
+        let parts = path.split(separator: 0x2F).dropLast().map { Array($0) }
+        guard let fd = try? openDirectory(parts, as: who, needing: 5) else { return false }
+        if fd != rootFD { Sys.close(fd) }
+        return true
     }
 }

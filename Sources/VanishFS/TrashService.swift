@@ -35,6 +35,32 @@ public struct Credentials: Sendable {
     }
 }
 
+extension PassthroughFilesystem {
+    /// Opens the directory `components` below the root as `who` would reach
+    /// it: one name at a time, never following a symlink, with search
+    /// permission on every directory on the way and `needing` (R=4, W=2,
+    /// X=1) on the last. Close the result unless it is `rootFD`.
+    func openDirectory(_ components: [[UInt8]], as who: Credentials, needing: mode_t) throws(Errno) -> Int32 {
+        var dirFD = rootFD
+        do throws(Errno) {
+            for p in components {
+                guard who.permits(try Sys.fstat(dirFD), 1) else { throw Errno.permissionDenied }
+                let next = try (p + [0]).withUnsafeBufferPointer { b throws(Errno) in
+                    try Sys.openat(dirFD, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
+                                   VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+                }
+                if dirFD != rootFD { Sys.close(dirFD) }
+                dirFD = next
+            }
+            guard who.permits(try Sys.fstat(dirFD), needing) else { throw Errno.permissionDenied }
+            return dirFD
+        } catch {
+            if dirFD != rootFD { Sys.close(dirFD) }
+            throw error
+        }
+    }
+}
+
 /// Why a restore did not happen.
 public enum RestoreError: Error, CustomStringConvertible {
     case noSuchEntry(String)
@@ -135,28 +161,14 @@ extension PassthroughFilesystem {
         if let first = parts.first ?? Optional(leaf), first == Array(Graveyard.stateDirectoryName.utf8) {
             throw .invalidDestination("\(shown) is Vanish's reserved state directory")
         }
-        // Walk down from the root one name at a time, never following a
-        // symlink, checking search permission as the caller would need it.
-        var dirFD = rootFD
-        var owned = false
-        defer { if owned { Sys.close(dirFD) } }
+        let dirFD: Int32
         do throws(Errno) {
-            for p in parts {
-                guard who.permits(try Sys.fstat(dirFD), 1) else { throw Errno.permissionDenied }
-                let next = try (p + [0]).withUnsafeBufferPointer { b throws(Errno) in
-                    try Sys.openat(dirFD, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
-                                   VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
-                }
-                if owned { Sys.close(dirFD) }
-                dirFD = next
-                owned = true
-            }
-            let dir = try Sys.fstat(dirFD)
             // Creating a name needs write and search permission on the directory.
-            guard who.permits(dir, 3) else { throw Errno.permissionDenied }
+            dirFD = try openDirectory(parts, as: who, needing: 3)
         } catch {
             throw .failed(shown, error)
         }
+        defer { if dirFD != rootFD { Sys.close(dirFD) } }
         guard let claimed = graveyard.claim(e.id) else { throw .noSuchEntry(e.id) }
         do throws(Errno) {
             try (leaf + [0]).withUnsafeBufferPointer { b throws(Errno) in
