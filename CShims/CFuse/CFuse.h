@@ -20,6 +20,7 @@
 #include <sys/file.h>
 #include <sys/xattr.h>
 #include <linux/falloc.h>
+#include <spawn.h>
 #include <fuse_lowlevel.h>
 
 // Flags hidden behind _GNU_SOURCE. Values are the kernel ABI, identical on
@@ -127,6 +128,13 @@ static inline int vanish_file_handle(int dirfd, const char *name, int flags, uns
     memcpy(out, &h.type, 4);
     memcpy(out + 4, h.data, h.bytes);
     return (int)h.bytes + 4;
+}
+
+/// posix_spawn_file_actions_addclosefrom_np (glibc 2.34), which Swift's Glibc
+/// module does not import: a spawned child gets no descriptor above `from`,
+/// so it cannot hold open files of a mount it knows nothing about.
+static inline int vanish_spawn_closefrom(posix_spawn_file_actions_t *actions, int from) {
+    return posix_spawn_file_actions_addclosefrom_np(actions, from);
 }
 
 #endif

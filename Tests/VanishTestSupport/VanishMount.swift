@@ -1,3 +1,4 @@
+import CFuse
 import Foundation
 import Glibc
 
@@ -243,7 +244,14 @@ public func spawn(_ args: [String], environment: [String: String]? = nil) throws
     posix_spawnattr_setsigmask(&attr, &none)
     posix_spawnattr_setsigdefault(&attr, &all)
     posix_spawnattr_setflags(&attr, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
-    let rc = posix_spawn(&pid, args[0], nil, &attr, argv, envStrings)
+    // Tests run in parallel in one process: without this, a descriptor
+    // another test holds open inside its mount leaks into this child, and
+    // that mount's unmount fails with EBUSY for as long as the child lives.
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    vanish_spawn_closefrom(&actions, 3)
+    let rc = posix_spawn(&pid, args[0], &actions, &attr, argv, envStrings)
     guard rc == 0 else { throw TestFailure("spawn \(args[0]) failed: \(rc)") }
     return pid
 }
