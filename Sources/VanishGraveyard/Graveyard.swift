@@ -14,6 +14,7 @@ public final class Graveyard: @unchecked Sendable {
     public static let stateDirectoryName = ".vanish"
     static let markerName = "VANISH-STATE-DIRECTORY"
     /// Entries are spread over this many directories so none grows huge.
+    /// At most 64: the reaper keeps one bit per shard in a word.
     public static let shardCount = 64
 
     /// O_PATH fds of the shard directories, open for the graveyard's life.
@@ -89,7 +90,10 @@ public final class Graveyard: @unchecked Sendable {
     public func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, record: TrashRecord? = nil,
                      expired: Bool = false) throws(Errno) -> Int {
         let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
-        let shard = Int(n % UInt64(Graveyard.shardCount))
+        // Runs of 64 deletions share a shard, so a reaper woken for a program
+        // that unlinks file after file scans one directory for many of them;
+        // pieces of a tree being reaped are spread one by one, for parallel workers.
+        let shard = Int((expired ? n : n >> 6) % UInt64(Graveyard.shardCount))
         let sfd = shardFDs[shard]
         try withUniqueName(n, expired: expired) { grave throws(Errno) in
             guard let record else {
