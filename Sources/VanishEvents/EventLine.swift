@@ -25,15 +25,18 @@ public struct EventLine: Sendable {
         raw("{\"seq\":")
         number(seq)
         raw(",\"type\":\"")
-        raw(type.rawValue)
+        text(type.rawValue)
         raw("\",\"time_ns\":")
         number(time)
         raw(",\"instance\":\"")
-        raw(instance)
+        text(instance)
         raw("\"")
     }
 
-    public mutating func path(_ key: String, _ value: [UInt8]) {
+    // Keys are StaticStrings and integers concrete: handlers build a line for
+    // every change, and generic or String-view appends showed up in profiles.
+
+    public mutating func path(_ key: StaticString, _ value: [UInt8]) {
         raw(",\"")
         raw(key)
         raw("\":\"")
@@ -41,7 +44,7 @@ public struct EventLine: Sendable {
         if valid {
             escape(value)
         } else {
-            escape(Array(String(decoding: value, as: UTF8.self).utf8))
+            escape(String(decoding: value, as: UTF8.self).utf8)
         }
         raw("\"")
         if !valid {
@@ -53,22 +56,29 @@ public struct EventLine: Sendable {
         }
     }
 
-    public mutating func string(_ key: String, _ value: String) {
+    public mutating func string(_ key: StaticString, _ value: String) {
         raw(",\"")
         raw(key)
         raw("\":\"")
-        escape(Array(value.utf8))
+        var value = value
+        value.withUTF8 { escape($0) }
         raw("\"")
     }
 
-    public mutating func int(_ key: String, _ value: some BinaryInteger) {
+    /// Inlined so each caller gets a concrete conversion, not a generic call.
+    @inlinable
+    public mutating func int(_ key: StaticString, _ value: some BinaryInteger) {
+        integer(key, Int64(truncatingIfNeeded: value))
+    }
+
+    public mutating func integer(_ key: StaticString, _ value: Int64) {
         raw(",\"")
         raw(key)
         raw("\":")
-        if value < 0 { bytes.append(0x2D); number(UInt64(-Int64(value))) } else { number(UInt64(value)) }
+        if value < 0 { bytes.append(0x2D); number(value.magnitude) } else { number(UInt64(value)) }
     }
 
-    public mutating func bool(_ key: String, _ value: Bool) {
+    public mutating func bool(_ key: StaticString, _ value: Bool) {
         raw(",\"")
         raw(key)
         raw(value ? "\":true" : "\":false")
@@ -78,22 +88,32 @@ public struct EventLine: Sendable {
         raw("}\n")
     }
 
-    private mutating func raw(_ s: String) { bytes.append(contentsOf: s.utf8) }
+    private mutating func raw(_ s: StaticString) {
+        bytes.append(contentsOf: UnsafeBufferPointer(start: s.utf8Start, count: s.utf8CodeUnitCount))
+    }
 
-    private mutating func number(_ v: UInt64) {
-        if v == 0 { bytes.append(0x30); return }
+    private mutating func text(_ s: String) {
+        var s = s
+        s.withUTF8 { bytes.append(contentsOf: $0) }
+    }
+
+    private mutating func number(_ v: UInt64) { EventLine.appendDecimal(v, to: &bytes) }
+
+    /// `v` in decimal ASCII, without going through String.
+    static func appendDecimal(_ v: UInt64, to out: inout [UInt8]) {
+        if v == 0 { out.append(0x30); return }
         var digits: (UInt64, UInt64, UInt64) = (0, 0, 0)
         var n = v
         var count = 0
         withUnsafeMutableBytes(of: &digits) { buf in
             while n > 0 { buf[count] = UInt8(n % 10) + 0x30; n /= 10; count += 1 }
-            for i in stride(from: count - 1, through: 0, by: -1) { bytes.append(buf[i]) }
+            for i in stride(from: count - 1, through: 0, by: -1) { out.append(buf[i]) }
         }
     }
 
     private static let hex: [UInt8] = Array("0123456789abcdef".utf8)
 
-    private mutating func escape(_ value: [UInt8]) {
+    private mutating func escape(_ value: some Sequence<UInt8>) {
         for c in value {
             switch c {
             case 0x22: bytes += [0x5C, 0x22]
@@ -125,10 +145,11 @@ public struct EventLine: Sendable {
 
     /// The `seq` of a line this type wrote (nil for anything else).
     public static func seq(of line: UnsafeRawBufferPointer) -> UInt64? {
-        let prefix = Array("{\"seq\":".utf8)
-        guard line.count > prefix.count, zip(prefix, line).allSatisfy({ $0 == $1 }) else { return nil }
+        let prefix: StaticString = "{\"seq\":"
+        let count = prefix.utf8CodeUnitCount
+        guard line.count > count, memcmp(line.baseAddress!, prefix.utf8Start, count) == 0 else { return nil }
         var v: UInt64 = 0
-        for c in line[prefix.count...] {
+        for c in line[count...] {
             guard c >= 0x30 && c <= 0x39 else { break }
             v = v * 10 + UInt64(c - 0x30)
         }

@@ -63,6 +63,12 @@ public final class Journal: @unchecked Sendable {
         Thread.detachNewThread { [self] in writer() }
     }
 
+    private var isClosing: Bool {
+        state.lock()
+        defer { state.unlock() }
+        return closed
+    }
+
     /// Writes what is buffered and stops the writer.
     public func close() {
         state.lock()
@@ -89,9 +95,8 @@ public final class Journal: @unchecked Sendable {
             p.seq += 1
             let wasEmpty = p.buffer.isEmpty
             // The placeholder seq 0 is one digit; put the real one in its place.
-            var digits = Array(String(p.seq).utf8)
-            digits.insert(contentsOf: Array("{\"seq\":".utf8), at: 0)
-            p.buffer += digits
+            p.buffer += line.bytes[..<7]
+            EventLine.appendDecimal(p.seq, to: &p.buffer)
             p.buffer += line.bytes[8...]
             return (p.seq, wasEmpty, p.buffer.count > 8 << 20)
         }
@@ -112,7 +117,12 @@ public final class Journal: @unchecked Sendable {
     private func writer() {
         defer { writerDone.signal() }
         while true {
-            _ = wakeWriter.wait(timeout: .now() + .seconds(1))
+            if wakeWriter.wait(timeout: .now() + .seconds(1)) == .success && !isClosing {
+                // Let a burst gather: one write and one wakeup of the readers
+                // per few milliseconds, not one per event (that cost handlers
+                // a semaphore post and a context switch each).
+                usleep(5_000)
+            }
             let (batch, last): ([UInt8], UInt64) = pending.withLock { p in
                 let b = p.buffer
                 p.buffer = []
@@ -241,13 +251,19 @@ public final class Journal: @unchecked Sendable {
         private var fd: Int32 = -1
         private var segmentFirst: UInt64 = 0
         private var partial: [UInt8] = []
+        /// Read into once per call: a fresh zeroed 256 KiB array per batch of
+        /// a few events cost a live subscriber more than the events themselves.
+        private let scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: 256 << 10, alignment: 16)
 
         init(journal: Journal, next: UInt64) {
             self.journal = journal
             self.next = next
         }
 
-        deinit { if fd >= 0 { Glibc.close(fd) } }
+        deinit {
+            if fd >= 0 { Glibc.close(fd) }
+            scratch.deallocate()
+        }
 
         /// The next lines (each with its newline), waiting up to `timeout`
         /// seconds for some; empty on timeout; nil once the journal closed
@@ -262,8 +278,7 @@ public final class Journal: @unchecked Sendable {
             var out: [[UInt8]] = []
             while out.isEmpty {
                 if fd < 0 && !open() { return nil }
-                var chunk = [UInt8](repeating: 0, count: 256 << 10)
-                let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+                let n = Glibc.read(fd, scratch.baseAddress, scratch.count)
                 if n <= 0 {
                     // End of this file: move on if a newer segment exists, else wait.
                     journal.state.lock()
@@ -273,7 +288,7 @@ public final class Journal: @unchecked Sendable {
                     if !journal.waitDurable(next, timeout: timeout) { return [] }
                     continue
                 }
-                partial += chunk[..<n]
+                partial += UnsafeRawBufferPointer(rebasing: scratch[..<n])
                 var start = 0
                 while let nl = partial[start...].firstIndex(of: 0x0A) {
                     let line = Array(partial[start...nl])

@@ -68,7 +68,7 @@ extension PassthroughFilesystem {
                     st = try Sys.fstat(fd)
                 }
                 let node = table.remember(st, parent: p, name: name)
-                emitCreated(req.caller, parent: p, name: name, st: st, fd: fd)
+                emitCreated(req.caller, parent: p, name: name, node: node, st: st, fd: fd)
                 fds.adopt(node, fd: fd)
                 return (node, st)
             } catch {
@@ -140,9 +140,16 @@ extension PassthroughFilesystem {
             try fds.withFD(np) { npfd throws(Errno) in
                 let replaced = observing && flags & VANISH_RENAME_EXCHANGE == 0 && (try? Sys.lstatat(npfd, newName)) != nil
                 try renameEntry(pfd, name, npfd, newName, flags: flags, newParent: np, caller: caller)
+                // Keep the moved inode reachable under its new name (and the
+                // other one, for an exchange) so its fd can be reopened later.
+                let st = try? Sys.lstatat(npfd, newName)
+                let moved = st.flatMap { table.moved($0, to: np, name: newName) }
+                if flags & VANISH_RENAME_EXCHANGE != 0, let st = try? Sys.lstatat(pfd, name) {
+                    table.moved(st, to: p, name: name)
+                }
                 if observing {
-                    let id = fileID(npfd, newName)
-                    let kind = (try? Sys.lstatat(npfd, newName)).map { kindName($0.st_mode) } ?? ""
+                    let id = moved.map { fileID(of: $0) } ?? fileID(npfd, newName)
+                    let kind = st.map { kindName($0.st_mode) } ?? ""
                     emit(.renamed, caller) { e in
                         e.path("path", table.path(of: np, appending: newName))
                         e.path("from", table.path(of: p, appending: name))
@@ -151,12 +158,6 @@ extension PassthroughFilesystem {
                         if flags & VANISH_RENAME_EXCHANGE != 0 { e.bool("exchange", true) }
                         if replaced { e.bool("replaced", true) }
                     }
-                }
-                // Keep the moved inode reachable under its new name (and the
-                // other one, for an exchange) so its fd can be reopened later.
-                if let st = try? Sys.lstatat(npfd, newName) { table.moved(st, to: np, name: newName) }
-                if flags & VANISH_RENAME_EXCHANGE != 0, let st = try? Sys.lstatat(pfd, name) {
-                    table.moved(st, to: p, name: name)
                 }
             }
         }
@@ -180,7 +181,7 @@ extension PassthroughFilesystem {
                     st = try Sys.fstat(fd)
                 }
                 let node = table.remember(st, parent: p, name: name)
-                emitCreated(caller, parent: p, name: name, st: st, fd: fd)
+                emitCreated(caller, parent: p, name: name, node: node, st: st, fd: fd)
                 return (fd, node, st)
             } catch {
                 Sys.close(fd)

@@ -111,13 +111,22 @@ extension PassthroughFilesystem {
             }
         }
         guard n > 0 else { return "" }
-        var out = ""
-        out.reserveCapacity(Int(n) * 2)
-        for byte in buffer[..<Int(n)] {
-            out.append(Character(Unicode.Scalar(hexDigits[Int(byte >> 4)])))
-            out.append(Character(Unicode.Scalar(hexDigits[Int(byte & 0xF)])))
+        return String(unsafeUninitializedCapacity: Int(n) * 2) { out in
+            for i in 0..<Int(n) {
+                out[2 * i] = hexDigits[Int(buffer[i] >> 4)]
+                out[2 * i + 1] = hexDigits[Int(buffer[i] & 0xF)]
+            }
+            return Int(n) * 2
         }
-        return out
+    }
+
+    /// The file id of a known inode, asked of the backing filesystem once.
+    /// `fd` is an fd on it if the caller has one.
+    func fileID(of node: Inode, fd: Int32? = nil) -> String {
+        table.fileID(of: node) {
+            if let fd { return fileID(fd, nil) }
+            return fds.withFDIfPossible(node) { fileID($0, nil) } ?? ""
+        }
     }
 
     func kindName(_ mode: mode_t) -> String { Self.kindName(mode) }
@@ -143,9 +152,9 @@ extension PassthroughFilesystem {
         return name.withUnsafeBufferPointer { table.path(of: parent, appending: $0.baseAddress!) }
     }
 
-    func emitCreated(_ caller: Caller, parent: Inode, name: UnsafePointer<CChar>, st: stat, fd: Int32) {
+    func emitCreated(_ caller: Caller, parent: Inode, name: UnsafePointer<CChar>, node: Inode, st: stat, fd: Int32) {
         guard observing else { return }
-        let id = fileID(fd, nil)
+        let id = fileID(of: node, fd: fd)
         emit(.created, caller) { e in
             e.path("path", table.path(of: parent, appending: name))
             e.string("kind", kindName(st.st_mode))
@@ -157,7 +166,7 @@ extension PassthroughFilesystem {
     func emitWritten(_ node: Inode, fd: Int32) {
         guard observing, let session = writing.take(fd) else { return }
         let size = (try? Sys.fstat(fd).st_size) ?? 0
-        let id = fileID(fd, nil)
+        let id = fileID(of: node, fd: fd)
         emit(.written, session.caller) { e in
             e.path("path", path(of: node))
             e.string("kind", "file")
@@ -184,7 +193,7 @@ extension PassthroughFilesystem {
     }
 
     func emitAttributes(_ caller: Caller, _ node: Inode, toSet: Int32, st: stat?, xattr: UnsafePointer<CChar>?) {
-        let id = fds.withFDIfPossible(node) { fileID($0, nil) } ?? ""
+        let id = fileID(of: node)
         if toSet & FUSE_SET_ATTR_SIZE != 0 {
             emit(.truncated, caller) { e in
                 e.path("path", path(of: node))
@@ -193,19 +202,23 @@ extension PassthroughFilesystem {
                 e.int("size", st?.st_size ?? 0)
             }
         }
-        var changed: [String] = []
-        if toSet & FUSE_SET_ATTR_MODE != 0 { changed.append("mode") }
-        if toSet & FUSE_SET_ATTR_UID != 0 { changed.append("uid") }
-        if toSet & FUSE_SET_ATTR_GID != 0 { changed.append("gid") }
-        if toSet & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_ATIME_NOW) != 0 { changed.append("atime") }
-        if toSet & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW) != 0 { changed.append("mtime") }
-        if xattr != nil { changed.append("xattr") }
+        var changed = ""
+        func add(_ what: StaticString) {
+            if !changed.isEmpty { changed += "," }
+            changed += what.description
+        }
+        if toSet & FUSE_SET_ATTR_MODE != 0 { add("mode") }
+        if toSet & FUSE_SET_ATTR_UID != 0 { add("uid") }
+        if toSet & FUSE_SET_ATTR_GID != 0 { add("gid") }
+        if toSet & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_ATIME_NOW) != 0 { add("atime") }
+        if toSet & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW) != 0 { add("mtime") }
+        if xattr != nil { add("xattr") }
         guard !changed.isEmpty else { return }
         emit(.attributes, caller) { e in
             e.path("path", path(of: node))
             e.string("kind", kindName(node.type))
             e.string("id", id)
-            e.string("changed", changed.joined(separator: ","))
+            e.string("changed", changed)
             if let xattr { e.string("xattr", String(cString: xattr)) }
             if let st {
                 if toSet & FUSE_SET_ATTR_MODE != 0 { e.int("mode", st.st_mode & 0o7777) }

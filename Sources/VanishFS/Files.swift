@@ -75,7 +75,7 @@ extension PassthroughFilesystem {
         let outFD = Int32(truncatingIfNeeded: fiOut.pointee.fh)
         let n = try Sys.copyFileRange(inFD, inputOffset, outFD, outputOffset, length, UInt32(bitPattern: flags))
         // The new file's data comes from another file in the mount: say which.
-        if observing { writing.wrote(outFD, req.caller, source: (path(of: inode(input)), fileID(inFD, nil))) }
+        if observing { writing.wrote(outFD, req.caller, source: (path(of: inode(input)), fileID(of: inode(input), fd: inFD))) }
         req.reply(written: n)
     }
 

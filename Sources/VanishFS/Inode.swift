@@ -27,6 +27,10 @@ final class Inode: @unchecked Sendable {
     /// forgot one of them.
     var parent: Inode?
     var name: ContiguousArray<CChar>
+    /// Its file id for events, once one was needed: the handle never
+    /// changes for an inode, and asking the backing filesystem each time
+    /// cost every chmod and rename a name_to_handle_at.
+    var fileID: String?
 
     // Guarded by FDCache's lock.
     var fd: Int32 = -1

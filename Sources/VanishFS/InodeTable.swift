@@ -69,14 +69,25 @@ final class InodeTable: @unchecked Sendable {
         return gone
     }
 
-    /// After a rename through the mount: the file `st` now lives at `name` in `parent`.
-    func moved(_ st: stat, to parent: Inode, name: UnsafePointer<CChar>) {
+    /// After a rename through the mount: the file `st` now lives at `name`
+    /// in `parent`. Returns its inode if the kernel knows it.
+    @discardableResult
+    func moved(_ st: stat, to parent: Inode, name: UnsafePointer<CChar>) -> Inode? {
         let key = InodeKey(dev: st.st_dev, ino: st.st_ino)
-        lock.withLock { map in
-            guard let known = map[key] else { return }
+        return lock.withLock { map in
+            guard let known = map[key] else { return nil }
             known.parent = parent
             known.name = Inode.copyName(name)
+            return known
         }
+    }
+
+    /// The file id cached on `inode`, or the one `compute` gives, cached.
+    func fileID(of inode: Inode, _ compute: () -> String) -> String {
+        if let id = lock.withLock({ _ in inode.fileID }) { return id }
+        let id = compute()
+        if !id.isEmpty { lock.withLock { _ in inode.fileID = id } }
+        return id
     }
 
     /// The inode the kernel knows for `st`, if any (no lookup counted).
