@@ -7,6 +7,11 @@ public final class ControlClient {
     public let socketPath: String
     private let fd: Int32
     private var buffer: [UInt8] = []
+    /// Where the unread part of `buffer` starts: lines are consumed by
+    /// moving this, not by shifting the rest of a 64 KiB chunk each time.
+    private var start = 0
+    /// recv(2) lands here, then only what arrived is copied into `buffer`.
+    private var scratch = [UInt8](repeating: 0, count: 65536)
 
     public struct Failure: Error, CustomStringConvertible {
         public var description: String
@@ -87,23 +92,54 @@ public final class ControlClient {
 
     /// The next JSON line from the daemon; nil when it closed the connection.
     public func receive() throws(Failure) -> [String: Any]? {
+        try receiveObject()?.object
+    }
+
+    /// The next line as the daemon sent it (without its newline) and parsed.
+    func receiveObject() throws(Failure) -> (object: [String: Any], line: [UInt8])? {
+        guard let line = try receiveLine() else { return nil }
+        guard let obj = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] else {
+            throw Failure("unreadable answer from the daemon")
+        }
+        return (obj, line)
+    }
+
+    func receiveLine() throws(Failure) -> [UInt8]? {
         while true {
-            if let nl = buffer.firstIndex(of: 0x0A) {
-                let line = buffer[..<nl]
-                buffer.removeSubrange(...nl)
-                guard let obj = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] else {
-                    throw Failure("unreadable answer from the daemon")
-                }
-                return obj
+            if let nl = buffer[start...].firstIndex(of: 0x0A) {
+                let line = Array(buffer[start..<nl])
+                start = nl + 1
+                return line
             }
-            var chunk = [UInt8](repeating: 0, count: 65536)
-            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            guard try fill() else { return nil }
+        }
+    }
+
+    /// Every complete line received so far (each with its newline), at
+    /// least one; nil when the daemon closed the connection.
+    func receiveLines() throws(Failure) -> [UInt8]? {
+        while true {
+            if let nl = buffer[start...].lastIndex(of: 0x0A) {
+                let lines = Array(buffer[start...nl])
+                start = nl + 1
+                return lines
+            }
+            guard try fill() else { return nil }
+        }
+    }
+
+    /// One recv into the buffer; false at the end of the stream.
+    private func fill() throws(Failure) -> Bool {
+        while true {
+            buffer.removeSubrange(..<start)
+            start = 0
+            let n = scratch.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n > 0 { buffer.append(contentsOf: scratch[..<n]) }
             if n < 0 {
                 if errno == EINTR { continue }
                 throw Failure("reading from the daemon: \(String(cString: strerror(errno)))")
             }
-            if n == 0 { return nil }
-            buffer += chunk[..<n]
+            return n > 0
         }
     }
 

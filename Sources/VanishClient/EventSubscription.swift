@@ -13,9 +13,12 @@ public struct Event: @unchecked Sendable {
     public var kind: String?
     public var id: String?
     public var fields: [String: Any]
+    /// The JSON line as the daemon sent it (no newline): pass it on as is.
+    public var line: [UInt8]
 
-    public init(_ object: [String: Any]) {
+    public init(_ object: [String: Any], line: [UInt8] = []) {
         fields = object
+        self.line = line
         seq = (object["seq"] as? NSNumber)?.uint64Value
         type = object["type"] as? String ?? ""
         instance = object["instance"] as? String
@@ -23,6 +26,31 @@ public struct Event: @unchecked Sendable {
         from = PathBytes.get(object, key: "from") ?? PathBytes.get(object, key: "target")
         kind = object["kind"] as? String
         id = object["id"] as? String
+    }
+
+    private static let seqPrefix = Array(#"{"seq":"#.utf8)
+
+    /// The `seq` of a journal line, which always starts `{"seq":N,`.
+    static func seq(of line: UnsafeRawBufferPointer) -> UInt64? {
+        let prefix = seqPrefix
+        guard line.count > prefix.count, line.starts(with: prefix) else { return nil }
+        var v: UInt64 = 0
+        var digits = 0
+        for c in line[prefix.count...] {
+            guard c >= 0x30 && c <= 0x39 else { break }
+            v = v &* 10 &+ UInt64(c - 0x30)
+            digits += 1
+        }
+        return digits > 0 ? v : nil
+    }
+
+    /// The `instance` of a journal line (16 hex digits, fixed place after time_ns).
+    static func instance(of line: [UInt8]) -> String? {
+        let key = Array(#","instance":""#.utf8)
+        guard let at = line.firstRange(of: key) else { return nil }
+        let rest = line[at.upperBound...]
+        guard let end = rest.firstIndex(of: 0x22) else { return nil }
+        return String(decoding: rest[..<end], as: UTF8.self)
     }
 
     /// Resume here with `--since` / `EventSubscription(since:)`.
@@ -53,13 +81,45 @@ public final class EventSubscription {
 
     /// The next event; nil when the mount went away.
     public func next() throws(ControlClient.Failure) -> Event? {
-        guard let object = try client.receive() else { return nil }
+        guard let (object, line) = try client.receiveObject() else { return nil }
         if let message = object["error"] as? String {
             throw ControlClient.Failure(message, errno: Int32((object["errno"] as? Int) ?? Int(EIO)))
         }
-        let event = Event(object)
+        let event = Event(object, line: line)
         if let c = event.cursor, event.type != "exists" { cursor = c }
         return event
+    }
+
+    /// Every line received so far, as the daemon sent them (each with its
+    /// newline), for programs that pass events on: journal events are not
+    /// decoded (only the last one's cursor is read), so a relay keeps up
+    /// with a burst. Other lines (snapshot, reset) also come decoded in
+    /// `decoded`. nil when the mount went away.
+    public func nextLines() throws(ControlClient.Failure) -> (lines: [UInt8], decoded: [Event])? {
+        guard let lines = try client.receiveLines() else { return nil }
+        var decoded: [Event] = []
+        var lastJournalLine: Range<Int>?
+        var start = 0
+        while start < lines.count, let nl = lines[start...].firstIndex(of: 0x0A) {
+            defer { start = nl + 1 }
+            let isJournal = lines.withUnsafeBytes { Event.seq(of: UnsafeRawBufferPointer(rebasing: $0[start..<nl])) } != nil
+            if isJournal { lastJournalLine = start..<nl; continue }
+            let line = Array(lines[start..<nl])
+            guard let object = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] else {
+                throw ControlClient.Failure("unreadable answer from the daemon")
+            }
+            if let message = object["error"] as? String {
+                throw ControlClient.Failure(message, errno: Int32((object["errno"] as? Int) ?? Int(EIO)))
+            }
+            let event = Event(object, line: line)
+            if let c = event.cursor, event.type != "exists" { cursor = c; lastJournalLine = nil }
+            decoded.append(event)
+        }
+        if let r = lastJournalLine, let seq = lines.withUnsafeBytes({ Event.seq(of: UnsafeRawBufferPointer(rebasing: $0[r])) }),
+           let instance = Event.instance(of: Array(lines[r])) {
+            cursor = "\(instance):\(seq)"
+        }
+        return (lines, decoded)
     }
 }
 
@@ -95,7 +155,8 @@ public final class LiveTree {
             entries[p, default: Entry(kind: "file", id: e.id ?? "")].size = (e.fields["size"] as? NSNumber)?.intValue
         case "deleted":
             guard let p = e.path else { return }
-            remove(p)
+            // Only a directory has a subtree to drop; a file is one key, not a scan.
+            if e.kind == "directory" { remove(p) } else { entries[p] = nil }
         case "renamed":
             guard let to = e.path, let from = e.from else { return }
             if e.fields["exchange"] as? Bool == true {
@@ -103,6 +164,9 @@ public final class LiveTree {
                 remove(from); remove(to)
                 for (k, v) in a { entries[rebase(k, from, to)] = v }
                 for (k, v) in b { entries[rebase(k, to, from)] = v }
+            } else if e.kind != "directory" {
+                let moved = entries.removeValue(forKey: from)
+                entries[to] = moved
             } else {
                 let moved = subtree(from)
                 remove(to)

@@ -64,13 +64,25 @@ struct EventsCommand: ParsableCommand {
             throw RuntimeError(error.description)
         }
         let readable = !json && isatty(1) != 0
+        // JSON lines go out as the daemon sent them, all that arrived in one
+        // write, unbuffered: a pipe reader sees each as soon as it came.
+        while !readable {
+            let next: (lines: [UInt8], decoded: [Event])?
+            do { next = try subscription.nextLines() } catch { throw RuntimeError(error.description) }
+            guard let (lines, decoded) = next else { return }
+            if once, let end = decoded.first(where: { $0.type == "scan-completed" }) {
+                // Up to and including the scan's end, nothing after it.
+                let upTo = lines.firstRange(of: end.line).map { $0.upperBound + 1 } ?? lines.count
+                _ = writeAll(1, Array(lines[..<upTo]))
+                return
+            }
+            guard writeAll(1, lines) else { return }
+        }
         while true {
             let event: Event?
             do { event = try subscription.next() } catch { throw RuntimeError(error.description) }
             guard let event else { return }
-            // One write per event, unbuffered: a pipe reader sees each at once.
-            let line = (readable ? EventsCommand.describe(event) : jsonLine(event.fields)) + "\n"
-            guard line.withCString({ write(1, $0, strlen($0)) }) >= 0 else { return }
+            guard writeAll(1, Array((EventsCommand.describe(event) + "\n").utf8)) else { return }
             if once && event.type == "scan-completed" { return }
         }
     }
@@ -88,4 +100,18 @@ struct EventsCommand: ParsableCommand {
         if e.type == "reset", let reason = f["reason"] as? String { s += ": \(reason)" }
         return s
     }
+}
+
+/// write(2) until all of `bytes` is out; false if the reader went away.
+private func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
+    var off = 0
+    while off < bytes.count {
+        let n = bytes[off...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        if n < 0 {
+            if errno == EINTR { continue }
+            return false
+        }
+        off += n
+    }
+    return true
 }
