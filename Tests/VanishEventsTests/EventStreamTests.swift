@@ -95,6 +95,38 @@ struct EventStreamTests {
         }
     }
 
+    @Test("git checkout of another branch gives exactly the worktree changes it made")
+    func gitCheckout() throws {
+        try withVanishMount(prepare: { src in
+            let r = try sh("""
+                git init -q -b main r && cd r && git config user.email t@t && git config user.name t
+                echo a > a.txt && echo b > b.txt && mkdir d && echo c > d/c.txt && git add -A && git commit -qm one
+                git checkout -qb other && echo a2 > a.txt && git rm -q b.txt && echo n > d/n.txt
+                git add -A && git commit -qm two && git checkout -q main
+                """, cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let s = try Subscriber(m)
+            defer { s.stop() }
+            try attach(s, m)
+            let r = try run(["git", "-C", m.path("r"), "checkout", "-q", "other"])
+            #expect(r.ok, "\(r.stderr)")
+            try s.waitFor("the new file") { $0["type"] as? String == "written" && $0["path"] as? String == "r/d/n.txt" }
+            // Git removes what the branch lacks or changes, then writes files in index order.
+            let worktree = changes(s).filter { !$0.contains("r/.git") }
+            #expect(worktree == ["deleted r/b.txt", "deleted r/a.txt", "created r/a.txt", "written r/a.txt",
+                                 "created r/d/n.txt", "written r/d/n.txt"])
+            // Its index is replaced by one rename of the lock file, as git does it.
+            #expect(changes(s).contains("renamed r/.git/index <- r/.git/index.lock"))
+            // Every change names git as its cause.
+            let caused = s.events.filter { e in (e["path"] as? String).map { !$0.hasPrefix(".attach-") } ?? false }
+            #expect(!caused.isEmpty && caused.allSatisfy { $0["comm"] as? String == "git" })
+            // And the files hold the other branch.
+            #expect(try String(contentsOfFile: m.path("r/a.txt"), encoding: .utf8) == "a2\n")
+            #expect(!FileManager.default.fileExists(atPath: m.path("r/b.txt")))
+        }
+    }
+
     @Test("cp names the file it copied from (copy_file_range)")
     func copies() throws {
         try withVanishMount { m in
@@ -193,10 +225,10 @@ struct EventStreamTests {
             func count(_ s: Subscriber) -> Int {
                 s.events.filter { ($0["path"] as? String ?? "").hasPrefix("d") }.count
             }
-            try live.waitFor("all creations", timeout: 120) { $0["path"] as? String == "d99/f999" }
+            try live.waitFor("all creations", timeout: 300) { $0["path"] as? String == "d99/f999" }
             #expect(count(live) == 100_100)
             kill(stopped.pid, SIGCONT)
-            try stopped.waitFor("the stopped subscriber to catch up", timeout: 120) { $0["path"] as? String == "d99/f999" }
+            try stopped.waitFor("the stopped subscriber to catch up", timeout: 300) { $0["path"] as? String == "d99/f999" }
             #expect(count(stopped) == 100_100)
         }
     }
