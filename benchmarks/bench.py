@@ -120,18 +120,47 @@ class CommandPeer(Peer):
 
 class Vanish(Peer):
     name = "vanish"
+    # Variants (events off, a subscriber attached) only run where a workload asks for them.
+    variant = False
 
-    def __init__(self, binary, options=""):
+    def __init__(self, binary, options="", subscriber=False, name=None):
         self.binary = binary
         self.options = options
-        if options:
-            self.name = f"vanish ({options})"
+        self.subscriber = subscriber
+        self.events = None
+        if name:
+            self.name = name
+            self.variant = True
 
     def mount(self, src, mnt):
         cmd = [self.binary, "mount", "-f"] + (["-o", self.options] if self.options else []) + [src, mnt]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_mounted(mnt, self.proc)
+        if self.subscriber:
+            # A live subscriber that reads every event as it comes, as an indexer would.
+            self.events = subprocess.Popen([self.binary, "events", "--json", mnt], stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL)
+            # Attached once it has seen the event its own connection cannot miss: mounted.
+            deadline = time.time() + 10
+            while time.time() < deadline and not attached(self.proc.pid, self.events.pid):
+                time.sleep(0.01)
         return mnt
+
+    def unmount(self, mnt):
+        if self.events is not None:
+            self.events.terminate()
+            self.events.wait()
+            self.events = None
+        super().unmount(mnt)
+
+
+def attached(daemon, client):
+    """Whether `client` has a connected Unix socket (to the daemon's control socket)."""
+    try:
+        return any(os.readlink(f"/proc/{client}/fd/{fd}").startswith("socket:")
+                   for fd in os.listdir(f"/proc/{client}/fd"))
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------- workloads
@@ -349,7 +378,101 @@ class ReaperDrain(Workload):
         sh([self.peer.binary, "rm", "-r", f"{target}/tree"])
 
     def run(self, target):
+        t0 = time.perf_counter()
         sh([self.peer.binary, "status", "--wait", target], stdout=subprocess.DEVNULL)
+        elapsed = time.perf_counter() - t0
+        status = json.loads(os.getxattr(target, "user.vanish.status"))
+        self.metrics = {"reaper files/s": (self.files + 101) / elapsed,
+                        "reaper MB/s freed": status.get("freed_bytes", 0) / elapsed / 1e6}
+
+
+def vanish_status(target):
+    return json.loads(os.getxattr(target, "user.vanish.status"))
+
+
+def probe_latency(target, tag, first, count):
+    """Times `count` stats of files never looked up before (each one a FUSE
+    LOOKUP the daemon answers) and `count` creates; returns µs lists."""
+    stats, creates = [], []
+    for i in range(count):
+        t0 = time.perf_counter_ns()
+        os.lstat(f"{target}/probe/p{first + i:05}")
+        t1 = time.perf_counter_ns()
+        os.close(os.open(f"{target}/probe/new-{tag}-{i}", os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644))
+        t2 = time.perf_counter_ns()
+        stats.append((t1 - t0) / 1000)
+        creates.append((t2 - t1) / 1000)
+    return stats, creates
+
+
+def percentile(values, p):
+    v = sorted(values)
+    return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
+
+
+class LatencyWhileReaping(Workload):
+    """Vanish only: stat and create latency through the mount with the reaper
+    idle, then while it frees a tree `vanish rm` just buried (the foreground
+    must not pay for the background). Timed: the probe under reaping."""
+    vanish_only = True
+    probes = 2000
+
+    def __init__(self, files):
+        self.files = files
+        self.name = f"stat/create latency, idle vs reaper freeing {files // 1000}k files"
+
+    def prepare_source(self, src, cache):
+        os.mkdir(os.path.join(src, "tree"))
+        make_tree(os.path.join(src, "tree"), 100, self.files // 100)
+        os.mkdir(os.path.join(src, "probe"))
+        for i in range(2 * self.probes):
+            with open(os.path.join(src, "probe", f"p{i:05}"), "w") as f:
+                f.write("p")
+
+    def run(self, target):
+        n = self.probes
+        idle_s, idle_c = probe_latency(target, "idle", 0, n)
+        sh([self.peer.binary, "rm", "-r", f"{target}/tree"])
+        t0 = time.perf_counter()
+        # The second half of the probe files: as cold as the first half was.
+        stats, creates = probe_latency(target, "busy", n, n)
+        elapsed = time.perf_counter() - t0
+        st = vanish_status(target)
+        busy = st.get("pending_entries", 0) > 0 or not st.get("reaper_idle", True)
+        self.metrics = {"stat p50 µs idle": percentile(idle_s, 50), "stat p99 µs idle": percentile(idle_s, 99),
+                        "stat p50 µs reaping": percentile(stats, 50), "stat p99 µs reaping": percentile(stats, 99),
+                        "create p50 µs idle": percentile(idle_c, 50), "create p99 µs idle": percentile(idle_c, 99),
+                        "create p50 µs reaping": percentile(creates, 50), "create p99 µs reaping": percentile(creates, 99),
+                        "reaper still busy at the end (1 = yes)": 1 if busy else 0}
+        return elapsed
+
+
+class MetadataOps(Workload):
+    """In-process create, chmod, utime, rename and unlink of small files: the
+    metadata path each change event rides on. Run on Vanish with events off,
+    on (the default) and with a subscriber attached, to show what events cost."""
+    cold = False
+    variants = True
+
+    def __init__(self, files):
+        self.files = files
+        self.name = f"metadata ops: create, chmod, touch, rename, unlink {files // 1000}k files"
+
+    def prepare_mounted(self, target):
+        for d in range(10):
+            os.mkdir(os.path.join(target, f"m{d}"))
+
+    def run(self, target):
+        per = self.files // 10
+        for d in range(10):
+            dp = os.path.join(target, f"m{d}")
+            for i in range(per):
+                p = f"{dp}/f{i}"
+                os.close(os.open(p, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644))
+                os.chmod(p, 0o600)
+                os.utime(p)
+                os.rename(p, p + ".r")
+                os.unlink(p + ".r")
 
 
 class UnlinkBig(Workload):
@@ -418,6 +541,8 @@ def build_peers(cache, only):
         binary = sh(["swift", "build", "-c", "release", "--package-path", REPO, "--show-bin-path"],
                     capture_output=True, text=True).stdout.strip() + "/vanish"
         peers.append(Vanish(binary))
+        peers.append(Vanish(binary, options="noevents", name="vanish, events off"))
+        peers.append(Vanish(binary, subscriber=True, name="vanish + subscriber"))
     return peers
 
 
@@ -429,7 +554,8 @@ def workloads(quick):
         Create(n), Walk(n, warm=False), Walk(n, warm=True), ListBigDir(n),
         SeqWrite(mib), SeqRead(mib), SeqWrite(mib, direct=True), SeqRead(mib, direct=True),
         RandRead(mib), TarExtract(), TarCreate(), GitStatus(repo), GitCheckout(repo),
-        RmRf(n), RemoveTreeOneStep(n), RemoveTreeInProcess(n), ReaperDrain(n), UnlinkBig(1 if quick else 10),
+        MetadataOps(n // 5 if not quick else n), RmRf(n), RemoveTreeOneStep(n), RemoveTreeInProcess(n), ReaperDrain(n),
+        LatencyWhileReaping(n), UnlinkBig(1 if quick else 10),
     ]
 
 
@@ -446,9 +572,11 @@ def measure_once(peer, work, base_dir, cache):
         try:
             work.prepare_mounted(target)
             quiesce(drop=work.cold)
+            work.metrics = {}
             t0 = time.perf_counter()
-            work.run(target)
-            return time.perf_counter() - t0
+            timed = work.run(target)
+            # A workload may time only its own part, and report figures besides.
+            return (timed if timed is not None else time.perf_counter() - t0), dict(work.metrics)
         finally:
             peer.unmount(mnt)
     finally:
@@ -461,16 +589,21 @@ def measure(peers, work, runs, base_dir, cache):
     """Runs peers round-robin, run by run, so slow drift of the machine (the disk's
     deferred discards, page cache, thermal) spreads over all of them alike."""
     times = {p.name: [] for p in peers}
+    metrics = {p.name: [] for p in peers}
     errors = {}
     if getattr(work, "vanish_only", False):
         peers = [p for p in peers if isinstance(p, Vanish)]
+    if not getattr(work, "variants", False):
+        peers = [p for p in peers if not getattr(p, "variant", False)]
     for _ in range(runs):
         for p in peers:
             if p.name in errors:
                 continue
             work.peer = p
             try:
-                times[p.name].append(measure_once(p, work, base_dir, cache))
+                t, m = measure_once(p, work, base_dir, cache)
+                times[p.name].append(t)
+                metrics[p.name].append(m)
             except (subprocess.CalledProcessError, OSError, RuntimeError) as e:
                 errors[p.name] = str(e).splitlines()[0][:120]
     out = {}
@@ -478,6 +611,8 @@ def measure(peers, work, runs, base_dir, cache):
         t = times[p.name]
         out[p.name] = {"error": errors[p.name]} if p.name in errors else \
             {"median": statistics.median(t), "min": min(t), "max": max(t), "runs": t}
+        if metrics[p.name] and metrics[p.name][0]:
+            out[p.name]["metrics"] = {k: statistics.median(m[k] for m in metrics[p.name]) for k in metrics[p.name][0]}
     return out
 
 
@@ -544,14 +679,15 @@ def main():
     stamp = time.strftime("%Y%m%d-%H%M%S")
     with open(os.path.join(args.out, f"bench-{stamp}.json"), "w") as f:
         json.dump(results, f, indent=1)
-    table = markdown(results, [p.name for p in peers])
+    table = markdown(results, [p.name for p in peers if not getattr(p, "variant", False)],
+                     [p.name for p in peers if isinstance(p, Vanish)])
     with open(os.path.join(args.out, f"bench-{stamp}.md"), "w") as f:
         f.write(table)
     print()
     print(table)
 
 
-def markdown(results, names):
+def markdown(results, names, vanish_names=()):
     m = results["machine"]
     lines = [f"{results['mode']} run, median of {results['runs']} (min–max); ratio to native / to passthrough_ll. "
              f"{m['cores']} cores, {m['memory_gib']} GiB, kernel {m['kernel']}, backing {m['backing_fs']}, "
@@ -579,6 +715,31 @@ def markdown(results, names):
                 cell += " " + " / ".join(ratios)
             cells.append(cell)
         lines.append(f"| {row['workload']} | " + " | ".join(cells) + " |")
+    # What events cost: the same workload on Vanish with the observer off, on, and read live.
+    variant_rows = [r for r in results["workloads"] if len([n for n in vanish_names if n in r["peers"]]) > 1]
+    if variant_rows:
+        lines += ["", "Change events (ratio to events off, same run):", "",
+                  "| workload | " + " | ".join(vanish_names) + " |", "|---|" + "---|" * len(vanish_names)]
+        for row in variant_rows:
+            off = row["peers"].get("vanish, events off", {}).get("median")
+            cells = []
+            for n in vanish_names:
+                r = row["peers"].get(n, {})
+                if "median" not in r:
+                    cells.append(r.get("error", "–"))
+                    continue
+                cell = f"{fmt_time(r['median'])} ({fmt_time(r['min'])}–{fmt_time(r['max'])})"
+                if off and n != "vanish, events off":
+                    cell += f" {r['median'] / off:.2f}×"
+                cells.append(cell)
+            lines.append(f"| {row['workload']} | " + " | ".join(cells) + " |")
+    metric_rows = [(row["workload"], name, r["metrics"]) for row in results["workloads"]
+                   for name, r in row["peers"].items() if "metrics" in r]
+    if metric_rows:
+        lines += ["", "Figures besides time (medians over runs):", "", "| workload | figure | value |", "|---|---|---|"]
+        for workload, name, m in metric_rows:
+            for k, v in m.items():
+                lines.append(f"| {workload} ({name}) | {k} | {v:,.0f} |")
     return "\n".join(lines) + "\n"
 
 
