@@ -140,12 +140,15 @@ struct MountCommand: ParsableCommand {
         } catch {
             throw RuntimeError("\(error)")
         }
+        // Before mounting, as fuse_main does: a SIGINT or SIGTERM that arrives
+        // as soon as the mount is visible must end the loop, not kill the
+        // process and leave a dead mount behind.
+        try session.installSignalHandlers()
         do {
             try session.mount(at: mnt)
         } catch {
             throw RuntimeError("mounting \(src) on \(mnt) failed; see libfuse's message above")
         }
-        try session.installSignalHandlers()
         let notifier = session.notifier
         fs.setEntryInvalidator { parent, child, name in
             name.withUnsafeBufferPointer {
