@@ -96,7 +96,7 @@ let package = Package(
         ),
         .testTarget(
             name: "VanishGraveyardTests",
-            dependencies: ["VanishTestSupport", "vanish"],
+            dependencies: ["VanishTestSupport", "CFuse", "vanish"],
             swiftSettings: strict
         ),
         .testTarget(

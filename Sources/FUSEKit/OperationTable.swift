@@ -1,11 +1,23 @@
 import CFuse
 import Glibc
+import Synchronization
 import SystemPackage
 
 /// Holds the filesystem for the C callbacks; `fuse_req_userdata` points here.
 final class SessionBox: @unchecked Sendable {
     let fs: any LowLevelFilesystem
+    let requests = RequestCounter()
     init(_ fs: any LowLevelFilesystem) { self.fs = fs }
+}
+
+/// Counts the requests the session has begun to serve, so background work
+/// (the reaper) can tell whether programs are using the mount right now and
+/// step aside. One relaxed atomic add per request.
+public final class RequestCounter: Sendable {
+    fileprivate let value = Atomic<UInt64>(0)
+
+    /// Requests begun so far; only changes matter.
+    public var count: UInt64 { value.load(ordering: .relaxed) }
 }
 
 @inline(__always)
@@ -18,8 +30,10 @@ private func box(_ req: fuse_req_t?) -> SessionBox {
 @inline(__always)
 private func serve(_ req: fuse_req_t?, _ body: (any LowLevelFilesystem, Request) throws(Errno) -> Void) {
     let r = Request(req!)
+    let b = box(req)
+    b.requests.value.wrappingAdd(1, ordering: .relaxed)
     do throws(Errno) {
-        try body(box(req).fs, r)
+        try body(b.fs, r)
     } catch {
         r.reply(error: error)
     }

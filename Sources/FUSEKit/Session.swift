@@ -82,6 +82,9 @@ public final class Session {
     /// the parent exits only after the child is ready.
     public func daemonize() { _ = fuse_daemonize(0) }
 
+    /// Requests this session has begun to serve (forgets not counted).
+    public var requests: RequestCounter { box.takeUnretainedValue().requests }
+
     /// The /dev/fuse fd (for diagnostics).
     public var fd: Int32 { fuse_session_fd(raw) }
 

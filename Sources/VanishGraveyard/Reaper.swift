@@ -35,6 +35,12 @@ public final class Reaper: @unchecked Sendable {
         public var keepMinFreePercent: Double = 10
         /// Most files and directories deleted per second (all workers together).
         public var rate: Double?
+        /// While requests keep arriving through the mount, each worker waits
+        /// before its next deletion until 1 ms passes without one, but at most
+        /// this long (ns); 0 never waits. Idle priorities alone are not
+        /// enough: a deletion holds the directory's and the journal's locks
+        /// and a CPU that a request then waits for.
+        public var yieldToForeground: UInt64 = 10_000_000
 
         public init() {}
     }
@@ -76,6 +82,13 @@ public final class Reaper: @unchecked Sendable {
     /// Called after each graveyard entry is freed: (entry id, files, bytes).
     /// Set before `start`.
     public var onReaped: (@Sendable (String, UInt64, UInt64) -> Void)?
+    /// How many requests the mount has begun to serve (any number that
+    /// changes with each request); the workers step aside while it moves.
+    /// Set before `start`; nil when nothing is mounted (`vanish reap`).
+    public var foregroundRequests: (@Sendable () -> UInt64)?
+    /// Set while the backing filesystem is short of space: no stepping aside then.
+    private let spaceShort = Atomic<Bool>(false)
+    private let spaceCheckedAt = Atomic<UInt64>(0)
 
     public init(graveyard: Graveyard, workers: Int, policy: Policy = Policy()) {
         self.graveyard = graveyard
@@ -246,7 +259,7 @@ public final class Reaper: @unchecked Sendable {
         guard let fd = try? Sys.openat(shard, ".", O_RDONLY | O_DIRECTORY), let dp = fdopendir(fd) else { return 0 }
         defer { closedir(dp) }
         var found = 0
-        var remover = TreeRemover(graveyard: graveyard, limiter: limiter,
+        var remover = TreeRemover(graveyard: graveyard, limiter: limiter, gate: gate(),
                                   shouldStop: { [self] in stopState.load(ordering: .relaxed) == Stop.now.rawValue },
                                   handedBack: { [self] shard in
                                       dirty.bitwiseOr(1 << UInt64(shard), ordering: .sequentiallyConsistent)
@@ -278,6 +291,28 @@ public final class Reaper: @unchecked Sendable {
             if !done { break }
         }
         return found
+    }
+
+    /// What makes a worker step aside for requests through the mount, if anything.
+    private func gate() -> ForegroundGate? {
+        guard let foregroundRequests, policy.yieldToForeground > 0 else { return nil }
+        return ForegroundGate(requests: foregroundRequests, maxPause: policy.yieldToForeground,
+                              urgent: { [self] in isSpaceShort() })
+    }
+
+    /// Whether free space is under keepMinFreePercent (fstatvfs at most once a second).
+    private func isSpaceShort() -> Bool {
+        let now = Graveyard.now()
+        let last = spaceCheckedAt.load(ordering: .relaxed)
+        if now &- last > 1_000_000_000,
+           spaceCheckedAt.compareExchange(expected: last, desired: now, ordering: .relaxed).exchanged {
+            var short = false
+            if policy.keepMinFreePercent > 0, let fs = try? Sys.fstatvfs(graveyard.stateFD) {
+                short = Double(fs.f_bavail) < Double(fs.f_blocks) * policy.keepMinFreePercent / 100
+            }
+            spaceShort.store(short, ordering: .relaxed)
+        }
+        return spaceShort.load(ordering: .relaxed)
     }
 
     /// Keeps the undo window within its limits: every second (or when a
@@ -320,6 +355,37 @@ public final class Reaper: @unchecked Sendable {
             if free < floor { need = Swift.max(need, UInt64(floor - free)) }
         }
         return need
+    }
+}
+
+/// Makes one worker wait before a deletion while requests arrive through the
+/// mount: until 1 ms passes without a new one, at most `maxPause`. So a
+/// foreground burst meets at most one deletion per worker per `maxPause`,
+/// and a quiet mount is reaped at full speed (one atomic load per deletion).
+struct ForegroundGate {
+    let requests: @Sendable () -> UInt64
+    let maxPause: UInt64
+    let urgent: () -> Bool
+    private var seen: UInt64
+
+    init(requests: @escaping @Sendable () -> UInt64, maxPause: UInt64, urgent: @escaping () -> Bool) {
+        self.requests = requests
+        self.maxPause = maxPause
+        self.urgent = urgent
+        seen = requests()
+    }
+
+    mutating func wait() {
+        var now = requests()
+        guard now != seen, !urgent() else { return }
+        var paused: UInt64 = 0
+        repeat {
+            seen = now
+            usleep(1000)
+            paused += 1_000_000
+            now = requests()
+        } while now != seen && paused < maxPause
+        seen = now
     }
 }
 

@@ -15,6 +15,7 @@ struct TreeRemover {
     var bytes: UInt64 = 0
     let graveyard: Graveyard
     let limiter: RateLimiter?
+    var gate: ForegroundGate?
     let shouldStop: () -> Bool
     /// Called with the shard a subdirectory was handed back to.
     let handedBack: (Int) -> Void
@@ -24,7 +25,7 @@ struct TreeRemover {
     mutating func remove(_ parentFD: Int32, _ name: UnsafePointer<CChar>) -> Bool {
         guard let st = try? Sys.lstatat(parentFD, name) else { return true }
         if st.st_mode & S_IFMT != S_IFDIR {
-            limiter?.take()
+            pace()
             if (try? Sys.unlinkat(parentFD, name, 0)) != nil { count(st) }
             return true
         }
@@ -42,16 +43,22 @@ struct TreeRemover {
                 if cst.st_mode & S_IFMT == S_IFDIR {
                     if let shard = try? graveyard.bury(dfd, child, expired: true) { handedBack(shard) }
                 } else {
-                    limiter?.take()
+                    pace()
                     if (try? Sys.unlinkat(dfd, child, 0)) != nil { count(cst) }
                 }
             }
             if shouldStop() { closedir(dp); return false }
         }
         closedir(dp)
-        limiter?.take()
+        pace()
         if (try? Sys.unlinkat(parentFD, name, AT_REMOVEDIR)) != nil { files += 1 }
         return true
+    }
+
+    /// Waits for the rate limit and for a pause in requests through the mount.
+    private mutating func pace() {
+        gate?.wait()
+        limiter?.take()
     }
 
     private mutating func count(_ st: stat) {

@@ -17,7 +17,7 @@ struct MountCommand: ParsableCommand {
 
             -o takes libfuse/kernel options (allow_other, default_permissions, ro, fsname=, ...) \
             and Vanish's own: cache=auto|always|never, threads=N, clone_fd, writeback, fd_cache=N, reapers=N, \
-            keep=DURATION, keep_max_bytes=SIZE, keep_min_free=PERCENT, reap_rate=FILES_PER_SECOND. \
+            keep=DURATION, keep_max_bytes=SIZE, keep_min_free=PERCENT, reap_rate=FILES_PER_SECOND, reap_yield=DURATION. \
             allow_other always turns default_permissions on, so other users get only what \
             the file modes grant them.
 
@@ -140,6 +140,8 @@ struct MountCommand: ParsableCommand {
         } catch {
             throw RuntimeError("\(error)")
         }
+        let requests = session.requests
+        fs.reaper?.foregroundRequests = { requests.count }
         // Before mounting, as fuse_main does: a SIGINT or SIGTERM that arrives
         // as soon as the mount is visible must end the loop, not kill the
         // process and leave a dead mount behind.

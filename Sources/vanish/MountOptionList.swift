@@ -15,7 +15,7 @@ struct MountOptionList {
 
     /// Keys Vanish takes itself; everything else goes to libfuse.
     static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache", "reapers",
-                                       "keep", "keep_max_bytes", "keep_min_free", "reap_rate", "noevents",
+                                       "keep", "keep_max_bytes", "keep_min_free", "reap_rate", "reap_yield", "noevents",
                                        "events_max_bytes"]
 
     init(_ lists: [String]) throws {
@@ -63,6 +63,11 @@ struct MountOptionList {
                         throw ValidationError("-o reap_rate= takes a number of files per second above 0")
                     }
                     filesystem.reaping.rate = r
+                case "reap_yield":
+                    guard let v = value, let ns = Quantity.duration(v), ns <= 10_000_000_000 else {
+                        throw ValidationError("-o reap_yield= takes a duration up to 10s, such as 0, 5ms or 50ms")
+                    }
+                    filesystem.reaping.yieldToForeground = ns
                 case "noevents": events = false
                 case "events_max_bytes":
                     guard let v = value, let n = Quantity.bytes(v), n >= 1 << 20 else {
@@ -126,12 +131,16 @@ struct MountOptionList {
 
 /// Durations and sizes as people write them.
 enum Quantity {
-    /// "90", "90s", "30m", "12h", "7d" → ns.
+    /// "90", "90s", "5ms", "30m", "12h", "7d" → ns.
     static func duration(_ text: String) -> UInt64? {
         let units: [Character: Double] = ["s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604_800]
         var number = Substring(text)
         var scale = 1.0
-        if let last = text.last, let u = units[last] { number = number.dropLast(); scale = u }
+        if text.hasSuffix("ms") {
+            number = number.dropLast(2); scale = 0.001
+        } else if let last = text.last, let u = units[last] {
+            number = number.dropLast(); scale = u
+        }
         guard let v = Double(number), v >= 0, v * scale < 3e9 else { return nil }
         return UInt64(v * scale * 1e9)
     }

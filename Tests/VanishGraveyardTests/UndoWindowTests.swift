@@ -1,5 +1,7 @@
+import CFuse
 import Foundation
 import Glibc
+import Synchronization
 import Testing
 import VanishTestSupport
 
@@ -173,10 +175,36 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("while programs keep the mount busy the reaper steps aside but still drains the graveyard")
+    func busyMount() throws {
+        try withVanishMount(options: ["reap_yield=5ms"], prepare: { src in try makeTree(src + "/t", files: 400) }) { m in
+            #expect(try run([vanishBinary, "rm", "-r", m.path("t")]).ok)
+            // getxattr always reaches the daemon (no attribute cache answers it),
+            // so this loop keeps requests arriving for as long as the reaper works.
+            let stop = Atomic<Bool>(false)
+            let requests = Atomic<Int>(0)
+            let probe = m.path("probe")
+            #expect(FileManager.default.createFile(atPath: probe, contents: Data("p".utf8)))
+            let hammer = Thread {
+                var buf = [UInt8](repeating: 0, count: 64)
+                while !stop.load(ordering: .relaxed) {
+                    _ = getxattr(probe, "user.none", &buf, buf.count)
+                    requests.wrappingAdd(1, ordering: .relaxed)
+                }
+            }
+            hammer.start()
+            defer { stop.store(true, ordering: .relaxed) }
+            try waitForReaper(m)
+            stop.store(true, ordering: .relaxed)
+            #expect(try graveyardCount(m.source) == 0)
+            #expect(requests.load(ordering: .relaxed) > 100, "the mount was not kept busy")
+        }
+    }
+
     @Test("bad --keep and -o keep values are refused")
     func badArguments() throws {
         for args in [["--keep", "soon"], ["--keep-max-bytes", "lots"], ["-o", "keep=-1s"], ["-o", "keep_min_free=120"],
-                     ["-o", "reap_rate=0"]] {
+                     ["-o", "reap_rate=0"], ["-o", "reap_yield=soon"], ["-o", "reap_yield=1h"]] {
             let r = try run([vanishBinary, "mount"] + args + ["/tmp", "/mnt"])
             #expect(r.status == 64, "\(args): \(r.stderr)")
         }
