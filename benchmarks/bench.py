@@ -476,12 +476,20 @@ class MetadataOps(Workload):
 
 
 class UnlinkBig(Workload):
+    """The unlink alone, of a file the caller has just looked at (as rm does:
+    it stats before it unlinks), so the figure is what deleting costs and how
+    it grows with size, not a cold lookup's disk read."""
+    cold = False
+
     def __init__(self, gib):
         self.gib = gib
-        self.name = f"unlink of a {gib} GiB file"
+        self.name = f"unlink of a {gib} GiB file (just stat'ed)"
 
     def prepare_source(self, src, cache):
         sh(f"fallocate -l {self.gib}G {src}/big")
+
+    def prepare_mounted(self, target):
+        os.lstat(f"{target}/big")
 
     def run(self, target):
         os.unlink(f"{target}/big")
