@@ -116,6 +116,7 @@ public final class Journal: @unchecked Sendable {
 
     private func writer() {
         defer { writerDone.signal() }
+        becomeBackgroundThread(nice: 5)
         while true {
             if wakeWriter.wait(timeout: .now() + .seconds(1)) == .success && !isClosing {
                 // Let a burst gather: one write and one wakeup of the readers
@@ -269,14 +270,28 @@ public final class Journal: @unchecked Sendable {
         /// seconds for some; empty on timeout; nil once the journal closed
         /// or lost what this reader needs (it fell too far behind).
         public func read(timeout: Double) -> [[UInt8]]? {
+            guard let run = readRun(timeout: timeout) else { return nil }
+            var out: [[UInt8]] = []
+            var start = 0
+            while let nl = run[start...].firstIndex(of: 0x0A) {
+                out.append(Array(run[start...nl]))
+                start = nl + 1
+            }
+            return out
+        }
+
+        /// The next complete lines as one run of bytes, in order, none
+        /// before `next`: what a subscriber that sees everything is sent
+        /// as is, in one write (splitting it into lines cost a live
+        /// subscriber an allocation per event). Empty on timeout; nil as for `read`.
+        public func readRun(timeout: Double) -> [UInt8]? {
             if !journal.waitDurable(next, timeout: timeout) {
                 journal.state.lock()
                 let closed = journal.closed
                 journal.state.unlock()
                 return closed ? nil : []
             }
-            var out: [[UInt8]] = []
-            while out.isEmpty {
+            while true {
                 if fd < 0 && !open() { return nil }
                 let n = Glibc.read(fd, scratch.baseAddress, scratch.count)
                 if n <= 0 {
@@ -289,17 +304,25 @@ public final class Journal: @unchecked Sendable {
                     continue
                 }
                 partial += UnsafeRawBufferPointer(rebasing: scratch[..<n])
-                var start = 0
-                while let nl = partial[start...].firstIndex(of: 0x0A) {
-                    let line = Array(partial[start...nl])
-                    start = nl + 1
-                    guard let seq = line.withUnsafeBytes({ EventLine.seq(of: $0) }), seq >= next else { continue }
-                    next = seq + 1
-                    out.append(line)
+                guard let lastNL = partial.lastIndex(of: 0x0A) else { continue }
+                // Lines are in order in a segment: skip those before `next`
+                // (a reader that opened the segment at its start), then take
+                // everything up to the last complete line.
+                var first = 0
+                while first <= lastNL {
+                    let seq = partial[first...].withUnsafeBytes { EventLine.seq(of: $0) } ?? 0
+                    if seq >= next { break }
+                    first = partial[first...lastNL].firstIndex(of: 0x0A)! + 1
                 }
-                partial.removeFirst(start)
+                var run: [UInt8] = []
+                if first <= lastNL {
+                    let lastStart = (partial[first..<lastNL].lastIndex(of: 0x0A) ?? (first - 1)) + 1
+                    if let seq = partial[lastStart...].withUnsafeBytes({ EventLine.seq(of: $0) }) { next = seq + 1 }
+                    run = Array(partial[first...lastNL])
+                }
+                partial.removeFirst(lastNL + 1)
+                if !run.isEmpty { return run }
             }
-            return out
         }
 
         private func open() -> Bool {

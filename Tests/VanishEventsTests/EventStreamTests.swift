@@ -143,6 +143,29 @@ struct EventStreamTests {
         }
     }
 
+    @Test("--path sends only events under that directory; a move counts at either end")
+    func pathFilter() throws {
+        try withVanishMount(prepare: { src in mkdir(src + "/a", 0o755); mkdir(src + "/b", 0o755) }) { m in
+            let s = try Subscriber(m, ["--path", "a"])
+            defer { s.stop() }
+            var n = 0
+            try waitFor("the subscriber to attach") {
+                n += 1
+                _ = try sh("touch a/.attach-\(n)", cwd: m.mountpoint)
+                return s.events.contains { ($0["path"] as? String ?? "").hasPrefix("a/.attach-") }
+            }
+            #expect(try sh("touch a/x b/y && mv b/y a/z && mv a/x b/x && touch b/w", cwd: m.mountpoint).ok)
+            try s.waitFor("the move out of a") { $0["path"] as? String == "b/x" }
+            #expect(try sh("touch a/end", cwd: m.mountpoint).ok)
+            try s.waitFor("a/end") { $0["path"] as? String == "a/end" }
+            let seen = s.events.filter { !($0["path"] as? String ?? "").hasPrefix("a/.attach-") }
+                .map { "\($0["type"] as? String ?? "") \($0["path"] as? String ?? "")\(($0["from"] as? String).map { " <- " + $0 } ?? "")" }
+            // touch creates, then sets the times.
+            #expect(seen == ["created a/x", "attributes a/x", "renamed a/z <- b/y", "renamed b/x <- a/x",
+                             "created a/end", "attributes a/end"])
+        }
+    }
+
     @Test("vanish rm is one event for the whole tree")
     func treeDelete() throws {
         try withVanishMount(prepare: { src in try makeTreeForEvents(src + "/tree") }) { m in
