@@ -30,26 +30,67 @@ final class WritingHandles: @unchecked Sendable {
     func take(_ fd: Int32) -> Session? { map.withLock { $0.removeValue(forKey: fd) } }
 }
 
-/// Command names by pid, so an event costs no /proc read for a busy process.
+/// The command name of the process behind a request, read when the event
+/// happens: a process that execs keeps its pid but not its name (`cmd >
+/// file` opens `file` as the shell, then runs as `cmd`), so a name cached
+/// by pid would blame the wrong program. Each handler thread keeps its own
+/// few /proc/PID/comm fds and reads the current name with one pread (the
+/// open/read/close per event cost three syscalls; no lock is held across
+/// the read, and no other thread can close an fd while it is read).
 final class CommandNames: @unchecked Sendable {
-    private let cache = Mutex<[pid_t: String]>([:])
+    private var key = pthread_key_t()
+
+    init() {
+        pthread_key_create(&key) { raw in
+            Unmanaged<ThreadCommandNames>.fromOpaque(raw!).release()
+        }
+    }
 
     func name(of pid: pid_t) -> String {
         if pid <= 0 { return "" }
-        if let n = cache.withLock({ $0[pid] }) { return n }
-        var name = ""
+        if let raw = pthread_getspecific(key) {
+            return Unmanaged<ThreadCommandNames>.fromOpaque(raw).takeUnretainedValue().name(of: pid)
+        }
+        let mine = ThreadCommandNames()
+        pthread_setspecific(key, Unmanaged.passRetained(mine).toOpaque())
+        return mine.name(of: pid)
+    }
+}
+
+/// One handler thread's open /proc/PID/comm files, replaced round robin.
+final class ThreadCommandNames {
+    private static let slots = 8
+    private var pids = [pid_t](repeating: 0, count: slots)
+    private var fds = [Int32](repeating: -1, count: slots)
+    private var next = 0
+
+    deinit { for fd in fds where fd >= 0 { close(fd) } }
+
+    func name(of pid: pid_t) -> String {
+        if let i = pids.firstIndex(of: pid), fds[i] >= 0 {
+            if let name = Self.read(fds[i]) { return name }
+            // That process is gone (ESRCH): the pid now names another one.
+            close(fds[i])
+            fds[i] = -1
+        }
         let fd = open("/proc/\(pid)/comm", O_RDONLY | O_CLOEXEC)
-        if fd >= 0 {
-            var buffer = [UInt8](repeating: 0, count: 64)
-            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            close(fd)
-            if n > 0 { name = String(decoding: buffer[..<n].prefix { $0 != 0x0A }, as: UTF8.self) }
+        guard fd >= 0 else { return "" }
+        let slot = next
+        next = (next + 1) % Self.slots
+        if fds[slot] >= 0 { close(fds[slot]) }
+        pids[slot] = pid
+        fds[slot] = fd
+        return Self.read(fd) ?? ""
+    }
+
+    private static func read(_ fd: Int32) -> String? {
+        var buffer: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
+        return withUnsafeMutableBytes(of: &buffer) { b -> String? in
+            let n = pread(fd, b.baseAddress, b.count, 0)
+            guard n > 0 else { return nil }
+            // Names are at most 15 bytes: a small string, no allocation.
+            return String(decoding: UnsafeRawBufferPointer(rebasing: b[..<n]).prefix { $0 != 0x0A }, as: UTF8.self)
         }
-        cache.withLock { c in
-            if c.count > 4096 { c.removeAll(keepingCapacity: true) }
-            c[pid] = name
-        }
-        return name
     }
 }
 

@@ -95,6 +95,23 @@ struct EventStreamTests {
         }
     }
 
+    @Test("each event names the program that made it, also after the process execs another")
+    func commandAfterExec() throws {
+        try withVanishMount { m in
+            let s = try Subscriber(m)
+            defer { s.stop() }
+            try attach(s, m)
+            // The shell creates a (the redirection), then the same process becomes mv.
+            #expect(try run(["/bin/sh", "-c", "cd \(shellQuote(m.mountpoint)) && : > a && exec mv a b"]).ok)
+            try s.waitFor("the rename") { $0["type"] as? String == "renamed" && $0["path"] as? String == "b" }
+            let created = try #require(s.events.first { $0["type"] as? String == "created" && $0["path"] as? String == "a" })
+            let renamed = try #require(s.events.first { $0["type"] as? String == "renamed" && $0["path"] as? String == "b" })
+            #expect(created["pid"] as? Int == renamed["pid"] as? Int)
+            #expect(created["comm"] as? String == "sh")
+            #expect(renamed["comm"] as? String == "mv")
+        }
+    }
+
     @Test("git checkout of another branch gives exactly the worktree changes it made")
     func gitCheckout() throws {
         try withVanishMount(prepare: { src in
