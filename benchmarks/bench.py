@@ -32,7 +32,17 @@ PACKAGES = ["libfuse3-dev", "fuse3", "bindfs", "mergerfs", "fio", "git", "gcc", 
 
 
 def sh(cmd, check=True, **kw):
-    return subprocess.run(cmd, shell=isinstance(cmd, str), check=check, **kw)
+    """Runs a command; a failure raises with the first line the command wrote
+    to stderr (passthrough_ll running out of fds made find print 80,000 lines)."""
+    if "stderr" not in kw and "capture_output" not in kw:
+        kw["stderr"] = subprocess.PIPE
+    r = subprocess.run(cmd, shell=isinstance(cmd, str), check=False, **kw)
+    if check and r.returncode != 0:
+        err = r.stderr.decode(errors="replace") if isinstance(r.stderr, bytes) else (r.stderr or "")
+        first = next((l for l in err.splitlines() if l.strip()), "")
+        shown = cmd if isinstance(cmd, str) else " ".join(cmd)
+        raise RuntimeError(f"exit {r.returncode}: {first or shown}")
+    return r
 
 
 def quiesce(drop=True):
