@@ -44,8 +44,8 @@ extension PassthroughFilesystem {
                     try checkMayDelete(req, caller: caller, dir: dir, entry: entry)
                 }
                 let id = observing ? fileID(pfd, n.baseAddress!) : ""
-                try bury(pfd, n.baseAddress!, st: entry, from: parent, caller: caller)
-                emitDeleted(caller, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true)
+                let grave = try bury(pfd, n.baseAddress!, st: entry, from: parent, caller: caller, wantEntry: observing)
+                emitDeleted(caller, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true, entry: grave)
             }
         }
         // Tell the kernel the name is gone, from outside this handler (libfuse

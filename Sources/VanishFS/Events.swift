@@ -222,7 +222,12 @@ extension PassthroughFilesystem {
 }
 
 extension PassthroughFilesystem {
-    func emitDeleted(_ caller: Caller, parent: Inode, name: UnsafePointer<CChar>, mode: mode_t, id: String, tree: Bool) {
+    /// `entry`: for `vanish rm`, its graveyard entry. The `reaped` event with
+    /// the same `entry` counts the whole tree's files and bytes once they are
+    /// freed (counting them here would walk the tree in the request, which is
+    /// what `vanish rm` exists to avoid).
+    func emitDeleted(_ caller: Caller, parent: Inode, name: UnsafePointer<CChar>, mode: mode_t, id: String, tree: Bool,
+                     entry: String? = nil) {
         guard observing else { return }
         emit(.deleted, caller) { e in
             e.path("path", table.path(of: parent, appending: name))
@@ -230,6 +235,7 @@ extension PassthroughFilesystem {
             e.string("id", id)
             // vanish rm: one event for the whole subtree.
             if tree && mode & S_IFMT == S_IFDIR { e.bool("tree", true) }
+            if let entry { e.string("entry", entry) }
         }
     }
 

@@ -56,11 +56,13 @@ extension PassthroughFilesystem {
 
     /// Moves an entry into the graveyard (with its trash record when there
     /// is an undo window); on another filesystem (EXDEV) deletes it at once instead.
+    /// Returns the graveyard entry's name when `wantEntry` (nil if it was deleted at once).
+    @discardableResult
     func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, st: stat, from parent: Inode,
-              caller: Caller, asName: UnsafePointer<CChar>? = nil) throws(Errno) {
+              caller: Caller, asName: UnsafePointer<CChar>? = nil, wantEntry: Bool = false) throws(Errno) -> String? {
         guard let graveyard, let reaper else {
             try deleteNow(parentFD, name)
-            return
+            return nil
         }
         var record: TrashRecord?
         if reaper.policy.keep > 0 {
@@ -70,12 +72,18 @@ extension PassthroughFilesystem {
             record = TrashRecord(path: table.path(of: parent, appending: asName ?? name), uid: caller.uid, gid: caller.gid,
                                  bytes: type == S_IFDIR && bytes == nil ? nil : bytes, kind: TrashRecord.Kind(mode: st.st_mode))
         }
+        var entry: String?
         do {
-            reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record))
+            if wantEntry {
+                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record) { entry = String(cString: $0) })
+            } else {
+                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record))
+            }
         } catch .improperLink {
             noteSynchronousDelete()
             try deleteNow(parentFD, name)
         }
+        return entry
     }
 
     /// Deletes an entry that cannot reach the graveyard (a nested

@@ -86,9 +86,10 @@ public final class Graveyard: @unchecked Sendable {
     /// With a `record` the entry stays restorable during the undo window
     /// (its sidecar is written first). `expired` marks pieces of an entry
     /// already being reaped: they carry time 0, so no undo window keeps them.
+    /// `named`, if given, gets the entry's name once it is in place.
     @inline(__always) @discardableResult
     public func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, record: TrashRecord? = nil,
-                     expired: Bool = false) throws(Errno) -> Int {
+                     expired: Bool = false, named: ((UnsafePointer<CChar>) -> Void)? = nil) throws(Errno) -> Int {
         let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
         // Runs of 64 deletions share a shard, so a reaper woken for a program
         // that unlinks file after file scans one directory for many of them;
@@ -98,6 +99,7 @@ public final class Graveyard: @unchecked Sendable {
         try withUniqueName(n, expired: expired) { grave throws(Errno) in
             guard let record else {
                 try Sys.renameat2(parentFD, name, sfd, grave, VANISH_RENAME_NOREPLACE)
+                named?(grave)
                 return
             }
             try writeSidecar(sfd, grave, record)
@@ -109,6 +111,7 @@ public final class Graveyard: @unchecked Sendable {
             }
             let id = String(cString: grave)
             trash.insert(TrashEntry(id: id, shard: shard, deleted: Graveyard.deletionTime(grave) ?? 0, record: record))
+            named?(grave)
         }
         return shard
     }

@@ -86,6 +86,18 @@ public final class Reaper: @unchecked Sendable {
     /// changes with each request); the workers step aside while it moves.
     /// Set before `start`; nil when nothing is mounted (`vanish reap`).
     public var foregroundRequests: (@Sendable () -> UInt64)?
+    /// What each deletion being reaped adds up to: a tree's subdirectories
+    /// become entries of their own (pieces) that any worker may take, so its
+    /// `reaped` report waits until the last piece is gone and then counts
+    /// the whole tree. In memory only: pieces left by a crash are freed
+    /// without a report.
+    private struct Tally {
+        /// The entry itself (until done) plus pieces not yet freed.
+        var open = 1
+        var files: UInt64 = 0
+        var bytes: UInt64 = 0
+    }
+    private let tallies = Mutex<(origins: [String: Tally], pieces: [String: String])>(([:], [:]))
     /// Set while the backing filesystem is short of space: no stepping aside then.
     private let spaceShort = Atomic<Bool>(false)
     private let spaceCheckedAt = Atomic<UInt64>(0)
@@ -261,7 +273,13 @@ public final class Reaper: @unchecked Sendable {
         var found = 0
         var remover = TreeRemover(graveyard: graveyard, limiter: limiter, gate: gate(),
                                   shouldStop: { [self] in stopState.load(ordering: .relaxed) == Stop.now.rawValue },
-                                  handedBack: { [self] shard in
+                                  handedBack: { [self] shard, piece, origin in
+                                      if let origin {
+                                          tallies.withLock { t in
+                                              t.pieces[piece] = origin
+                                              t.origins[origin, default: Tally()].open += 1
+                                          }
+                                      }
                                       dirty.bitwiseOr(1 << UInt64(shard), ordering: .sequentiallyConsistent)
                                       splits.wrappingAdd(1, ordering: .sequentiallyConsistent)
                                       wake(owner(of: shard))
@@ -275,13 +293,14 @@ public final class Reaper: @unchecked Sendable {
             // A restore holds it: leave it alone.
             guard graveyard.trash.claimForReaping(name, had: &restorable) else { continue }
             found += 1
+            let entry = onReaped == nil ? nil : String(cString: name)
+            remover.origin = entry.flatMap { origin(of: $0, isPiece: Graveyard.deletionTime(name) == 0) }
             let done = remover.remove(dirfd(dp), name)
+            if let entry, let origin = remover.origin {
+                tally(origin, entry: entry, files: remover.files, bytes: remover.bytes, done: done)
+            }
             if done {
                 entries.wrappingAdd(1, ordering: .relaxed)
-                // Pieces of a tree (time 0) are reported with the entry they came from.
-                if let onReaped, Graveyard.deletionTime(name) != 0 {
-                    onReaped(String(cString: name), remover.files, remover.bytes)
-                }
                 if restorable { graveyard.removeSidecar(dirfd(dp), name) }
             }
             files.wrappingAdd(remover.files, ordering: .relaxed)
@@ -291,6 +310,38 @@ public final class Reaper: @unchecked Sendable {
             if !done { break }
         }
         return found
+    }
+
+    /// The deletion `entry` belongs to: itself, or for a piece the entry it
+    /// came from (nil for a piece left from before a restart).
+    private func origin(of entry: String, isPiece: Bool) -> String? {
+        tallies.withLock { t in
+            if let origin = t.pieces[entry] { return origin }
+            if isPiece { return nil }
+            if t.origins[entry] == nil { t.origins[entry] = Tally() }
+            return entry
+        }
+    }
+
+    /// Adds what removing `entry` freed to its deletion's tally; reports the
+    /// deletion once nothing of it is left.
+    private func tally(_ origin: String, entry: String, files: UInt64, bytes: UInt64, done: Bool) {
+        let finished: Tally? = tallies.withLock { t in
+            guard var tally = t.origins[origin] else { return nil }
+            tally.files += files
+            tally.bytes += bytes
+            if done {
+                tally.open -= 1
+                t.pieces.removeValue(forKey: entry)
+            }
+            if tally.open > 0 {
+                t.origins[origin] = tally
+                return nil
+            }
+            t.origins.removeValue(forKey: origin)
+            return tally
+        }
+        if let finished { onReaped?(origin, finished.files, finished.bytes) }
     }
 
     /// What makes a worker step aside for requests through the mount, if anything.

@@ -17,8 +17,11 @@ struct TreeRemover {
     let limiter: RateLimiter?
     var gate: ForegroundGate?
     let shouldStop: () -> Bool
-    /// Called with the shard a subdirectory was handed back to.
-    let handedBack: (Int) -> Void
+    /// The deletion the entry being removed is part of (see Reaper's tallies).
+    var origin: String?
+    /// Called with the shard a subdirectory was handed back to, its new
+    /// entry name, and `origin`.
+    let handedBack: (Int, String, String?) -> Void
 
     /// Removes `name` in the directory `parentFD`; returns false if told to
     /// stop before it was gone.
@@ -35,13 +38,10 @@ struct TreeRemover {
         while let d = readdir(dp) {
             let child = vanish_dirent_name(d)!
             if child[0] == 0x2E && (child[1] == 0 || (child[1] == 0x2E && child[2] == 0)) { continue }
-            if d.pointee.d_type == UInt8(DT_DIR), let shard = try? graveyard.bury(dfd, child, expired: true) {
-                handedBack(shard)
-                continue
-            }
+            if d.pointee.d_type == UInt8(DT_DIR), handBack(dfd, child) { continue }
             if let cst = try? Sys.lstatat(dfd, child) {
                 if cst.st_mode & S_IFMT == S_IFDIR {
-                    if let shard = try? graveyard.bury(dfd, child, expired: true) { handedBack(shard) }
+                    handBack(dfd, child)
                 } else {
                     pace()
                     if (try? Sys.unlinkat(dfd, child, 0)) != nil { count(cst) }
@@ -52,6 +52,17 @@ struct TreeRemover {
         closedir(dp)
         pace()
         if (try? Sys.unlinkat(parentFD, name, AT_REMOVEDIR)) != nil { files += 1 }
+        return true
+    }
+
+    /// Moves a subdirectory back into the graveyard as an entry of its own.
+    @discardableResult
+    private func handBack(_ dirFD: Int32, _ child: UnsafePointer<CChar>) -> Bool {
+        var piece = ""
+        guard let shard = try? graveyard.bury(dirFD, child, expired: true, named: { piece = String(cString: $0) }) else {
+            return false
+        }
+        handedBack(shard, piece, origin)
         return true
     }
 

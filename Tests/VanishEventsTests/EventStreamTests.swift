@@ -186,14 +186,21 @@ struct EventStreamTests {
     @Test("vanish rm is one event for the whole tree")
     func treeDelete() throws {
         try withVanishMount(prepare: { src in try makeTreeForEvents(src + "/tree") }) { m in
-            let s = try Subscriber(m, ["--type", "deleted"])
+            let s = try Subscriber(m, ["--type", "deleted,reaped"])
             defer { s.stop() }
             try attach(s, m)
             #expect(try run([vanishBinary, "rm", "-r", m.path("tree")]).ok)
             try s.waitFor("the tree delete") { $0["path"] as? String == "tree" }
-            let deletes = s.events.filter { !($0["path"] as? String ?? "").hasPrefix(".attach-") }
+            let deletes = s.events.filter { $0["type"] as? String == "deleted" && !($0["path"] as? String ?? "").hasPrefix(".attach-") }
             #expect(deletes.count == 1)
             #expect(deletes.first?["tree"] as? Bool == true)
+            // Once freed, the whole tree is counted in one reaped event: tree, a, a/b and 3 files.
+            let entry = try #require(deletes.first?["entry"] as? String)
+            try s.waitFor("the tree to be reaped") { $0["type"] as? String == "reaped" && $0["entry"] as? String == entry }
+            let reaped = s.events.filter { $0["type"] as? String == "reaped" && $0["entry"] as? String == entry }
+            #expect(reaped.count == 1)
+            #expect(reaped.first?["files"] as? Int == 6)
+            #expect((reaped.first?["bytes"] as? Int ?? 0) >= 3 * 512)
         }
     }
 
