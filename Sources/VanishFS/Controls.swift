@@ -85,13 +85,13 @@ extension PassthroughFilesystem {
 
     /// The JSON `vanish status` shows.
     func statusJSON() -> String {
-        let s = reaper?.statistics ?? .zero
+        let s = reapingStatistics
         var fs = statvfs()
         _ = fstatvfs(rootFD, &fs)
         let free = UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
         return """
-            {"source":"\(jsonEscape(sourcePath))","pid":\(getpid()),"graveyard":\(graveyard != nil),"pending_entries":\(reaper?.pendingEntries() ?? 0),\
-            "reaper_idle":\(reaper?.isIdle ?? true),\
+            {"source":"\(jsonEscape(sourcePath))","pid":\(getpid()),"graveyard":\(graveyard != nil),"pending_entries":\(pendingEntries),\
+            "reaper_idle":\(reapersIdle),\
             "reaped_entries":\(s.entries),"freed_files":\(s.files),"freed_bytes":\(s.bytes),\
             "buried_entries":\(s.buried),"reaper_workers":\(reaper?.workerCount ?? 0),"free_bytes":\(free),\
             "restorable_entries":\(graveyard?.restorableCount ?? 0),"restorable_bytes":\(graveyard?.restorableBytes ?? 0),\

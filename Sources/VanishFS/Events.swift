@@ -284,13 +284,14 @@ extension PassthroughFilesystem {
     /// or leave a nested filesystem's tree unvisited. `visit` returns false to stop.
     public func walk(_ visit: (_ path: [UInt8], _ st: stat, _ id: String) -> Bool) {
         var stop = false
+        // `top`: a root whose `.vanish` is a graveyard (the source's, or a nested filesystem's).
         func descend(_ dirFD: Int32, _ prefix: [UInt8], top: Bool) {
             guard let fd = try? Sys.openat(dirFD, ".", O_RDONLY | O_DIRECTORY), let dp = fdopendir(fd) else { return }
             defer { closedir(dp) }
             while !stop, let d = Glibc.readdir(dp) {
                 let name = vanish_dirent_name(d)!
                 if isDotOrDotDot(name) { continue }
-                if top && graveyard != nil && strcmp(name, Graveyard.stateDirectoryName) == 0 { continue }
+                if top && strcmp(name, Graveyard.stateDirectoryName) == 0 { continue }
                 guard let st = try? Sys.lstatat(dirfd(dp), name) else { continue }
                 var path = prefix
                 if !path.isEmpty { path.append(0x2F) }
@@ -298,12 +299,13 @@ extension PassthroughFilesystem {
                 if !visit(path, st, fileID(dirfd(dp), name)) { stop = true; return }
                 if st.st_mode & S_IFMT == S_IFDIR,
                    let sub = try? Sys.openat(dirfd(dp), name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) {
-                    descend(sub, path, top: false)
+                    let nestedRoot = graveyard != nil && st.st_dev != (try? Sys.fstat(dirfd(dp)))?.st_dev
+                    descend(sub, path, top: nestedRoot && Graveyard.isStateDirectory(in: sub))
                     Sys.close(sub)
                 }
             }
         }
-        descend(rootFD, [], top: true)
+        descend(rootFD, [], top: graveyard != nil)
     }
 
     /// Whether `who` could see the entry at `path` (search permission on

@@ -128,6 +128,16 @@ final class InodeTable: @unchecked Sendable {
         return out
     }
 
+    /// The highest directory above `inode` (or itself) on the same device:
+    /// the root of the filesystem it lives on, as mounted inside the source.
+    func topmostOnDevice(from inode: Inode) -> Inode {
+        lock.withLock { _ in
+            var top = inode
+            while top !== root, let up = top.parent, up.key.dev == inode.key.dev { top = up }
+            return top
+        }
+    }
+
     /// Number of inodes the kernel holds (for status and tests).
     var count: Int { lock.withLock { $0.count } }
 }

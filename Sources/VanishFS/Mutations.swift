@@ -80,8 +80,12 @@ extension PassthroughFilesystem {
                 reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record))
             }
         } catch .improperLink {
-            noteSynchronousDelete()
-            try deleteNow(parentFD, name)
+            // On a filesystem mounted inside the source: its own graveyard, if it can have one.
+            if let (nestedGraveyard, nestedReaper) = nestedGraveyard(under: parent) {
+                nestedReaper.noteBuried(shard: try nestedGraveyard.bury(parentFD, name) { entry = String(cString: $0) })
+            } else {
+                try deleteNow(parentFD, name)
+            }
         }
         return entry
     }
@@ -128,10 +132,6 @@ extension PassthroughFilesystem {
         try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
     }
 
-    private func noteSynchronousDelete() {
-        log.notice("an entry on a nested filesystem was deleted in the request (it cannot reach the graveyard)")
-    }
-
     /// Keeps a file that is about to lose its name reachable while programs
     /// have it open; returns whether any do.
     @discardableResult
@@ -166,8 +166,9 @@ extension PassthroughFilesystem {
 
     @inline(__always)
     func isReserved(_ parent: Inode, _ name: UnsafePointer<CChar>) -> Bool {
-        // ".vanish" in the source root, compared without allocating.
-        parent === table.root && name[0] == 0x2E && graveyard != nil && strcmp(name, Graveyard.stateDirectoryName) == 0
+        // ".vanish" in the source root or a nested filesystem's root with a graveyard, compared without allocating.
+        guard name[0] == 0x2E, graveyard != nil, strcmp(name, Graveyard.stateDirectoryName) == 0 else { return false }
+        return parent === table.root || isNestedStateDirectory(in: parent)
     }
 
     /// Gives a new entry to the process that asked for it.

@@ -26,6 +26,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// cannot hold a graveyard (read-only), and deletes are then done in the request.
     let graveyard: Graveyard?
     public let reaper: Reaper?
+    /// Graveyards of filesystems mounted inside the source, made as needed.
+    let nested = NestedGraveyards()
     /// Sends cache invalidations to the kernel. Only touched on
     /// `notifications`, never from a request handler (libfuse may deadlock).
     var invalidateEntry: (@Sendable (_ parent: fuse_ino_t, _ child: fuse_ino_t, _ name: ContiguousArray<CChar>) -> Void)?
@@ -107,13 +109,27 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// After the session ended: finish emptying the graveyard (after an
     /// unmount) or stop at once (after a signal, leaving the rest for the next start).
     public func stopReaping(finish: Bool) {
-        guard let reaper else { return }
-        reaper.stop(finish ? .whenEmpty : .now)
-        reaper.join()
-        let s = reaper.statistics
+        let reapers = allReapers
+        for r in reapers { r.stop(finish ? .whenEmpty : .now) }
+        for r in reapers { r.join() }
+        let s = reapingStatistics
         log.info("reaper stopped", metadata: ["entries": "\(s.entries)", "files": "\(s.files)", "bytes": "\(s.bytes)",
-                                              "left": "\(reaper.pendingEntries())"])
+                                              "left": "\(pendingEntries)"])
     }
+
+    /// What every reaper (the source's and nested filesystems') has done.
+    public var reapingStatistics: Reaper.Statistics {
+        allReapers.reduce(into: .zero) { sum, r in
+            let s = r.statistics
+            sum.entries += s.entries; sum.files += s.files; sum.bytes += s.bytes; sum.buried += s.buried
+        }
+    }
+
+    /// Entries waiting in every graveyard (directory scans: not for the hot path).
+    public var pendingEntries: Int { allReapers.reduce(0) { $0 + $1.pendingEntries() } }
+
+    /// Whether every reaper is asleep with nothing left to do.
+    public var reapersIdle: Bool { allReapers.allSatisfy(\.isIdle) }
 
     public func destroy() {
         log.info("session ending", metadata: ["inodes": "\(table.count)"])

@@ -25,26 +25,17 @@ public final class Graveyard: @unchecked Sendable {
     private let instance: UInt32
     let trash = TrashIndex()
 
-    /// Opens (or makes) the state directory in the source root `rootFD`.
+    /// Opens (or, with `create`, makes) the state directory in the root `rootFD`.
     /// Refuses a `.vanish` that is not Vanish's: nothing of the user's is touched.
-    public init(rootFD: Int32) throws(GraveyardError) {
+    /// Without `create`, a missing one is `.absent`.
+    public init(rootFD: Int32, create: Bool = true) throws(GraveyardError) {
         let name = Graveyard.stateDirectoryName
-        do throws(Errno) {
-            try Sys.mkdirat(rootFD, name, 0o700)
-            let fd = try Sys.openat(rootFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
-            defer { Sys.close(fd) }
-            let marker = try Sys.openat(fd, Graveyard.markerName, O_WRONLY | O_CREAT | O_EXCL, 0o600)
-            let text = "This directory holds Vanish's graveyard: deleted entries waiting to be freed.\n"
-            _ = text.withCString { write(marker, $0, strlen($0)) }
-            Sys.close(marker)
-        } catch .fileExists {
-            // Already there: ours only if it carries the marker.
-        } catch {
-            throw .cannotCreate(error)
-        }
+        if create { try Graveyard.makeStateDirectory(in: rootFD) }
         let state: Int32
         do throws(Errno) {
             state = try Sys.openat(rootFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+        } catch .noSuchFileOrDirectory where !create {
+            throw .absent
         } catch {
             throw .notOurs
         }
@@ -72,6 +63,33 @@ public final class Graveyard: @unchecked Sendable {
         shardFDs = shards
         instance = UInt32(truncatingIfNeeded: getpid())
         loadTrash()
+    }
+
+    /// Whether the directory `rootFD` holds a `.vanish` that is Vanish's (it carries the marker).
+    public static func isStateDirectory(in rootFD: Int32) -> Bool {
+        guard let state = try? Sys.openat(rootFD, stateDirectoryName, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else {
+            return false
+        }
+        defer { Sys.close(state) }
+        return (try? Sys.lstatat(state, markerName)) != nil
+    }
+
+    /// mkdir `.vanish` with its marker; one that is already there is left
+    /// as it is (the caller then checks it carries the marker).
+    private static func makeStateDirectory(in rootFD: Int32) throws(GraveyardError) {
+        do throws(Errno) {
+            try Sys.mkdirat(rootFD, stateDirectoryName, 0o700)
+            let fd = try Sys.openat(rootFD, stateDirectoryName, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+            defer { Sys.close(fd) }
+            let marker = try Sys.openat(fd, markerName, O_WRONLY | O_CREAT | O_EXCL, 0o600)
+            let text = "This directory holds Vanish's graveyard: deleted entries waiting to be freed.\n"
+            _ = text.withCString { write(marker, $0, strlen($0)) }
+            Sys.close(marker)
+        } catch .fileExists {
+            // Already there: ours only if it carries the marker.
+        } catch {
+            throw .cannotCreate(error)
+        }
     }
 
     deinit {
@@ -162,6 +180,8 @@ public final class Graveyard: @unchecked Sendable {
 public enum GraveyardError: Error, CustomStringConvertible, Equatable {
     case notOurs
     case cannotCreate(Errno)
+    /// There is no state directory, and none was to be made.
+    case absent
 
     public var description: String {
         switch self {
@@ -171,6 +191,8 @@ public enum GraveyardError: Error, CustomStringConvertible, Equatable {
                 directory (no \(Graveyard.markerName) marker in it); Vanish will not use or hide it. \
                 Rename it and mount again.
                 """
+        case .absent:
+            return "there is no \(Graveyard.stateDirectoryName) state directory"
         case .cannotCreate(let errno):
             return "cannot create the graveyard \(Graveyard.stateDirectoryName)/graveyard in the source: \(errno)"
         }

@@ -182,7 +182,7 @@ struct MountCommand: ParsableCommand {
         // After an unmount the process stays to empty the graveyard (SIGTERM or
         // SIGINT stops it promptly, the rest waits for the next start); after a
         // signal it stops at once.
-        let stopNow = stopOnSignals { fs.reaper?.stop(.now) }
+        let stopNow = stopOnSignals { fs.allReapers.forEach { $0.stop(.now) } }
         fs.stopReaping(finish: status == 0)
         journal?.close()
         withExtendedLifetime(stopNow) {}

@@ -7,7 +7,7 @@ import VanishGraveyard
 struct ReapCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "reap",
-        abstract: "Empty a source directory's graveyard without mounting it.",
+        abstract: "Empty a source directory's graveyard (and those of filesystems mounted inside it) without mounting it.",
         discussion: """
             For leftovers of a mount that ended before its reaper finished. Safe while the \
             source is mounted too. SIGINT or SIGTERM stops it; what is left stays for next time.
@@ -23,34 +23,51 @@ struct ReapCommand: ParsableCommand {
     func run() throws {
         let src = try MountPaths.resolve(source, what: "source")
         try MountPaths.requireDirectory(src, what: "source")
-        var st = stat()
-        guard lstat(src + "/" + Graveyard.stateDirectoryName, &st) == 0 else {
+        // The source's graveyard, and those of filesystems mounted inside it.
+        let roots = [src] + MountPaths.mounts().map(\.point).filter { $0.hasPrefix(src == "/" ? "/" : src + "/") }
+        var found: [Reaper] = []
+        for root in roots {
+            guard let fd = try? Sys.open(root, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else { continue }
+            defer { Sys.close(fd) }
+            guard Graveyard.isStateDirectory(in: fd) else { continue }
+            do {
+                let graveyard = try Graveyard(rootFD: fd, create: false)
+                found.append(Reaper(graveyard: graveyard, workers: root == src ? workers ?? cores : 1))
+            } catch {
+                throw RuntimeError("cannot reap \(root): \(error)")
+            }
+        }
+        let reapers = found
+        if reapers.isEmpty {
             print("nothing to reap: \(src) has no \(Graveyard.stateDirectoryName)")
             return
         }
-        let rootFD = try Sys.open(src, VANISH_O_PATH | O_DIRECTORY)
-        let graveyard: Graveyard
-        do { graveyard = try Graveyard(rootFD: rootFD) } catch { throw ValidationError("\(error)") }
-        let reaper = Reaper(graveyard: graveyard, workers: workers ?? ProcessInfo.processInfo.activeProcessorCount)
-        let total = reaper.pendingEntries()
+        let total = reapers.reduce(0) { $0 + $1.pendingEntries() }
         let interrupted = Atomic(false)
-        let sources = stopOnSignals { interrupted.set(); reaper.stop(.now) }
-        reaper.start()
-        reaper.stop(.whenEmpty)
+        let sources = stopOnSignals { interrupted.set(); reapers.forEach { $0.stop(.now) } }
+        for r in reapers { r.start(); r.stop(.whenEmpty) }
         let done = DispatchSemaphore(value: 0)
-        DispatchQueue.global().async { reaper.join(); done.signal() }
+        DispatchQueue.global().async { reapers.forEach { $0.join() }; done.signal() }
         let terminal = isatty(1) != 0
+        func tally() -> Reaper.Statistics {
+            reapers.reduce(into: .zero) { t, r in
+                let s = r.statistics
+                t.entries += s.entries; t.files += s.files; t.bytes += s.bytes
+            }
+        }
         while done.wait(timeout: .now() + .milliseconds(200)) == .timedOut {
-            let s = reaper.statistics
+            let s = tally()
             let line = "reaping: \(s.entries) of \(total) entries, \(s.files) files, \(bytes(Int(s.bytes))) freed"
             if terminal { print("\r\u{1B}[K" + line, terminator: ""); fflush(nil) }
         }
         withExtendedLifetime(sources) {}
-        let s = reaper.statistics
+        let s = tally()
         if terminal { print("\r\u{1B}[K", terminator: "") }
         print("reaped \(s.entries) entries: \(s.files) files, \(bytes(Int(s.bytes))) freed"
               + (interrupted.value ? " (interrupted; the rest stays for next time)" : ""))
     }
+
+    private var cores: Int { Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))) }
 }
 
 /// A flag set from a signal handler's queue and read on the main thread.

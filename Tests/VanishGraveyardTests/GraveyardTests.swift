@@ -164,25 +164,103 @@ struct GraveyardTests {
         }
     }
 
-    @Test("on a filesystem mounted inside the source, delete happens in the request (EXDEV)")
-    func nestedFilesystem() throws {
+    /// Mounts a tmpfs at `inner` in the source for the test's length.
+    private func withNestedTmpfs(prepareInner: @escaping (String) throws -> Void = { _ in },
+                                 _ body: (VanishMount, String) throws -> Void) throws {
         try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for tmpfs")
         var tmpfs = ""
         defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
         try withVanishMount(prepare: { src in
             tmpfs = src + "/inner"
             mkdir(tmpfs, 0o755)
-            guard try run(["mount", "-t", "tmpfs", "tmpfs", tmpfs]).ok else { throw TestFailure("tmpfs") }
-        }) { m in
-            let r = try sh("echo x > inner/f && rm inner/f && ls -A inner | wc -l", cwd: m.mountpoint)
-            #expect(r.stdout == "0\n")
-            #expect(m.log.contains("deleted in the request"))
-            // vanish rm of a whole tree there is done in the request too.
+            guard try run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", tmpfs]).ok else { throw TestFailure("tmpfs") }
+            try prepareInner(tmpfs)
+        }) { m in try body(m, tmpfs) }
+    }
+
+    @Test("a filesystem mounted inside the source gets a graveyard of its own, hidden, and its space comes back")
+    func nestedFilesystemGraveyard() throws {
+        try withNestedTmpfs { m, tmpfs in
+            let before = freeBytes(tmpfs)
+            let r = try sh("""
+                dd if=/dev/zero of=inner/big bs=1M count=16 status=none && mkdir -p inner/t/u && touch inner/t/u/f inner/t/g
+                rm inner/big && ls -A inner
+                ls -A inner | wc -l
+                touch inner/.vanish 2>/dev/null || echo refused
+                ls inner/.vanish 2>/dev/null || echo absent
+                """, cwd: m.mountpoint)
+            #expect(r.stdout == "t\n1\nrefused\nabsent\n", "\(r.stderr)")
+            // A whole tree there is one rename too, into that filesystem's graveyard.
+            let rm = try run([vanishBinary, "rm", "-r", m.path("inner/t")])
+            #expect(rm.ok, "\(rm.stderr)")
+            #expect(access(m.backing("inner/t"), F_OK) != 0)
+            #expect(access(tmpfs + "/.vanish/VANISH-STATE-DIRECTORY", F_OK) == 0, "the graveyard lives on the tmpfs")
+            try waitForReaper(m)
+            #expect(try graveyardCount(tmpfs) == 0)
+            #expect(freeBytes(tmpfs) + (1 << 20) >= before, "the 16 MiB must be given back to the tmpfs")
+            #expect(m.log.contains("go to a graveyard of its own"), "\(m.log)")
+            #expect(!m.log.contains("done in the request"))
+        }
+    }
+
+    @Test("where a nested filesystem cannot have a graveyard (a foreign .vanish), deletes there happen in the request")
+    func nestedFilesystemWithoutGraveyard() throws {
+        try withNestedTmpfs(prepareInner: { inner in
+            mkdir(inner + "/.vanish", 0o755)  // the user's, no marker
+            _ = try sh("echo mine > .vanish/keep", cwd: inner)
+        }) { m, tmpfs in
+            let r = try sh("echo x > inner/f && rm inner/f && ls -A inner && cat inner/.vanish/keep", cwd: m.mountpoint)
+            #expect(r.stdout == ".vanish\nmine\n", "\(r.stderr)")
+            #expect(access(m.backing("inner/f"), F_OK) != 0)
             #expect(try sh("mkdir -p inner/t/u && touch inner/t/u/f inner/t/g", cwd: m.mountpoint).ok)
             let rm = try run([vanishBinary, "rm", "-r", m.path("inner/t")])
             #expect(rm.ok, "\(rm.stderr)")
             #expect(access(m.backing("inner/t"), F_OK) != 0)
+            #expect(try sh("ls -A .vanish", cwd: tmpfs).stdout == "keep\n", "the user's .vanish is left as it was")
+            #expect(m.log.contains("done in the request"), "\(m.log)")
         }
+    }
+
+    @Test("leftovers in a nested filesystem's graveyard are reaped by the next mount")
+    func nestedFilesystemLeftovers() throws {
+        try withNestedTmpfs(prepareInner: { inner in
+            // What a SIGKILLed session leaves: entries in that filesystem's graveyard.
+            _ = try sh("""
+                mkdir -p .vanish/graveyard/07/0-0-1/sub && touch .vanish/VANISH-STATE-DIRECTORY
+                dd if=/dev/zero of=.vanish/graveyard/07/0-0-1/sub/data bs=1M count=4 status=none
+                echo kept > file
+                """, cwd: inner)
+        }) { m, tmpfs in
+            // The first look at that filesystem's root finds the graveyard.
+            #expect(try sh("ls -A inner", cwd: m.mountpoint).stdout == "file\n")
+            try waitFor("the leftovers to be reaped") { try graveyardCount(tmpfs) == 0 }
+            #expect(try sh("cat inner/file", cwd: m.mountpoint).stdout == "kept\n")
+            #expect(m.log.contains("resuming the graveyard"), "\(m.log)")
+        }
+    }
+
+    @Test("vanish reap SOURCE also empties the graveyards of filesystems mounted inside it")
+    func reapNestedWithoutMounting() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for tmpfs")
+        let src = try makeTempDirectory()
+        var tmpfs = ""
+        defer {
+            if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) }
+            removeTree(src)
+        }
+        tmpfs = src + "/inner"
+        mkdir(tmpfs, 0o755)
+        guard try run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", tmpfs]).ok else { throw TestFailure("tmpfs") }
+        _ = try sh("""
+            mkdir -p .vanish/graveyard/00/0-0-1 .vanish/graveyard/3f && touch .vanish/VANISH-STATE-DIRECTORY
+            touch .vanish/graveyard/00/0-0-1/a .vanish/graveyard/3f/0-0-2
+            mkdir -p inner/.vanish/graveyard/11/0-0-3/d && touch inner/.vanish/VANISH-STATE-DIRECTORY inner/.vanish/graveyard/11/0-0-3/d/f
+            """, cwd: src)
+        let r = try run([vanishBinary, "reap", src])
+        #expect(r.ok, "\(r.stderr)")
+        #expect(r.stdout.contains(": 6 files"), "\(r.stdout)")
+        #expect(try graveyardCount(src) == 0)
+        #expect(try graveyardCount(tmpfs) == 0)
     }
 
     @Test("a tree deeper than PATH_MAX is reaped")
