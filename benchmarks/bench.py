@@ -564,8 +564,10 @@ def build_peers(cache, only):
     if want("mergerfs"):
         peers.append(CommandPeer("mergerfs", ["mergerfs", "-f"]))
     if want("vanish"):
-        sh(["swift", "build", "-c", "release", "--package-path", REPO], stdout=subprocess.DEVNULL)
-        binary = sh(["swift", "build", "-c", "release", "--package-path", REPO, "--show-bin-path"],
+        # As mount-scripts/install builds it.
+        build = ["swift", "build", "-c", "release", "--static-swift-stdlib", "--package-path", REPO]
+        sh(build, stdout=subprocess.DEVNULL)
+        binary = sh(build + ["--show-bin-path"],
                     capture_output=True, text=True).stdout.strip() + "/vanish"
         peers.append(Vanish(binary))
         peers.append(Vanish(binary, options="noevents", name="vanish, events off"))
