@@ -47,6 +47,7 @@ let package = Package(
         // Change events: the journal request handlers append to and subscribers follow.
         .target(
             name: "VanishEvents",
+            dependencies: ["LinuxSyscalls"],
             swiftSettings: strict
         ),
         // The passthrough filesystem: inode table, fd cache, request handlers.
@@ -102,6 +103,11 @@ let package = Package(
         .testTarget(
             name: "VanishEventsTests",
             dependencies: ["VanishTestSupport", "vanish"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "VanishClientTests",
+            dependencies: ["VanishClient"],
             swiftSettings: strict
         ),
         .testTarget(

@@ -1,4 +1,3 @@
-import Foundation
 import CXattr
 import Glibc
 
@@ -19,6 +18,13 @@ public final class ControlClient {
         public init(_ description: String, errno: Int32 = EIO) {
             self.description = description
             self.errno = errno
+        }
+
+        /// Throws the daemon's `{"error": …, "errno": …}` answer, if that is what `answer` is.
+        static func check(_ answer: JSON) throws(Failure) {
+            if let message = answer["error"]?.string {
+                throw Failure(message, errno: Int32(answer["errno"]?.int ?? Int(EIO)))
+            }
         }
     }
 
@@ -69,16 +75,15 @@ public final class ControlClient {
             if e == ENODATA || e == ENOTSUP { throw Failure("\(mountpoint) is not the root of a Vanish mount", errno: e) }
             throw Failure("cannot read the status of \(mountpoint): \(String(cString: strerror(e)))", errno: e)
         }
-        guard let status = (try? JSONSerialization.jsonObject(with: Data(buffer[..<n]))) as? [String: Any],
-              let path = status["socket"] as? String, !path.isEmpty else {
+        guard let path = JSON.parse(buffer[..<n])?["socket"]?.string, !path.isEmpty else {
             throw Failure("the Vanish mount at \(mountpoint) has no control socket")
         }
         return path
     }
 
     /// Sends one request.
-    public func send(_ request: [String: Any]) throws(Failure) {
-        let line = Array((jsonLine(request) + "\n").utf8)
+    public func send(_ request: JSON) throws(Failure) {
+        let line = Array((request.serialized + "\n").utf8)
         var sent = 0
         while sent < line.count {
             let n = line[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
@@ -91,14 +96,14 @@ public final class ControlClient {
     }
 
     /// The next JSON line from the daemon; nil when it closed the connection.
-    public func receive() throws(Failure) -> [String: Any]? {
+    public func receive() throws(Failure) -> JSON? {
         try receiveObject()?.object
     }
 
     /// The next line as the daemon sent it (without its newline) and parsed.
-    func receiveObject() throws(Failure) -> (object: [String: Any], line: [UInt8])? {
+    func receiveObject() throws(Failure) -> (object: JSON, line: [UInt8])? {
         guard let line = try receiveLine() else { return nil }
-        guard let obj = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] else {
+        guard let obj = JSON.parse(line), obj.object != nil else {
             throw Failure("unreadable answer from the daemon")
         }
         return (obj, line)
@@ -144,12 +149,10 @@ public final class ControlClient {
     }
 
     /// Sends a request and returns its single answer, turning `{"error":…}` into a Failure.
-    public func call(_ request: [String: Any]) throws(Failure) -> [String: Any] {
+    public func call(_ request: JSON) throws(Failure) -> JSON {
         try send(request)
         guard let answer = try receive() else { throw Failure("the daemon closed the connection") }
-        if let message = answer["error"] as? String {
-            throw Failure(message, errno: Int32((answer["errno"] as? Int) ?? Int(EIO)))
-        }
+        try Failure.check(answer)
         return answer
     }
 }

@@ -1,5 +1,3 @@
-import Foundation
-
 /// The control socket's protocol: the client sends one JSON object on one
 /// line; the daemon answers with JSON lines (one for a request, a stream for
 /// events) and closes the connection when done.
@@ -23,26 +21,14 @@ public struct PathBytes: Hashable, Sendable, CustomStringConvertible {
     public var description: String { String(decoding: bytes, as: UTF8.self) }
 
     /// Adds `key` (and `key_b64` when needed) to a JSON object.
-    public func put(into object: inout [String: Any], key: String) {
-        object[key] = description
-        if !isValidUTF8 { object[key + "_b64"] = Data(bytes).base64EncodedString() }
+    public func put(into object: inout [String: JSON], key: String) {
+        object[key] = .string(description)
+        if !isValidUTF8 { object[key + "_b64"] = .string(Base64.encode(bytes)) }
     }
 
     /// Reads `key` / `key_b64` from a JSON object.
-    public static func get(_ object: [String: Any], key: String) -> PathBytes? {
-        if let b64 = object[key + "_b64"] as? String, let data = Data(base64Encoded: b64) { return PathBytes([UInt8](data)) }
-        return (object[key] as? String).map(PathBytes.init)
+    public static func get(_ object: JSON, key: String) -> PathBytes? {
+        if let b64 = object[key + "_b64"]?.string, let bytes = Base64.decode(b64) { return PathBytes(bytes) }
+        return object[key]?.string.map(PathBytes.init)
     }
-}
-
-/// One line of JSON, without pretty-printing and with no `\/` escapes.
-public func jsonLine(_ object: [String: Any]) -> String {
-    guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]) else {
-        return "{}"
-    }
-    return String(decoding: data, as: UTF8.self)
-}
-
-public func parseJSONLine(_ line: some StringProtocol) -> [String: Any]? {
-    (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any]
 }

@@ -1,8 +1,6 @@
-import Foundation
-
 /// One event from a mount's journal (or a snapshot line), with the fields
 /// every event has pulled out and the rest left in `fields`.
-public struct Event: @unchecked Sendable {
+public struct Event: Sendable {
     public var seq: UInt64?
     public var type: String
     public var instance: String?
@@ -12,20 +10,20 @@ public struct Event: @unchecked Sendable {
     public var from: PathBytes?
     public var kind: String?
     public var id: String?
-    public var fields: [String: Any]
+    public var fields: JSON
     /// The JSON line as the daemon sent it (no newline): pass it on as is.
     public var line: [UInt8]
 
-    public init(_ object: [String: Any], line: [UInt8] = []) {
+    public init(_ object: JSON, line: [UInt8] = []) {
         fields = object
         self.line = line
-        seq = (object["seq"] as? NSNumber)?.uint64Value
-        type = object["type"] as? String ?? ""
-        instance = object["instance"] as? String
+        seq = object["seq"]?.uint64
+        type = object["type"]?.string ?? ""
+        instance = object["instance"]?.string
         path = PathBytes.get(object, key: "path")
         from = PathBytes.get(object, key: "from") ?? PathBytes.get(object, key: "target")
-        kind = object["kind"] as? String
-        id = object["id"] as? String
+        kind = object["kind"]?.string
+        id = object["id"]?.string
     }
 
     private static let seqPrefix = Array(#"{"seq":"#.utf8)
@@ -56,7 +54,7 @@ public struct Event: @unchecked Sendable {
     /// Resume here with `--since` / `EventSubscription(since:)`.
     public var cursor: String? {
         if let seq, let instance { return "\(instance):\(seq)" }
-        return fields["cursor"] as? String
+        return fields["cursor"]?.string
     }
 }
 
@@ -71,20 +69,18 @@ public final class EventSubscription {
     public init(mountpoint: String, since: String? = nil, paths: [String]? = nil, types: [String]? = nil,
                 snapshot: Bool = false) throws(ControlClient.Failure) {
         client = try ControlClient(mountpoint: mountpoint)
-        var request: [String: Any] = ["op": "events", "snapshot": snapshot]
-        if let since { request["since"] = since }
-        if let paths { request["paths"] = paths }
-        if let types { request["types"] = types }
+        var request: [String: JSON] = ["op": "events", "snapshot": JSON(snapshot)]
+        if let since { request["since"] = JSON(since) }
+        if let paths { request["paths"] = JSON(paths) }
+        if let types { request["types"] = JSON(types) }
         cursor = since
-        try client.send(request)
+        try client.send(.object(request))
     }
 
     /// The next event; nil when the mount went away.
     public func next() throws(ControlClient.Failure) -> Event? {
         guard let (object, line) = try client.receiveObject() else { return nil }
-        if let message = object["error"] as? String {
-            throw ControlClient.Failure(message, errno: Int32((object["errno"] as? Int) ?? Int(EIO)))
-        }
+        try ControlClient.Failure.check(object)
         let event = Event(object, line: line)
         if let c = event.cursor, event.type != "exists" { cursor = c }
         return event
@@ -105,12 +101,10 @@ public final class EventSubscription {
             let isJournal = lines.withUnsafeBytes { Event.seq(of: UnsafeRawBufferPointer(rebasing: $0[start..<nl])) } != nil
             if isJournal { lastJournalLine = start..<nl; continue }
             let line = Array(lines[start..<nl])
-            guard let object = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] else {
+            guard let object = JSON.parse(line), object.object != nil else {
                 throw ControlClient.Failure("unreadable answer from the daemon")
             }
-            if let message = object["error"] as? String {
-                throw ControlClient.Failure(message, errno: Int32((object["errno"] as? Int) ?? Int(EIO)))
-            }
+            try ControlClient.Failure.check(object)
             let event = Event(object, line: line)
             if let c = event.cursor, event.type != "exists" { cursor = c; lastJournalLine = nil }
             decoded.append(event)
@@ -149,17 +143,17 @@ public final class LiveTree {
             scanned = false
         case "exists", "created", "linked", "restored":
             guard let p = e.path else { return }
-            entries[p] = Entry(kind: e.kind ?? "", id: e.id ?? "", size: (e.fields["size"] as? NSNumber)?.intValue)
+            entries[p] = Entry(kind: e.kind ?? "", id: e.id ?? "", size: e.fields["size"]?.int)
         case "written", "truncated":
             guard let p = e.path else { return }
-            entries[p, default: Entry(kind: "file", id: e.id ?? "")].size = (e.fields["size"] as? NSNumber)?.intValue
+            entries[p, default: Entry(kind: "file", id: e.id ?? "")].size = e.fields["size"]?.int
         case "deleted":
             guard let p = e.path else { return }
             // Only a directory has a subtree to drop; a file is one key, not a scan.
             if e.kind == "directory" { remove(p) } else { entries[p] = nil }
         case "renamed":
             guard let to = e.path, let from = e.from else { return }
-            if e.fields["exchange"] as? Bool == true {
+            if e.fields["exchange"]?.bool == true {
                 let a = subtree(from), b = subtree(to)
                 remove(from); remove(to)
                 for (k, v) in a { entries[rebase(k, from, to)] = v }

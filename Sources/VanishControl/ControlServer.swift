@@ -1,6 +1,7 @@
-import Foundation
 import Glibc
+import LinuxSyscalls
 import Logging
+import Synchronization
 import VanishClient
 import VanishEvents
 import VanishFS
@@ -14,9 +15,7 @@ public final class ControlServer: @unchecked Sendable {
     private let filesystem: PassthroughFilesystem
     private let log: Logger
     private let listener: Int32
-    private let lock = NSLock()
-    private var connections = 0
-    private var stopped = false
+    private let state = Mutex<(connections: Int, stopped: Bool)>((0, false))
     /// More peers than this at once are turned away (each holds a thread).
     static let maxConnections = 128
 
@@ -55,7 +54,7 @@ public final class ControlServer: @unchecked Sendable {
         if uid == 0 {
             dir = "/run/vanish"
             mkdir(dir, 0o755)
-        } else if let runtime = ProcessInfo.processInfo.environment["XDG_RUNTIME_DIR"], access(runtime, W_OK) == 0 {
+        } else if let env = getenv("XDG_RUNTIME_DIR"), case let runtime = String(cString: env), access(runtime, W_OK) == 0 {
             dir = runtime + "/vanish"
             mkdir(dir, 0o700)
         } else {
@@ -65,22 +64,21 @@ public final class ControlServer: @unchecked Sendable {
         var st = stat()
         // Never use a directory someone else planted.
         if lstat(dir, &st) != 0 || st.st_uid != uid || st.st_mode & S_IFMT != S_IFDIR {
-            dir = NSTemporaryDirectory() + "vanish-\(uid)-\(getpid())"
-            mkdir(dir, 0o700)
+            // A fresh owner-only directory nobody can have planted (mkdtemp).
+            var template = Array("/tmp/vanish-\(uid)-XXXXXX".utf8CString)
+            if let made = mkdtemp(&template) { dir = String(cString: made) }
         }
         return dir
     }
 
     /// Starts accepting (after any fork: threads don't survive it).
     public func start() {
-        Thread.detachNewThread { [self] in acceptLoop() }
+        spawnThread { [self] in acceptLoop() }
     }
 
     /// Stops accepting and removes the socket file.
     public func stop() {
-        lock.lock()
-        stopped = true
-        lock.unlock()
+        state.withLock { $0.stopped = true }
         shutdown(listener, Int32(SHUT_RDWR))
         unlink(path)
     }
@@ -91,23 +89,24 @@ public final class ControlServer: @unchecked Sendable {
             if fd >= 0 { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
             if fd < 0 {
                 if errno == EINTR || errno == ECONNABORTED { continue }
-                lock.lock(); let done = stopped; lock.unlock()
+                let done = state.withLock { $0.stopped }
                 if !done { log.error("control socket stopped accepting", metadata: ["errno": "\(errno)"]) }
                 close(listener)
                 return
             }
-            lock.lock()
-            let admitted = connections < ControlServer.maxConnections
-            if admitted { connections += 1 }
-            lock.unlock()
+            let admitted = state.withLock { s in
+                guard s.connections < ControlServer.maxConnections else { return false }
+                s.connections += 1
+                return true
+            }
             guard admitted else {
                 let conn = Connection(fd: fd)
-                conn.write(["error": "too many connections to this mount's control socket", "errno": Int(EAGAIN)])
+                conn.write(["error": "too many connections to this mount's control socket", "errno": JSON(EAGAIN)])
                 continue
             }
-            Thread.detachNewThread { [self] in
+            spawnThread { [self] in
                 serve(Connection(fd: fd))
-                lock.lock(); connections -= 1; lock.unlock()
+                state.withLock { $0.connections -= 1 }
             }
         }
     }
@@ -115,38 +114,38 @@ public final class ControlServer: @unchecked Sendable {
     private func serve(_ conn: Connection) {
         guard let peer = conn.peer() else { return }
         guard let request = conn.readRequest() else {
-            conn.write(["error": "expected one JSON object on one line", "errno": Int(EINVAL)])
+            conn.write(["error": "expected one JSON object on one line", "errno": JSON(EINVAL)])
             return
         }
-        switch request["op"] as? String {
+        switch request["op"]?.string {
         case "trash-list":
-            let entries = filesystem.trash(for: peer).map { e -> [String: Any] in
-                var o: [String: Any] = ["id": e.id, "deleted_ns": e.deleted, "uid": Int(e.record.uid),
-                                        "gid": Int(e.record.gid), "kind": e.record.kind.name]
-                if let b = e.record.bytes { o["bytes"] = b }
+            let entries = filesystem.trash(for: peer).map { e -> JSON in
+                var o: [String: JSON] = ["id": JSON(e.id), "deleted_ns": JSON(e.deleted), "uid": JSON(e.record.uid),
+                                         "gid": JSON(e.record.gid), "kind": JSON(e.record.kind.name)]
+                if let b = e.record.bytes { o["bytes"] = JSON(b) }
                 PathBytes(e.record.path).put(into: &o, key: "path")
-                return o
+                return .object(o)
             }
-            conn.write(["ok": true, "entries": entries])
+            conn.write(["ok": true, "entries": .array(entries)])
         case "restore":
-            let id = request["id"] as? String
+            let id = request["id"]?.string
             let path = PathBytes.get(request, key: "path")
             let to = PathBytes.get(request, key: "to")
             do {
                 let restored = try filesystem.restore(id: id, path: path?.bytes, to: to?.bytes, as: peer)
-                conn.write(["ok": true, "restored": restored.map { p -> [String: Any] in
-                    var o: [String: Any] = [:]
+                conn.write(["ok": true, "restored": .array(restored.map { p -> JSON in
+                    var o: [String: JSON] = [:]
                     PathBytes(p).put(into: &o, key: "path")
-                    return o
-                }])
+                    return .object(o)
+                })])
                 log.info("restored", metadata: ["uid": "\(peer.uid)", "entries": "\(restored.count)"])
             } catch {
-                conn.write(["error": error.description, "errno": Int(error.errno)])
+                conn.write(["error": JSON(error.description), "errno": JSON(error.errno)])
             }
         case "events":
             streamEvents(conn, request, peer)
         default:
-            conn.write(["error": "unknown request; this daemon knows: trash-list, restore, events", "errno": Int(EINVAL)])
+            conn.write(["error": "unknown request; this daemon knows: trash-list, restore, events", "errno": JSON(EINVAL)])
         }
     }
 }
@@ -155,45 +154,45 @@ extension ControlServer {
     /// Streams journal lines to a subscriber until it goes away or the mount
     /// ends: from after its cursor (or a `reset` first, when the cursor cannot
     /// be served), or from now; with `snapshot`, every existing entry first.
-    func streamEvents(_ conn: Connection, _ request: [String: Any], _ peer: Credentials) {
+    func streamEvents(_ conn: Connection, _ request: JSON, _ peer: Credentials) {
         guard let journal = filesystem.journal else {
-            conn.write(["error": "this mount records no events (mounted read-only or with -o noevents)", "errno": Int(ENOTSUP)])
+            conn.write(["error": "this mount records no events (mounted read-only or with -o noevents)", "errno": JSON(ENOTSUP)])
             return
         }
-        let types = (request["types"] as? [String]).map(Set.init)
-        let prefixes = (request["paths"] as? [Any])?.compactMap { item -> [UInt8]? in
-            guard let s = item as? String else { return nil }
+        let types = request["types"]?.array.map { Set($0.compactMap(\.string)) }
+        let prefixes = request["paths"]?.array?.compactMap { item -> [UInt8]? in
+            guard let s = item.string else { return nil }
             return Array(s.utf8.drop { $0 == 0x2F }.reversed().drop { $0 == 0x2F }.reversed())
         }
-        let since = request["since"] as? String
+        let since = request["since"]?.string
         var reader = journal.reader(after: since)
         if reader == nil {
             reader = journal.reader(after: nil)
             let why = since.map { $0.hasPrefix(journal.instance + ":") ? "the journal no longer holds events after it" : "it is from another mount instance" }
-            guard conn.write(["type": "reset", "instance": journal.instance, "cursor": journal.cursor(reader!.next - 1),
-                              "reason": "cursor \(since ?? "") cannot be served: \(why ?? "")"]) else { return }
+            guard conn.write(["type": "reset", "instance": JSON(journal.instance), "cursor": JSON(journal.cursor(reader!.next - 1)),
+                              "reason": JSON("cursor \(since ?? "") cannot be served: \(why ?? "")")]) else { return }
         }
         guard let reader else { return }
-        if request["snapshot"] as? Bool == true {
+        if request["snapshot"]?.bool == true {
             // The reader already stands before anything that happens during the
             // scan, so nothing falls between the listing and the live events.
             let start = journal.cursor(reader.next - 1)
-            guard conn.write(["type": "scan-started", "instance": journal.instance, "cursor": start]) else { return }
+            guard conn.write(["type": "scan-started", "instance": JSON(journal.instance), "cursor": JSON(start)]) else { return }
             var alive = true
             var count = 0
             filesystem.walk { path, st, id in
                 if let prefixes, !prefixes.contains(where: { ControlServer.isWithin(path, $0) }) { return true }
                 if peer.uid != 0 && !filesystem.mayObserve(path, as: peer) { return true }
-                var o: [String: Any] = ["type": "exists", "kind": ControlServer.kind(st.st_mode), "id": id,
-                                        "size": Int(st.st_size), "mode": Int(st.st_mode & 0o7777),
-                                        "owner_uid": Int(st.st_uid), "owner_gid": Int(st.st_gid)]
+                var o: [String: JSON] = ["type": "exists", "kind": JSON(ControlServer.kind(st.st_mode)), "id": JSON(id),
+                                         "size": JSON(st.st_size), "mode": JSON(st.st_mode & 0o7777),
+                                         "owner_uid": JSON(st.st_uid), "owner_gid": JSON(st.st_gid)]
                 PathBytes(path).put(into: &o, key: "path")
                 count += 1
-                alive = conn.write(o)
+                alive = conn.write(.object(o))
                 return alive
             }
-            guard alive, conn.write(["type": "scan-completed", "instance": journal.instance, "cursor": start,
-                                     "entries": count]) else { return }
+            guard alive, conn.write(["type": "scan-completed", "instance": JSON(journal.instance), "cursor": JSON(start),
+                                     "entries": JSON(count)]) else { return }
         }
         let filtered = types != nil || prefixes != nil || peer.uid != 0
         // Live delivery is background work: it must not take the CPU from
@@ -221,14 +220,21 @@ extension ControlServer {
     }
 
     private func visible(_ line: [UInt8], types: Set<String>?, prefixes: [[UInt8]]?, peer: Credentials) -> Bool {
-        guard let o = parseJSONLine(String(decoding: line, as: UTF8.self)) else { return false }
-        if let types, !types.contains(o["type"] as? String ?? "") { return false }
+        if let types {
+            // Journal lines carry their type at a fixed place: most lines a
+            // type filter drops need no parsing at all.
+            let type = line.withUnsafeBytes { EventLine.type(of: $0).map { String(decoding: $0, as: UTF8.self) } }
+            if let type, !types.contains(type) { return false }
+        }
+        if prefixes == nil && peer.uid == 0 { return true }
+        guard let o = JSON.parse(line) else { return false }
+        if let types, !types.contains(o["type"]?.string ?? "") { return false }
         let paths = ["path", "from", "target"].compactMap { PathBytes.get(o, key: $0)?.bytes }
         if let prefixes {
             // Lifecycle events (no path) always pass; a move counts at either end.
             if !paths.isEmpty && !paths.contains(where: { p in prefixes.contains { ControlServer.isWithin(p, $0) } }) { return false }
         }
-        if peer.uid != 0 && (o["uid"] as? Int) != Int(peer.uid) {
+        if peer.uid != 0 && o["uid"]?.int != Int(peer.uid) {
             if !paths.allSatisfy({ filesystem.mayObserve($0, as: peer) }) { return false }
         }
         return true
@@ -258,13 +264,22 @@ final class Connection {
 
     /// Supplementary groups of `pid` (what fuse_req_getgroups reads too).
     static func groups(of pid: pid_t) -> [gid_t] {
-        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
-              let line = status.split(separator: "\n").first(where: { $0.hasPrefix("Groups:") }) else { return [] }
-        return line.dropFirst("Groups:".count).split(separator: " ").compactMap { gid_t($0.trimmingCharacters(in: .whitespaces)) }
+        guard let f = fopen("/proc/\(pid)/status", "r") else { return [] }
+        defer { fclose(f) }
+        var line: UnsafeMutablePointer<CChar>?
+        var cap = 0
+        defer { free(line) }
+        while getline(&line, &cap, f) > 0 {
+            let text = String(cString: line!)
+            guard text.hasPrefix("Groups:") else { continue }
+            return text.dropFirst("Groups:".count).split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" })
+                .compactMap { gid_t($0) }
+        }
+        return []
     }
 
     /// Reads the request line (at most 64 KiB).
-    func readRequest() -> [String: Any]? {
+    func readRequest() -> JSON? {
         var data: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 4096)
         while data.count < 65536 {
@@ -272,9 +287,9 @@ final class Connection {
             if n < 0 && errno == EINTR { continue }
             if n <= 0 { break }
             data += chunk[..<n]
-            if let nl = data.firstIndex(of: 0x0A) { return parseJSONLine(String(decoding: data[..<nl], as: UTF8.self)) }
+            if let nl = data.firstIndex(of: 0x0A) { return JSON.parse(data[..<nl]).flatMap { $0.object != nil ? $0 : nil } }
         }
-        return data.isEmpty ? nil : parseJSONLine(String(decoding: data, as: UTF8.self))
+        return data.isEmpty ? nil : JSON.parse(data).flatMap { $0.object != nil ? $0 : nil }
     }
 
     /// True once the peer hung up (checked while no events flow).
@@ -288,8 +303,8 @@ final class Connection {
 
     /// Writes one JSON line; false once the peer is gone.
     @discardableResult
-    func write(_ object: [String: Any]) -> Bool {
-        send(Array((jsonLine(object) + "\n").utf8))
+    func write(_ object: JSON) -> Bool {
+        send(Array((object.serialized + "\n").utf8))
     }
 
     func send(_ bytes: [UInt8]) -> Bool {

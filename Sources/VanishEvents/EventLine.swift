@@ -144,6 +144,18 @@ public struct EventLine: Sendable {
     }
 
     /// The `seq` of a line this type wrote (nil for anything else).
+    /// The `type` of a journal line, read from its fixed place after `seq`
+    /// (for filtering by type without parsing the line).
+    public static func type(of line: UnsafeRawBufferPointer) -> UnsafeRawBufferPointer? {
+        let key: StaticString = ",\"type\":\""
+        let count = key.utf8CodeUnitCount
+        guard seq(of: line) != nil, var i = line.firstIndex(of: UInt8(ascii: ",")),
+              line.count - i > count, memcmp(line.baseAddress! + i, key.utf8Start, count) == 0 else { return nil }
+        i += count
+        guard let end = line[i...].firstIndex(of: UInt8(ascii: "\"")) else { return nil }
+        return UnsafeRawBufferPointer(rebasing: line[i..<end])
+    }
+
     public static func seq(of line: UnsafeRawBufferPointer) -> UInt64? {
         let prefix: StaticString = "{\"seq\":"
         let count = prefix.utf8CodeUnitCount

@@ -1,5 +1,6 @@
-import Foundation
+import Dispatch
 import Glibc
+import LinuxSyscalls
 import Synchronization
 
 /// The mount's event journal: every event gets the next sequence number and
@@ -30,7 +31,7 @@ public final class Journal: @unchecked Sendable {
     private let pending = Mutex(Pending())
     private let wakeWriter = DispatchSemaphore(value: 0)
     /// Guards the segment list and `durable`; readers wait on it for news.
-    private let state = NSCondition()
+    private let state = Condition()
     private struct Segment { var first: UInt64; var name: String; var bytes: UInt64; var created: UInt64 }
     private var segments: [Segment] = []
     /// Every event up to this one is in the files.
@@ -60,7 +61,7 @@ public final class Journal: @unchecked Sendable {
 
     /// Starts the writer thread (after any fork).
     public func start() {
-        Thread.detachNewThread { [self] in writer() }
+        spawnThread { [self] in writer() }
     }
 
     private var isClosing: Bool {
@@ -221,7 +222,7 @@ public final class Journal: @unchecked Sendable {
     /// Blocks until `seq` is in the files (or the timeout passes).
     @discardableResult
     func waitDurable(_ seq: UInt64, timeout: Double) -> Bool {
-        let deadline = Date(timeIntervalSinceNow: timeout)
+        let deadline = Condition.now() &+ UInt64(max(0, timeout) * 1e9)
         state.lock()
         defer { state.unlock() }
         while durable < seq && !closed {

@@ -468,14 +468,3 @@ final class RateLimiter: @unchecked Sendable {
     }
 }
 
-/// Runs `body` on a new detached pthread (no Foundation in the daemon).
-func spawnThread(_ body: @escaping @Sendable () -> Void) {
-    final class Box { let body: @Sendable () -> Void; init(_ b: @escaping @Sendable () -> Void) { body = b } }
-    var tid = pthread_t()
-    let arg = Unmanaged.passRetained(Box(body)).toOpaque()
-    let rc = pthread_create(&tid, nil, { raw in
-        Unmanaged<Box>.fromOpaque(raw!).takeRetainedValue().body()
-        return nil
-    }, arg)
-    if rc == 0 { pthread_detach(tid) } else { Unmanaged<Box>.fromOpaque(arg).release() }
-}

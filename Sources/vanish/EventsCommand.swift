@@ -1,5 +1,5 @@
 import ArgumentParser
-import Foundation
+import Glibc
 import VanishClient
 
 struct EventsCommand: ParsableCommand {
@@ -93,11 +93,11 @@ struct EventsCommand: ParsableCommand {
         if let kind = e.kind { s += " \(kind)" }
         if let from = e.from { s += " \(from) →" }
         if let p = e.path { s += " \(p)" }
-        if let size = f["size"] as? NSNumber, e.type != "exists" { s += " (\(size) bytes)" }
-        if let src = f["copied_from"] as? String { s += " copied from \(src)" }
-        if let changed = f["changed"] as? String { s += " [\(changed)]" }
-        if let comm = f["comm"] as? String, let pid = f["pid"] as? NSNumber { s += "  by \(comm)[\(pid)]" }
-        if e.type == "reset", let reason = f["reason"] as? String { s += ": \(reason)" }
+        if let size = f["size"]?.uint64, e.type != "exists" { s += " (\(size) bytes)" }
+        if let src = f["copied_from"]?.string { s += " copied from \(src)" }
+        if let changed = f["changed"]?.string { s += " [\(changed)]" }
+        if let comm = f["comm"]?.string, let pid = f["pid"]?.int { s += "  by \(comm)[\(pid)]" }
+        if e.type == "reset", let reason = f["reason"]?.string { s += ": \(reason)" }
         return s
     }
 }

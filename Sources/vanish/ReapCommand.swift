@@ -1,6 +1,8 @@
 import ArgumentParser
 import CFuse
-import Foundation
+import Dispatch
+import Glibc
+import Synchronization
 import LinuxSyscalls
 import VanishGraveyard
 
@@ -43,7 +45,7 @@ struct ReapCommand: ParsableCommand {
             return
         }
         let total = reapers.reduce(0) { $0 + $1.pendingEntries() }
-        let interrupted = Atomic(false)
+        let interrupted = StopFlag()
         let sources = stopOnSignals { interrupted.set(); reapers.forEach { $0.stop(.now) } }
         for r in reapers { r.start(); r.stop(.whenEmpty) }
         let done = DispatchSemaphore(value: 0)
@@ -71,10 +73,8 @@ struct ReapCommand: ParsableCommand {
 }
 
 /// A flag set from a signal handler's queue and read on the main thread.
-final class Atomic: @unchecked Sendable {
-    private let lock = NSLock()
-    private var flag: Bool
-    init(_ v: Bool) { flag = v }
-    func set() { lock.lock(); flag = true; lock.unlock() }
-    var value: Bool { lock.lock(); defer { lock.unlock() }; return flag }
+final class StopFlag: Sendable {
+    private let flag = Atomic<Bool>(false)
+    func set() { flag.store(true, ordering: .relaxed) }
+    var value: Bool { flag.load(ordering: .relaxed) }
 }

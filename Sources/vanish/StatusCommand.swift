@@ -1,6 +1,8 @@
 import ArgumentParser
 import CFuse
-import Foundation
+import Glibc
+import LinuxSyscalls
+import VanishClient
 
 struct StatusCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -21,21 +23,22 @@ struct StatusCommand: ParsableCommand {
     func run() throws {
         var status = try read()
         if wait {
-            let start = Date()
+            let start = Condition.now()
             let firstFreed = status.freedFiles
             let terminal = isatty(1) != 0
-            var lastLine = Date.distantPast
+            var lastLine: UInt64 = 0
             while status.pending > status.restorable || !status.idle {
-                let elapsed = Date().timeIntervalSince(start)
+                let now = Condition.now()
+                let elapsed = Double(now - start) / 1e9
                 let rate = elapsed > 0 ? Double(status.freedFiles - firstFreed) / elapsed : 0
                 let line = "waiting: \(status.pending) graveyard entries; \(status.freedFiles) files and directories, "
-                    + "\(bytes(status.freedBytes)) freed" + (rate > 0 ? String(format: ", %.0f files/s", rate) : "")
+                    + "\(bytes(status.freedBytes)) freed" + (rate >= 1 ? ", \(Int(rate)) files/s" : "")
                 if terminal {
                     print("\r\u{1B}[K" + line, terminator: "")
                     fflush(nil)
-                } else if Date().timeIntervalSince(lastLine) >= 1 {
+                } else if lastLine == 0 || now - lastLine >= 1_000_000_000 {
                     print(line)
-                    lastLine = Date()
+                    lastLine = now
                 }
                 usleep(100_000)
                 status = try read()
@@ -83,16 +86,16 @@ struct StatusCommand: ParsableCommand {
             throw RuntimeError("cannot read status of \(mountpoint): \(String(cString: strerror(e)))")
         }
         let raw = String(decoding: buffer[..<n], as: UTF8.self)
-        guard let obj = try JSONSerialization.jsonObject(with: Data(buffer[..<n])) as? [String: Any] else {
+        guard let obj = JSON.parse(buffer[..<n]), obj.object != nil else {
             throw RuntimeError("unreadable status from \(mountpoint)")
         }
-        func int(_ k: String) -> Int { (obj[k] as? NSNumber)?.intValue ?? 0 }
-        return Status(raw: raw, source: obj["source"] as? String ?? "?", pending: int("pending_entries"),
+        func int(_ k: String) -> Int { obj[k]?.int ?? 0 }
+        return Status(raw: raw, source: obj["source"]?.string ?? "?", pending: int("pending_entries"),
                       reaped: int("reaped_entries"), freedFiles: int("freed_files"), freedBytes: int("freed_bytes"),
                       buried: int("buried_entries"), workers: int("reaper_workers"), free: int("free_bytes"),
                       restorable: int("restorable_entries"), restorableBytes: int("restorable_bytes"),
-                      keepSeconds: (obj["keep_seconds"] as? NSNumber)?.doubleValue ?? 0,
-                      idle: (obj["reaper_idle"] as? NSNumber)?.boolValue ?? (obj["reaper_idle"] as? Bool) ?? true)
+                      keepSeconds: obj["keep_seconds"]?.double ?? 0,
+                      idle: obj["reaper_idle"]?.bool ?? true)
     }
 }
 
@@ -101,5 +104,7 @@ func bytes(_ n: Int) -> String {
     var v = Double(n)
     var i = 0
     while v >= 1024 && i < units.count - 1 { v /= 1024; i += 1 }
-    return i == 0 ? "\(n) B" : String(format: "%.1f %@", v, units[i])
+    // One decimal, rounded half up, without Foundation's String(format:).
+    let tenths = Int((v * 10).rounded())
+    return i == 0 ? "\(n) B" : "\(tenths / 10).\(tenths % 10) \(units[i])"
 }

@@ -1,5 +1,5 @@
 import ArgumentParser
-import Foundation
+import Glibc
 import VanishClient
 
 struct TrashCommand: ParsableCommand {
@@ -24,34 +24,31 @@ struct TrashCommand: ParsableCommand {
         func run() throws {
             let entries = try TrashCommand.list(mountpoint)
             if json {
-                for e in entries { print(jsonLine(e)) }
+                for e in entries { print(e.serialized) }
                 return
             }
             if entries.isEmpty {
                 print("nothing restorable on \(mountpoint)")
                 return
             }
-            let format = DateFormatter()
-            format.dateFormat = "yyyy-MM-dd HH:mm:ss"
             for e in entries {
-                let ns = (e["deleted_ns"] as? NSNumber)?.doubleValue ?? 0
-                let when = format.string(from: Date(timeIntervalSince1970: ns / 1e9))
-                let size = (e["bytes"] as? NSNumber).map { bytes($0.intValue) } ?? "-"
-                let uid = (e["uid"] as? NSNumber)?.uint32Value ?? 0
+                let when = localTime(nanoseconds: e["deleted_ns"]?.uint64 ?? 0)
+                let size = e["bytes"]?.int.map { bytes($0) } ?? "-"
+                let uid = UInt32(e["uid"]?.int ?? 0)
                 let user = getpwuid(uid).map { String(cString: $0.pointee.pw_name) } ?? "\(uid)"
                 let path = PathBytes.get(e, key: "path")?.description ?? "?"
-                let kind = e["kind"] as? String == "directory" ? "/" : ""
-                print("\(e["id"] as? String ?? "?")  \(when)  \(size.padding(toLength: 9, withPad: " ", startingAt: 0)) \(user.padding(toLength: 8, withPad: " ", startingAt: 0)) \(path)\(kind)")
+                let kind = e["kind"]?.string == "directory" ? "/" : ""
+                print("\(e["id"]?.string ?? "?")  \(when)  \(pad(size, 9)) \(pad(user, 8)) \(path)\(kind)")
             }
         }
     }
 
     /// The entries the calling user may see on the mount at `mountpoint`.
-    static func list(_ mountpoint: String) throws -> [[String: Any]] {
+    static func list(_ mountpoint: String) throws -> [JSON] {
         do {
             let client = try ControlClient(mountpoint: mountpoint)
             let answer = try client.call(["op": "trash-list"])
-            return answer["entries"] as? [[String: Any]] ?? []
+            return answer["entries"]?.array ?? []
         } catch {
             throw RuntimeError(error.description)
         }
@@ -84,16 +81,16 @@ struct RestoreCommand: ParsableCommand {
     }
 
     func run() throws {
-        var request: [String: Any] = ["op": "restore"]
+        var request: [String: JSON] = ["op": "restore"]
         let mountpoint: String
-        if RestoreCommand.isID(entry) && !FileManager.default.fileExists(atPath: entry) {
-            request["id"] = entry
+        if RestoreCommand.isID(entry) && access(entry, F_OK) != 0 {
+            request["id"] = JSON(entry)
             if let mount {
                 mountpoint = MountPaths.lexicallyAbsolute(mount)
             } else {
                 let candidates = MountPaths.mounts().filter { $0.type == "fuse.vanish" }.map(\.point)
                 guard let found = candidates.first(where: { point in
-                    ((try? TrashCommand.list(point)) ?? []).contains { $0["id"] as? String == entry }
+                    ((try? TrashCommand.list(point)) ?? []).contains { $0["id"]?.string == entry }
                 }) else {
                     throw RuntimeError("no Vanish mount has a restorable entry \(entry) of yours")
                 }
@@ -107,13 +104,13 @@ struct RestoreCommand: ParsableCommand {
         if let to {
             PathBytes(try RestoreCommand.relative(MountPaths.lexicallyAbsolute(to), in: mountpoint)).put(into: &request, key: "to")
         }
-        let answer: [String: Any]
+        let answer: JSON
         do {
-            answer = try ControlClient(mountpoint: mountpoint).call(request)
+            answer = try ControlClient(mountpoint: mountpoint).call(.object(request))
         } catch {
             throw RuntimeError("cannot restore \(entry): \(error.description)")
         }
-        for item in answer["restored"] as? [[String: Any]] ?? [] {
+        for item in answer["restored"]?.array ?? [] {
             let p = PathBytes.get(item, key: "path")?.description ?? "?"
             print("restored \(mountpoint == "/" ? "" : mountpoint)/\(p)")
         }
@@ -131,4 +128,17 @@ struct RestoreCommand: ParsableCommand {
         guard path.hasPrefix(prefix) else { throw RuntimeError("\(path) is not inside the mount at \(mountpoint)") }
         return Array(path.dropFirst(prefix.count).utf8)
     }
+}
+
+/// `s` padded with spaces to at least `width` characters.
+func pad(_ s: String, _ width: Int) -> String { s.count >= width ? s : s + String(repeating: " ", count: width - s.count) }
+
+/// "YYYY-MM-DD HH:MM:SS" in local time (localtime_r and strftime, not Foundation).
+func localTime(nanoseconds ns: UInt64) -> String {
+    var t = time_t(ns / 1_000_000_000)
+    var parts = tm()
+    localtime_r(&t, &parts)
+    var buffer = [CChar](repeating: 0, count: 32)
+    let n = strftime(&buffer, buffer.count, "%Y-%m-%d %H:%M:%S", &parts)
+    return String(decoding: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }

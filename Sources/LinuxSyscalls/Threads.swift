@@ -1,0 +1,56 @@
+import Glibc
+
+/// Starts a detached POSIX thread running `body` (no Foundation `Thread`:
+/// the daemon and the CLI do not link Foundation).
+public func spawnThread(_ body: @escaping @Sendable () -> Void) {
+    final class Box { let body: @Sendable () -> Void; init(_ b: @escaping @Sendable () -> Void) { body = b } }
+    var tid = pthread_t()
+    let arg = Unmanaged.passRetained(Box(body)).toOpaque()
+    let rc = pthread_create(&tid, nil, { raw in
+        Unmanaged<Box>.fromOpaque(raw!).takeRetainedValue().body()
+        return nil
+    }, arg)
+    if rc == 0 { pthread_detach(tid) } else { Unmanaged<Box>.fromOpaque(arg).release() }
+}
+
+/// A mutex and a condition variable (pthread_mutex_t, pthread_cond_t on
+/// CLOCK_MONOTONIC), for threads that wait for a state change with a
+/// deadline. Both live in allocated memory: pthread objects must not move.
+public final class Condition: @unchecked Sendable {
+    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    private let cond = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+
+    public init() {
+        pthread_mutex_init(mutex, nil)
+        var attr = pthread_condattr_t()
+        pthread_condattr_init(&attr)
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC)
+        pthread_cond_init(cond, &attr)
+        pthread_condattr_destroy(&attr)
+    }
+
+    deinit {
+        pthread_cond_destroy(cond)
+        pthread_mutex_destroy(mutex)
+        cond.deallocate()
+        mutex.deallocate()
+    }
+
+    public func lock() { pthread_mutex_lock(mutex) }
+    public func unlock() { pthread_mutex_unlock(mutex) }
+    public func broadcast() { pthread_cond_broadcast(cond) }
+
+    /// With the lock held: waits for a broadcast until `deadline`
+    /// (`Condition.now()` nanoseconds); false once the deadline has passed.
+    public func wait(until deadline: UInt64) -> Bool {
+        var ts = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
+        return pthread_cond_timedwait(cond, mutex, &ts) != ETIMEDOUT
+    }
+
+    /// CLOCK_MONOTONIC in nanoseconds: the clock `wait(until:)` measures by.
+    public static func now() -> UInt64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+    }
+}
