@@ -45,6 +45,11 @@ static inline int vanish_renameat2(int olddirfd, const char *oldpath, int newdir
     return (int)syscall(SYS_renameat2, olddirfd, oldpath, newdirfd, newpath, flags);
 }
 
+/* fchmodat2 (Linux 6.6): chmod of the inode behind an O_PATH fd with AT_EMPTY_PATH. */
+static inline int vanish_fchmodat2(int dirfd, const char *path, mode_t mode, int flags) {
+    return (int)syscall(452 /* SYS_fchmodat2 */, dirfd, path, mode, flags);
+}
+
 static inline ssize_t vanish_copy_file_range(int fd_in, off_t *off_in, int fd_out,
                                              off_t *off_out, size_t len, unsigned int flags) {
     return (ssize_t)syscall(SYS_copy_file_range, fd_in, off_in, fd_out, off_out, len, flags);

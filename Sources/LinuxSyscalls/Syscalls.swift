@@ -1,5 +1,6 @@
 import CFuse
 import Glibc
+import Synchronization
 import SystemPackage
 
 /// Typed wrappers over the Linux calls Vanish makes on the request path.
@@ -8,6 +9,9 @@ import SystemPackage
 /// can pass the backing filesystem's error to the kernel unchanged. They are
 /// `@inlinable` and allocate nothing: they sit under every FUSE request.
 public enum Sys {}
+
+/// Set once fchmodat2 turned out to be missing (kernels before 6.6).
+private let noFchmodat2 = Atomic<Bool>(false)
 
 extension Sys {
     @inlinable @inline(__always)
@@ -120,9 +124,17 @@ extension Sys {
         _ = try check(Glibc.fchmod(fd, mode))
     }
 
-    /// `chmod("/proc/self/fd/N")`: O_PATH fds refuse fchmod.
-    @inlinable
+    /// chmod of the inode behind an O_PATH fd (which fchmod refuses):
+    /// `fchmodat2(fd, "", mode, AT_EMPTY_PATH)`, or `chmod("/proc/self/fd/N")`
+    /// on kernels before 6.6 (the path walk through /proc cost chmod a
+    /// twentieth of the daemon's time in a metadata benchmark).
     public static func chmod(pathFD fd: Int32, _ mode: mode_t) throws(Errno) {
+        if !noFchmodat2.load(ordering: .relaxed) {
+            if vanish_fchmodat2(fd, "", mode, VANISH_AT_EMPTY_PATH) == 0 { return }
+            let e = Errno(rawValue: errno)
+            guard e == .noFunction || e == .invalidArgument || e == .notSupported else { throw e }
+            noFchmodat2.store(true, ordering: .relaxed)
+        }
         try withProcPath(fd) { path throws(Errno) in _ = try check(Glibc.chmod(path, mode)) }
     }
 
@@ -144,15 +156,11 @@ extension Sys {
         _ = try check(Glibc.futimens(fd, times))
     }
 
-    /// `utimensat` on the inode behind an O_PATH fd: the fd itself for a
-    /// symlink (AT_EMPTY_PATH), `/proc/self/fd/N` otherwise.
+    /// `utimensat(fd, "", times, AT_EMPTY_PATH)`: the inode behind an O_PATH
+    /// fd, whatever its type (no /proc/self/fd path walk).
     @inlinable
     public static func utimens(pathFD fd: Int32, isSymlink: Bool, _ times: UnsafePointer<timespec>) throws(Errno) {
-        if isSymlink {
-            _ = try check(Glibc.utimensat(fd, "", times, VANISH_AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW))
-        } else {
-            try withProcPath(fd) { path throws(Errno) in _ = try check(Glibc.utimensat(AT_FDCWD, path, times, 0)) }
-        }
+        _ = try check(Glibc.utimensat(fd, "", times, VANISH_AT_EMPTY_PATH | (isSymlink ? AT_SYMLINK_NOFOLLOW : 0)))
     }
 
     /// `dup(2)`.
