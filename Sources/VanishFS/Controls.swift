@@ -86,15 +86,23 @@ extension PassthroughFilesystem {
     /// The JSON `vanish status` shows.
     func statusJSON() -> String {
         let s = reapingStatistics
+        let pace = reapingPace
+        let pending = pendingEntries
+        let restorable = graveyard?.restorableCount ?? 0
+        // Entries the window keeps are not due, so they are not in the estimate.
+        let due = max(0, pending - restorable)
+        let eta = due == 0 ? "0" : pace.entriesPerSecond > 0 ? "\(Int((Double(due) / pace.entriesPerSecond).rounded(.up)))" : "null"
         var fs = statvfs()
         _ = fstatvfs(rootFD, &fs)
         let free = UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
         return """
-            {"source":"\(jsonEscape(sourcePath))","pid":\(getpid()),"graveyard":\(graveyard != nil),"pending_entries":\(pendingEntries),\
+            {"source":"\(jsonEscape(sourcePath))","pid":\(getpid()),"graveyard":\(graveyard != nil),"pending_entries":\(pending),\
+            "reap_files_per_second":\(Int(pace.filesPerSecond)),"reap_entries_per_second":\(Int(pace.entriesPerSecond)),\
+            "eta_seconds":\(eta),\
             "reaper_idle":\(reapersIdle),\
             "reaped_entries":\(s.entries),"freed_files":\(s.files),"freed_bytes":\(s.bytes),\
             "buried_entries":\(s.buried),"reaper_workers":\(reaper?.workerCount ?? 0),"free_bytes":\(free),\
-            "restorable_entries":\(graveyard?.restorableCount ?? 0),"restorable_bytes":\(graveyard?.restorableBytes ?? 0),\
+            "restorable_entries":\(restorable),"restorable_bytes":\(graveyard?.restorableBytes ?? 0),\
             "keep_seconds":\(Double(reaper?.policy.keep ?? 0) / 1e9),"socket":"\(jsonEscape(controlSocket))",\
             "known_inodes":\(table.count),"cached_fds":\(fds.openCount),"fd_cache_limit":\(fds.limit)}
             """

@@ -125,6 +125,15 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         }
     }
 
+    /// The recent pace of every reaper together.
+    public var reapingPace: Reaper.Pace {
+        allReapers.reduce(into: .zero) { sum, r in
+            let p = r.pace
+            sum.filesPerSecond += p.filesPerSecond
+            sum.entriesPerSecond += p.entriesPerSecond
+        }
+    }
+
     /// Entries waiting in every graveyard (directory scans: not for the hot path).
     public var pendingEntries: Int { allReapers.reduce(0) { $0 + $1.pendingEntries() } }
 

@@ -98,6 +98,11 @@ public final class Reaper: @unchecked Sendable {
         var bytes: UInt64 = 0
     }
     private let tallies = Mutex<(origins: [String: Tally], pieces: [String: String])>(([:], [:]))
+    /// Checkpoints of the counters, a few a second while reaping, for the
+    /// recent pace `vanish status` shows (a whole-life average would hide a
+    /// reaper that slowed down or stopped).
+    private let paceLog = Mutex<[(time: UInt64, files: UInt64, entries: UInt64)]>([])
+    private let lastCheckpoint = Atomic<UInt64>(0)
     /// Set while the backing filesystem is short of space: no stepping aside then.
     private let spaceShort = Atomic<Bool>(false)
     private let spaceCheckedAt = Atomic<UInt64>(0)
@@ -113,6 +118,45 @@ public final class Reaper: @unchecked Sendable {
     /// Whether entries wait out an undo window.
     @inline(__always)
     var keeps: Bool { policy.keep > 0 }
+
+    /// Files and entries freed per second over the last few seconds.
+    public struct Pace: Sendable {
+        public var filesPerSecond: Double
+        public var entriesPerSecond: Double
+        public static let zero = Pace(filesPerSecond: 0, entriesPerSecond: 0)
+    }
+
+    /// The pace since the oldest checkpoint of the last 5 s; zero if the
+    /// reaper freed nothing in that time.
+    public var pace: Pace {
+        let now = Condition.now()
+        let files = files.load(ordering: .relaxed), entries = entries.load(ordering: .relaxed)
+        return paceLog.withLock { log in
+            guard let first = log.first(where: { now &- $0.time <= 5_000_000_000 }) else { return .zero }
+            let seconds = Double(now &- first.time) / 1e9
+            guard seconds >= 0.2 else { return .zero }
+            return Pace(filesPerSecond: Double(files &- first.files) / seconds,
+                        entriesPerSecond: Double(entries &- first.entries) / seconds)
+        }
+    }
+
+    /// Records the counters at most four times a second (one atomic load otherwise).
+    @inline(__always)
+    private func checkpointPace() {
+        let now = Condition.now()
+        let last = lastCheckpoint.load(ordering: .relaxed)
+        guard now &- last >= 250_000_000,
+              lastCheckpoint.compareExchange(expected: last, desired: now, ordering: .relaxed).exchanged else { return }
+        let point = (now, files.load(ordering: .relaxed), entries.load(ordering: .relaxed))
+        paceLog.withLock { log in
+            if log.isEmpty {
+                // The first deletion after a rest: start counting from just before it.
+                log.append((now &- 1, point.1, point.2))
+            }
+            log.append(point)
+            if log.count > 24 { log.removeFirst(log.count - 24) }
+        }
+    }
 
     public var statistics: Statistics {
         Statistics(entries: entries.load(ordering: .relaxed), files: files.load(ordering: .relaxed),
@@ -305,6 +349,7 @@ public final class Reaper: @unchecked Sendable {
             }
             files.wrappingAdd(remover.files, ordering: .relaxed)
             bytes.wrappingAdd(remover.bytes, ordering: .relaxed)
+            checkpointPace()
             remover.files = 0
             remover.bytes = 0
             if !done { break }

@@ -30,9 +30,11 @@ struct StatusCommand: ParsableCommand {
             while status.pending > status.restorable || !status.idle {
                 let now = Condition.now()
                 let elapsed = Double(now - start) / 1e9
-                let rate = elapsed > 0 ? Double(status.freedFiles - firstFreed) / elapsed : 0
+                let average = elapsed > 0 ? Int(Double(status.freedFiles - firstFreed) / elapsed) : 0
+                let rate = status.filesPerSecond > 0 ? status.filesPerSecond : average
                 let line = "waiting: \(status.pending) graveyard entries; \(status.freedFiles) files and directories, "
-                    + "\(bytes(status.freedBytes)) freed" + (rate >= 1 ? ", \(Int(rate)) files/s" : "")
+                    + "\(bytes(status.freedBytes)) freed" + (rate >= 1 ? ", \(rate) files/s" : "")
+                    + (status.eta.map { ", ~\($0) s left" } ?? "")
                 if terminal {
                     print("\r\u{1B}[K" + line, terminator: "")
                     fflush(nil)
@@ -53,6 +55,7 @@ struct StatusCommand: ParsableCommand {
                 graveyard:        \(status.pending) entries waiting, \(status.restorable) of them restorable (\(bytes(status.restorableBytes)) known)
                 undo window:      \(status.keepSeconds > 0 ? "\(Int(status.keepSeconds)) s" : "none")
                 reaped:           \(status.reaped) entries, \(status.freedFiles) files and directories, \(bytes(status.freedBytes))
+                reaping now:      \(status.pace)
                 deleted (mount):  \(status.buried) entries since mount
                 reaper workers:   \(status.workers)
                 free space:       \(bytes(status.free))
@@ -75,6 +78,16 @@ struct StatusCommand: ParsableCommand {
         var keepSeconds: Double
         /// All reaper workers asleep (nothing in flight between shards).
         var idle: Bool
+        /// Recent pace, as the daemon measured it over the last few seconds.
+        var filesPerSecond: Int
+        /// Seconds until the entries now due are freed, at that pace; nil when unknown.
+        var eta: Int?
+
+        var pace: String {
+            if pending <= restorable && idle { return "idle (nothing due)" }
+            guard filesPerSecond > 0 else { return "starting (no recent pace yet)" }
+            return "\(filesPerSecond) files/s" + (eta.map { ", about \($0) s left for the entries now due" } ?? "")
+        }
     }
 
     func read() throws -> Status {
@@ -95,7 +108,8 @@ struct StatusCommand: ParsableCommand {
                       buried: int("buried_entries"), workers: int("reaper_workers"), free: int("free_bytes"),
                       restorable: int("restorable_entries"), restorableBytes: int("restorable_bytes"),
                       keepSeconds: obj["keep_seconds"]?.double ?? 0,
-                      idle: obj["reaper_idle"]?.bool ?? true)
+                      idle: obj["reaper_idle"]?.bool ?? true, filesPerSecond: int("reap_files_per_second"),
+                      eta: obj["eta_seconds"]?.int)
     }
 }
 

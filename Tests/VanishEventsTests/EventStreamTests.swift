@@ -64,7 +64,7 @@ struct EventStreamTests {
             let r = try sh("""
                 mkdir -p src/sub && printf a > src/sub/f && cp -r src dst
                 mv dst/sub/f other && echo old > t && echo new > n && mv n t
-                chmod 600 t && touch -d @0 t && setfattr -n user.k -v v t && ln t t2
+                chmod 600 t && chown 65534:65534 t && touch -d @0 t && setfattr -n user.k -v v t && ln t t2
                 exec 3>w; exec 4>>w; printf 1 >&3; printf 2 >&4; exec 3>&- 4>&-
                 rm -rf src
                 """, cwd: m.mountpoint)
@@ -75,7 +75,7 @@ struct EventStreamTests {
                 "created dst", "created dst/sub", "created dst/sub/f", "written dst/sub/f",
                 "renamed other <- dst/sub/f",
                 "created t", "written t", "created n", "written n", "renamed t <- n",
-                "attributes t", "attributes t", "attributes t", "linked t2 <- t",
+                "attributes t", "attributes t", "attributes t", "attributes t", "linked t2 <- t",
                 "created w", "written w", "written w",
                 "deleted src/sub/f", "deleted src/sub", "deleted src",
             ]
@@ -86,6 +86,11 @@ struct EventStreamTests {
             let createdN = try #require(s.events.first { $0["type"] as? String == "created" && $0["path"] as? String == "n" })
             #expect(rename["id"] as? String == createdN["id"] as? String)
             #expect((rename["id"] as? String ?? "").count > 8)
+            // What each attributes event changed: mode, then owner, then times, then an xattr.
+            let changed = s.events.filter { $0["type"] as? String == "attributes" && $0["path"] as? String == "t" }
+                .map { $0["changed"] as? String ?? "" }
+            #expect(changed.count == 4 && changed[0].contains("mode") && changed[1].contains("uid")
+                    && changed[1].contains("gid") && changed[2].contains("mtime") && changed[3].contains("xattr"), "\(changed)")
             // Who did it.
             #expect(rename["comm"] as? String == "mv")
             #expect(rename["uid"] as? Int == Int(getuid()))

@@ -166,12 +166,25 @@ struct UndoWindowTests {
         }
     }
 
-    @Test("a reaper rate limit still drains the graveyard")
+    @Test("a reaper rate limit still drains the graveyard; status shows the pace and an ETA meanwhile")
     func rateLimit() throws {
-        try withVanishMount(options: ["reap_rate=5000"], prepare: { src in try makeTree(src + "/t", files: 500) }) { m in
+        try withVanishMount(options: ["reap_rate=1000"], prepare: { src in try makeTree(src + "/t", files: 4000) }) { m in
             #expect(try run([vanishBinary, "rm", "-r", m.path("t")]).ok)
+            // About 4 s of reaping at 1,000 files/s: the daemon's recent pace shows.
+            var seen: [String: Any] = [:]
+            try waitFor("a pace and an ETA in vanish status") {
+                let r = try run([vanishBinary, "status", "--json", m.mountpoint])
+                seen = (try? JSONSerialization.jsonObject(with: Data(r.stdout.utf8))) as? [String: Any] ?? [:]
+                return (seen["reap_files_per_second"] as? Int ?? 0) > 0 && (seen["eta_seconds"] as? Int ?? 0) > 0
+            }
+            let pace = seen["reap_files_per_second"] as? Int ?? 0
+            #expect(pace <= 1500, "the limit is 1,000 files/s: \(seen)")
+            let text = try run([vanishBinary, "status", m.mountpoint]).stdout
+            #expect(text.contains("files/s") || text.contains("idle"), "\(text)")
             try waitForReaper(m)
             #expect(try graveyardCount(m.source) == 0)
+            let done = try run([vanishBinary, "status", "--json", m.mountpoint]).stdout
+            #expect(done.contains("\"eta_seconds\":0"), "\(done)")
         }
     }
 
