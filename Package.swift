@@ -102,7 +102,7 @@ let package = Package(
         ),
         .testTarget(
             name: "VanishEventsTests",
-            dependencies: ["VanishTestSupport", "vanish"],
+            dependencies: ["VanishTestSupport", "VanishEvents", "LinuxSyscalls", "vanish"],
             swiftSettings: strict
         ),
         .testTarget(

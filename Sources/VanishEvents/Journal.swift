@@ -32,7 +32,7 @@ public final class Journal: @unchecked Sendable {
     private let wakeWriter = DispatchSemaphore(value: 0)
     /// Guards the segment list and `durable`; readers wait on it for news.
     private let state = Condition()
-    private struct Segment { var first: UInt64; var name: String; var bytes: UInt64; var created: UInt64 }
+    fileprivate struct Segment { var first: UInt64; var name: String; var bytes: UInt64; var created: UInt64 }
     private var segments: [Segment] = []
     /// Every event up to this one is in the files.
     private var durable: UInt64 = 0
@@ -131,7 +131,7 @@ public final class Journal: @unchecked Sendable {
                 p.buffer.reserveCapacity(64 << 10)
                 return (b, p.seq)
             }
-            if !batch.isEmpty { write(batch) }
+            if !batch.isEmpty { write(batch, through: last) }
             state.lock()
             if !batch.isEmpty { durable = last }
             state.broadcast()
@@ -142,7 +142,8 @@ public final class Journal: @unchecked Sendable {
         }
     }
 
-    private func write(_ batch: [UInt8]) {
+    /// Appends `batch`, whose last event is `last`, to the current segment.
+    private func write(_ batch: [UInt8], through last: UInt64) {
         var off = 0
         while off < batch.count {
             let n = batch[off...].withUnsafeBytes { Glibc.write(currentFD, $0.baseAddress, $0.count) }
@@ -158,7 +159,11 @@ public final class Journal: @unchecked Sendable {
         segments[segments.count - 1].bytes += UInt64(batch.count)
         let full = segments[segments.count - 1].bytes >= limits.segmentBytes
         state.unlock()
-        if full { try? startSegment(first: pending.withLock { $0.seq } + 1) }
+        // The next segment starts right after this batch. Not at the newest
+        // number given out: handlers may have appended since the batch was
+        // taken, and those events go to the new file, which must not claim
+        // to start after them (a reader at its end would wait for ever).
+        if full { try? startSegment(first: last + 1) }
     }
 
     /// Rotation: events after the batch just written go to a new file. Called
@@ -231,6 +236,18 @@ public final class Journal: @unchecked Sendable {
         return durable >= seq
     }
 
+    /// Blocks until a segment newer than the one starting at `first` exists,
+    /// the journal closes, or the timeout passes; false on timeout.
+    func waitForNews(after first: UInt64, timeout: Double) -> Bool {
+        let deadline = Condition.now() &+ UInt64(max(0, timeout) * 1e9)
+        state.lock()
+        defer { state.unlock() }
+        while !closed && !segments.contains(where: { $0.first > first }) {
+            if !state.wait(until: deadline) { return false }
+        }
+        return true
+    }
+
     /// Where a subscriber starts: after `cursor`, or now (nil). nil result:
     /// the cursor cannot be served (another instance, or older than the
     /// journal keeps): send a reset and start from now.
@@ -296,12 +313,24 @@ public final class Journal: @unchecked Sendable {
                 if fd < 0 && !open() { return nil }
                 let n = Glibc.read(fd, scratch.baseAddress, scratch.count)
                 if n <= 0 {
-                    // End of this file: move on if a newer segment exists, else wait.
+                    // End of this file. The writer finishes a segment before
+                    // it starts the next, so once a newer one exists this one
+                    // holds nothing more: go on to it. Otherwise wait.
                     journal.state.lock()
-                    let newer = journal.segments.contains { $0.first > segmentFirst && $0.first <= next }
+                    let successor = journal.segments.first { $0.first > segmentFirst }
                     journal.state.unlock()
-                    if newer { Glibc.close(fd); fd = -1; partial = []; continue }
+                    if let successor {
+                        Glibc.close(fd)
+                        fd = -1
+                        partial = []
+                        if !open(successor) { return nil }
+                        continue
+                    }
                     if !journal.waitDurable(next, timeout: timeout) { return [] }
+                    // Everything up to `next` is written, yet not in this file
+                    // and no newer file exists yet: wait for the writer's next
+                    // step instead of spinning.
+                    if !journal.waitForNews(after: segmentFirst, timeout: timeout) { return [] }
                     continue
                 }
                 partial += UnsafeRawBufferPointer(rebasing: scratch[..<n])
@@ -332,6 +361,10 @@ public final class Journal: @unchecked Sendable {
             let oldest = journal.segments.first?.first ?? 1
             journal.state.unlock()
             guard let segment, next >= oldest else { return false }
+            return open(segment)
+        }
+
+        private func open(_ segment: Segment) -> Bool {
             fd = openat(journal.directoryFD, segment.name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
             segmentFirst = segment.first
             return fd >= 0

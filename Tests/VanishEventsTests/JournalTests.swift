@@ -1,0 +1,81 @@
+import Glibc
+import LinuxSyscalls
+import Synchronization
+import Testing
+@testable import VanishEvents
+
+/// The journal on its own, without a mount: what its segment rotation must
+/// guarantee is easiest to provoke with tiny segments and many writers.
+@Suite("journal")
+struct JournalTests {
+    @Test("a reader sees every event once, in order, across many segment rotations under concurrent appends")
+    func rotationUnderConcurrentAppends() throws {
+        var template = Array("/tmp/vanish-journal.XXXXXX".utf8CString)
+        let dir = try #require(mkdtemp(&template).map { String(cString: $0) })
+        defer { _ = system("rm -rf '\(dir)'") }
+        let eventsFD = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        try #require(eventsFD >= 0)
+        defer { close(eventsFD) }
+
+        var limits = Journal.Limits()
+        limits.segmentBytes = 4 << 10  // a few dozen events a segment
+        let journal = try Journal(eventsFD: eventsFD, instance: "0123456789abcdef", limits: limits)
+        journal.start()
+        let reader = try #require(journal.reader(after: nil))
+
+        let writers = 4, perWriter = 5_000
+        let progress = ReaderProgress()
+        for w in 0..<writers {
+            spawnThread {
+                for i in 0..<perWriter {
+                    journal.append(.created) { $0.string("path", "w\(w)/f\(i)") }
+                }
+                progress.writersDone.add(1, ordering: .releasing)
+            }
+        }
+
+        // The reader runs on a thread of its own, so that a reader stuck
+        // inside the journal fails this test at the deadline instead of
+        // hanging the whole run.
+        let total = UInt64(writers * perWriter)
+        nonisolated(unsafe) let unsafeReader = reader
+        spawnThread {
+            defer { progress.done.store(true, ordering: .releasing) }
+            while progress.next.load(ordering: .relaxed) <= total {
+                guard let lines = unsafeReader.read(timeout: 1) else {
+                    progress.failure.withLock { $0 = "the reader lost its place at seq \(progress.next.load(ordering: .relaxed))" }
+                    return
+                }
+                for line in lines {
+                    let expected = progress.next.load(ordering: .relaxed)
+                    let seq = line.withUnsafeBytes { EventLine.seq(of: $0) }
+                    guard seq == expected else {
+                        progress.failure.withLock { $0 = "expected seq \(expected), read \(seq.map(String.init) ?? "none")" }
+                        return
+                    }
+                    progress.next.store(expected + 1, ordering: .relaxed)
+                }
+            }
+        }
+        var waited = 0
+        while !progress.done.load(ordering: .acquiring) && waited < 60_000 {
+            usleep(10_000)
+            waited += 10
+        }
+        let finished = progress.done.load(ordering: .acquiring)
+        try #require(finished,
+                     "the reader stalled at seq \(progress.next.load(ordering: .relaxed)) of \(total); writers done: \(progress.writersDone.load(ordering: .acquiring))")
+        #expect(progress.failure.withLock { $0 } == nil, "\(progress.failure.withLock { $0 } ?? "")")
+        let read = progress.next.load(ordering: .relaxed)
+        #expect(read == total + 1)
+        journal.close()
+        #expect(reader.read(timeout: 0.1) == nil, "a closed journal ends its readers")
+    }
+}
+
+private final class ReaderProgress: Sendable {
+    let next = Atomic<UInt64>(1)
+    let done = Atomic(false)
+    let writersDone = Atomic(0)
+    let failure = Mutex<String?>(nil)
+}
