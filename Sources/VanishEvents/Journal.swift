@@ -118,6 +118,8 @@ public final class Journal: @unchecked Sendable {
     private func writer() {
         defer { writerDone.signal() }
         becomeBackgroundThread(nice: 5)
+        var batch: [UInt8] = []
+        batch.reserveCapacity(64 << 10)
         while true {
             if wakeWriter.wait(timeout: .now() + .seconds(1)) == .success && !isClosing {
                 // Let a burst gather: one write and one wakeup of the readers
@@ -125,15 +127,20 @@ public final class Journal: @unchecked Sendable {
                 // a semaphore post and a context switch each).
                 usleep(5_000)
             }
-            let (batch, last): ([UInt8], UInt64) = pending.withLock { p in
-                let b = p.buffer
-                p.buffer = []
-                p.buffer.reserveCapacity(64 << 10)
-                return (b, p.seq)
+            // Swap buffers instead of handing over a fresh one: both keep
+            // their capacity, so appends never grow a buffer from nothing
+            // (page faults in the handlers) and no large block is freed per
+            // batch (munmap, whose TLB shootdown interrupts the other core).
+            let last: UInt64 = pending.withLock { p in
+                swap(&p.buffer, &batch)
+                return p.seq
             }
             if !batch.isEmpty { write(batch, through: last) }
+            let wrote = !batch.isEmpty
+            // Keep a burst's capacity, but not a one-off flood's.
+            if batch.capacity > 8 << 20 { batch = [] } else { batch.removeAll(keepingCapacity: true) }
             state.lock()
-            if !batch.isEmpty { durable = last }
+            if wrote { durable = last }
             state.broadcast()
             let done = closed
             state.unlock()
