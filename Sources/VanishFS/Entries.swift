@@ -110,8 +110,12 @@ extension PassthroughFilesystem {
         try checkNotReserved(p, name)
         let caller = req.caller
         try fds.withFD(p) { pfd throws(Errno) in
-            let id = observing ? fileID(pfd, name) : ""
-            let mode = try removeEntry(parent: p, parentFD: pfd, name: name, directory: false, caller: caller)
+            guard observing else {
+                try removeEntry(parent: p, parentFD: pfd, name: name, directory: false, caller: caller)
+                return
+            }
+            let (id, st) = try idBeforeRemoval(pfd, name)
+            let mode = try removeEntry(parent: p, parentFD: pfd, name: name, directory: false, caller: caller, known: st)
             emitDeleted(caller, parent: p, name: name, mode: mode, id: id, tree: false)
         }
         req.replyOK()
@@ -122,8 +126,12 @@ extension PassthroughFilesystem {
         try checkNotReserved(p, name)
         let caller = req.caller
         try fds.withFD(p) { pfd throws(Errno) in
-            let id = observing ? fileID(pfd, name) : ""
-            let mode = try removeEntry(parent: p, parentFD: pfd, name: name, directory: true, caller: caller)
+            guard observing else {
+                try removeEntry(parent: p, parentFD: pfd, name: name, directory: true, caller: caller)
+                return
+            }
+            let (id, st) = try idBeforeRemoval(pfd, name)
+            let mode = try removeEntry(parent: p, parentFD: pfd, name: name, directory: true, caller: caller, known: st)
             emitDeleted(caller, parent: p, name: name, mode: mode, id: id, tree: false)
         }
         req.replyOK()

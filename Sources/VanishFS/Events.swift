@@ -144,21 +144,35 @@ extension PassthroughFilesystem {
     /// remounts and is never given to another file. "" if the filesystem
     /// has no handles.
     func fileID(_ dirFD: Int32, _ name: UnsafePointer<CChar>?) -> String {
-        var buffer = [UInt8](repeating: 0, count: 136)
-        let empty: CChar = 0
-        let n = withUnsafePointer(to: empty) { emptyName in
-            buffer.withUnsafeMutableBufferPointer { b in
-                vanish_file_handle(dirFD, name ?? emptyName, name == nil ? VANISH_AT_EMPTY_PATH : 0, b.baseAddress, Int32(b.count))
+        // On the stack: this runs for every event.
+        var storage: (UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64,
+                      UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64) =
+            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        return withUnsafeMutableBytes(of: &storage) { raw in
+            let buffer = raw.bindMemory(to: UInt8.self)
+            let empty: CChar = 0
+            let n = withUnsafePointer(to: empty) { emptyName in
+                vanish_file_handle(dirFD, name ?? emptyName, name == nil ? VANISH_AT_EMPTY_PATH : 0,
+                                   buffer.baseAddress, Int32(buffer.count))
+            }
+            guard n > 0 else { return "" }
+            return String(unsafeUninitializedCapacity: Int(n) * 2) { out in
+                for i in 0..<Int(n) {
+                    out[2 * i] = hexDigits[Int(buffer[i] >> 4)]
+                    out[2 * i + 1] = hexDigits[Int(buffer[i] & 0xF)]
+                }
+                return Int(n) * 2
             }
         }
-        guard n > 0 else { return "" }
-        return String(unsafeUninitializedCapacity: Int(n) * 2) { out in
-            for i in 0..<Int(n) {
-                out[2 * i] = hexDigits[Int(buffer[i] >> 4)]
-                out[2 * i + 1] = hexDigits[Int(buffer[i] & 0xF)]
-            }
-            return Int(n) * 2
-        }
+    }
+
+    /// The id and lstat of `name` in `dirFD` before it is removed: the
+    /// inode's cached id when the kernel knows it (a file made through the
+    /// mount always is), so most deletes ask the backing filesystem nothing more.
+    func idBeforeRemoval(_ dirFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> (String, stat) {
+        let st = try Sys.lstatat(dirFD, name)
+        guard let node = table.known(st) else { return (fileID(dirFD, name), st) }
+        return (table.fileID(of: node) { fileID(dirFD, name) }, st)
     }
 
     /// The file id of a known inode, asked of the backing filesystem once.

@@ -21,20 +21,21 @@ extension PassthroughFilesystem {
     /// directory is kept too, so restoring a tree removed with `rm -rf`
     /// brings its directories back with their modes and owners.
     @discardableResult
+    /// `known` is the entry's lstat when the caller already made one.
     func removeEntry(parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>, directory: Bool,
-                     caller: Caller) throws(Errno) -> mode_t {
+                     caller: Caller, known: stat? = nil) throws(Errno) -> mode_t {
         if directory {
             guard let reaper, reaper.policy.keep > 0 else {
                 try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
                 return S_IFDIR
             }
-            let st = try Sys.lstatat(parentFD, name)
+            let st = try lstatUnlessKnown(known, parentFD, name)
             guard st.st_mode & S_IFMT == S_IFDIR else { throw .notDirectory }
             try requireEmptyDirectory(parentFD, name)
             try bury(parentFD, name, st: st, from: parent, caller: caller)
             return S_IFDIR
         }
-        let st = try Sys.lstatat(parentFD, name)
+        let st = try lstatUnlessKnown(known, parentFD, name)
         if st.st_mode & S_IFMT == S_IFDIR { throw .isDirectory }
         if st.st_nlink > 1 || holdIfOpen(st) {
             try Sys.unlinkat(parentFD, name, 0)
@@ -42,6 +43,12 @@ extension PassthroughFilesystem {
             try bury(parentFD, name, st: st, from: parent, caller: caller)
         }
         return st.st_mode
+    }
+
+    @inline(__always)
+    private func lstatUnlessKnown(_ known: stat?, _ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> stat {
+        if let known { return known }
+        return try Sys.lstatat(parentFD, name)
     }
 
     /// ENOTEMPTY unless the directory holds nothing but `.` and `..`.
