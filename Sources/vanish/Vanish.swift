@@ -1,7 +1,18 @@
 import ArgumentParser
 
-/// `vanish`: the command-line face of the filesystem.
+import Glibc
+
+/// Runs `vanish rm` without starting the argument parser where it can
+/// (see `RemoveCommand.fastPath`), everything else through it.
 @main
+enum Main {
+    static func main() {
+        if let code = RemoveCommand.fastPath(CommandLine.arguments.dropFirst()) { exit(code) }
+        Vanish.main()
+    }
+}
+
+/// `vanish`: the command-line face of the filesystem.
 struct Vanish: ParsableCommand {
     static let version = "0.1.0"
 
