@@ -20,8 +20,8 @@ extension PassthroughFilesystem {
     /// one frees no data) unless there is an undo window: then the empty
     /// directory is kept too, so restoring a tree removed with `rm -rf`
     /// brings its directories back with their modes and owners.
-    @discardableResult
     /// `known` is the entry's lstat when the caller already made one.
+    @discardableResult
     func removeEntry(parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>, directory: Bool,
                      caller: Caller, known: stat? = nil) throws(Errno) -> mode_t {
         if directory {

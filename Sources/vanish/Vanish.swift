@@ -1,5 +1,4 @@
 import ArgumentParser
-
 import Glibc
 
 /// Runs `vanish rm` without starting the argument parser where it can
