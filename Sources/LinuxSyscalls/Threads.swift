@@ -40,6 +40,9 @@ public final class Condition: @unchecked Sendable {
     public func unlock() { pthread_mutex_unlock(mutex) }
     public func broadcast() { pthread_cond_broadcast(cond) }
 
+    /// With the lock held: waits for a broadcast (pthread_cond_wait).
+    public func wait() { pthread_cond_wait(cond, mutex) }
+
     /// With the lock held: waits for a broadcast until `deadline`
     /// (`Condition.now()` nanoseconds); false once the deadline has passed.
     public func wait(until deadline: UInt64) -> Bool {

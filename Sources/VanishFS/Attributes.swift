@@ -9,6 +9,8 @@ import SystemPackage
 extension PassthroughFilesystem {
     public func getattr(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
         let node = inode(ino)
+        // A directory's mtime and size must already show its unlinks.
+        if node.isDirectory { burials.waitForDirectory(node.key) }
         // Prefer the open handle: it still works after the name was unlinked.
         var st = if let fi, !node.isDirectory {
             try Sys.fstat(Int32(truncatingIfNeeded: fi.pointee.fh))

@@ -49,7 +49,9 @@ extension PassthroughFilesystem {
 
     public func fsyncdir(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool,
                          _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        try Sys.fsync(dirfd(DirectoryHandle.from(fi).stream), dataOnly: dataOnly)
+        let h = DirectoryHandle.from(fi)
+        burials.waitForDirectory(h.inode.key)
+        try Sys.fsync(dirfd(h.stream), dataOnly: dataOnly)
         req.replyOK()
     }
 
@@ -58,6 +60,7 @@ extension PassthroughFilesystem {
     public func readdir(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
                         _ fi: UnsafeMutablePointer<fuse_file_info>, plus: Bool) throws(Errno) {
         let h = DirectoryHandle.from(fi)
+        burials.waitForDirectory(h.inode.key)
         if offset != h.offset {
             seekdir(h.stream, offset)
             h.offset = offset

@@ -12,6 +12,7 @@ extension PassthroughFilesystem {
         do throws(Errno) {
             // The state directory does not exist as far as the mount is concerned.
             if isReserved(p, name) { throw Errno.noSuchFileOrDirectory }
+            burials.waitForName(p, name)
             st = try fds.withFD(p) { pfd throws(Errno) in try Sys.lstatat(pfd, name) }
         } catch .noSuchFileOrDirectory where options.negativeTimeout > 0 {
             // A negative entry: the kernel remembers the name is absent, which
@@ -57,6 +58,7 @@ extension PassthroughFilesystem {
                            _ make: (Int32) throws(Errno) -> Void) throws(Errno) {
         let p = inode(parent)
         try checkNotReserved(p, name)
+        burials.waitForName(p, name)
         let (node, st) = try fds.withFD(p) { pfd throws(Errno) -> (Inode, stat) in
             try make(pfd)
             let fd = try fds.retryingOnFDExhaustion { () throws(Errno) in
@@ -85,6 +87,7 @@ extension PassthroughFilesystem {
         let node = inode(ino)
         let np = inode(newParent)
         try checkNotReserved(np, newName)
+        burials.waitForName(np, newName)
         let st = try fds.withFD(np) { npfd throws(Errno) -> stat in
             try fds.withFD(node) { fd throws(Errno) in try Sys.link(fd: fd, npfd, newName) }
             return try Sys.lstatat(npfd, newName)
@@ -143,9 +146,15 @@ extension PassthroughFilesystem {
         let np = inode(newParent)
         try checkNotReserved(p, name)
         try checkNotReserved(np, newName)
+        burials.waitForName(p, name)
+        burials.waitForName(np, newName)
         let caller = req.caller
         try fds.withFD(p) { pfd throws(Errno) in
             try fds.withFD(np) { npfd throws(Errno) in
+                // A directory renamed over must be empty, and may not be while its burials are pending.
+                if !burials.isEmpty, let t = try? Sys.lstatat(npfd, newName), t.st_mode & S_IFMT == S_IFDIR {
+                    burials.waitForDirectory(InodeKey(dev: t.st_dev, ino: t.st_ino))
+                }
                 let replaced = observing && flags & VANISH_RENAME_EXCHANGE == 0 && (try? Sys.lstatat(npfd, newName)) != nil
                 try renameEntry(pfd, name, npfd, newName, flags: flags, newParent: np, caller: caller)
                 // Keep the moved inode reachable under its new name (and the
@@ -176,6 +185,7 @@ extension PassthroughFilesystem {
                        _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let p = inode(parent)
         try checkNotReserved(p, name)
+        burials.waitForName(p, name)
         let (flags, direct) = backingOpenFlags(fi.pointee.flags)
         let caller = req.caller
         let (fd, node, st) = try fds.withFD(p) { pfd throws(Errno) -> (Int32, Inode, stat) in

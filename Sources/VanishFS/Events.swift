@@ -297,6 +297,8 @@ extension PassthroughFilesystem {
     /// before children, with fd-relative calls that never follow a symlink
     /// or leave a nested filesystem's tree unvisited. `visit` returns false to stop.
     public func walk(_ visit: (_ path: [UInt8], _ st: stat, _ id: String) -> Bool) {
+        // An unlink already in the journal must not show up as existing.
+        burials.drain()
         var stop = false
         // `top`: a root whose `.vanish` is a graveyard (the source's, or a nested filesystem's).
         func descend(_ dirFD: Int32, _ prefix: [UInt8], top: Bool) {

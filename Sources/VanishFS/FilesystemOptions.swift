@@ -26,6 +26,11 @@ public struct FilesystemOptions: Sendable {
     /// Delete through the graveyard. Off for read-only mounts, which must
     /// not write a state directory into the source.
     public var graveyard = true
+    /// Answer an unlink once the file is checked and do its rename into the
+    /// graveyard on a worker thread (see `DeferredBurials`). Off with
+    /// `-o sync_unlink`, and with cache=never, whose users watch the backing
+    /// directory itself.
+    public var deferUnlink = true
     /// The undo window, its limits, and the reaper's rate.
     public var reaping = Reaper.Policy()
 

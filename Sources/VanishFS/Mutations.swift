@@ -12,7 +12,9 @@ extension PassthroughFilesystem {
     /// Removes `name` from the directory `parentFD` (the inode `parent`).
     ///
     /// unlink is one rename into the graveyard, so the caller never waits for
-    /// data to be freed, except where unlinking frees no data anyway and a
+    /// data to be freed; usually the rename itself is deferred
+    /// (`DeferredBurials`) and the caller waits only for the checks. The
+    /// exception is where unlinking frees no data anyway and a
     /// graveyard link would show: a file with other hard links (their
     /// st_nlink must drop now) or one programs hold open (fstat must say
     /// st_nlink 0; its space returns at the last close, as POSIX says).
@@ -26,11 +28,16 @@ extension PassthroughFilesystem {
                      caller: Caller, known: stat? = nil) throws(Errno) -> mode_t {
         if directory {
             guard let reaper, reaper.policy.keep > 0 else {
+                if !burials.isEmpty {
+                    let st = try lstatUnlessKnown(known, parentFD, name)
+                    burials.waitForDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
+                }
                 try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
                 return S_IFDIR
             }
             let st = try lstatUnlessKnown(known, parentFD, name)
             guard st.st_mode & S_IFMT == S_IFDIR else { throw .notDirectory }
+            burials.waitForDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
             try requireEmptyDirectory(parentFD, name)
             try bury(parentFD, name, st: st, from: parent, caller: caller)
             return S_IFDIR
@@ -39,10 +46,55 @@ extension PassthroughFilesystem {
         if st.st_mode & S_IFMT == S_IFDIR { throw .isDirectory }
         if st.st_nlink > 1 || holdIfOpen(st) {
             try Sys.unlinkat(parentFD, name, 0)
+        } else if let graveyard, st.st_dev == graveyard.device, burials.isRunning {
+            burials.enqueue(parent: parent, parentFD: fds.pin(parent), name: name, st: st, caller: caller,
+                            record: trashRecord(st, parent: parent, name: name, caller: caller))
         } else {
             try bury(parentFD, name, st: st, from: parent, caller: caller)
         }
         return st.st_mode
+    }
+
+    /// Does one deferred unlink: the rename into the graveyard, on the
+    /// burials' worker thread. The unlink was answered already, so a failure
+    /// cannot be reported; the file is then unlinked in place, and if even
+    /// that fails it stays and the failure is logged.
+    func performBurial(_ job: DeferredBurials.Job) {
+        defer { fds.unpin(job.parent) }
+        let pfd = job.parentFD
+        job.name.withUnsafeBufferPointer { n in
+            let name = n.baseAddress!
+            do throws(Errno) {
+                // Creating the name again through the mount waits for this
+                // burial, but the source may change behind the mount's
+                // back: bury only the file the unlink saw.
+                let now = try Sys.lstatat(pfd, name)
+                guard now.st_ino == job.st.st_ino, now.st_dev == job.st.st_dev else { return }
+                do throws(Errno) {
+                    try bury(pfd, name, st: now, from: job.parent, caller: job.caller, record: job.record)
+                } catch {
+                    log.warning("could not move an unlinked file into the graveyard; unlinking it in place",
+                                metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
+                    try Sys.unlinkat(pfd, name, 0)
+                }
+            } catch .noSuchFileOrDirectory {
+                // Removed behind the mount's back: nothing left to do.
+            } catch {
+                log.error("an unlinked file could not be removed from the source",
+                          metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
+            }
+        }
+    }
+
+    /// The trash record for an entry about to be buried, when there is an
+    /// undo window: where it was (as the kernel names it now), who deleted it.
+    func trashRecord(_ st: stat, parent: Inode, name: UnsafePointer<CChar>, caller: Caller) -> TrashRecord? {
+        guard let reaper, reaper.policy.keep > 0 else { return nil }
+        let type = st.st_mode & S_IFMT
+        // A tree's size is unknown without walking it; a file's is its blocks.
+        let bytes: UInt64? = type == S_IFDIR && st.st_nlink > 2 ? nil : UInt64(st.st_blocks) * 512
+        return TrashRecord(path: table.path(of: parent, appending: name), uid: caller.uid, gid: caller.gid,
+                           bytes: bytes, kind: TrashRecord.Kind(mode: st.st_mode))
     }
 
     @inline(__always)
@@ -64,21 +116,17 @@ extension PassthroughFilesystem {
     /// Moves an entry into the graveyard (with its trash record when there
     /// is an undo window); on another filesystem (EXDEV) deletes it at once instead.
     /// Returns the graveyard entry's name when `wantEntry` (nil if it was deleted at once).
+    /// `record` is the trash record made when the entry was removed, if
+    /// that was earlier (a deferred unlink); otherwise one is made now.
     @discardableResult
     func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, st: stat, from parent: Inode,
-              caller: Caller, asName: UnsafePointer<CChar>? = nil, wantEntry: Bool = false) throws(Errno) -> String? {
+              caller: Caller, asName: UnsafePointer<CChar>? = nil, wantEntry: Bool = false,
+              record known: TrashRecord?? = nil) throws(Errno) -> String? {
         guard let graveyard, let reaper else {
             try deleteNow(parentFD, name)
             return nil
         }
-        var record: TrashRecord?
-        if reaper.policy.keep > 0 {
-            let type = st.st_mode & S_IFMT
-            // A tree's size is unknown without walking it; a file's is its blocks.
-            let bytes: UInt64? = type == S_IFDIR && st.st_nlink > 2 ? nil : UInt64(st.st_blocks) * 512
-            record = TrashRecord(path: table.path(of: parent, appending: asName ?? name), uid: caller.uid, gid: caller.gid,
-                                 bytes: type == S_IFDIR && bytes == nil ? nil : bytes, kind: TrashRecord.Kind(mode: st.st_mode))
-        }
+        let record = known ?? trashRecord(st, parent: parent, name: asName ?? name, caller: caller)
         var entry: String?
         do {
             if wantEntry {

@@ -26,6 +26,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// cannot hold a graveyard (read-only), and deletes are then done in the request.
     let graveyard: Graveyard?
     public let reaper: Reaper?
+    /// Unlinks answered before their rename into the graveyard landed.
+    let burials = DeferredBurials()
     /// Graveyards of filesystems mounted inside the source, made as needed.
     let nested = NestedGraveyards()
     /// Sends cache invalidations to the kernel. Only touched on
@@ -93,6 +95,9 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         }
         // Threads start here, after daemonizing (a fork keeps only the forking thread).
         reaper?.start()
+        if reaper != nil && options.deferUnlink && options.cache != .never {
+            burials.start { [unowned self] job in performBurial(job) }
+        }
         log.info("session started", metadata: ["fd_cache": "\(fds.limit)", "cache": "\(options.cache.rawValue)",
                                                 "reapers": "\(reaper?.workerCount ?? 0)"])
     }
@@ -109,6 +114,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// After the session ended: finish emptying the graveyard (after an
     /// unmount) or stop at once (after a signal, leaving the rest for the next start).
     public func stopReaping(finish: Bool) {
+        // Unlinks already answered are owed their rename, whatever the signal.
+        burials.drain()
         let reapers = allReapers
         for r in reapers { r.stop(finish ? .whenEmpty : .now) }
         for r in reapers { r.join() }
@@ -134,11 +141,12 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         }
     }
 
-    /// Entries waiting in every graveyard (directory scans: not for the hot path).
-    public var pendingEntries: Int { allReapers.reduce(0) { $0 + $1.pendingEntries() } }
+    /// Entries waiting in every graveyard, and unlinks on their way there
+    /// (directory scans: not for the hot path).
+    public var pendingEntries: Int { burials.count + allReapers.reduce(0) { $0 + $1.pendingEntries() } }
 
     /// Whether every reaper is asleep with nothing left to do.
-    public var reapersIdle: Bool { allReapers.allSatisfy(\.isIdle) }
+    public var reapersIdle: Bool { burials.isEmpty && allReapers.allSatisfy(\.isIdle) }
 
     public func destroy() {
         log.info("session ending", metadata: ["inodes": "\(table.count)"])

@@ -95,6 +95,8 @@ extension PassthroughFilesystem {
     /// The restorable entries `who` may see (their own; everything for root), oldest first.
     public func trash(for who: Credentials) -> [TrashEntry] {
         guard let graveyard else { return [] }
+        // Entries unlinked a moment ago are listed too.
+        burials.drain()
         return graveyard.restorable.filter { who.uid == 0 || $0.record.uid == who.uid }
     }
 
@@ -105,6 +107,8 @@ extension PassthroughFilesystem {
     public func restore(id: String?, path: [UInt8]?, to destination: [UInt8]?,
                         as who: Credentials) throws(RestoreError) -> [[UInt8]] {
         guard let graveyard else { throw .noSuchEntry("anything (this mount has no graveyard)") }
+        // A name whose burial is pending is free, not taken.
+        burials.drain()
         let visible = trash(for: who)
         var plan: [TrashEntry] = []
         if let id {

@@ -16,7 +16,7 @@ struct MountOptionList {
     /// Keys Vanish takes itself; everything else goes to libfuse.
     static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache", "reapers",
                                        "keep", "keep_max_bytes", "keep_min_free", "reap_rate", "reap_yield", "noevents",
-                                       "events_max_bytes"]
+                                       "events_max_bytes", "sync_unlink"]
 
     init(_ lists: [String]) throws {
         for list in lists {
@@ -76,6 +76,7 @@ struct MountOptionList {
                     journalLimits.maxBytes = n
                 case "clone_fd": cloneFD = true
                 case "writeback": filesystem.writeback = true
+                case "sync_unlink": filesystem.deferUnlink = false
                 case "no_default_permissions", "nodefault_permissions":
                     throw ValidationError("""
                         Vanish always lets the kernel check permissions when other users may \

@@ -257,20 +257,21 @@ struct ParityTests {
             let actual = parityScript(root: m.mountpoint)
             #expect(actual.count == expected.count)
             for (a, e) in zip(actual, expected) { #expect(a == e) }
-            // And what the mount did landed in the backing directory.
-            // (plus the state directory, which the mount itself never shows)
-            #expect(listing(m.source) == ".vanish," + listing(plain))
             let status = try m.unmount()
             #expect(status == 0)
+            // And what the mount did landed in the backing directory, deferred
+            // unlinks included (plus the state directory, which the mount never shows).
+            #expect(listing(m.source) == ".vanish," + listing(plain))
         }
     }
 
-    @Test("the same script works in every cache mode, with write-back caching and with clone_fd")
+    @Test("the same script works in every cache mode, with write-back caching, clone_fd and sync_unlink")
     func cacheModes() throws {
         let plain = try makeTempDirectory()
         defer { removeTree(plain) }
         let expected = parityScript(root: plain)
-        for opts in [["cache=never"], ["cache=always"], ["writeback"], ["clone_fd", "threads=3"]] {
+        for opts in [["cache=never"], ["cache=always"], ["writeback"], ["clone_fd", "threads=3"],
+                     ["sync_unlink"]] {
             try withVanishMount(options: opts) { m in
                 let actual = parityScript(root: m.mountpoint)
                 for (a, e) in zip(actual, expected) { #expect(a == e, "with \(opts)") }

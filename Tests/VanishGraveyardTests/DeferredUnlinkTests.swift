@@ -1,0 +1,120 @@
+import Foundation
+import Glibc
+import Testing
+import VanishTestSupport
+
+/// Names in `dir` as readdir gives them (without . and ..).
+private func listing(_ dir: String) -> [String]? {
+    guard let dp = opendir(dir) else { return nil }
+    defer { closedir(dp) }
+    var names: [String] = []
+    while let d = readdir(dp) {
+        let name = withUnsafePointer(to: d.pointee.d_name) { String(cString: UnsafeRawPointer($0).assumingMemoryBound(to: CChar.self)) }
+        if name != "." && name != ".." { names.append(name) }
+    }
+    return names
+}
+
+private func writeFile(_ path: String, _ text: String, flags: Int32 = O_CREAT | O_WRONLY | O_TRUNC) -> Int32 {
+    let fd = open(path, flags, 0o644)
+    guard fd >= 0 else { return errno }
+    defer { close(fd) }
+    return text.withCString { write(fd, $0, strlen($0)) } == text.utf8.count ? 0 : errno
+}
+
+private func readFile(_ path: String) -> String? {
+    try? String(contentsOfFile: path, encoding: .utf8)
+}
+
+/// An unlink is answered before its rename into the graveyard lands. No
+/// program may notice: the name is free at once, the directory looks
+/// changed at once, and unmounting waits for the renames.
+@Suite("deferred unlink", .enabled(if: FUSEAvailability.shouldRun, "needs /dev/fuse and fusermount3"))
+struct DeferredUnlinkTests {
+    @Test("a name unlinked a moment ago can be made again at once, and the new entry survives")
+    func nameIsFreeAtOnce() throws {
+        try withVanishMount { m in
+            let f = m.path("f")
+            for i in 0..<400 {
+                #expect(writeFile(f, "old \(i)") == 0)
+                #expect(unlink(f) == 0)
+                #expect(access(f, F_OK) != 0 && errno == ENOENT, "round \(i): still visible after unlink")
+                switch i % 4 {
+                case 0:
+                    // What lock files and atomic writers do.
+                    #expect(writeFile(f, "new \(i)", flags: O_CREAT | O_EXCL | O_WRONLY) == 0, "round \(i): O_EXCL")
+                case 1:
+                    #expect(mkdir(f, 0o755) == 0, "round \(i): mkdir")
+                    #expect(rmdir(f) == 0)
+                    #expect(writeFile(f, "new \(i)") == 0)
+                case 2:
+                    #expect(symlink("target", f) == 0, "round \(i): symlink")
+                    #expect(unlink(f) == 0)
+                    #expect(writeFile(f, "new \(i)") == 0)
+                default:
+                    #expect(writeFile(m.path("g"), "new \(i)") == 0)
+                    #expect(rename(m.path("g"), f) == 0, "round \(i): rename onto it")
+                }
+                #expect(readFile(f) == "new \(i)", "round \(i)")
+                #expect(unlink(f) == 0)
+            }
+            #expect(writeFile(f, "last") == 0)
+            // Every burial has landed and been reaped; the file made last is untouched.
+            try waitForReaper(m)
+            #expect(readFile(f) == "last")
+            #expect(readFile(m.backing("f")) == "last")
+            #expect(try graveyardCount(m.source) == 0)
+        }
+    }
+
+    @Test("readdir, the directory's stat and rmdir see unlinks at once")
+    func directorySeesUnlinks() throws {
+        try withVanishMount { m in
+            for round in 0..<20 {
+                let d = m.path("d\(round)")
+                #expect(mkdir(d, 0o755) == 0)
+                for i in 0..<150 { #expect(writeFile("\(d)/f\(i)", "x") == 0) }
+                // An old mtime the unlinks must visibly replace.
+                var times = [timespec(tv_sec: 1000, tv_nsec: 0), timespec(tv_sec: 1000, tv_nsec: 0)]
+                #expect(utimensat(AT_FDCWD, d, &times, 0) == 0)
+                for i in 0..<150 where i % 2 == 0 { #expect(unlink("\(d)/f\(i)") == 0) }
+                var st = stat()
+                #expect(stat(d, &st) == 0 && st.st_mtim.tv_sec != 1000, "round \(round): mtime unchanged")
+                let left = listing(d) ?? []
+                #expect(left.count == 75 && left.allSatisfy { Int($0.dropFirst())! % 2 == 1 },
+                        "round \(round): readdir shows \(left.count) entries")
+                for i in 0..<150 where i % 2 == 1 { #expect(unlink("\(d)/f\(i)") == 0) }
+                #expect(rmdir(d) == 0, "round \(round): rmdir right after the unlinks: \(String(cString: strerror(errno)))")
+            }
+            // rm -rf, then the same tree made again at once.
+            try makeTree(m.path("tree"), files: 3000)
+            let r = try sh("rm -rf tree && mkdir tree && echo y > tree/z && ls -A tree", cwd: m.mountpoint)
+            #expect(r.ok && r.stdout == "z\n", "\(r.stderr)")
+            try waitForReaper(m)
+            #expect(listing(m.backing("tree")) == ["z"])
+        }
+    }
+
+    @Test("unmounting waits until every answered unlink has reached the graveyard")
+    func unmountDrains() throws {
+        let m = try VanishMount()
+        defer { m.close() }
+        #expect(mkdir(m.path("files"), 0o755) == 0)
+        for i in 0..<3000 { #expect(writeFile(m.path("files/f\(i)"), "x") == 0) }
+        for i in 0..<3000 { #expect(unlink(m.path("files/f\(i)")) == 0) }
+        #expect(try m.unmount() == 0)
+        #expect(listing(m.backing("files")) == [])
+        #expect(try graveyardCount(m.source) == 0)
+    }
+
+    @Test("-o sync_unlink: the backing file is gone when unlink returns")
+    func syncUnlink() throws {
+        try withVanishMount(options: ["sync_unlink"]) { m in
+            for i in 0..<200 {
+                #expect(writeFile(m.path("f\(i)"), "x") == 0)
+                #expect(unlink(m.path("f\(i)")) == 0)
+                #expect(access(m.backing("f\(i)"), F_OK) != 0, "f\(i) still in the source")
+            }
+        }
+    }
+}
