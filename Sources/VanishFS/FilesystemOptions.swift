@@ -14,9 +14,25 @@ public enum CacheMode: String, Sendable, CaseIterable {
     case never
 }
 
+/// When the kernel asks for attributes along with directory entries
+/// (READDIRPLUS), which spares a LOOKUP per entry to programs that go on to
+/// stat, open or unlink what they listed.
+public enum ReaddirPlusMode: String, Sendable, CaseIterable {
+    /// Every listing carries attributes: `rm -rf`, `find -ls`, `du`, `tar`,
+    /// `ls -l` and cp -r need no LOOKUP after reading a directory, at the
+    /// price of an lstat per entry for programs that only want names.
+    case always
+    /// The kernel's guess: the first chunk of a listing, and later chunks
+    /// of directories whose entries were looked up since.
+    case auto
+    /// Names only: cheapest for `find -name` over cold trees.
+    case never
+}
+
 /// The filesystem's own settings (libfuse's mount options are separate).
 public struct FilesystemOptions: Sendable {
     public var cache: CacheMode = .auto
+    public var readdirPlus: ReaddirPlusMode = .always
     /// Kernel write-back caching of file data (FUSE_CAP_WRITEBACK_CACHE).
     public var writeback = false
     /// Most O_PATH fds kept open for inodes; nil picks half the fd limit.

@@ -93,6 +93,11 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         for cap in [FUSE_CAP_SPLICE_WRITE, FUSE_CAP_SPLICE_MOVE, FUSE_CAP_SPLICE_READ] {
             if capable & UInt32(cap) != 0 { conn.pointee.want |= UInt32(cap) }
         }
+        switch options.readdirPlus {
+        case .always: conn.pointee.want &= ~UInt32(FUSE_CAP_READDIRPLUS_AUTO)
+        case .auto: break
+        case .never: conn.pointee.want &= ~UInt32(FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO)
+        }
         // Threads start here, after daemonizing (a fork keeps only the forking thread).
         reaper?.start()
         if reaper != nil && options.deferUnlink && options.cache != .never {

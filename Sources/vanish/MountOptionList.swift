@@ -16,7 +16,7 @@ struct MountOptionList {
     /// Keys Vanish takes itself; everything else goes to libfuse.
     static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache", "reapers",
                                        "keep", "keep_max_bytes", "keep_min_free", "reap_rate", "reap_yield", "noevents",
-                                       "events_max_bytes", "sync_unlink"]
+                                       "events_max_bytes", "sync_unlink", "readdirplus"]
 
     init(_ lists: [String]) throws {
         for list in lists {
@@ -28,6 +28,11 @@ struct MountOptionList {
                         throw ValidationError("-o cache= takes one of: \(CacheMode.allCases.map(\.rawValue).joined(separator: ", "))")
                     }
                     filesystem.cache = mode
+                case "readdirplus":
+                    guard let v = value, let mode = ReaddirPlusMode(rawValue: v) else {
+                        throw ValidationError("-o readdirplus= takes one of: \(ReaddirPlusMode.allCases.map(\.rawValue).joined(separator: ", "))")
+                    }
+                    filesystem.readdirPlus = mode
                 case "threads":
                     guard let v = value, let n = Int(v), (1...256).contains(n) else {
                         throw ValidationError("-o threads= takes a number from 1 to 256")

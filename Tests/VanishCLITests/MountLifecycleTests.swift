@@ -131,6 +131,7 @@ struct ArgumentErrorTests {
     @Test("bad arguments exit 64 with a message and mount nothing", arguments: [
         (["mount", "/nonexistent-vanish-src", "/tmp"], "/nonexistent-vanish-src"),
         (["mount", "-o", "cache=sometimes", "/tmp", "/tmp"], "cache="),
+        (["mount", "-o", "readdirplus=sometimes", "/tmp", "/tmp"], "readdirplus="),
         (["mount", "--threads", "0", "/tmp"], "--threads"),
         (["mount", "-o", "no_default_permissions", "/tmp"], "permissions"),
         (["unmount", "/tmp"], "not a mountpoint"),

@@ -265,13 +265,13 @@ struct ParityTests {
         }
     }
 
-    @Test("the same script works in every cache mode, with write-back caching, clone_fd and sync_unlink")
+    @Test("the same script works in every cache and readdirplus mode, with write-back caching, clone_fd and sync_unlink")
     func cacheModes() throws {
         let plain = try makeTempDirectory()
         defer { removeTree(plain) }
         let expected = parityScript(root: plain)
         for opts in [["cache=never"], ["cache=always"], ["writeback"], ["clone_fd", "threads=3"],
-                     ["sync_unlink"]] {
+                     ["readdirplus=auto", "sync_unlink"], ["readdirplus=never"]] {
             try withVanishMount(options: opts) { m in
                 let actual = parityScript(root: m.mountpoint)
                 for (a, e) in zip(actual, expected) { #expect(a == e, "with \(opts)") }
