@@ -113,15 +113,13 @@ extension PassthroughFilesystem {
         try checkNotReserved(p, name)
         let caller = req.caller
         try fds.withFD(p) { pfd throws(Errno) in
-            guard observing else {
-                try removeEntry(parent: p, parentFD: pfd, name: name, directory: false, caller: caller)
-                return
-            }
-            let (id, st) = try idBeforeRemoval(pfd, name)
-            let mode = try removeEntry(parent: p, parentFD: pfd, name: name, directory: false, caller: caller, known: st)
-            emitDeleted(caller, parent: p, name: name, mode: mode, id: id, tree: false)
+            let (id, st) = observing ? try idBeforeRemoval(pfd, name) : ("", try Sys.lstatat(pfd, name))
+            let deferred = try removeFile(parent: p, parentFD: pfd, name: name, st: st, caller: caller)
+            if observing { emitDeleted(caller, parent: p, name: name, mode: st.st_mode, id: id, tree: false) }
+            req.replyOK()
+            // The caller's next request runs on another handler thread meanwhile.
+            if let deferred { finishBurial(deferred, parent: p, parentFD: pfd, name: name, caller: caller) }
         }
-        req.replyOK()
     }
 
     public func rmdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
@@ -130,12 +128,12 @@ extension PassthroughFilesystem {
         let caller = req.caller
         try fds.withFD(p) { pfd throws(Errno) in
             guard observing else {
-                try removeEntry(parent: p, parentFD: pfd, name: name, directory: true, caller: caller)
+                try removeDirectory(parent: p, parentFD: pfd, name: name, caller: caller)
                 return
             }
             let (id, st) = try idBeforeRemoval(pfd, name)
-            let mode = try removeEntry(parent: p, parentFD: pfd, name: name, directory: true, caller: caller, known: st)
-            emitDeleted(caller, parent: p, name: name, mode: mode, id: id, tree: false)
+            try removeDirectory(parent: p, parentFD: pfd, name: name, caller: caller, known: st)
+            emitDeleted(caller, parent: p, name: name, mode: S_IFDIR, id: id, tree: false)
         }
         req.replyOK()
     }

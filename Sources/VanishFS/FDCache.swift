@@ -71,22 +71,6 @@ final class FDCache: @unchecked Sendable {
         return fd
     }
 
-    /// Inside `withFD(inode)`: keeps its fd open past the closure, until
-    /// `unpin`, even if the kernel forgets the inode meanwhile (a deferred
-    /// burial must reach the very directory its unlink named).
-    func pin(_ inode: Inode) -> Int32 {
-        if inode === table.root { return inode.fd }
-        return lock.withLock { _ in
-            precondition(inode.fd >= 0 && inode.pins > 0, "pin outside withFD")
-            inode.pins += 1
-            return inode.fd
-        }
-    }
-
-    func unpin(_ inode: Inode) {
-        if inode !== table.root { release(inode) }
-    }
-
     private func release(_ inode: Inode) {
         let closing: Int32 = lock.withLock { state in
             inode.pins -= 1

@@ -9,81 +9,81 @@ import VanishGraveyard
 // where new entries get their owner. The graveyard (instant delete) and the
 // event journal hook in here.
 extension PassthroughFilesystem {
-    /// Removes `name` from the directory `parentFD` (the inode `parent`).
+    /// Removes the file `name` from the directory `parentFD` (the inode `parent`).
     ///
     /// unlink is one rename into the graveyard, so the caller never waits for
-    /// data to be freed; usually the rename itself is deferred
-    /// (`DeferredBurials`) and the caller waits only for the checks. The
-    /// exception is where unlinking frees no data anyway and a
+    /// data to be freed, except where unlinking frees no data anyway and a
     /// graveyard link would show: a file with other hard links (their
     /// st_nlink must drop now) or one programs hold open (fstat must say
     /// st_nlink 0; its space returns at the last close, as POSIX says).
+    /// Usually even the rename waits until the caller has its answer: then a
+    /// `DeferredBurial` comes back, for `finishBurial` after the reply.
+    /// `st` is the entry's lstat.
+    func removeFile(parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>, st: stat,
+                    caller: Caller) throws(Errno) -> DeferredBurial? {
+        if st.st_mode & S_IFMT == S_IFDIR { throw .isDirectory }
+        if st.st_nlink > 1 || holdIfOpen(st) {
+            try Sys.unlinkat(parentFD, name, 0)
+        } else if defersUnlink, let graveyard, st.st_dev == graveyard.device {
+            return DeferredBurial(ticket: burials.begin(parent, name), st: st,
+                                  record: trashRecord(st, parent: parent, name: name, caller: caller))
+        } else {
+            try bury(parentFD, name, st: st, from: parent, caller: caller)
+        }
+        return nil
+    }
+
+    /// An unlink answered before its rename into the graveyard.
+    struct DeferredBurial {
+        let ticket: DeferredBurials.Ticket
+        let st: stat
+        /// Made when the unlink came, so it names the path the caller removed.
+        let record: TrashRecord?
+    }
+
+    /// After the unlink's reply: the rename into the graveyard. It cannot
+    /// fail the unlink any more, so if it fails the file is unlinked in
+    /// place, and if even that fails it stays and the failure is logged.
+    func finishBurial(_ d: DeferredBurial, parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>,
+                      caller: Caller) {
+        defer { burials.end(d.ticket) }
+        do throws(Errno) {
+            do throws(Errno) {
+                try bury(parentFD, name, st: d.st, from: parent, caller: caller, record: d.record)
+            } catch {
+                log.warning("could not move an unlinked file into the graveyard; unlinking it in place",
+                            metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
+                try Sys.unlinkat(parentFD, name, 0)
+            }
+        } catch {
+            log.error("an unlinked file could not be removed from the source",
+                      metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
+        }
+    }
+
+    /// Removes the directory `name` from `parentFD` (the inode `parent`).
+    ///
     /// rmdir stays a real rmdir (only an empty directory may go, and removing
     /// one frees no data) unless there is an undo window: then the empty
     /// directory is kept too, so restoring a tree removed with `rm -rf`
     /// brings its directories back with their modes and owners.
     /// `known` is the entry's lstat when the caller already made one.
-    @discardableResult
-    func removeEntry(parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>, directory: Bool,
-                     caller: Caller, known: stat? = nil) throws(Errno) -> mode_t {
-        if directory {
-            guard let reaper, reaper.policy.keep > 0 else {
-                if !burials.isEmpty {
-                    let st = try lstatUnlessKnown(known, parentFD, name)
-                    burials.waitForDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
-                }
-                try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
-                return S_IFDIR
+    func removeDirectory(parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>, caller: Caller,
+                         known: stat? = nil) throws(Errno) {
+        guard let reaper, reaper.policy.keep > 0 else {
+            if !burials.isEmpty {
+                // Its files' burials must land first, or it is not empty yet.
+                let st = try lstatUnlessKnown(known, parentFD, name)
+                burials.waitForDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
             }
-            let st = try lstatUnlessKnown(known, parentFD, name)
-            guard st.st_mode & S_IFMT == S_IFDIR else { throw .notDirectory }
-            burials.waitForDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
-            try requireEmptyDirectory(parentFD, name)
-            try bury(parentFD, name, st: st, from: parent, caller: caller)
-            return S_IFDIR
+            try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
+            return
         }
         let st = try lstatUnlessKnown(known, parentFD, name)
-        if st.st_mode & S_IFMT == S_IFDIR { throw .isDirectory }
-        if st.st_nlink > 1 || holdIfOpen(st) {
-            try Sys.unlinkat(parentFD, name, 0)
-        } else if let graveyard, st.st_dev == graveyard.device, burials.isRunning {
-            burials.enqueue(parent: parent, parentFD: fds.pin(parent), name: name, st: st, caller: caller,
-                            record: trashRecord(st, parent: parent, name: name, caller: caller))
-        } else {
-            try bury(parentFD, name, st: st, from: parent, caller: caller)
-        }
-        return st.st_mode
-    }
-
-    /// Does one deferred unlink: the rename into the graveyard, on the
-    /// burials' worker thread. The unlink was answered already, so a failure
-    /// cannot be reported; the file is then unlinked in place, and if even
-    /// that fails it stays and the failure is logged.
-    func performBurial(_ job: DeferredBurials.Job) {
-        defer { fds.unpin(job.parent) }
-        let pfd = job.parentFD
-        job.name.withUnsafeBufferPointer { n in
-            let name = n.baseAddress!
-            do throws(Errno) {
-                // Creating the name again through the mount waits for this
-                // burial, but the source may change behind the mount's
-                // back: bury only the file the unlink saw.
-                let now = try Sys.lstatat(pfd, name)
-                guard now.st_ino == job.st.st_ino, now.st_dev == job.st.st_dev else { return }
-                do throws(Errno) {
-                    try bury(pfd, name, st: now, from: job.parent, caller: job.caller, record: job.record)
-                } catch {
-                    log.warning("could not move an unlinked file into the graveyard; unlinking it in place",
-                                metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
-                    try Sys.unlinkat(pfd, name, 0)
-                }
-            } catch .noSuchFileOrDirectory {
-                // Removed behind the mount's back: nothing left to do.
-            } catch {
-                log.error("an unlinked file could not be removed from the source",
-                          metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
-            }
-        }
+        guard st.st_mode & S_IFMT == S_IFDIR else { throw .notDirectory }
+        burials.waitForDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
+        try requireEmptyDirectory(parentFD, name)
+        try bury(parentFD, name, st: st, from: parent, caller: caller)
     }
 
     /// The trash record for an entry about to be buried, when there is an

@@ -28,6 +28,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     public let reaper: Reaper?
     /// Unlinks answered before their rename into the graveyard landed.
     let burials = DeferredBurials()
+    /// Whether unlinks are answered before their rename (see `DeferredBurials`).
+    let defersUnlink: Bool
     /// Graveyards of filesystems mounted inside the source, made as needed.
     let nested = NestedGraveyards()
     /// Sends cache invalidations to the kernel. Only touched on
@@ -66,6 +68,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
                    policy: options.reaping)
         }
         sourcePath = source
+        defersUnlink = grave != nil && options.deferUnlink && options.cache != .never
         let root = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, generation: 0,
                          parent: nil, name: "")
         root.fd = fd
@@ -100,9 +103,6 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         }
         // Threads start here, after daemonizing (a fork keeps only the forking thread).
         reaper?.start()
-        if reaper != nil && options.deferUnlink && options.cache != .never {
-            burials.start { [unowned self] job in performBurial(job) }
-        }
         log.info("session started", metadata: ["fd_cache": "\(fds.limit)", "cache": "\(options.cache.rawValue)",
                                                 "reapers": "\(reaper?.workerCount ?? 0)"])
     }
