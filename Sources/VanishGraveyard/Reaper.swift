@@ -492,8 +492,10 @@ final class RateLimiter: @unchecked Sendable {
 
     init(perSecond: Double) { interval = UInt64(1e9 / max(perSecond, 0.001)) }
 
-    /// Waits for this caller's slot.
-    func take() {
+    /// Waits for this caller's slot; returns false if `shouldStop` turned
+    /// true first. At a low rate a slot can be minutes away, and SIGTERM
+    /// must still stop the reaper at once: the wait is checked every 50 ms.
+    func take(unless shouldStop: () -> Bool) -> Bool {
         var ts = timespec()
         clock_gettime(CLOCK_MONOTONIC, &ts)
         let now = UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
@@ -505,11 +507,16 @@ final class RateLimiter: @unchecked Sendable {
             if exchanged { slot = start; break }
             slot = original
         }
-        if slot > now {
-            var wait = timespec(tv_sec: Int((slot - now) / 1_000_000_000), tv_nsec: Int((slot - now) % 1_000_000_000))
-            var left = timespec()
-            while nanosleep(&wait, &left) != 0 && errno == EINTR { wait = left }
+        var left = slot > now ? slot - now : 0
+        while left > 0 {
+            if shouldStop() { return false }
+            let step = min(left, 50_000_000)
+            var wait = timespec(tv_sec: 0, tv_nsec: Int(step))
+            var rest = timespec()
+            while nanosleep(&wait, &rest) != 0 && errno == EINTR { wait = rest }
+            left -= step
         }
+        return true
     }
 }
 

@@ -28,7 +28,7 @@ struct TreeRemover {
     mutating func remove(_ parentFD: Int32, _ name: UnsafePointer<CChar>) -> Bool {
         guard let st = try? Sys.lstatat(parentFD, name) else { return true }
         if st.st_mode & S_IFMT != S_IFDIR {
-            pace()
+            guard pace() else { return false }
             if (try? Sys.unlinkat(parentFD, name, 0)) != nil { count(st) }
             return true
         }
@@ -43,14 +43,14 @@ struct TreeRemover {
                 if cst.st_mode & S_IFMT == S_IFDIR {
                     handBack(dfd, child)
                 } else {
-                    pace()
+                    guard pace() else { closedir(dp); return false }
                     if (try? Sys.unlinkat(dfd, child, 0)) != nil { count(cst) }
                 }
             }
             if shouldStop() { closedir(dp); return false }
         }
         closedir(dp)
-        pace()
+        guard pace() else { return false }
         if (try? Sys.unlinkat(parentFD, name, AT_REMOVEDIR)) != nil { files += 1 }
         return true
     }
@@ -66,10 +66,11 @@ struct TreeRemover {
         return true
     }
 
-    /// Waits for the rate limit and for a pause in requests through the mount.
-    private mutating func pace() {
+    /// Waits for the rate limit and for a pause in requests through the
+    /// mount; false if told to stop meanwhile.
+    private mutating func pace() -> Bool {
         gate?.wait()
-        limiter?.take()
+        return limiter?.take(unless: shouldStop) ?? true
     }
 
     private mutating func count(_ st: stat) {

@@ -188,6 +188,28 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("SIGTERM stops a rate-limited reaper at once, even while it waits for its next slot")
+    func stopWhileRateLimited() throws {
+        // One file every 20 s: after the first deletions each worker waits
+        // tens of seconds for its next slot.
+        let m = try VanishMount(options: ["reap_rate=0.05"], prepare: { src in try makeTree(src + "/t", files: 50) })
+        defer { m.close() }
+        #expect(try run([vanishBinary, "rm", "-r", m.path("t")]).ok)
+        // The first deletions are free; from then on the workers wait for slots.
+        try waitFor("the reaper's first deletion") {
+            let r = try run([vanishBinary, "status", "--json", m.mountpoint])
+            let o = (try? JSONSerialization.jsonObject(with: Data(r.stdout.utf8))) as? [String: Any] ?? [:]
+            return (o["freed_files"] as? Int ?? 0) > 0
+        }
+        // After an unmount the daemon stays to finish the graveyard...
+        #expect(try run(["fusermount3", "-u", m.mountpoint]).ok)
+        try waitFor("the mount to go") { mountType(at: m.mountpoint) == nil }
+        // ...until told to stop, which must not wait for the rate limit.
+        kill(m.pid, SIGTERM)
+        #expect(try m.waitForExit(timeout: 5) == 0)
+        #expect(try graveyardCount(m.source) > 0, "the rest waits for the next mount")
+    }
+
     @Test("while programs keep the mount busy the reaper steps aside but still drains the graveyard")
     func busyMount() throws {
         try withVanishMount(options: ["reap_yield=5ms"], prepare: { src in try makeTree(src + "/t", files: 400) }) { m in
