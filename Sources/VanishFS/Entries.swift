@@ -149,11 +149,15 @@ extension PassthroughFilesystem {
         let caller = req.caller
         try fds.withFD(p) { pfd throws(Errno) in
             try fds.withFD(np) { npfd throws(Errno) in
-                // A directory renamed over must be empty, and may not be while its burials are pending.
-                if !burials.isEmpty, let t = try? Sys.lstatat(npfd, newName), t.st_mode & S_IFMT == S_IFDIR {
-                    burials.waitForDirectory(InodeKey(dev: t.st_dev, ino: t.st_ino))
+                // What the new name holds now: the event says it was replaced, and
+                // a directory renamed over must be empty, which it is not while
+                // burials from it are pending.
+                let target = flags & VANISH_RENAME_EXCHANGE == 0 && (observing || !burials.isEmpty)
+                    ? try? Sys.lstatat(npfd, newName) : nil
+                if let target, target.st_mode & S_IFMT == S_IFDIR {
+                    burials.waitForDirectory(InodeKey(dev: target.st_dev, ino: target.st_ino))
                 }
-                let replaced = observing && flags & VANISH_RENAME_EXCHANGE == 0 && (try? Sys.lstatat(npfd, newName)) != nil
+                let replaced = observing && target != nil
                 try renameEntry(pfd, name, npfd, newName, flags: flags, newParent: np, caller: caller)
                 // Keep the moved inode reachable under its new name (and the
                 // other one, for an exchange) so its fd can be reopened later.

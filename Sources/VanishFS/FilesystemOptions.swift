@@ -43,7 +43,7 @@ public struct FilesystemOptions: Sendable {
     /// not write a state directory into the source.
     public var graveyard = true
     /// Answer an unlink once the file is checked and do its rename into the
-    /// graveyard on a worker thread (see `DeferredBurials`). Off with
+    /// graveyard after the reply (see `DeferredBurials`). Off with
     /// `-o sync_unlink`, and with cache=never, whose users watch the backing
     /// directory itself.
     public var deferUnlink = true
