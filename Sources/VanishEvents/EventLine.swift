@@ -42,9 +42,10 @@ public struct EventLine: Sendable {
         raw("\":\"")
         let valid = value.allSatisfy { $0 < 0x80 } || String(validating: value, as: UTF8.self) != nil
         if valid {
-            escape(value)
+            value.withUnsafeBufferPointer { escape($0) }
         } else {
-            escape(String(decoding: value, as: UTF8.self).utf8)
+            var repaired = String(decoding: value, as: UTF8.self)
+            repaired.withUTF8 { escape($0) }
         }
         raw("\"")
         if !valid {
@@ -104,26 +105,35 @@ public struct EventLine: Sendable {
         if v == 0 { out.append(0x30); return }
         var digits: (UInt64, UInt64, UInt64) = (0, 0, 0)
         var n = v
-        var count = 0
         withUnsafeMutableBytes(of: &digits) { buf in
-            while n > 0 { buf[count] = UInt8(n % 10) + 0x30; n /= 10; count += 1 }
-            for i in stride(from: count - 1, through: 0, by: -1) { out.append(buf[i]) }
+            // Filled from the end, so the digits are in order for one copy.
+            var i = buf.count
+            while n > 0 { i -= 1; buf[i] = UInt8(n % 10) + 0x30; n /= 10 }
+            out.append(contentsOf: UnsafeRawBufferPointer(rebasing: buf[i...]))
         }
     }
 
     private static let hex: [UInt8] = Array("0123456789abcdef".utf8)
 
-    private mutating func escape(_ value: some Sequence<UInt8>) {
-        for c in value {
+    /// Appends `value` as the inside of a JSON string. Runs that need no
+    /// escaping (nearly every path and name) go in with one copy: a
+    /// byte-at-a-time append cost each event a uniqueness check per byte.
+    private mutating func escape(_ value: UnsafeBufferPointer<UInt8>) {
+        guard let base = value.baseAddress else { return }
+        var start = 0
+        for i in 0..<value.count {
+            let c = base[i]
+            guard c < 0x20 || c == 0x22 || c == 0x5C || c == 0x7F else { continue }
+            if i > start { bytes.append(contentsOf: UnsafeBufferPointer(start: base + start, count: i - start)) }
             switch c {
             case 0x22: bytes += [0x5C, 0x22]
             case 0x5C: bytes += [0x5C, 0x5C]
             case 0x0A: bytes += [0x5C, 0x6E]
-            case 0..<0x20, 0x7F:
-                bytes += [0x5C, 0x75, 0x30, 0x30, EventLine.hex[Int(c >> 4)], EventLine.hex[Int(c & 0xF)]]
-            default: bytes.append(c)
+            default: bytes += [0x5C, 0x75, 0x30, 0x30, EventLine.hex[Int(c >> 4)], EventLine.hex[Int(c & 0xF)]]
             }
+            start = i + 1
         }
+        if value.count > start { bytes.append(contentsOf: UnsafeBufferPointer(start: base + start, count: value.count - start)) }
     }
 
     private static let alphabet: [UInt8] = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)

@@ -96,9 +96,11 @@ public final class Journal: @unchecked Sendable {
             p.seq += 1
             let wasEmpty = p.buffer.isEmpty
             // The placeholder seq 0 is one digit; put the real one in its place.
-            p.buffer += line.bytes[..<7]
-            EventLine.appendDecimal(p.seq, to: &p.buffer)
-            p.buffer += line.bytes[8...]
+            line.bytes.withUnsafeBufferPointer { b in
+                p.buffer.append(contentsOf: UnsafeBufferPointer(rebasing: b[..<7]))
+                EventLine.appendDecimal(p.seq, to: &p.buffer)
+                p.buffer.append(contentsOf: UnsafeBufferPointer(rebasing: b[8...]))
+            }
             return (p.seq, wasEmpty, p.buffer.count > 8 << 20)
         }
         if wasEmpty || tooBig { wakeWriter.signal() }

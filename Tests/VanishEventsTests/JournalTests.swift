@@ -71,6 +71,39 @@ struct JournalTests {
         journal.close()
         #expect(reader.read(timeout: 0.1) == nil, "a closed journal ends its readers")
     }
+
+    @Test("lines escape what JSON needs escaped, between runs copied whole, and numbers keep their digits")
+    func lineEscaping() throws {
+        var line = EventLine(seq: 0, type: .created, time: 1_700_000_000_123_456_789, instance: "abc")
+        let path: [UInt8] = Array("plain/\"q\"\\b\nl\u{1}\u{7F}é-end".utf8)
+        line.path("path", path)
+        line.string("comm", "tab\there")
+        line.int("size", Int64.max)
+        line.int("neg", -42)
+        line.int("zero", 0)
+        line.finish()
+        let text = String(decoding: line.bytes, as: UTF8.self)
+        #expect(text == #"{"seq":0,"type":"created","time_ns":1700000000123456789,"instance":"abc","#
+            + #""path":"plain/\"q\"\\b\nl\u0001\u007fé-end","comm":"tab\u0009here","#
+            + #""size":9223372036854775807,"neg":-42,"zero":0}"# + "\n")
+        // The journal puts the real sequence number where the placeholder was.
+        var template = Array("/tmp/vanish-journal.XXXXXX".utf8CString)
+        let dir = try #require(mkdtemp(&template).map { String(cString: $0) })
+        defer { _ = system("rm -rf '\(dir)'") }
+        let eventsFD = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        defer { close(eventsFD) }
+        let journal = try Journal(eventsFD: eventsFD, instance: "abc")
+        journal.start()
+        let reader = try #require(journal.reader(after: nil))
+        for _ in 0..<12 { journal.append(.created) { $0.path("path", path) } }
+        var lines: [[UInt8]] = []
+        while lines.count < 12, let got = reader.read(timeout: 10), !got.isEmpty { lines += got }
+        journal.close()
+        try #require(lines.count == 12)
+        let last = String(decoding: lines[11], as: UTF8.self)
+        #expect(last.hasPrefix(#"{"seq":12,"type":"created","time_ns":"#))
+        #expect(last.hasSuffix(#","instance":"abc","path":"plain/\"q\"\\b\nl\u0001\u007fé-end"}"# + "\n"))
+    }
 }
 
 private final class ReaderProgress: Sendable {
