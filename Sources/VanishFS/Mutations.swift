@@ -196,9 +196,9 @@ extension PassthroughFilesystem {
     }
 
     /// Renames with renameat2 semantics (NOREPLACE, EXCHANGE passed through).
+    /// `target`: what `newName` held just before (nil: nothing, or an exchange).
     func renameEntry(_ pfd: Int32, _ name: UnsafePointer<CChar>, _ npfd: Int32, _ newName: UnsafePointer<CChar>,
-                     flags: UInt32, newParent: Inode, caller: Caller) throws(Errno) {
-        let target = flags & VANISH_RENAME_EXCHANGE == 0 ? try? Sys.lstatat(npfd, newName) : nil
+                     target: stat?, flags: UInt32, newParent: Inode, caller: Caller) throws(Errno) {
         if flags == 0, let target, target.st_mode & S_IFMT != S_IFDIR, target.st_nlink == 1, !holdIfOpen(target),
            let source = try? Sys.lstatat(pfd, name), source.st_mode & S_IFMT != S_IFDIR,
            source.st_ino != target.st_ino || source.st_dev != target.st_dev {
