@@ -16,17 +16,24 @@ extension PassthroughFilesystem {
     /// graveyard link would show: a file with other hard links (their
     /// st_nlink must drop now) or one programs hold open (fstat must say
     /// st_nlink 0; its space returns at the last close, as POSIX says).
-    /// Usually even the rename waits until the caller has its answer: then a
-    /// `DeferredBurial` comes back, for `finishBurial` after the reply.
+    /// An empty file is unlinked in place too unless there is an undo
+    /// window, as rmdir is: burying it would cost a rename now and the
+    /// reaper's unlink later, to free nothing. (Not "no blocks": ext4 can
+    /// report st_blocks 0 for a file whose data is being written back.)
+    /// Usually the rename or unlink waits until the caller has its answer:
+    /// then a `DeferredBurial` comes back, for `finishBurial` after the reply.
     /// `st` is the entry's lstat.
     func removeFile(parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>, st: stat,
                     caller: Caller) throws(Errno) -> DeferredBurial? {
         if st.st_mode & S_IFMT == S_IFDIR { throw .isDirectory }
+        let freesNothing = st.st_size == 0 && (reaper?.policy.keep ?? 0) == 0
         if st.st_nlink > 1 || holdIfOpen(st) {
             try Sys.unlinkat(parentFD, name, 0)
         } else if defersUnlink, let graveyard, st.st_dev == graveyard.device {
-            return DeferredBurial(ticket: burials.begin(parent, name), st: st,
-                                  record: trashRecord(st, parent: parent, name: name, caller: caller))
+            return DeferredBurial(ticket: burials.begin(parent, name), st: st, inPlace: freesNothing,
+                                  record: freesNothing ? nil : trashRecord(st, parent: parent, name: name, caller: caller))
+        } else if freesNothing {
+            try Sys.unlinkat(parentFD, name, 0)
         } else {
             try bury(parentFD, name, st: st, from: parent, caller: caller)
         }
@@ -37,6 +44,8 @@ extension PassthroughFilesystem {
     struct DeferredBurial {
         let ticket: DeferredBurials.Ticket
         let st: stat
+        /// Unlink it where it is instead (it is empty: nothing to free later).
+        let inPlace: Bool
         /// Made when the unlink came, so it names the path the caller removed.
         let record: TrashRecord?
     }
@@ -48,6 +57,10 @@ extension PassthroughFilesystem {
                       caller: Caller) {
         defer { burials.end(d.ticket) }
         do throws(Errno) {
+            if d.inPlace {
+                try Sys.unlinkat(parentFD, name, 0)
+                return
+            }
             do throws(Errno) {
                 try bury(parentFD, name, st: d.st, from: parent, caller: caller, record: d.record)
             } catch {

@@ -95,6 +95,40 @@ struct DeferredUnlinkTests {
         }
     }
 
+    @Test("an empty file is unlinked in place after the answer; its name is free at once")
+    func emptyFilesUnlinkInPlace() throws {
+        try withVanishMount { m in
+            func buried() throws -> String? {
+                let status = try run([vanishBinary, "status", "--json", m.mountpoint])
+                return status.stdout.firstMatch(of: /"buried_entries":(\d+)/).map { String($0.1) }
+            }
+            let f = m.path("f")
+            for i in 0..<300 {
+                let fd = open(f, O_CREAT | O_EXCL | O_WRONLY, 0o644)
+                #expect(fd >= 0, "round \(i): \(String(cString: strerror(errno)))")
+                close(fd)
+                #expect(unlink(f) == 0)
+                #expect(access(f, F_OK) != 0 && errno == ENOENT, "round \(i): still visible after unlink")
+                #expect(writeFile(f, "", flags: O_CREAT | O_EXCL | O_WRONLY) == 0, "round \(i): O_EXCL")
+                #expect(unlink(f) == 0)
+            }
+            // readdir waits for the directory's pending unlinks to land.
+            #expect(listing(m.mountpoint) == [])
+            #expect(listing(m.backing("")) == [".vanish"])
+            #expect(try buried() == "0")
+            // A file with data, or a sparse one (a size, no blocks), still goes
+            // to the graveyard. Made underneath, so no handle through the mount
+            // is still open at the unlink (that would unlink it in place).
+            #expect(writeFile(m.backing("data"), "data") == 0)
+            #expect(writeFile(m.backing("sparse"), "") == 0 && truncate(m.backing("sparse"), 1 << 20) == 0)
+            #expect(unlink(m.path("data")) == 0 && unlink(m.path("sparse")) == 0)
+            #expect(listing(m.mountpoint) == [])
+            #expect(try buried() == "2")
+            try waitForReaper(m)
+            #expect(try graveyardCount(m.source) == 0)
+        }
+    }
+
     @Test("unmounting waits until every answered unlink has reached the graveyard")
     func unmountDrains() throws {
         let m = try VanishMount()

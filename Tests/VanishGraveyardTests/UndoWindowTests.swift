@@ -26,9 +26,12 @@ struct UndoWindowTests {
             try makeTree(src + "/tree", files: 300, size: 1000)
         }) { m in
             let sums = try sh("find tree -type f -exec md5sum {} + | sort", cwd: m.mountpoint).stdout
-            let r = try sh("echo hello > note && rm note && rm -rf tree && ls -A", cwd: m.mountpoint)
+            let r = try sh("echo hello > note && rm note && touch empty && rm empty && rm -rf tree && ls -A",
+                           cwd: m.mountpoint)
             #expect(r.stdout == "")
             let list = try trashList(m)
+            // An empty file is kept too while there is a window, though it frees nothing.
+            #expect(list.contains { $0["path"] as? String == "empty" })
             let note = try #require(list.first { $0["path"] as? String == "note" })
             #expect(note["uid"] as? Int == Int(getuid()))
             #expect(note["kind"] as? String == "file")
@@ -42,6 +45,8 @@ struct UndoWindowTests {
             // By path; a directory comes back whole, as before rm -rf.
             #expect(try run([vanishBinary, "restore", m.path("note")]).ok)
             #expect(try String(contentsOfFile: m.path("note"), encoding: .utf8) == "hello\n")
+            #expect(try run([vanishBinary, "restore", m.path("empty")]).ok)
+            #expect(access(m.path("empty"), F_OK) == 0)
             let tree = try run([vanishBinary, "restore", m.path("tree")])
             #expect(tree.ok, "\(tree.stderr)")
             #expect(try sh("find tree -type f -exec md5sum {} + | sort", cwd: m.mountpoint).stdout == sums)
