@@ -9,6 +9,7 @@ to native and to passthrough_ll.
     sudo benchmarks/bench.py --quick          # smoke run, a few minutes
     sudo benchmarks/bench.py                  # full sizes, tens of minutes
     sudo benchmarks/bench.py --only create,rm-rf --peers native,vanish
+    sudo benchmarks/bench.py --quick --ramdisk ext4   # steadier daemon-vs-daemon ratios
 
 Needs root (drop_caches, mounting as root like the other peers); installs
 its Debian packages if they are missing.
@@ -678,11 +679,42 @@ def fmt_time(s):
     return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
-def machine_facts(base_dir):
+class RamDisk:
+    """A fresh filesystem of `fstype` on a loop device over a sparse file in
+    /dev/shm: the backing filesystem's own code runs (journal, allocator,
+    page cache, drop_caches), but no disk's queue, discards or write-back
+    bursts add their noise, so daemon-to-daemon ratios settle. It says
+    nothing about a real disk's latency: quote both."""
+    def __init__(self, fstype, size_gib):
+        self.fstype = fstype
+        self.image = f"/dev/shm/vanish-bench-{fstype}.img"
+        self.mountpoint = f"/var/tmp/vanish-bench-{fstype}-ram"
+        self.size_gib = size_gib
+
+    def __enter__(self):
+        mkfs = {"ext4": ["mkfs.ext4", "-q", "-F"], "xfs": ["mkfs.xfs", "-q", "-f"],
+                "btrfs": ["mkfs.btrfs", "-q", "-f"]}[self.fstype]
+        unmount(self.mountpoint)
+        with open(self.image, "wb") as f:
+            f.truncate(self.size_gib << 30)
+        sh(mkfs + [self.image])
+        os.makedirs(self.mountpoint, exist_ok=True)
+        sh(["mount", "-o", "loop", self.image, self.mountpoint])
+        return self
+
+    def __exit__(self, *exc):
+        sh(["umount", self.mountpoint], check=False)
+        if os.path.exists(self.image):
+            os.unlink(self.image)
+
+
+def machine_facts(base_dir, ramdisk=None):
     # findmnt names ext4 as ext4 (stat -f only sees the ext2/3/4 magic).
     fstype = sh(["findmnt", "-n", "-o", "FSTYPE,OPTIONS", "-T", base_dir], capture_output=True, text=True).stdout.strip()
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     mem = next((l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal")), "0")
+    if ramdisk:
+        fstype += f" (fresh, on a loop device over {ramdisk.image}: RAM, no disk)"
     return {"kernel": platform.release(), "cpu": cpu, "cores": os.cpu_count(),
             "memory_gib": round(int(mem) / 2**20), "backing_fs": fstype, "backing_dir": base_dir,
             "libfuse": sh(["pkg-config", "--modversion", "fuse3"], capture_output=True, text=True).stdout.strip()}
@@ -696,6 +728,9 @@ def main():
     ap.add_argument("--peers", help="comma list: native,passthrough_ll,bindfs,mergerfs,vanish")
     ap.add_argument("--only", help="comma list of workload name prefixes")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="where to write results")
+    ap.add_argument("--ramdisk", choices=["ext4", "xfs", "btrfs"],
+                    help="run on a fresh FSTYPE over a RAM-backed loop device instead of --dir's disk "
+                         "(--dir still holds the build cache)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench.py needs root (drop_caches, mounting peers as root)")
@@ -707,6 +742,15 @@ def main():
     os.makedirs(args.dir, exist_ok=True)
     cache = os.path.join(args.dir, "cache")
     os.makedirs(cache, exist_ok=True)
+    if args.ramdisk:
+        # Room for the full run's 10 GiB unlink (fallocated, so nearly free) and its trees.
+        with RamDisk(args.ramdisk, 16 if args.quick else 32) as disk:
+            run_all(args, runs, disk.mountpoint, cache, ramdisk=disk)
+    else:
+        run_all(args, runs, args.dir, cache)
+
+
+def run_all(args, runs, base_dir, cache, ramdisk=None):
     peers = build_peers(cache, set(args.peers.split(",")) if args.peers else None)
     works = workloads(args.quick)
     if args.only:
@@ -720,10 +764,10 @@ def main():
         if isinstance(w, GitStatus):
             make_repo(cache, w.files)
 
-    results = {"mode": "quick" if args.quick else "full", "runs": runs, "machine": machine_facts(args.dir),
+    results = {"mode": "quick" if args.quick else "full", "runs": runs, "machine": machine_facts(base_dir, ramdisk),
                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "workloads": []}
     for w in works:
-        row = {"workload": w.name, "peers": measure(peers, w, runs, args.dir, cache)}
+        row = {"workload": w.name, "peers": measure(peers, w, runs, base_dir, cache)}
         for name, r in row["peers"].items():
             print(f"{w.name:<60} {name:<16} {r.get('error') or fmt_time(r['median'])}", flush=True)
         results["workloads"].append(row)
