@@ -21,6 +21,7 @@
 #include <sys/xattr.h>
 #include <linux/falloc.h>
 #include <spawn.h>
+#include <signal.h>
 #include <fuse_lowlevel.h>
 
 // Flags hidden behind _GNU_SOURCE. Values are the kernel ABI, identical on
@@ -85,6 +86,18 @@ static inline ssize_t vanish_listxattrat(int dirfd, const char *path, char *list
 /// ioprio_set(IOPRIO_WHO_PROCESS, 0 = this thread, class << 13 | data).
 static inline int vanish_ioprio_set_thread(int ioprio_class, int data) {
     return (int)syscall(SYS_ioprio_set, 1, 0, (ioprio_class << 13) | data);
+}
+
+// A signal that does nothing but break the blocking call of the one thread
+// it is sent to (pthread_kill): installed without SA_RESTART, so that call
+// returns EINTR and its caller looks at its exit flag again.
+static inline void vanish_wake_handler(int sig) { (void)sig; }
+static inline int vanish_install_wake_handler(int sig) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = vanish_wake_handler;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(sig, &sa, NULL);
 }
 
 static inline pid_t vanish_gettid(void) { return (pid_t)syscall(SYS_gettid); }

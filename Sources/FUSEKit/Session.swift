@@ -22,13 +22,11 @@ public struct LoopConfig: Sendable, Equatable {
 public enum SessionError: Error, CustomStringConvertible {
     case badOptions(String)
     case mountFailed(String)
-    case signalHandlers
 
     public var description: String {
         switch self {
         case .badOptions(let s): return "libfuse refused the options: \(s)"
         case .mountFailed(let s): return "mounting on \(s) failed (libfuse printed why above)"
-        case .signalHandlers: return "could not install signal handlers"
         }
     }
 }
@@ -42,7 +40,8 @@ public final class Session {
     private let box: Unmanaged<SessionBox>
     private var ops: UnsafeMutablePointer<fuse_lowlevel_ops>
     private var mounted = false
-    private var signalsInstalled = false
+    /// Ends `run` from another thread (a signal watcher).
+    public let stopper: LoopStopper
 
     /// `fuse_session_new` with `options` passed as `-o` to libfuse (comma
     /// lists as mount(8) writes them) plus `-d` when `debug` is set.
@@ -63,19 +62,13 @@ public final class Session {
             throw SessionError.badOptions(options.joined(separator: ","))
         }
         raw = se
+        stopper = LoopStopper(session: se)
     }
 
     /// `fuse_session_mount`.
     public func mount(at mountpoint: String) throws {
         guard fuse_session_mount(raw, mountpoint) == 0 else { throw SessionError.mountFailed(mountpoint) }
         mounted = true
-    }
-
-    /// `fuse_set_signal_handlers`: SIGINT, SIGTERM and SIGHUP end the loop
-    /// so the daemon unmounts and exits cleanly.
-    public func installSignalHandlers() throws {
-        guard fuse_set_signal_handlers(raw) == 0 else { throw SessionError.signalHandlers }
-        signalsInstalled = true
     }
 
     /// `fuse_daemonize(0)`: fork into the background once the mount is up;
@@ -89,21 +82,24 @@ public final class Session {
     public var fd: Int32 { fuse_session_fd(raw) }
 
     /// Runs the multi-threaded loop until unmount or a signal;
-    /// returns 0 on a clean end, else a negative errno or the signal number.
+    /// returns 0 on a clean end (an unmount or `stopper.stop()`), else a negative errno.
     public func run(_ config: LoopConfig) -> Int32 {
         let cfg = fuse_loop_cfg_create()!
         defer { fuse_loop_cfg_destroy(cfg) }
         fuse_loop_cfg_set_max_threads(cfg, UInt32(config.maxThreads))
         fuse_loop_cfg_set_idle_threads(cfg, UInt32(config.idleThreads))
         fuse_loop_cfg_set_clone_fd(cfg, config.cloneFD ? 1 : 0)
+        stopper.loopStarts()
+        defer { stopper.end() }
         return fuse_session_loop_mt(raw, cfg)
     }
 
     /// Runs the single-threaded loop (for debugging races).
-    public func runSingleThreaded() -> Int32 { fuse_session_loop(raw) }
-
-    /// Asks the loop to end (`fuse_session_exit`).
-    public func exit() { fuse_session_exit(raw) }
+    public func runSingleThreaded() -> Int32 {
+        stopper.loopStarts()
+        defer { stopper.end() }
+        return fuse_session_loop(raw)
+    }
 
     /// `fuse_session_unmount`, if still mounted.
     public func unmount() {
@@ -115,7 +111,7 @@ public final class Session {
 
     deinit {
         unmount()
-        if signalsInstalled { fuse_remove_signal_handlers(raw) }
+        stopper.end()
         fuse_session_destroy(raw)
         box.release()
         ops.deallocate()

@@ -1,8 +1,8 @@
 import ArgumentParser
-import Dispatch
 import FUSEKit
 import Glibc
 import Logging
+import Synchronization
 import VanishControl
 import VanishEvents
 import VanishFS
@@ -83,6 +83,8 @@ struct MountCommand: ParsableCommand {
     }
 
     func run() throws {
+        // First, before any thread exists, so every thread inherits the block.
+        StopSignals.block()
         var parsed = try MountOptionList(options)
         if let cache { parsed.filesystem.cache = CacheMode(rawValue: cache)! }
         if let keep { parsed.filesystem.reaping.keep = Quantity.duration(keep)! }
@@ -142,10 +144,6 @@ struct MountCommand: ParsableCommand {
         }
         let requests = session.requests
         fs.reaper?.foregroundRequests = { requests.count }
-        // Before mounting, as fuse_main does: a SIGINT or SIGTERM that arrives
-        // as soon as the mount is visible must end the loop, not kill the
-        // process and leave a dead mount behind.
-        try session.installSignalHandlers()
         do {
             try session.mount(at: mnt)
         } catch {
@@ -163,6 +161,15 @@ struct MountCommand: ParsableCommand {
             }
         }
         if !foreground { session.daemonize() }
+        // A stop signal ends the loop, or after it the reaping; one that came
+        // since the mount became visible is pending and is taken now.
+        let stopSignal = Atomic<Int32>(0)
+        let stopper = session.stopper
+        StopSignals.watch { sig in
+            stopSignal.store(sig, ordering: .sequentiallyConsistent)
+            stopper.stop()
+            fs.allReapers.forEach { $0.stop(.now) }
+        }
         journal?.start()
         journal?.append(.mounted) { e in
             e.string("source", src)
@@ -178,15 +185,14 @@ struct MountCommand: ParsableCommand {
         // No notification may reach libfuse once the session is gone.
         fs.setEntryInvalidator(nil)
         session.unmount()
-        log.info("unmounted", metadata: ["mountpoint": "\(mnt)", "status": "\(status)"])
-        // After an unmount the process stays to empty the graveyard (SIGTERM or
-        // SIGINT stops it promptly, the rest waits for the next start); after a
-        // signal it stops at once.
-        let stopNow = stopOnSignals { fs.allReapers.forEach { $0.stop(.now) } }
-        fs.stopReaping(finish: status == 0)
+        let signal = stopSignal.load(ordering: .sequentiallyConsistent)
+        log.info("unmounted", metadata: ["mountpoint": "\(mnt)", "status": "\(status)", "signal": "\(signal)"])
+        // After an unmount the process stays to empty the graveyard (a stop
+        // signal stops it promptly, the rest waits for the next start); after
+        // a signal it stops at once.
+        fs.stopReaping(finish: status == 0 && signal == 0)
         journal?.close()
-        withExtendedLifetime(stopNow) {}
-        // A positive status is the signal that ended the loop: a requested, clean stop.
+        // A signal is a requested, clean stop.
         if status < 0 { throw ExitCode.failure }
     }
 }
@@ -198,18 +204,6 @@ extension MountCommand {
         let v = g.next() as UInt64
         let s = String(v, radix: 16)
         return String(repeating: "0", count: 16 - s.count) + s
-    }
-}
-
-/// Runs `action` on SIGTERM or SIGINT (from a dispatch source, so it need
-/// not be async-signal-safe); keep the returned sources alive.
-func stopOnSignals(_ action: @escaping @Sendable () -> Void) -> [any DispatchSourceSignal] {
-    [SIGTERM, SIGINT].map { sig in
-        signal(sig, SIG_IGN)
-        let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-        source.setEventHandler(handler: action)
-        source.resume()
-        return source
     }
 }
 

@@ -1,6 +1,7 @@
 import ArgumentParser
 import CFuse
 import Dispatch
+import FUSEKit
 import Glibc
 import Synchronization
 import LinuxSyscalls
@@ -23,6 +24,8 @@ struct ReapCommand: ParsableCommand {
     var source: String
 
     func run() throws {
+        // First, before any thread exists, so every thread inherits the block.
+        StopSignals.block()
         let src = try MountPaths.resolve(source, what: "source")
         try MountPaths.requireDirectory(src, what: "source")
         // The source's graveyard, and those of filesystems mounted inside it.
@@ -46,7 +49,7 @@ struct ReapCommand: ParsableCommand {
         }
         let total = reapers.reduce(0) { $0 + $1.pendingEntries() }
         let interrupted = StopFlag()
-        let sources = stopOnSignals { interrupted.set(); reapers.forEach { $0.stop(.now) } }
+        StopSignals.watch { _ in interrupted.set(); reapers.forEach { $0.stop(.now) } }
         for r in reapers { r.start(); r.stop(.whenEmpty) }
         let done = DispatchSemaphore(value: 0)
         DispatchQueue.global().async { reapers.forEach { $0.join() }; done.signal() }
@@ -62,7 +65,6 @@ struct ReapCommand: ParsableCommand {
             let line = "reaping: \(s.entries) of \(total) entries, \(s.files) files, \(bytes(Int(s.bytes))) freed"
             if terminal { print("\r\u{1B}[K" + line, terminator: ""); fflush(nil) }
         }
-        withExtendedLifetime(sources) {}
         let s = tally()
         if terminal { print("\r\u{1B}[K", terminator: "") }
         print("reaped \(s.entries) entries: \(s.files) files, \(bytes(Int(s.bytes))) freed"
@@ -72,7 +74,7 @@ struct ReapCommand: ParsableCommand {
     private var cores: Int { Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))) }
 }
 
-/// A flag set from a signal handler's queue and read on the main thread.
+/// A flag set by the signal-watching thread and read on the main thread.
 final class StopFlag: Sendable {
     private let flag = Atomic<Bool>(false)
     func set() { flag.store(true, ordering: .relaxed) }

@@ -31,7 +31,7 @@ struct MountLifecycleTests {
         #expect(try String(contentsOfFile: base + "/src/f", encoding: .utf8) == "hi\n")
     }
 
-    @Test("SIGTERM and SIGINT unmount cleanly and exit 0", arguments: [SIGTERM, SIGINT])
+    @Test("SIGTERM, SIGINT and SIGHUP unmount cleanly and exit 0", arguments: [SIGTERM, SIGINT, SIGHUP])
     func signals(_ signal: Int32) throws {
         let m = try VanishMount()
         defer { m.close() }
