@@ -480,17 +480,21 @@ struct ForegroundGate {
         seen = requests()
     }
 
-    mutating func wait() {
+    /// Returns false if `shouldStop` turned true while waiting: a stop
+    /// must never wait for the mount to go quiet.
+    mutating func wait(unless shouldStop: () -> Bool) -> Bool {
         var now = requests()
-        guard now != seen, !urgent() else { return }
+        guard now != seen, !urgent() else { return true }
         var paused: UInt64 = 0
         repeat {
+            if shouldStop() { return false }
             seen = now
             usleep(1000)
             paused += 1_000_000
             now = requests()
         } while now != seen && !(paused >= maxPause && turns.take(every: maxPause))
         seen = now
+        return true
     }
 }
 

@@ -69,7 +69,7 @@ struct TreeRemover {
     /// Waits for the rate limit and for a pause in requests through the
     /// mount; false if told to stop meanwhile.
     private mutating func pace() -> Bool {
-        gate?.wait()
+        if gate != nil, !gate!.wait(unless: shouldStop) { return false }
         return limiter?.take(unless: shouldStop) ?? true
     }
 
