@@ -94,26 +94,32 @@ struct RemoveCommand: ParsableCommand {
             return
         }
         guard recursive else { throw RuntimeError("cannot remove \(path): Is a directory (use -r)") }
-        // Elsewhere the trigger would just be stored as an ordinary xattr.
-        let resolved = (try? MountPaths.resolve(path, what: "path")) ?? path
-        guard MountPaths.mountType(containing: resolved) == "fuse.vanish" else {
-            throw RuntimeError("cannot remove \(path): not inside a Vanish mount (use rm -r there)")
-        }
-        guard setxattr(path, "user.vanish.delete", "", 0, 0) == 0 else {
+        // XATTR_REPLACE: elsewhere no such attribute exists to be replaced,
+        // so nothing is stored and the call fails (ENODATA); Vanish takes the
+        // trigger whatever the flags. This spares reading /proc/self/mountinfo
+        // on every call.
+        guard setxattr(path, "user.vanish.delete", "", 0, Int32(XATTR_REPLACE)) == 0 else {
             let e = errno
-            if e == ENOTSUP || e == ENODATA {
-                throw RuntimeError("cannot remove \(path): not inside a Vanish mount (use rm -r there)")
-            }
+            if e == ENODATA || e == ENOTSUP || e == EOPNOTSUPP { throw notOnVanish(path) }
             throw RuntimeError("cannot remove \(path): \(String(cString: strerror(e)))")
         }
         // The daemon tells the kernel right after answering; wait for that so
         // the path is gone for every process when we return.
+        if lstat(path, &st) != 0 { return }
+        // Still there: another filesystem where a copy of the attribute was
+        // stored, or the kernel has not been told yet.
+        let resolved = (try? MountPaths.resolve(path, what: "path")) ?? path
+        guard MountPaths.mountType(containing: resolved) == "fuse.vanish" else { throw notOnVanish(path) }
         for _ in 0..<2000 {
             if lstat(path, &st) != 0 { return }
             usleep(500)
         }
         throw RuntimeError("\(path) was removed, but the kernel still shows it")
     }
+}
+
+private func notOnVanish(_ path: String) -> RuntimeError {
+    RuntimeError("cannot remove \(path): not inside a Vanish mount (use rm -r there)")
 }
 
 /// Writes to stderr without Foundation.

@@ -137,6 +137,16 @@ struct GraveyardTests {
         let r = try run([vanishBinary, "rm", "-r", elsewhere + "/d"])
         #expect(r.status == 1)
         #expect(r.stderr.contains("not inside a Vanish mount"))
+        // Nothing was stored on the directory...
+        #expect(getxattr(elsewhere + "/d", "user.vanish.delete", nil, 0) == -1 && errno == ENODATA)
+        // ...and a copy of the attribute already there does not pass for a Vanish mount.
+        if setxattr(elsewhere + "/d", "user.vanish.delete", "x", 1, 0) == 0 {
+            let again = try run([vanishBinary, "rm", "-r", elsewhere + "/d"])
+            #expect(again.status == 1)
+            #expect(again.stderr.contains("not inside a Vanish mount"))
+        }
+        var st = stat()
+        #expect(lstat(elsewhere + "/d", &st) == 0, "the directory elsewhere is untouched")
     }
 
     @Test("vanish rm and the xattr trigger obey rm's rules for another user")
