@@ -108,7 +108,9 @@ struct RemoveCommand: ParsableCommand {
         if lstat(path, &st) != 0 { return }
         // Still there: another filesystem where a copy of the attribute was
         // stored, or the kernel has not been told yet.
-        let resolved = (try? MountPaths.resolve(path, what: "path")) ?? path
+        // The parent's: the path itself may be gone by now.
+        let parent = parentDirectory(of: path)
+        let resolved = (try? MountPaths.resolve(parent, what: "path")) ?? parent
         guard MountPaths.mountType(containing: resolved) == "fuse.vanish" else { throw notOnVanish(path) }
         for _ in 0..<2000 {
             if lstat(path, &st) != 0 { return }
@@ -116,6 +118,14 @@ struct RemoveCommand: ParsableCommand {
         }
         throw RuntimeError("\(path) was removed, but the kernel still shows it")
     }
+}
+
+/// The directory holding `path`'s last component ("." for a bare name).
+func parentDirectory(of path: String) -> String {
+    var p = Substring(path)
+    while p.count > 1 && p.hasSuffix("/") { p = p.dropLast() }
+    guard let slash = p.lastIndex(of: "/") else { return "." }
+    return slash == p.startIndex ? "/" : String(p[..<slash])
 }
 
 private func notOnVanish(_ path: String) -> RuntimeError {

@@ -1,3 +1,4 @@
+import CFuse
 import Foundation
 import Glibc
 import Testing
