@@ -343,13 +343,14 @@ public final class Reaper: @unchecked Sendable {
             let entry = onReaped == nil ? nil : String(cString: name)
             remover.origin = entry.flatMap { origin(of: $0, isPiece: Graveyard.deletionTime(name) == 0) }
             let done = remover.remove(dirfd(dp), name)
-            if let entry, let origin = remover.origin {
-                tally(origin, entry: entry, files: remover.files, bytes: remover.bytes, done: done)
+            // Another worker took it first (see TreeRemover.removedEntry):
+            // its deletion is that worker's to count and report.
+            let gone = done && remover.removedEntry
+            if let entry, let origin = remover.origin, !remover.vanished {
+                tally(origin, entry: entry, files: remover.files, bytes: remover.bytes, done: gone)
             }
-            if done {
-                entries.wrappingAdd(1, ordering: .relaxed)
-                if restorable { graveyard.removeSidecar(dirfd(dp), name) }
-            }
+            if gone { entries.wrappingAdd(1, ordering: .relaxed) }
+            if done && restorable { graveyard.removeSidecar(dirfd(dp), name) }
             files.wrappingAdd(remover.files, ordering: .relaxed)
             bytes.wrappingAdd(remover.bytes, ordering: .relaxed)
             checkpointPace()

@@ -13,6 +13,12 @@ import SystemPackage
 struct TreeRemover {
     var files: UInt64 = 0
     var bytes: UInt64 = 0
+    /// Whether the last `remove` took the entry away itself. While a reaper
+    /// finishes, every worker sweeps every shard, so two may work on one
+    /// entry: only the one whose unlink took it counts it.
+    var removedEntry = false
+    /// Whether the entry was already gone when the last `remove` began.
+    var vanished = false
     let graveyard: Graveyard
     let limiter: RateLimiter?
     var gate: ForegroundGate?
@@ -26,10 +32,12 @@ struct TreeRemover {
     /// Removes `name` in the directory `parentFD`; returns false if told to
     /// stop before it was gone.
     mutating func remove(_ parentFD: Int32, _ name: UnsafePointer<CChar>) -> Bool {
-        guard let st = try? Sys.lstatat(parentFD, name) else { return true }
+        removedEntry = false
+        vanished = false
+        guard let st = try? Sys.lstatat(parentFD, name) else { vanished = true; return true }
         if st.st_mode & S_IFMT != S_IFDIR {
             guard pace() else { return false }
-            if (try? Sys.unlinkat(parentFD, name, 0)) != nil { count(st) }
+            if (try? Sys.unlinkat(parentFD, name, 0)) != nil { count(st); removedEntry = true }
             return true
         }
         guard let fd = try? Sys.openat(parentFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW) else { return true }
@@ -51,7 +59,7 @@ struct TreeRemover {
         }
         closedir(dp)
         guard pace() else { return false }
-        if (try? Sys.unlinkat(parentFD, name, AT_REMOVEDIR)) != nil { files += 1 }
+        if (try? Sys.unlinkat(parentFD, name, AT_REMOVEDIR)) != nil { files += 1; removedEntry = true }
         return true
     }
 

@@ -139,6 +139,22 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("vanish reap counts each entry it frees once, though every worker sweeps every shard")
+    func reapCountsOnce() throws {
+        let m = try VanishMount(arguments: ["--keep", "1h"])
+        defer { m.close() }
+        // 1000 files unlinked one by one, then their directory: 1001 restorable entries.
+        #expect(try sh("mkdir t && for i in $(seq 1000); do echo $i > t/f$i; done && rm -r t", cwd: m.mountpoint).ok)
+        #expect(try m.unmount() == 0)
+        // Each with its sidecar (.ID), the record a restore reads.
+        #expect(try graveyardCount(m.source) == 2002)
+        let r = try run([vanishBinary, "reap", "--workers", "2", m.source])
+        #expect(r.ok, "\(r.stderr)")
+        // Two workers used to find the same entries and count those already gone: 1,6xx of 1,001.
+        #expect(r.stdout.contains("reaped 1001 entries: 1001 files"), "\(r.stdout)")
+        #expect(try graveyardCount(m.source) == 0)
+    }
+
     @Test("another user sees and restores only what they deleted")
     func otherUsers() throws {
         try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root to become nobody")
