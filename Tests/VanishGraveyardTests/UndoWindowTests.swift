@@ -187,6 +187,32 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("reaper workers run in the idle CPU and I/O classes; request handlers do not")
+    func reaperPriorities() throws {
+        try withVanishMount(options: ["reapers=3"]) { m in
+            // Field 41 of /proc/PID/task/TID/stat is the scheduling policy (5 = SCHED_IDLE).
+            func policies() throws -> [(tid: String, policy: Int)] {
+                try FileManager.default.contentsOfDirectory(atPath: "/proc/\(m.pid)/task").compactMap { tid in
+                    guard let stat = try? String(contentsOfFile: "/proc/\(m.pid)/task/\(tid)/stat", encoding: .utf8),
+                          let close = stat.lastIndex(of: ")") else { return nil }
+                    let fields = stat[stat.index(after: close)...].split(separator: " ")
+                    return fields.count > 38 ? (tid, Int(fields[38]) ?? -1) : nil
+                }
+            }
+            var idle: [String] = []
+            try waitFor("three reaper workers in SCHED_IDLE") {
+                idle = try policies().filter { $0.policy == 5 }.map(\.tid)
+                return idle.count == 3
+            }
+            for tid in idle {
+                #expect(try run(["ionice", "-p", tid]).stdout.hasPrefix("idle"), "thread \(tid)")
+            }
+            // The mount still answers at normal priority.
+            #expect(try sh("echo x > f && cat f", cwd: m.mountpoint).stdout == "x\n")
+            #expect(try policies().contains { $0.policy == 0 }, "handlers stay SCHED_OTHER")
+        }
+    }
+
     @Test("a reaper rate limit still drains the graveyard; status shows the pace and an ETA meanwhile")
     func rateLimit() throws {
         try withVanishMount(options: ["reap_rate=1000"], prepare: { src in try makeTree(src + "/t", files: 4000) }) { m in
