@@ -803,6 +803,11 @@ def run_all(args, runs, base_dir, cache, ramdisk=None):
     print(table)
 
 
+def md_cell(text):
+    """A Markdown table cell: a workload such as `tar cf - | cat` must not split its row."""
+    return text.replace("|", "\\|")
+
+
 def markdown(results, names, vanish_names=()):
     m = results["machine"]
     lines = [f"{results['mode']} run, median of {results['runs']} (min–max); ratio to native / to passthrough_ll. "
@@ -831,7 +836,7 @@ def markdown(results, names, vanish_names=()):
             if ratios:
                 cell += " " + " / ".join(ratios)
             cells.append(cell)
-        lines.append(f"| {row['workload']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {md_cell(row['workload'])} | " + " | ".join(cells) + " |")
     # What events cost: the same workload on Vanish with the observer off, on, and read live.
     variant_rows = [r for r in results["workloads"] if len([n for n in vanish_names if n in r["peers"]]) > 1]
     if variant_rows:
@@ -849,14 +854,14 @@ def markdown(results, names, vanish_names=()):
                 if off and n != "vanish, events off":
                     cell += f" {r['median'] / off:.2f}×"
                 cells.append(cell)
-            lines.append(f"| {row['workload']} | " + " | ".join(cells) + " |")
+            lines.append(f"| {md_cell(row['workload'])} | " + " | ".join(cells) + " |")
     metric_rows = [(row["workload"], name, r["metrics"]) for row in results["workloads"]
                    for name, r in row["peers"].items() if "metrics" in r]
     if metric_rows:
         lines += ["", "Figures besides time (medians over runs):", "", "| workload | figure | value |", "|---|---|---|"]
         for workload, name, m in metric_rows:
             for k, v in m.items():
-                lines.append(f"| {workload} ({name}) | {k} | {v:,.0f} |")
+                lines.append(f"| {md_cell(workload)} ({name}) | {k} | {v:,.0f} |")
     return "\n".join(lines) + "\n"
 
 
