@@ -162,14 +162,6 @@ public final class Graveyard: @unchecked Sendable {
         return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
     }
 
-    /// CLOCK_MONOTONIC in ns: for pacing, which a clock change must not upset.
-    @inline(__always)
-    static func monotonicNow() -> UInt64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
-    }
-
     static func writeHex(_ v: UInt64, digits: Int, into p: UnsafeMutablePointer<CChar>, at i: inout Int) {
         for d in stride(from: digits - 1, through: 0, by: -1) {
             let nibble = Int((v >> (UInt64(d) * 4)) & 0xF)

@@ -518,7 +518,7 @@ final class ForegroundTurns: Sendable {
 
     /// Whether the caller may delete now: true at most once per `interval`.
     func take(every interval: UInt64) -> Bool {
-        let now = Graveyard.monotonicNow()
+        let now = Condition.now()
         let previous = last.load(ordering: .relaxed)
         return now &- previous >= interval
             && last.compareExchange(expected: previous, desired: now, ordering: .relaxed).exchanged
@@ -536,7 +536,7 @@ final class RateLimiter: @unchecked Sendable {
     /// true first. At a low rate a slot can be minutes away, and SIGTERM
     /// must still stop the reaper at once: the wait is checked every 50 ms.
     func take(unless shouldStop: () -> Bool) -> Bool {
-        let now = Graveyard.monotonicNow()
+        let now = Condition.now()
         // No credit for idle time beyond one interval: a burst stays a burst of one.
         var slot = next.load(ordering: .relaxed)
         while true {

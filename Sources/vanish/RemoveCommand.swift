@@ -107,8 +107,8 @@ struct RemoveCommand: ParsableCommand {
         // the path is gone for every process when we return.
         if lstat(path, &st) != 0 { return }
         // Still there: another filesystem where a copy of the attribute was
-        // stored, or the kernel has not been told yet.
-        // The parent's: the path itself may be gone by now.
+        // stored, or the kernel has not been told yet. Ask which filesystem
+        // holds the parent: the path itself may be gone by now.
         let parent = parentDirectory(of: path)
         let resolved = (try? MountPaths.resolve(parent, what: "path")) ?? parent
         guard MountPaths.mountType(containing: resolved) == "fuse.vanish" else { throw notOnVanish(path) }
@@ -121,7 +121,7 @@ struct RemoveCommand: ParsableCommand {
 }
 
 /// The directory holding `path`'s last component ("." for a bare name).
-func parentDirectory(of path: String) -> String {
+private func parentDirectory(of path: String) -> String {
     var p = Substring(path)
     while p.count > 1 && p.hasSuffix("/") { p = p.dropLast() }
     guard let slash = p.lastIndex(of: "/") else { return "." }
