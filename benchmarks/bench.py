@@ -574,6 +574,13 @@ def make_repo(cache, files):
 
 # ---------------------------------------------------------------- running
 
+def build_vanish():
+    """Builds vanish as mount-scripts/install does; returns the binary's path."""
+    build = ["swift", "build", "-c", "release", "--static-swift-stdlib", "--package-path", REPO]
+    sh(build, stdout=subprocess.DEVNULL)
+    return sh(build + ["--show-bin-path"], capture_output=True, text=True).stdout.strip() + "/vanish"
+
+
 def build_peers(cache, only, vanish_options=""):
     peers = []
     want = lambda n: not only or n in only
@@ -594,11 +601,7 @@ def build_peers(cache, only, vanish_options=""):
     if want("mergerfs"):
         peers.append(CommandPeer("mergerfs", ["mergerfs", "-f"]))
     if want("vanish"):
-        # As mount-scripts/install builds it.
-        build = ["swift", "build", "-c", "release", "--static-swift-stdlib", "--package-path", REPO]
-        sh(build, stdout=subprocess.DEVNULL)
-        binary = sh(build + ["--show-bin-path"],
-                    capture_output=True, text=True).stdout.strip() + "/vanish"
+        binary = build_vanish()
         extra = [vanish_options] if vanish_options else []
         peers.append(Vanish(binary, options=",".join(extra)))
         peers.append(Vanish(binary, options=",".join(extra + ["noevents"]), name="vanish, events off"))

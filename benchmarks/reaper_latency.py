@@ -19,24 +19,7 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-
-
-def built_binary():
-    # As mount-scripts/install builds it.
-    build = ["swift", "build", "-c", "release", "--static-swift-stdlib", "--package-path", REPO]
-    subprocess.run(build, check=True, stdout=subprocess.DEVNULL)
-    path = subprocess.run(build + ["--show-bin-path"], check=True, capture_output=True, text=True).stdout.strip()
-    return path + "/vanish"
-
-
-def make_tree(root, dirs=50, files=200):
-    os.mkdir(root)
-    for d in range(dirs):
-        os.mkdir(f"{root}/{d}")
-        for f in range(files):
-            open(f"{root}/{d}/{f}", "w").close()
+from bench import build_vanish, make_tree, percentile
 
 
 def creates(directory, tag, count):
@@ -48,11 +31,6 @@ def creates(directory, tag, count):
     return out
 
 
-def percentile(values, p):
-    v = sorted(values)
-    return v[min(len(v) - 1, int(p / 100 * (len(v) - 1)))]
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/var/tmp/vanish-latency", help="work directory (its filesystem is measured)")
@@ -60,7 +38,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--creates", type=int, default=2000, help="creates per phase and round")
     args = ap.parse_args()
-    binary = built_binary()
+    binary = build_vanish()
     base = os.path.join(args.dir, "reaper-latency")
     src, mnt = base + "/src", base + "/mnt"
     shutil.rmtree(base, ignore_errors=True)
@@ -77,7 +55,8 @@ def main():
         idle, busy, drained_early = [], [], 0
         for r in range(args.rounds):
             os.mkdir(f"{mnt}/probe")
-            make_tree(f"{src}/tree{r}")
+            os.mkdir(f"{src}/tree{r}")
+            make_tree(f"{src}/tree{r}", 50, 200, size=0)
             subprocess.run(["sync"])
             idle += creates(f"{mnt}/probe", "idle", args.creates)
             os.setxattr(f"{mnt}/tree{r}", "user.vanish.delete", b"")
