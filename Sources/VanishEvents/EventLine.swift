@@ -10,18 +10,27 @@ public enum EventType: String, Sendable, CaseIterable {
     case scanStarted = "scan-started", exists, scanCompleted = "scan-completed"
 }
 
-/// One event as a line of JSON, built straight into bytes (no Foundation,
-/// no intermediate objects) because request handlers make them.
+/// Events as lines of JSON, built straight into bytes (no Foundation, no
+/// intermediate objects): the journal's writer turns each handler's
+/// `EventRecord` into one, and appends a whole batch to one buffer.
 ///
 /// Field order is fixed: `seq` first, then `type`, so readers can skip and
 /// filter without parsing the rest. Paths are relative to the mount root;
 /// bytes that are not valid UTF-8 are shown as U+FFFD in the string field
 /// and the exact bytes are added as `<field>_b64`.
-public struct EventLine: Sendable {
-    public private(set) var bytes: [UInt8] = []
+public struct EventLine {
+    private(set) var bytes: [UInt8] = []
 
+    init() {}
+
+    /// A buffer holding the start of one line.
     init(seq: UInt64, type: EventType, time: UInt64, instance: String) {
         bytes.reserveCapacity(256)
+        begin(seq: seq, type: type, time: time, instance: instance)
+    }
+
+    /// Starts a line after those already in the buffer.
+    mutating func begin(seq: UInt64, type: EventType, time: UInt64, instance: String) {
         raw("{\"seq\":")
         number(seq)
         raw(",\"type\":\"")
@@ -33,16 +42,18 @@ public struct EventLine: Sendable {
         raw("\"")
     }
 
-    // Keys are StaticStrings and integers concrete: handlers build a line for
-    // every change, and generic or String-view appends showed up in profiles.
+    /// Empties the buffer, keeping its capacity unless it grew past `keeping` bytes.
+    mutating func removeAll(keeping limit: Int) {
+        if bytes.capacity > limit { bytes = [] } else { bytes.removeAll(keepingCapacity: true) }
+    }
 
-    public mutating func path(_ key: StaticString, _ value: [UInt8]) {
+    mutating func path(_ key: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) {
         raw(",\"")
-        raw(key)
+        bytes.append(contentsOf: key)
         raw("\":\"")
         let valid = value.allSatisfy { $0 < 0x80 } || String(validating: value, as: UTF8.self) != nil
         if valid {
-            value.withUnsafeBufferPointer { escape($0) }
+            escape(value)
         } else {
             var repaired = String(decoding: value, as: UTF8.self)
             repaired.withUTF8 { escape($0) }
@@ -50,38 +61,32 @@ public struct EventLine: Sendable {
         raw("\"")
         if !valid {
             raw(",\"")
-            raw(key)
+            bytes.append(contentsOf: key)
             raw("_b64\":\"")
             base64(value)
             raw("\"")
         }
     }
 
-    public mutating func string(_ key: StaticString, _ value: String) {
+    /// `value` is UTF-8 (it came from a String).
+    mutating func string(_ key: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) {
         raw(",\"")
-        raw(key)
+        bytes.append(contentsOf: key)
         raw("\":\"")
-        var value = value
-        value.withUTF8 { escape($0) }
+        escape(value)
         raw("\"")
     }
 
-    /// Inlined so each caller gets a concrete conversion, not a generic call.
-    @inlinable
-    public mutating func int(_ key: StaticString, _ value: some BinaryInteger) {
-        integer(key, Int64(truncatingIfNeeded: value))
-    }
-
-    public mutating func integer(_ key: StaticString, _ value: Int64) {
+    mutating func integer(_ key: UnsafeBufferPointer<UInt8>, _ value: Int64) {
         raw(",\"")
-        raw(key)
+        bytes.append(contentsOf: key)
         raw("\":")
         if value < 0 { bytes.append(0x2D); number(value.magnitude) } else { number(UInt64(value)) }
     }
 
-    public mutating func bool(_ key: StaticString, _ value: Bool) {
+    mutating func bool(_ key: UnsafeBufferPointer<UInt8>, _ value: Bool) {
         raw(",\"")
-        raw(key)
+        bytes.append(contentsOf: key)
         raw(value ? "\":true" : "\":false")
     }
 
@@ -138,7 +143,7 @@ public struct EventLine: Sendable {
 
     private static let alphabet: [UInt8] = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
 
-    private mutating func base64(_ data: [UInt8]) {
+    private mutating func base64(_ data: UnsafeBufferPointer<UInt8>) {
         var i = 0
         while i < data.count {
             let b0 = UInt32(data[i])
@@ -153,7 +158,6 @@ public struct EventLine: Sendable {
         }
     }
 
-    /// The `seq` of a line this type wrote (nil for anything else).
     /// The `type` of a journal line, read from its fixed place after `seq`
     /// (for filtering by type without parsing the line).
     public static func type(of line: UnsafeRawBufferPointer) -> UnsafeRawBufferPointer? {
@@ -166,6 +170,7 @@ public struct EventLine: Sendable {
         return UnsafeRawBufferPointer(rebasing: line[i..<end])
     }
 
+    /// The `seq` of a line this type wrote (nil for anything else).
     public static func seq(of line: UnsafeRawBufferPointer) -> UInt64? {
         let prefix: StaticString = "{\"seq\":"
         let count = prefix.utf8CodeUnitCount

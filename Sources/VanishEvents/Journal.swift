@@ -6,8 +6,9 @@ import Synchronization
 /// The mount's event journal: every event gets the next sequence number and
 /// goes to an append-only file under `.vanish/events/<instance>/`, split in
 /// segments named by their first sequence number. Request handlers only
-/// append to a memory buffer (one lock, no I/O); a writer thread moves it to
-/// disk, and subscribers read the files at their own pace, so a slow or
+/// copy each event's fields to a memory buffer (one lock, no I/O, no
+/// formatting); a writer thread turns them into JSON lines and moves them
+/// to disk, and subscribers read the files at their own pace, so a slow or
 /// stopped subscriber never holds anything up and memory stays bounded.
 /// Old segments go when the journal passes its size or age limit.
 public final class Journal: @unchecked Sendable {
@@ -26,7 +27,14 @@ public final class Journal: @unchecked Sendable {
 
     private struct Pending {
         var seq: UInt64 = 0
-        var buffer: [UInt8] = []
+        /// Events numbered and waiting for the writer: each a `RecordHeader`, then its `EventRecord`.
+        var records: [UInt8] = []
+    }
+    private struct RecordHeader {
+        var seq: UInt64
+        var time: UInt64
+        var length: UInt32
+        var type: UInt8
     }
     private let pending = Mutex(Pending())
     private let wakeWriter = DispatchSemaphore(value: 0)
@@ -84,24 +92,18 @@ public final class Journal: @unchecked Sendable {
 
     /// Appends one event: `fill` adds its fields. Returns its sequence number.
     @discardableResult
-    public func append(_ type: EventType, _ fill: (inout EventLine) -> Void) -> UInt64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        let time = UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
-        // Fields are built outside the lock; only numbering and the copy are inside.
-        var line = EventLine(seq: 0, type: type, time: time, instance: instance)
-        fill(&line)
-        line.finish()
+    public func append(_ type: EventType, _ fill: (inout EventRecord) -> Void) -> UInt64 {
+        let time = Journal.now()
+        // Fields are copied outside the lock; only numbering and one copy are inside.
+        var record = EventRecord()
+        fill(&record)
         let (seq, wasEmpty, tooBig): (UInt64, Bool, Bool) = pending.withLock { p in
             p.seq += 1
-            let wasEmpty = p.buffer.isEmpty
-            // The placeholder seq 0 is one digit; put the real one in its place.
-            line.bytes.withUnsafeBufferPointer { b in
-                p.buffer.append(contentsOf: UnsafeBufferPointer(rebasing: b[..<7]))
-                EventLine.appendDecimal(p.seq, to: &p.buffer)
-                p.buffer.append(contentsOf: UnsafeBufferPointer(rebasing: b[8...]))
-            }
-            return (p.seq, wasEmpty, p.buffer.count > 8 << 20)
+            let wasEmpty = p.records.isEmpty
+            let header = RecordHeader(seq: p.seq, time: time, length: UInt32(record.bytes.count), type: type.code)
+            withUnsafeBytes(of: header) { p.records.append(contentsOf: $0.prefix(MemoryLayout<RecordHeader>.size)) }
+            p.records.append(contentsOf: record.bytes)
+            return (p.seq, wasEmpty, p.records.count > 8 << 20)
         }
         if wasEmpty || tooBig { wakeWriter.signal() }
         if tooBig {
@@ -109,6 +111,21 @@ public final class Journal: @unchecked Sendable {
             waitDurable(seq, timeout: 5)
         }
         return seq
+    }
+
+    /// Appends the JSON lines of `records` (as `Pending` holds them) to `lines`.
+    private func format(_ records: [UInt8], into lines: inout EventLine) {
+        records.withUnsafeBytes { all in
+            var at = 0
+            while at < all.count {
+                let header = all.loadUnaligned(fromByteOffset: at, as: RecordHeader.self)
+                at += MemoryLayout<RecordHeader>.size
+                lines.begin(seq: header.seq, type: EventType(code: header.type), time: header.time, instance: instance)
+                EventRecord.format(UnsafeRawBufferPointer(rebasing: all[at..<at + Int(header.length)]), into: &lines)
+                lines.finish()
+                at += Int(header.length)
+            }
+        }
     }
 
     /// The newest sequence number given out.
@@ -120,8 +137,9 @@ public final class Journal: @unchecked Sendable {
     private func writer() {
         defer { writerDone.signal() }
         becomeBackgroundThread(nice: 5)
-        var batch: [UInt8] = []
-        batch.reserveCapacity(64 << 10)
+        var incoming: [UInt8] = []
+        incoming.reserveCapacity(64 << 10)
+        var lines = EventLine()
         while true {
             if wakeWriter.wait(timeout: .now() + .seconds(1)) == .success && !isClosing {
                 // Let a burst gather: one write and one wakeup of the readers
@@ -134,19 +152,23 @@ public final class Journal: @unchecked Sendable {
             // (page faults in the handlers) and no large block is freed per
             // batch (munmap, whose TLB shootdown interrupts the other core).
             let last: UInt64 = pending.withLock { p in
-                swap(&p.buffer, &batch)
+                swap(&p.records, &incoming)
                 return p.seq
             }
-            if !batch.isEmpty { write(batch, through: last) }
-            let wrote = !batch.isEmpty
+            let wrote = !incoming.isEmpty
+            if wrote {
+                format(incoming, into: &lines)
+                write(lines.bytes, through: last)
+            }
             // Keep a burst's capacity, but not a one-off flood's.
-            if batch.capacity > 8 << 20 { batch = [] } else { batch.removeAll(keepingCapacity: true) }
+            if incoming.capacity > 8 << 20 { incoming = [] } else { incoming.removeAll(keepingCapacity: true) }
+            lines.removeAll(keeping: 16 << 20)
             state.lock()
             if wrote { durable = last }
             state.broadcast()
             let done = closed
             state.unlock()
-            if done && pending.withLock({ $0.buffer.isEmpty }) { return }
+            if done && pending.withLock({ $0.records.isEmpty }) { return }
             trim()
         }
     }

@@ -125,7 +125,7 @@ extension PassthroughFilesystem {
     public var journal: Journal? { events }
 
     /// Appends an event caused by `caller` (nil for Vanish's own doing).
-    func emit(_ type: EventType, _ caller: Caller?, _ fill: (inout EventLine) -> Void) {
+    func emit(_ type: EventType, _ caller: Caller?, _ fill: (inout EventRecord) -> Void) {
         guard let events else { return }
         let comm = caller.map { commandNames.name(of: $0.pid) }
         events.append(type) { e in

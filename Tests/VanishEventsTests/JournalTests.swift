@@ -72,21 +72,27 @@ struct JournalTests {
         #expect(reader.read(timeout: 0.1) == nil, "a closed journal ends its readers")
     }
 
-    @Test("lines escape what JSON needs escaped, between runs copied whole, and numbers keep their digits")
+    @Test("records become lines that escape what JSON needs escaped and keep every number's digits and every path's bytes")
     func lineEscaping() throws {
-        var line = EventLine(seq: 0, type: .created, time: 1_700_000_000_123_456_789, instance: "abc")
         let path: [UInt8] = Array("plain/\"q\"\\b\nl\u{1}\u{7F}é-end".utf8)
-        line.path("path", path)
-        line.string("comm", "tab\there")
-        line.int("size", Int64.max)
-        line.int("neg", -42)
-        line.int("zero", 0)
+        var record = EventRecord()
+        record.path("path", path)
+        record.string("comm", "tab\there")
+        record.int("size", Int64.max)
+        record.int("neg", -42)
+        record.int("zero", 0)
+        record.bool("tree", true)
+        record.path("from", [0x61, 0xFF, 0x2F, 0x62])
+        var line = EventLine(seq: 0, type: .created, time: 1_700_000_000_123_456_789, instance: "abc")
+        record.bytes.withUnsafeBytes { EventRecord.format($0, into: &line) }
         line.finish()
         let text = String(decoding: line.bytes, as: UTF8.self)
         #expect(text == #"{"seq":0,"type":"created","time_ns":1700000000123456789,"instance":"abc","#
             + #""path":"plain/\"q\"\\b\nl\u0001\u007fé-end","comm":"tab\u0009here","#
-            + #""size":9223372036854775807,"neg":-42,"zero":0}"# + "\n")
-        // The journal puts the real sequence number where the placeholder was.
+            + #""size":9223372036854775807,"neg":-42,"zero":0,"tree":true,"#
+            + #""from":"a\#u{FFFD}/b","from_b64":"Yf8vYg=="}"# + "\n")
+        #expect(EventType.allCases.allSatisfy { EventType(code: $0.code) == $0 })
+        // Through the journal: numbered, turned into lines by the writer, read back.
         var template = Array("/tmp/vanish-journal.XXXXXX".utf8CString)
         let dir = try #require(mkdtemp(&template).map { String(cString: $0) })
         defer { _ = system("rm -rf '\(dir)'") }
