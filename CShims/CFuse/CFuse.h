@@ -22,6 +22,10 @@
 #include <linux/falloc.h>
 #include <spawn.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <linux/netlink.h>
+#include <linux/connector.h>
+#include <linux/cn_proc.h>
 #include <fuse_lowlevel.h>
 
 // Flags hidden behind _GNU_SOURCE. Values are the kernel ABI, identical on
@@ -153,6 +157,68 @@ static inline int vanish_file_handle(int dirfd, const char *name, int flags, uns
 /// so it cannot hold open files of a mount it knows nothing about.
 static inline int vanish_spawn_closefrom(posix_spawn_file_actions_t *actions, int from) {
     return posix_spawn_file_actions_addclosefrom_np(actions, from);
+}
+
+/// A netlink socket on the kernel's process events connector, subscribed:
+/// it hears of every fork, exec, rename (PR_SET_NAME) and exit on the
+/// machine. -1 with errno where that is not allowed (it needs CAP_NET_ADMIN).
+/// `rcvbuf`: the socket's queue in bytes (SO_RCVBUFFORCE, root only), so a
+/// burst of process churn is not dropped.
+static inline int vanish_proc_events_open(int rcvbuf) {
+    int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_CONNECTOR);
+    if (fd < 0) return -1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof rcvbuf);
+    struct sockaddr_nl addr = { .nl_family = AF_NETLINK, .nl_groups = CN_IDX_PROC };
+    struct __attribute__((packed)) {
+        struct nlmsghdr nl;
+        struct cn_msg cn;
+        enum proc_cn_mcast_op op;
+    } listen;
+    memset(&listen, 0, sizeof listen);
+    listen.nl.nlmsg_len = sizeof listen;
+    listen.nl.nlmsg_type = NLMSG_DONE;
+    listen.cn.id.idx = CN_IDX_PROC;
+    listen.cn.id.val = CN_VAL_PROC;
+    listen.cn.len = sizeof listen.op;
+    listen.op = PROC_CN_MCAST_LISTEN;
+    if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || send(fd, &listen, sizeof listen, 0) < 0) {
+        int saved = errno;
+        close(fd);
+        errno = saved;
+        return -1;
+    }
+    return fd;
+}
+
+/// From `len` bytes that recv gave on that socket: the thread ids whose
+/// /proc/PID/comm may now show another name (exec, PR_SET_NAME) or that
+/// no longer name the same thread (exit). Returns the count, or -1 if
+/// there were more than `cap`.
+static inline int vanish_proc_events_changed(const void *buf, int len, pid_t *out, int cap) {
+    int n = 0;
+    for (const struct nlmsghdr *nh = buf; NLMSG_OK(nh, len); nh = NLMSG_NEXT(nh, len)) {
+        if (n + 2 > cap) return -1;
+        if (nh->nlmsg_type != NLMSG_DONE) continue;
+        const struct cn_msg *cn = NLMSG_DATA(nh);
+        if (cn->id.idx != CN_IDX_PROC || cn->id.val != CN_VAL_PROC) continue;
+        const struct proc_event *ev = (const void *)cn->data;
+        switch (ev->what) {
+        case PROC_EVENT_EXEC:
+            // The thread that exec'd becomes its group's leader.
+            out[n++] = ev->event_data.exec.process_pid;
+            out[n++] = ev->event_data.exec.process_tgid;
+            break;
+        case PROC_EVENT_COMM:
+            out[n++] = ev->event_data.comm.process_pid;
+            break;
+        case PROC_EVENT_EXIT:
+            out[n++] = ev->event_data.exit.process_pid;
+            break;
+        default:
+            break;
+        }
+    }
+    return n;
 }
 
 #endif

@@ -30,70 +30,6 @@ final class WritingHandles: @unchecked Sendable {
     func take(_ fd: Int32) -> Session? { map.withLock { $0.removeValue(forKey: fd) } }
 }
 
-/// The command name of the process behind a request, read when the event
-/// happens: a process that execs keeps its pid but not its name (`cmd >
-/// file` opens `file` as the shell, then runs as `cmd`), so a name cached
-/// by pid would blame the wrong program. Each handler thread keeps its own
-/// few /proc/PID/comm fds and reads the current name with one pread (the
-/// open/read/close per event cost three syscalls; no lock is held across
-/// the read, and no other thread can close an fd while it is read).
-final class CommandNames: @unchecked Sendable {
-    private var key = pthread_key_t()
-
-    init() {
-        pthread_key_create(&key) { raw in
-            Unmanaged<ThreadCommandNames>.fromOpaque(raw!).release()
-        }
-    }
-
-    func name(of pid: pid_t) -> String {
-        if pid <= 0 { return "" }
-        if let raw = pthread_getspecific(key) {
-            return Unmanaged<ThreadCommandNames>.fromOpaque(raw).takeUnretainedValue().name(of: pid)
-        }
-        let mine = ThreadCommandNames()
-        pthread_setspecific(key, Unmanaged.passRetained(mine).toOpaque())
-        return mine.name(of: pid)
-    }
-}
-
-/// One handler thread's open /proc/PID/comm files, replaced round robin.
-final class ThreadCommandNames {
-    private static let slots = 8
-    private var pids = [pid_t](repeating: 0, count: slots)
-    private var fds = [Int32](repeating: -1, count: slots)
-    private var next = 0
-
-    deinit { for fd in fds where fd >= 0 { close(fd) } }
-
-    func name(of pid: pid_t) -> String {
-        if let i = pids.firstIndex(of: pid), fds[i] >= 0 {
-            if let name = Self.read(fds[i]) { return name }
-            // That process is gone (ESRCH): the pid now names another one.
-            close(fds[i])
-            fds[i] = -1
-        }
-        let fd = open("/proc/\(pid)/comm", O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return "" }
-        let slot = next
-        next = (next + 1) % Self.slots
-        if fds[slot] >= 0 { close(fds[slot]) }
-        pids[slot] = pid
-        fds[slot] = fd
-        return Self.read(fd) ?? ""
-    }
-
-    private static func read(_ fd: Int32) -> String? {
-        var buffer: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
-        return withUnsafeMutableBytes(of: &buffer) { b -> String? in
-            let n = pread(fd, b.baseAddress, b.count, 0)
-            guard n > 0 else { return nil }
-            // Names are at most 15 bytes: a small string, no allocation.
-            return String(decoding: UnsafeRawBufferPointer(rebasing: b[..<n]).prefix { $0 != 0x0A }, as: UTF8.self)
-        }
-    }
-}
-
 // The observer: every change made through the mount becomes one event in
 // the journal, from the handler that made it.
 extension PassthroughFilesystem {
@@ -127,7 +63,7 @@ extension PassthroughFilesystem {
     /// Appends an event caused by `caller` (nil for Vanish's own doing).
     func emit(_ type: EventType, _ caller: Caller?, _ fill: (inout EventRecord) -> Void) {
         guard let events else { return }
-        let comm = caller.map { commandNames.name(of: $0.pid) }
+        let comm = caller.map { CommandNames.shared.name(of: $0.pid) }
         events.append(type) { e in
             fill(&e)
             if let caller, let comm {

@@ -40,7 +40,6 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// The event journal, when observing (set before mounting).
     var events: Journal?
     let writing = WritingHandles()
-    let commandNames = CommandNames()
     /// The control socket's path, published in the status attribute; set before mounting.
     public var controlSocket = ""
 
@@ -103,8 +102,11 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         }
         // Threads start here, after daemonizing (a fork keeps only the forking thread).
         reaper?.start()
+        // Events name their callers: whether those names can be remembered
+        // (process notices) or are read for every event.
+        let names = observing ? (CommandNames.shared.remembers ? "remembered" : "read each time") : "-"
         log.info("session started", metadata: ["fd_cache": "\(fds.limit)", "cache": "\(options.cache.rawValue)",
-                                                "reapers": "\(reaper?.workerCount ?? 0)"])
+                                                "reapers": "\(reaper?.workerCount ?? 0)", "caller_names": "\(names)"])
     }
 
     /// Lets the filesystem tell the kernel to forget entries it removed on

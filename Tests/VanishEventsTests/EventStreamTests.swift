@@ -113,7 +113,7 @@ struct EventStreamTests {
         }
     }
 
-    @Test("each event names the program that made it, also after the process execs another")
+    @Test("each event names the program that made it, also after the process execs another or renames itself")
     func commandAfterExec() throws {
         try withVanishMount { m in
             let s = try Subscriber(m)
@@ -127,6 +127,13 @@ struct EventStreamTests {
             #expect(created["pid"] as? Int == renamed["pid"] as? Int)
             #expect(created["comm"] as? String == "sh")
             #expect(renamed["comm"] as? String == "mv")
+            // A name is not remembered past a rename either (PR_SET_NAME, or a write to /proc/self/comm).
+            #expect(try run(["/bin/sh", "-c", "cd \(shellQuote(m.mountpoint)) && : > c && printf renamed > /proc/self/comm && : > d"]).ok)
+            try s.waitFor("d") { $0["type"] as? String == "created" && $0["path"] as? String == "d" }
+            let before = try #require(s.events.first { $0["type"] as? String == "created" && $0["path"] as? String == "c" })
+            let after = try #require(s.events.first { $0["type"] as? String == "created" && $0["path"] as? String == "d" })
+            #expect(before["comm"] as? String == "sh")
+            #expect(after["comm"] as? String == "renamed")
         }
     }
 
