@@ -52,7 +52,7 @@ extension PassthroughFilesystem {
         // may deadlock if a handler sends a notification for its own session).
         let parentID = table.nodeID(parent)
         let childID = table.nodeID(node)
-        notifications.async { [self] in invalidateEntry?(parentID, childID, name) }
+        invalidations.send(parent: parentID, child: childID, name: name)
     }
 
     private func checkMayDelete(_ req: Request, caller: Caller, dir: stat, entry: stat) throws(Errno) {

@@ -7,7 +7,6 @@ import Synchronization
 import SystemPackage
 import VanishEvents
 import VanishGraveyard
-import Dispatch
 
 /// Vanish's filesystem: every operation on the mount is done on the backing
 /// directory, through fds relative to it, with its errno passed back unchanged.
@@ -32,10 +31,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     let defersUnlink: Bool
     /// Graveyards of filesystems mounted inside the source, made as needed.
     let nested = NestedGraveyards()
-    /// Sends cache invalidations to the kernel. Only touched on
-    /// `notifications`, never from a request handler (libfuse may deadlock).
-    var invalidateEntry: (@Sendable (_ parent: fuse_ino_t, _ child: fuse_ino_t, _ name: ContiguousArray<CChar>) -> Void)?
-    let notifications = DispatchQueue(label: "vanish.notify")
+    /// Cache invalidations for the kernel, sent from their own thread.
+    let invalidations = EntryInvalidations()
     let sourcePath: String
     /// The event journal, when observing (set before mounting).
     var events: Journal?
@@ -102,6 +99,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         }
         // Threads start here, after daemonizing (a fork keeps only the forking thread).
         reaper?.start()
+        invalidations.start()
         // Events name their callers: whether those names can be remembered
         // (process notices) or are read for every event.
         let names = observing ? (CommandNames.shared.remembers ? "remembered" : "read each time") : "-"
@@ -115,7 +113,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     public func setEntryInvalidator(
         _ f: (@Sendable (_ parent: fuse_ino_t, _ child: fuse_ino_t, _ name: ContiguousArray<CChar>) -> Void)?
     ) {
-        notifications.sync { invalidateEntry = f }
+        invalidations.setInvalidator(f)
     }
 
     /// After the session ended: finish emptying the graveyard (after an
