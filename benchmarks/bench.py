@@ -576,9 +576,9 @@ def make_repo(cache, files):
 
 def build_vanish():
     """Builds vanish as mount-scripts/install does; returns the binary's path."""
-    build = ["swift", "build", "-c", "release", "--static-swift-stdlib", "--package-path", REPO]
-    sh(build, stdout=subprocess.DEVNULL)
-    return sh(build + ["--show-bin-path"], capture_output=True, text=True).stdout.strip() + "/vanish"
+    # The build's progress and errors go to the terminal (stderr); its path comes on stdout.
+    out = sh([os.path.join(REPO, "mount-scripts", "build")], stdout=subprocess.PIPE, stderr=None, text=True).stdout
+    return out.strip().splitlines()[-1]
 
 
 def build_peers(cache, only, vanish_options=""):
