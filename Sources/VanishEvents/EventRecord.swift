@@ -17,8 +17,12 @@ public struct EventRecord: Sendable {
     }
 
     public mutating func path(_ key: StaticString, _ value: [UInt8]) {
+        value.withUnsafeBufferPointer { path(key, $0) }
+    }
+
+    public mutating func path(_ key: StaticString, _ value: UnsafeBufferPointer<UInt8>) {
         field(.path, key)
-        value.withUnsafeBufferPointer { text($0) }
+        text(value)
     }
 
     public mutating func string(_ key: StaticString, _ value: String) {

@@ -97,7 +97,7 @@ extension PassthroughFilesystem {
         if observing {
             let id = fds.withFDIfPossible(np) { fileID($0, newName) } ?? ""
             emit(.linked, req.caller) { e in
-                e.path("path", table.path(of: np, appending: newName))
+                e.path("path", of: np, appending: newName, in: table)
                 e.path("target", target)
                 e.string("kind", kindName(st.st_mode))
                 e.string("id", id)
@@ -170,8 +170,8 @@ extension PassthroughFilesystem {
                     let id = moved.map { fileID(of: $0) } ?? fileID(npfd, newName)
                     let kind = st.map { kindName($0.st_mode) } ?? ""
                     emit(.renamed, caller) { e in
-                        e.path("path", table.path(of: np, appending: newName))
-                        e.path("from", table.path(of: p, appending: name))
+                        e.path("path", of: np, appending: newName, in: table)
+                        e.path("from", of: p, appending: name, in: table)
                         e.string("kind", kind)
                         e.string("id", id)
                         if flags & VANISH_RENAME_EXCHANGE != 0 { e.bool("exchange", true) }

@@ -137,17 +137,13 @@ extension PassthroughFilesystem {
     }
 
     /// Path of an inode by its last known name.
-    func path(of node: Inode) -> [UInt8] {
-        if node === table.root { return [] }
-        guard let (parent, name) = table.location(of: node) else { return [] }
-        return name.withUnsafeBufferPointer { table.path(of: parent, appending: $0.baseAddress!) }
-    }
+    func path(of node: Inode) -> [UInt8] { table.path(of: node, appending: nil) }
 
     func emitCreated(_ caller: Caller, parent: Inode, name: UnsafePointer<CChar>, node: Inode, st: stat, fd: Int32) {
         guard observing else { return }
         let id = fileID(of: node, fd: fd)
         emit(.created, caller) { e in
-            e.path("path", table.path(of: parent, appending: name))
+            e.path("path", of: parent, appending: name, in: table)
             e.string("kind", kindName(st.st_mode))
             e.string("id", id)
         }
@@ -159,7 +155,7 @@ extension PassthroughFilesystem {
         let size = (try? Sys.fstat(fd).st_size) ?? 0
         let id = fileID(of: node, fd: fd)
         emit(.written, session.caller) { e in
-            e.path("path", path(of: node))
+            e.path("path", of: node, in: table)
             e.string("kind", "file")
             e.string("id", id)
             e.int("size", size)
@@ -180,7 +176,7 @@ extension PassthroughFilesystem {
                      entry: String? = nil) {
         guard observing else { return }
         emit(.deleted, caller) { e in
-            e.path("path", table.path(of: parent, appending: name))
+            e.path("path", of: parent, appending: name, in: table)
             e.string("kind", kindName(mode))
             e.string("id", id)
             // vanish rm: one event for the whole subtree.
@@ -193,7 +189,7 @@ extension PassthroughFilesystem {
         let id = fileID(of: node)
         if toSet & FUSE_SET_ATTR_SIZE != 0 {
             emit(.truncated, caller) { e in
-                e.path("path", path(of: node))
+                e.path("path", of: node, in: table)
                 e.string("kind", "file")
                 e.string("id", id)
                 e.int("size", st?.st_size ?? 0)
@@ -212,7 +208,7 @@ extension PassthroughFilesystem {
         if xattr != nil { add("xattr") }
         guard !changed.isEmpty else { return }
         emit(.attributes, caller) { e in
-            e.path("path", path(of: node))
+            e.path("path", of: node, in: table)
             e.string("kind", kindName(node.type))
             e.string("id", id)
             e.string("changed", changed)
@@ -222,6 +218,15 @@ extension PassthroughFilesystem {
                 if toSet & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID) != 0 { e.int("owner_uid", st.st_uid); e.int("owner_gid", st.st_gid) }
             }
         }
+    }
+}
+
+extension EventRecord {
+    /// Adds the path of `name` in `dir` (of `dir` itself without a name)
+    /// without building it as an array first.
+    mutating func path(_ key: StaticString, of dir: Inode, appending name: UnsafePointer<CChar>? = nil,
+                       in table: InodeTable) {
+        table.withPath(of: dir, appending: name) { path(key, $0) }
     }
 }
 

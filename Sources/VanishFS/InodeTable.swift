@@ -102,30 +102,54 @@ final class InodeTable: @unchecked Sendable {
         lock.withLock { _ in inode.parent.map { ($0, inode.name) } }
     }
 
-    /// The path of `name` in `dir`, relative to the mount root, as the
-    /// kernel last saw it (for trash records and events; not for access,
-    /// which stays fd-relative).
+    /// The path of `name` in `dir` (of `dir` itself when `name` is nil),
+    /// relative to the mount root, as the kernel last saw it (for trash
+    /// records and events; not for access, which stays fd-relative).
     func path(of dir: Inode, appending name: UnsafePointer<CChar>?) -> [UInt8] {
-        var parts: [ContiguousArray<CChar>] = []
-        lock.withLock { _ in
-            var node: Inode? = dir
-            while let n = node, n !== root {
-                parts.append(n.name)
-                node = n.parent
+        withPath(of: dir, appending: name) { Array($0) }
+    }
+
+    /// Calls `body` with that path. Events want one or two per request: it
+    /// is written backwards in one pass under the lock, on the stack unless
+    /// it is longer than 1 KiB, with no array per component and no
+    /// reference counting of the names while the table's lock is held.
+    func withPath<R>(of dir: Inode, appending name: UnsafePointer<CChar>?,
+                     _ body: (UnsafeBufferPointer<UInt8>) -> R) -> R {
+        let nameLength = name.map { strlen($0) } ?? 0
+        // Stack allocation up to 1 KiB needs no check of the stack's bounds.
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 1024) { stack in
+            var heap: [UInt8] = []
+            let count: Int = lock.withLock { _ in
+                var total = nameLength
+                var components = name == nil ? 0 : 1
+                var node: Inode? = dir
+                while let n = node, n !== root {
+                    total += n.name.count - 1
+                    components += 1
+                    node = n.parent
+                }
+                total += max(0, components - 1)
+                if total > stack.count { heap = [UInt8](repeating: 0, count: total) }
+                heap.withUnsafeMutableBufferPointer { h in
+                    let out = total > stack.count ? h : stack
+                    var end = total
+                    func put(_ bytes: UnsafeRawPointer, _ count: Int) {
+                        if end < total { end -= 1; out[end] = 0x2F }
+                        end -= count
+                        UnsafeMutableRawPointer(out.baseAddress! + end).copyMemory(from: bytes, byteCount: count)
+                    }
+                    if let name { put(name, nameLength) }
+                    node = dir
+                    while let n = node, n !== root {
+                        n.name.withUnsafeBufferPointer { put($0.baseAddress!, $0.count - 1) }
+                        node = n.parent
+                    }
+                }
+                return total
             }
+            if count > stack.count { return heap.withUnsafeBufferPointer(body) }
+            return body(UnsafeBufferPointer(rebasing: stack[..<count]))
         }
-        var out: [UInt8] = []
-        for part in parts.reversed() {
-            if !out.isEmpty { out.append(0x2F) }
-            part.withUnsafeBufferPointer { b in
-                out.append(contentsOf: UnsafeRawBufferPointer(start: b.baseAddress, count: max(0, b.count - 1)))
-            }
-        }
-        if let name {
-            if !out.isEmpty { out.append(0x2F) }
-            out.append(contentsOf: UnsafeRawBufferPointer(start: name, count: strlen(name)))
-        }
-        return out
     }
 
     /// The highest directory above `inode` (or itself) on the same device:
