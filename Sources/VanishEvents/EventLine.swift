@@ -18,16 +18,20 @@ public enum EventType: String, Sendable, CaseIterable {
 /// filter without parsing the rest. Paths are relative to the mount root;
 /// bytes that are not valid UTF-8 are shown as U+FFFD in the string field
 /// and the exact bytes are added as `<field>_b64`.
-public struct EventLine {
-    private(set) var bytes: [UInt8] = []
+public struct EventLine: ~Copyable {
+    private var buffer: ByteBuffer
 
-    init() {}
+    /// An empty buffer for a batch of lines.
+    init() { buffer = ByteBuffer(capacity: 64 << 10) }
 
     /// A buffer holding the start of one line.
     init(seq: UInt64, type: EventType, time: UInt64, instance: String) {
-        bytes.reserveCapacity(256)
+        buffer = ByteBuffer(capacity: 256)
         begin(seq: seq, type: type, time: time, instance: instance)
     }
+
+    /// The lines so far; valid until the next change.
+    var bytes: UnsafeRawBufferPointer { buffer.bytes }
 
     /// Starts a line after those already in the buffer.
     mutating func begin(seq: UInt64, type: EventType, time: UInt64, instance: String) {
@@ -44,12 +48,12 @@ public struct EventLine {
 
     /// Empties the buffer, keeping its capacity unless it grew past `keeping` bytes.
     mutating func removeAll(keeping limit: Int) {
-        if bytes.capacity > limit { bytes = [] } else { bytes.removeAll(keepingCapacity: true) }
+        buffer.removeAll(keepingAtMost: limit)
     }
 
     mutating func path(_ key: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) {
         raw(",\"")
-        bytes.append(contentsOf: key)
+        buffer.append(key)
         raw("\":\"")
         let valid = value.allSatisfy { $0 < 0x80 } || String(validating: value, as: UTF8.self) != nil
         if valid {
@@ -61,7 +65,7 @@ public struct EventLine {
         raw("\"")
         if !valid {
             raw(",\"")
-            bytes.append(contentsOf: key)
+            buffer.append(key)
             raw("_b64\":\"")
             base64(value)
             raw("\"")
@@ -71,7 +75,7 @@ public struct EventLine {
     /// `value` is UTF-8 (it came from a String).
     mutating func string(_ key: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) {
         raw(",\"")
-        bytes.append(contentsOf: key)
+        buffer.append(key)
         raw("\":\"")
         escape(value)
         raw("\"")
@@ -79,14 +83,14 @@ public struct EventLine {
 
     mutating func integer(_ key: UnsafeBufferPointer<UInt8>, _ value: Int64) {
         raw(",\"")
-        bytes.append(contentsOf: key)
+        buffer.append(key)
         raw("\":")
-        if value < 0 { bytes.append(0x2D); number(value.magnitude) } else { number(UInt64(value)) }
+        if value < 0 { buffer.append(0x2D); number(value.magnitude) } else { number(UInt64(value)) }
     }
 
     mutating func bool(_ key: UnsafeBufferPointer<UInt8>, _ value: Bool) {
         raw(",\"")
-        bytes.append(contentsOf: key)
+        buffer.append(key)
         raw(value ? "\":true" : "\":false")
     }
 
@@ -95,26 +99,24 @@ public struct EventLine {
     }
 
     private mutating func raw(_ s: StaticString) {
-        bytes.append(contentsOf: UnsafeBufferPointer(start: s.utf8Start, count: s.utf8CodeUnitCount))
+        buffer.append(s.utf8Start, count: s.utf8CodeUnitCount)
     }
 
     private mutating func text(_ s: String) {
         var s = s
-        s.withUTF8 { bytes.append(contentsOf: $0) }
+        s.withUTF8 { buffer.append($0) }
     }
 
-    private mutating func number(_ v: UInt64) { EventLine.appendDecimal(v, to: &bytes) }
-
     /// `v` in decimal ASCII, without going through String.
-    static func appendDecimal(_ v: UInt64, to out: inout [UInt8]) {
-        if v == 0 { out.append(0x30); return }
+    private mutating func number(_ v: UInt64) {
+        if v == 0 { buffer.append(0x30); return }
         var digits: (UInt64, UInt64, UInt64) = (0, 0, 0)
         var n = v
         withUnsafeMutableBytes(of: &digits) { buf in
             // Filled from the end, so the digits are in order for one copy.
             var i = buf.count
             while n > 0 { i -= 1; buf[i] = UInt8(n % 10) + 0x30; n /= 10 }
-            out.append(contentsOf: UnsafeRawBufferPointer(rebasing: buf[i...]))
+            buffer.append(UnsafeRawBufferPointer(rebasing: buf[i...]))
         }
     }
 
@@ -129,16 +131,17 @@ public struct EventLine {
         for i in 0..<value.count {
             let c = base[i]
             guard c < 0x20 || c == 0x22 || c == 0x5C || c == 0x7F else { continue }
-            if i > start { bytes.append(contentsOf: UnsafeBufferPointer(start: base + start, count: i - start)) }
+            if i > start { buffer.append(base + start, count: i - start) }
+            buffer.append(0x5C)
             switch c {
-            case 0x22: bytes += [0x5C, 0x22]
-            case 0x5C: bytes += [0x5C, 0x5C]
-            case 0x0A: bytes += [0x5C, 0x6E]
-            default: bytes += [0x5C, 0x75, 0x30, 0x30, EventLine.hex[Int(c >> 4)], EventLine.hex[Int(c & 0xF)]]
+            case 0x22: buffer.append(0x22)
+            case 0x5C: buffer.append(0x5C)
+            case 0x0A: buffer.append(0x6E)
+            default: raw("u00"); buffer.append(EventLine.hex[Int(c >> 4)]); buffer.append(EventLine.hex[Int(c & 0xF)])
             }
             start = i + 1
         }
-        if value.count > start { bytes.append(contentsOf: UnsafeBufferPointer(start: base + start, count: value.count - start)) }
+        if value.count > start { buffer.append(base + start, count: value.count - start) }
     }
 
     private static let alphabet: [UInt8] = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
@@ -150,10 +153,10 @@ public struct EventLine {
             let b1 = i + 1 < data.count ? UInt32(data[i + 1]) : 0
             let b2 = i + 2 < data.count ? UInt32(data[i + 2]) : 0
             let v = b0 << 16 | b1 << 8 | b2
-            bytes.append(EventLine.alphabet[Int(v >> 18 & 63)])
-            bytes.append(EventLine.alphabet[Int(v >> 12 & 63)])
-            bytes.append(i + 1 < data.count ? EventLine.alphabet[Int(v >> 6 & 63)] : 0x3D)
-            bytes.append(i + 2 < data.count ? EventLine.alphabet[Int(v & 63)] : 0x3D)
+            buffer.append(EventLine.alphabet[Int(v >> 18 & 63)])
+            buffer.append(EventLine.alphabet[Int(v >> 12 & 63)])
+            buffer.append(i + 1 < data.count ? EventLine.alphabet[Int(v >> 6 & 63)] : 0x3D)
+            buffer.append(i + 2 < data.count ? EventLine.alphabet[Int(v & 63)] : 0x3D)
             i += 3
         }
     }

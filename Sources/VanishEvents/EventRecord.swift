@@ -7,14 +7,15 @@
 /// Each field is a tag byte, its key (a `StaticString`'s address and length:
 /// keys live for the whole run, so only where they are is copied) and the
 /// value: a length and bytes for text, eight bytes for a number, one for a bool.
-public struct EventRecord: Sendable {
-    public private(set) var bytes: [UInt8] = []
+public struct EventRecord: ~Copyable {
+    private var buffer = ByteBuffer(capacity: 192)
 
     enum Tag: UInt8 { case path = 1, string, integer, bool }
 
-    init() {
-        bytes.reserveCapacity(192)
-    }
+    init() {}
+
+    /// The fields as `format` reads them; valid until the next change.
+    var bytes: UnsafeRawBufferPointer { buffer.bytes }
 
     public mutating func path(_ key: StaticString, _ value: [UInt8]) {
         value.withUnsafeBufferPointer { path(key, $0) }
@@ -39,25 +40,25 @@ public struct EventRecord: Sendable {
 
     public mutating func integer(_ key: StaticString, _ value: Int64) {
         field(.integer, key)
-        Swift.withUnsafeBytes(of: value) { bytes.append(contentsOf: $0) }
+        buffer.append(bytesOf: value)
     }
 
     public mutating func bool(_ key: StaticString, _ value: Bool) {
         field(.bool, key)
-        bytes.append(value ? 1 : 0)
+        buffer.append(value ? 1 : 0)
     }
 
     private mutating func field(_ tag: Tag, _ key: StaticString) {
         // Keys are short ASCII literals, so their length fits a byte.
         precondition(key.hasPointerRepresentation && key.utf8CodeUnitCount < 256)
-        bytes.append(tag.rawValue)
-        Swift.withUnsafeBytes(of: UInt(bitPattern: key.utf8Start)) { bytes.append(contentsOf: $0) }
-        bytes.append(UInt8(key.utf8CodeUnitCount))
+        buffer.append(tag.rawValue)
+        buffer.append(bytesOf: UInt(bitPattern: key.utf8Start))
+        buffer.append(UInt8(key.utf8CodeUnitCount))
     }
 
     private mutating func text(_ value: UnsafeBufferPointer<UInt8>) {
-        Swift.withUnsafeBytes(of: UInt32(value.count)) { bytes.append(contentsOf: $0) }
-        bytes.append(contentsOf: value)
+        buffer.append(bytesOf: UInt32(value.count))
+        buffer.append(value)
     }
 
     /// Adds the fields of `record` (as `bytes` holds them) to `line`.

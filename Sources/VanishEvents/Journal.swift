@@ -25,10 +25,10 @@ public final class Journal: @unchecked Sendable {
     public let limits: Limits
     private let directoryFD: Int32
 
-    private struct Pending {
+    private struct Pending: ~Copyable {
         var seq: UInt64 = 0
         /// Events numbered and waiting for the writer: each a `RecordHeader`, then its `EventRecord`.
-        var records: [UInt8] = []
+        var records = ByteBuffer(capacity: 64 << 10)
     }
     private struct RecordHeader {
         var seq: UInt64
@@ -101,8 +101,8 @@ public final class Journal: @unchecked Sendable {
             p.seq += 1
             let wasEmpty = p.records.isEmpty
             let header = RecordHeader(seq: p.seq, time: time, length: UInt32(record.bytes.count), type: type.code)
-            withUnsafeBytes(of: header) { p.records.append(contentsOf: $0.prefix(MemoryLayout<RecordHeader>.size)) }
-            p.records.append(contentsOf: record.bytes)
+            withUnsafeBytes(of: header) { p.records.append(UnsafeRawBufferPointer(rebasing: $0.prefix(MemoryLayout<RecordHeader>.size))) }
+            p.records.append(record.bytes)
             return (p.seq, wasEmpty, p.records.count > 8 << 20)
         }
         if wasEmpty || tooBig { wakeWriter.signal() }
@@ -114,17 +114,15 @@ public final class Journal: @unchecked Sendable {
     }
 
     /// Appends the JSON lines of `records` (as `Pending` holds them) to `lines`.
-    private func format(_ records: [UInt8], into lines: inout EventLine) {
-        records.withUnsafeBytes { all in
-            var at = 0
-            while at < all.count {
-                let header = all.loadUnaligned(fromByteOffset: at, as: RecordHeader.self)
-                at += MemoryLayout<RecordHeader>.size
-                lines.begin(seq: header.seq, type: EventType(code: header.type), time: header.time, instance: instance)
-                EventRecord.format(UnsafeRawBufferPointer(rebasing: all[at..<at + Int(header.length)]), into: &lines)
-                lines.finish()
-                at += Int(header.length)
-            }
+    private func format(_ all: UnsafeRawBufferPointer, into lines: inout EventLine) {
+        var at = 0
+        while at < all.count {
+            let header = all.loadUnaligned(fromByteOffset: at, as: RecordHeader.self)
+            at += MemoryLayout<RecordHeader>.size
+            lines.begin(seq: header.seq, type: EventType(code: header.type), time: header.time, instance: instance)
+            EventRecord.format(UnsafeRawBufferPointer(rebasing: all[at..<at + Int(header.length)]), into: &lines)
+            lines.finish()
+            at += Int(header.length)
         }
     }
 
@@ -137,8 +135,7 @@ public final class Journal: @unchecked Sendable {
     private func writer() {
         defer { writerDone.signal() }
         becomeBackgroundThread(nice: 5)
-        var incoming: [UInt8] = []
-        incoming.reserveCapacity(64 << 10)
+        var incoming = ByteBuffer(capacity: 64 << 10)
         var lines = EventLine()
         while true {
             if wakeWriter.wait(timeout: .now() + .seconds(1)) == .success && !isClosing {
@@ -157,11 +154,11 @@ public final class Journal: @unchecked Sendable {
             }
             let wrote = !incoming.isEmpty
             if wrote {
-                format(incoming, into: &lines)
+                format(incoming.bytes, into: &lines)
                 write(lines.bytes, through: last)
             }
             // Keep a burst's capacity, but not a one-off flood's.
-            if incoming.capacity > 8 << 20 { incoming = [] } else { incoming.removeAll(keepingCapacity: true) }
+            incoming.removeAll(keepingAtMost: 8 << 20)
             lines.removeAll(keeping: 16 << 20)
             state.lock()
             if wrote { durable = last }
@@ -174,10 +171,10 @@ public final class Journal: @unchecked Sendable {
     }
 
     /// Appends `batch`, whose last event is `last`, to the current segment.
-    private func write(_ batch: [UInt8], through last: UInt64) {
+    private func write(_ batch: UnsafeRawBufferPointer, through last: UInt64) {
         var off = 0
         while off < batch.count {
-            let n = batch[off...].withUnsafeBytes { Glibc.write(currentFD, $0.baseAddress, $0.count) }
+            let n = Glibc.write(currentFD, batch.baseAddress! + off, batch.count - off)
             if n < 0 {
                 if errno == EINTR { continue }
                 // A full disk: keep the events in memory and retry shortly.

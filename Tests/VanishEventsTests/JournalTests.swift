@@ -84,7 +84,7 @@ struct JournalTests {
         record.bool("tree", true)
         record.path("from", [0x61, 0xFF, 0x2F, 0x62])
         var line = EventLine(seq: 0, type: .created, time: 1_700_000_000_123_456_789, instance: "abc")
-        record.bytes.withUnsafeBytes { EventRecord.format($0, into: &line) }
+        EventRecord.format(record.bytes, into: &line)
         line.finish()
         let text = String(decoding: line.bytes, as: UTF8.self)
         #expect(text == #"{"seq":0,"type":"created","time_ns":1700000000123456789,"instance":"abc","#
