@@ -290,3 +290,14 @@ extension Sys {
         }
     }
 }
+
+extension Sys {
+    /// CLOCK_REALTIME in nanoseconds since the epoch: what graveyard entry
+    /// names and event times carry (pacing uses `Condition.now()`).
+    @inline(__always)
+    public static func wallClockNow() -> UInt64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+    }
+}

@@ -93,7 +93,7 @@ public final class Journal: @unchecked Sendable {
     /// Appends one event: `fill` adds its fields. Returns its sequence number.
     @discardableResult
     public func append(_ type: EventType, _ fill: (inout EventRecord) -> Void) -> UInt64 {
-        let time = Journal.now()
+        let time = Sys.wallClockNow()
         // Fields are copied outside the lock; only numbering and one copy are inside.
         var record = EventRecord()
         fill(&record)
@@ -101,7 +101,7 @@ public final class Journal: @unchecked Sendable {
             p.seq += 1
             let wasEmpty = p.records.isEmpty
             let header = RecordHeader(seq: p.seq, time: time, length: UInt32(record.bytes.count), type: type.code)
-            withUnsafeBytes(of: header) { p.records.append(UnsafeRawBufferPointer(rebasing: $0.prefix(MemoryLayout<RecordHeader>.size))) }
+            p.records.append(bytesOf: header)
             p.records.append(record.bytes)
             return (p.seq, wasEmpty, p.records.count > 8 << 20)
         }
@@ -204,14 +204,14 @@ public final class Journal: @unchecked Sendable {
         state.lock()
         if currentFD >= 0 { Glibc.close(currentFD) }
         currentFD = fd
-        segments.append(Segment(first: first, name: name, bytes: 0, created: Journal.now()))
+        segments.append(Segment(first: first, name: name, bytes: 0, created: Sys.wallClockNow()))
         state.unlock()
     }
 
     private func trim() {
         state.lock()
         defer { state.unlock() }
-        let now = Journal.now()
+        let now = Sys.wallClockNow()
         while segments.count > 1 {
             let total = segments.reduce(0) { $0 + $1.bytes }
             let oldest = segments[0]
@@ -220,12 +220,6 @@ public final class Journal: @unchecked Sendable {
             unlinkat(directoryFD, oldest.name, 0)
             segments.removeFirst()
         }
-    }
-
-    static func now() -> UInt64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
     }
 
     static func removeAll(in eventsFD: Int32, except keep: String) {

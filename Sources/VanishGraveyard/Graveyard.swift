@@ -139,7 +139,7 @@ public final class Graveyard: @unchecked Sendable {
     @inline(__always)
     private func withUniqueName<R>(_ n: UInt64, expired: Bool,
                                    _ body: (UnsafePointer<CChar>) throws(Errno) -> R) throws(Errno) -> R {
-        let ns = expired ? 0 : Graveyard.now()
+        let ns = expired ? 0 : Sys.wallClockNow()
         var storage: (UInt64, UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0, 0)
         return try withUnsafeMutableBytes(of: &storage) { raw throws(Errno) -> R in
             let p = raw.baseAddress!.assumingMemoryBound(to: CChar.self)
@@ -152,14 +152,6 @@ public final class Graveyard: @unchecked Sendable {
             p[i] = 0
             return try body(UnsafePointer(p))
         }
-    }
-
-    /// Wall-clock time in ns since the epoch (what entry names carry).
-    @inline(__always)
-    public static func now() -> UInt64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
     }
 
     static func writeHex(_ v: UInt64, digits: Int, into p: UnsafeMutablePointer<CChar>, at i: inout Int) {

@@ -252,7 +252,7 @@ public final class Reaper: @unchecked Sendable {
         let mineMask = stride(from: index, to: Graveyard.shardCount, by: workerCount)
             .reduce(UInt64(0)) { $0 | 1 << UInt64($1) }
         defer { finished.signal() }
-        var lastFullScan = Graveyard.now()
+        var lastFullScan = Sys.wallClockNow()
         while true {
             let state = stopState.load(ordering: .relaxed)
             if state == Stop.now.rawValue { return }
@@ -271,7 +271,7 @@ public final class Reaper: @unchecked Sendable {
                 shards = dirty.bitwiseAnd(~mineMask, ordering: .sequentiallyConsistent).oldValue & mineMask
                 // Entries a restore held or an error left behind: look at everything now and then,
                 // even when burials never let this worker sleep out its timeout.
-                let now = Graveyard.now()
+                let now = Sys.wallClockNow()
                 if now &- lastFullScan > 2_000_000_000 { shards = mineMask; lastFullScan = now }
             }
             while shards != 0 {
@@ -304,7 +304,7 @@ public final class Reaper: @unchecked Sendable {
     private func sleepUntil(_ nextDue: UInt64) -> DispatchTime {
         guard keeps else { return .now() + .seconds(2) }
         // Nothing waiting: whatever is buried from now on is due a window later at the earliest.
-        let now = Graveyard.now()
+        let now = Sys.wallClockNow()
         let due = nextDue == .max ? now &+ policy.keep : nextDue
         let wait = due > now ? min(due - now, 30_000_000_000) : 0
         return .now() + .nanoseconds(Int(max(wait, 50_000_000)))
@@ -338,7 +338,7 @@ public final class Reaper: @unchecked Sendable {
                                       splits.wrappingAdd(1, ordering: .sequentiallyConsistent)
                                       wake(owner(of: shard))
                                   })
-        let now = keeps ? Graveyard.now() : 0
+        let now = keeps ? Sys.wallClockNow() : 0
         while let d = readdir(dp) {
             let name = vanish_dirent_name(d)!
             if name[0] == 0x2E { continue }
@@ -409,7 +409,7 @@ public final class Reaper: @unchecked Sendable {
 
     /// Whether free space is under keepMinFreePercent (fstatvfs at most once a second).
     private func isSpaceShort() -> Bool {
-        let now = Graveyard.now()
+        let now = Sys.wallClockNow()
         let last = spaceCheckedAt.load(ordering: .relaxed)
         if now &- last > 1_000_000_000,
            spaceCheckedAt.compareExchange(expected: last, desired: now, ordering: .relaxed).exchanged {
