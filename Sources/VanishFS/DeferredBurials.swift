@@ -1,3 +1,4 @@
+import FUSEKit
 import Glibc
 import LinuxSyscalls
 import Synchronization
@@ -6,39 +7,65 @@ import Synchronization
 ///
 /// An unlink through the mount checks the entry (it exists, is not a
 /// directory, has one link, is not open), replies, and only then renames it
-/// into the graveyard, on the same handler thread. The caller's next request
-/// is meanwhile served by another handler thread, so the rename overlaps
-/// with it instead of adding to the caller's wait: that is what makes
-/// `rm -rf` through the mount cheaper than `rm -rf` on the backing
-/// filesystem, not just than other FUSE filesystems. (A queue and a worker
-/// thread did the same at the price of a wakeup per unlink, which cost more
-/// than it saved on two cores when unlinks came one at a time.)
+/// into the graveyard. Usually that rename does not happen at once: the
+/// burial is queued on its directory, because `rm -rf` is about to remove
+/// that directory too, and then the directory goes to the graveyard with
+/// every file still queued in it, one rename for all of them (see
+/// `PassthroughFilesystem.removeDirectory`). On ext4 the renames were a
+/// third of the daemon's time in `rm -rf` through the mount, mostly spent
+/// on the graveyard directories' locks and entries.
 ///
-/// Nobody may see a name whose burial is pending. Every request that could
-/// observe one waits for it first:
+/// A queued burial lands on its own once its directory has been quiet for
+/// `quietNanoseconds` or it has waited `maxAgeNanoseconds`, sent by one
+/// flusher thread; and at once when anything needs it. Nobody may see a
+/// name whose burial is pending, so every request that could observe one
+/// lands it first (or, if another thread is landing it, waits):
 /// - by name (`waitForName`): lookup, and every request that makes,
 ///   links or renames a name (the kernel looks names up before unlink, rmdir
 ///   and rename, so a pending name answers ENOENT as it should);
 /// - by directory (`waitForDirectory`): readdir, getattr and fsyncdir of
-///   the directory, rmdir of it (it must be empty), and a rename onto it.
-/// Waiting is always correct, so names are tracked by a 64-bit hash of
-/// (directory, name): a collision only makes someone wait for nothing.
+///   the directory, and a rename onto it;
+/// - all (`drain`): trash listings, restores, event replay, the session's end.
+/// Names are tracked by a 64-bit hash of (directory, name): a collision only
+/// lands a burial early or makes someone wait for nothing.
 ///
-/// A crash between the reply and the rename leaves the file where it was:
-/// the unlink is lost, not any data, as with an unlink a journaling
-/// filesystem had not committed yet. At most one burial per handler thread
-/// is pending, and libfuse lets every handler finish before the session ends.
+/// A crash before a burial lands leaves the file where it was: the unlink
+/// is lost (for at most `maxAgeNanoseconds`), not any data, as with an
+/// unlink a journaling filesystem had not committed yet.
 final class DeferredBurials: @unchecked Sendable {
     struct Ticket {
         let nameHash: UInt64
         let directory: InodeKey
     }
 
+    /// An answered unlink waiting in its directory's queue.
+    struct Queued {
+        let burial: PassthroughFilesystem.DeferredBurial
+        let directory: Inode
+        let name: ContiguousArray<CChar>
+        let caller: Caller
+        /// `Condition.now()` when it was queued.
+        let since: UInt64
+    }
+
+    /// A directory quiet this long will not be removed next (`rm -rf` comes
+    /// back for it within milliseconds): its queued burials land.
+    static let quietNanoseconds: UInt64 = 100_000_000
+    /// No burial waits longer, however busy its directory stays.
+    static let maxAgeNanoseconds: UInt64 = 1_000_000_000
+    /// Beyond this many queued, an unlink's handler lands its own burial.
+    static let queueLimit = 32768
+
     private let cond = Condition()
     // Guarded by `cond`.
     private var names: [UInt64: Int32] = [:]
     private var directories: [InodeKey: Int32] = [:]
+    private var queues: [InodeKey: [Queued]] = [:]
+    private var queuedCount = 0
     private var waiters = 0
+    private var flusherStarted = false
+    private var stopping = false
+    private var land: (@Sendable (Queued) -> Void)?
     /// Burials pending, readable without the lock: the fast path of every
     /// check is one load of this.
     private let outstanding = Atomic<Int>(0)
@@ -49,8 +76,18 @@ final class DeferredBurials: @unchecked Sendable {
 
     var count: Int { outstanding.load(ordering: .acquiring) }
 
+    /// Starts the flusher; `land` renames one queued burial (it must not
+    /// end its ticket: that is done here). Without a flusher nothing is queued.
+    func start(land: @escaping @Sendable (Queued) -> Void) {
+        cond.lock()
+        self.land = land
+        flusherStarted = true
+        cond.unlock()
+        spawnThread { [self] in flush() }
+    }
+
     /// Marks `name` in `dir` as on its way to the graveyard; call before
-    /// replying to the unlink, and `end` once the rename is done.
+    /// replying to the unlink, and `queue` or `end` after.
     func begin(_ dir: Inode, _ name: UnsafePointer<CChar>) -> Ticket {
         let ticket = Ticket(nameHash: Self.hash(dir.key, name), directory: dir.key)
         cond.lock()
@@ -61,31 +98,88 @@ final class DeferredBurials: @unchecked Sendable {
         return ticket
     }
 
+    /// Queues a begun burial on its directory. False when it should land now
+    /// instead (no flusher, or the queue is full).
+    func queue(_ burial: PassthroughFilesystem.DeferredBurial, in dir: Inode, name: UnsafePointer<CChar>,
+               caller: Caller) -> Bool {
+        let copy = Inode.copyName(name)
+        let item = Queued(burial: burial, directory: dir, name: copy, caller: caller, since: Condition.now())
+        cond.lock()
+        defer { cond.unlock() }
+        guard flusherStarted, !stopping, queuedCount < Self.queueLimit else { return false }
+        let wasEmpty = queuedCount == 0
+        queues[dir.key, default: []].append(item)
+        queuedCount += 1
+        // The flusher sleeps without a deadline while nothing is queued; a
+        // waiter for this name must take it rather than wait for it.
+        if wasEmpty || waiters > 0 { cond.broadcast() }
+        return true
+    }
+
     func end(_ ticket: Ticket) {
         cond.lock()
-        Self.release(&names, ticket.nameHash)
-        Self.release(&directories, ticket.directory)
-        outstanding.subtract(1, ordering: .releasing)
-        if waiters > 0 { cond.broadcast() }
+        release(ticket)
         cond.unlock()
     }
 
-    /// Returns once `name` in `dir` has no burial pending.
+    /// Ends tickets whose files left with their directory.
+    func end(_ taken: [Queued]) {
+        cond.lock()
+        for q in taken { release(q.burial.ticket) }
+        cond.unlock()
+    }
+
+    /// Returns once `name` in `dir` has no burial pending, landing a queued one.
     @inline(__always)
     func waitForName(_ dir: Inode, _ name: UnsafePointer<CChar>) {
         if isEmpty { return }
         let h = Self.hash(dir.key, name)
         cond.lock()
-        while names[h] != nil { park() }
+        while names[h] != nil {
+            if let i = queues[dir.key]?.firstIndex(where: { $0.burial.ticket.nameHash == h }) {
+                let q = queues[dir.key]!.remove(at: i)
+                if queues[dir.key]!.isEmpty { queues[dir.key] = nil }
+                queuedCount -= 1
+                landNow([q])
+            } else {
+                park()
+            }
+        }
         cond.unlock()
     }
 
-    /// Returns once no entry of the directory `key` has a burial pending.
+    /// Returns once no entry of the directory `key` has a burial pending,
+    /// landing its queued ones.
     @inline(__always)
     func waitForDirectory(_ key: InodeKey) {
         if isEmpty { return }
         cond.lock()
-        while directories[key] != nil { park() }
+        while directories[key] != nil {
+            if let q = takeQueue(key) { landNow(q) } else { park() }
+        }
+        cond.unlock()
+    }
+
+    /// For rmdir: takes the burials queued in the directory `key` (to land or
+    /// to bury with it), once none of its other burials is in flight. The
+    /// caller lands them or ends them.
+    func takeDirectory(_ key: InodeKey) -> [Queued] {
+        if isEmpty { return [] }
+        cond.lock()
+        defer { cond.unlock() }
+        var taken: [Queued] = []
+        while true {
+            if let q = takeQueue(key) { taken += q }
+            // What is still counted beyond the taken ones is being landed elsewhere.
+            if Int(directories[key] ?? 0) <= taken.count { return taken }
+            park()
+        }
+    }
+
+    /// Lands burials taken with `takeDirectory` one by one.
+    func land(_ taken: [Queued]) {
+        cond.lock()
+        landNow(taken)
         cond.unlock()
     }
 
@@ -93,15 +187,71 @@ final class DeferredBurials: @unchecked Sendable {
     func drain() {
         if isEmpty { return }
         cond.lock()
-        while outstanding.load(ordering: .relaxed) > 0 { park() }
+        while outstanding.load(ordering: .relaxed) > 0 {
+            if let key = queues.keys.first, let q = takeQueue(key) { landNow(q) } else { park() }
+        }
         cond.unlock()
     }
 
-    /// With the lock held: sleeps until a burial ends.
+    /// Lands everything and stops the flusher (the session has ended).
+    func stop() {
+        cond.lock()
+        stopping = true
+        cond.broadcast()
+        cond.unlock()
+        drain()
+    }
+
+    // MARK: With the lock held
+
+    private func takeQueue(_ key: InodeKey) -> [Queued]? {
+        guard let q = queues.removeValue(forKey: key) else { return nil }
+        queuedCount -= q.count
+        return q
+    }
+
+    /// Lands `items` with the lock released meanwhile, then ends their tickets.
+    private func landNow(_ items: [Queued]) {
+        let land = self.land
+        cond.unlock()
+        for q in items { land?(q) }
+        cond.lock()
+        for q in items { release(q.burial.ticket) }
+    }
+
+    private func release(_ ticket: Ticket) {
+        Self.release(&names, ticket.nameHash)
+        Self.release(&directories, ticket.directory)
+        outstanding.subtract(1, ordering: .releasing)
+        if waiters > 0 { cond.broadcast() }
+    }
+
+    /// Sleeps until a burial ends or is queued.
     private func park() {
         waiters += 1
         cond.wait()
         waiters -= 1
+    }
+
+    /// The flusher: lands each directory's queue once the directory has been
+    /// quiet long enough, or its oldest burial has waited too long.
+    private func flush() {
+        cond.lock()
+        while !stopping {
+            guard queuedCount > 0 else { cond.wait(); continue }
+            let now = Condition.now()
+            var due: [InodeKey] = []
+            var next = UInt64.max
+            for (key, q) in queues {
+                let at = min(q.last!.since &+ Self.quietNanoseconds, q.first!.since &+ Self.maxAgeNanoseconds)
+                if at <= now { due.append(key) } else { next = min(next, at) }
+            }
+            for key in due {
+                if let q = takeQueue(key) { landNow(q) }
+            }
+            if due.isEmpty { _ = cond.wait(until: next) }
+        }
+        cond.unlock()
     }
 
     private static func release<K: Hashable>(_ counts: inout [K: Int32], _ key: K) {

@@ -21,7 +21,7 @@ extension PassthroughFilesystem {
     /// reaper's unlink later, to free nothing. (Not "no blocks": ext4 can
     /// report st_blocks 0 for a file whose data is being written back.)
     /// Usually the rename or unlink waits until the caller has its answer:
-    /// then a `DeferredBurial` comes back, for `finishBurial` after the reply.
+    /// then a `DeferredBurial` comes back, for `afterReply`.
     /// `st` is the entry's lstat.
     func removeFile(parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>, st: stat,
                     caller: Caller) throws(Errno) -> DeferredBurial? {
@@ -50,12 +50,37 @@ extension PassthroughFilesystem {
         let record: TrashRecord?
     }
 
-    /// After the unlink's reply: the rename into the graveyard. It cannot
+    /// After the unlink's reply: queues the burial on its directory (see
+    /// `DeferredBurials`), or lands it now when it cannot wait (it carries
+    /// a trash record, or the queue is full).
+    func afterReply(_ d: DeferredBurial, parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>,
+                    caller: Caller) {
+        // A trash record is for one file, restorable on its own: it may not go with its directory.
+        if d.record == nil, burials.queue(d, in: parent, name: name, caller: caller) { return }
+        landBurial(d, parent: parent, parentFD: parentFD, name: name, caller: caller)
+        burials.end(d.ticket)
+    }
+
+    /// Lands a queued burial (for `DeferredBurials`, which ends its ticket).
+    func landQueued(_ q: DeferredBurials.Queued) {
+        do throws(Errno) {
+            try fds.withFD(q.directory) { pfd throws(Errno) in
+                q.name.withUnsafeBufferPointer {
+                    landBurial(q.burial, parent: q.directory, parentFD: pfd, name: $0.baseAddress!, caller: q.caller)
+                }
+            }
+        } catch {
+            // The directory is no longer where it was: it went to the
+            // graveyard whole (`vanish rm` of it or above), with the file.
+            log.debug("a queued burial's directory is gone", metadata: ["error": "\(error)"])
+        }
+    }
+
+    /// The rename into the graveyard an answered unlink owes. It cannot
     /// fail the unlink any more, so if it fails the file is unlinked in
     /// place, and if even that fails it stays and the failure is logged.
-    func finishBurial(_ d: DeferredBurial, parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>,
-                      caller: Caller) {
-        defer { burials.end(d.ticket) }
+    private func landBurial(_ d: DeferredBurial, parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>,
+                            caller: Caller) {
         do throws(Errno) {
             if d.inPlace {
                 try Sys.unlinkat(parentFD, name, 0)
@@ -63,11 +88,13 @@ extension PassthroughFilesystem {
             }
             do throws(Errno) {
                 try bury(parentFD, name, st: d.st, from: parent, caller: caller, record: d.record)
-            } catch {
+            } catch where error != .noSuchFileOrDirectory {
                 log.warning("could not move an unlinked file into the graveyard; unlinking it in place",
                             metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
                 try Sys.unlinkat(parentFD, name, 0)
             }
+        } catch where error == .noSuchFileOrDirectory {
+            // Gone already: its directory went to the graveyard with it.
         } catch {
             log.error("an unlinked file could not be removed from the source",
                       metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
@@ -80,14 +107,31 @@ extension PassthroughFilesystem {
     /// one frees no data) unless there is an undo window: then the empty
     /// directory is kept too, so restoring a tree removed with `rm -rf`
     /// brings its directories back with their modes and owners.
+    /// A directory whose only entries are unlinked files still queued for
+    /// the graveyard goes there whole instead, with them: `rm -rf` costs one
+    /// rename per directory rather than one per file.
     /// `known` is the entry's lstat when the caller already made one.
     func removeDirectory(parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>, caller: Caller,
                          known: stat? = nil) throws(Errno) {
         guard let reaper, reaper.policy.keep > 0 else {
             if !burials.isEmpty {
-                // Its files' burials must land first, or it is not empty yet.
                 let st = try lstatUnlessKnown(known, parentFD, name)
-                burials.waitForDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
+                let taken = burials.takeDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
+                if !taken.isEmpty {
+                    if st.st_mode & S_IFMT == S_IFDIR, holdsOnly(taken, parentFD, name) {
+                        do throws(Errno) {
+                            // The kernel holds the directory's lock for the rmdir:
+                            // nothing can be made in it through the mount meanwhile.
+                            try bury(parentFD, name, st: st, from: parent, caller: caller)
+                            burials.end(taken)
+                            return
+                        } catch {
+                            log.debug("an emptied directory could not go whole", metadata: ["error": "\(error)"])
+                        }
+                    }
+                    // Its files' burials must land first, or it is not empty yet.
+                    burials.land(taken)
+                }
             }
             try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
             return
@@ -114,6 +158,28 @@ extension PassthroughFilesystem {
     private func lstatUnlessKnown(_ known: stat?, _ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> stat {
         if let known { return known }
         return try Sys.lstatat(parentFD, name)
+    }
+
+    /// Whether the directory `name` holds exactly the files `taken` from its
+    /// queue and nothing else, compared by name (no allocation per entry).
+    private func holdsOnly(_ taken: [DeferredBurials.Queued], _ parentFD: Int32,
+                           _ name: UnsafePointer<CChar>) -> Bool {
+        guard let fd = try? Sys.openat(parentFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW) else { return false }
+        guard let dp = fdopendir(fd) else { Sys.close(fd); return false }
+        defer { closedir(dp) }
+        let key = taken[0].burial.ticket.directory
+        var byHash: [UInt64: Int] = [:]
+        byHash.reserveCapacity(taken.count)
+        for (i, q) in taken.enumerated() { byHash[q.burial.ticket.nameHash] = i }
+        var matched = 0
+        while let d = Glibc.readdir(dp) {
+            let entry = vanish_dirent_name(d)!
+            if isDotOrDotDot(entry) { continue }
+            guard let i = byHash[DeferredBurials.hash(key, entry)],
+                  taken[i].name.withUnsafeBufferPointer({ strcmp($0.baseAddress!, entry) == 0 }) else { return false }
+            matched += 1
+        }
+        return matched == taken.count
     }
 
     /// ENOTEMPTY unless the directory holds nothing but `.` and `..`.

@@ -100,6 +100,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         // Threads start here, after daemonizing (a fork keeps only the forking thread).
         reaper?.start()
         invalidations.start()
+        if defersUnlink { burials.start { [unowned self] in landQueued($0) } }
         // Events name their callers: whether those names can be remembered
         // (process notices) or are read for every event.
         let names = observing ? (CommandNames.shared.remembers ? "remembered" : "read each time") : "-"
@@ -120,7 +121,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// unmount) or stop at once (after a signal, leaving the rest for the next start).
     public func stopReaping(finish: Bool) {
         // Unlinks already answered are owed their rename, whatever the signal.
-        burials.drain()
+        burials.stop()
         let reapers = allReapers
         for r in reapers { r.stop(finish ? .whenEmpty : .now) }
         for r in reapers { r.join() }

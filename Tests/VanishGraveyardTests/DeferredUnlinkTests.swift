@@ -95,6 +95,55 @@ struct DeferredUnlinkTests {
         }
     }
 
+    @Test("rm -rf sends each directory it emptied to the graveyard whole, its unlinked files with it")
+    func emptiedDirectoriesGoWhole() throws {
+        try withVanishMount { m in
+            try makeTree(m.path("tree"), files: 2000)
+            let files = try sh("find tree -type f | wc -l", cwd: m.mountpoint)
+            #expect(files.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "2000")
+            let r = try sh("rm -rf tree", cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            #expect(access(m.path("tree"), F_OK) != 0 && access(m.backing("tree"), F_OK) != 0)
+            let status = try run([vanishBinary, "status", "--json", m.mountpoint])
+            let buried = status.stdout.firstMatch(of: /"buried_entries":(\d+)/).flatMap { Int($0.1) }
+            // One entry per directory; a few more only if a directory sat
+            // quiet (a slow machine) and its files went one by one.
+            #expect(buried != nil && buried! < 1000, "\(buried.map(String.init) ?? status.stdout) graveyard entries for 2000 files")
+            try waitForReaper(m)
+            #expect(try graveyardCount(m.source) == 0)
+        }
+    }
+
+    @Test("rmdir of a directory that still holds a file made underneath is refused, and that file survives")
+    func rmdirSeesFilesMadeUnderneath() throws {
+        try withVanishMount { m in
+            let d = m.path("d")
+            #expect(mkdir(d, 0o755) == 0)
+            for i in 0..<50 { #expect(writeFile("\(d)/f\(i)", "x") == 0) }
+            for i in 0..<50 { #expect(unlink("\(d)/f\(i)") == 0) }
+            // Not through the mount: only the source shows it.
+            #expect(writeFile(m.backing("d/keep"), "precious") == 0)
+            #expect(rmdir(d) != 0 && errno == ENOTEMPTY, "rmdir: \(String(cString: strerror(errno)))")
+            #expect(readFile(m.backing("d/keep")) == "precious")
+            #expect(listing(d) == ["keep"])
+            try waitForReaper(m)
+            #expect(listing(m.backing("d")) == ["keep"])
+        }
+    }
+
+    @Test("an unlinked file nobody looks at again still leaves the source within a second or so")
+    func queuedBurialLandsOnItsOwn() throws {
+        try withVanishMount { m in
+            #expect(mkdir(m.path("d"), 0o755) == 0)
+            #expect(writeFile(m.path("d/f"), "data") == 0)
+            #expect(writeFile(m.path("d/g"), "data") == 0)
+            #expect(unlink(m.path("d/f")) == 0)
+            // Looked for in the source only: anything through the mount would land it.
+            try waitFor("the burial to land", timeout: 15) { access(m.backing("d/f"), F_OK) != 0 }
+            #expect(readFile(m.backing("d/g")) == "data")
+        }
+    }
+
     @Test("an empty file is unlinked in place after the answer; its name is free at once")
     func emptyFilesUnlinkInPlace() throws {
         try withVanishMount { m in
