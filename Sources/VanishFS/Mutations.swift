@@ -164,32 +164,38 @@ extension PassthroughFilesystem {
     /// queue and nothing else, compared by name (no allocation per entry).
     private func holdsOnly(_ taken: [DeferredBurials.Queued], _ parentFD: Int32,
                            _ name: UnsafePointer<CChar>) -> Bool {
-        guard let fd = try? Sys.openat(parentFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW) else { return false }
-        guard let dp = fdopendir(fd) else { Sys.close(fd); return false }
-        defer { closedir(dp) }
         let key = taken[0].burial.ticket.directory
         var byHash: [UInt64: Int] = [:]
         byHash.reserveCapacity(taken.count)
         for (i, q) in taken.enumerated() { byHash[q.burial.ticket.nameHash] = i }
         var matched = 0
-        while let d = Glibc.readdir(dp) {
-            let entry = vanish_dirent_name(d)!
-            if isDotOrDotDot(entry) { continue }
+        let complete = try? forEachEntry(parentFD, name) { entry in
             guard let i = byHash[DeferredBurials.hash(key, entry)],
                   taken[i].name.withUnsafeBufferPointer({ strcmp($0.baseAddress!, entry) == 0 }) else { return false }
             matched += 1
+            return true
         }
-        return matched == taken.count
+        return complete == true && matched == taken.count
     }
 
     /// ENOTEMPTY unless the directory holds nothing but `.` and `..`.
     private func requireEmptyDirectory(_ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
+        if try !forEachEntry(parentFD, name, { _ in false }) { throw .directoryNotEmpty }
+    }
+
+    /// Calls `body` with each name in the directory `name` but `.` and `..`
+    /// (never following a symlink) until it returns false; returns whether
+    /// every entry was seen.
+    private func forEachEntry(_ parentFD: Int32, _ name: UnsafePointer<CChar>,
+                              _ body: (UnsafePointer<CChar>) -> Bool) throws(Errno) -> Bool {
         let fd = try Sys.openat(parentFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW)
         guard let dp = fdopendir(fd) else { Sys.close(fd); throw Errno(rawValue: errno) }
         defer { closedir(dp) }
         while let d = Glibc.readdir(dp) {
-            if !isDotOrDotDot(vanish_dirent_name(d)!) { throw .directoryNotEmpty }
+            let entry = vanish_dirent_name(d)!
+            if !isDotOrDotDot(entry) && !body(entry) { return false }
         }
+        return true
     }
 
     /// Moves an entry into the graveyard (with its trash record when there
