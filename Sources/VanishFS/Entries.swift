@@ -188,7 +188,7 @@ extension PassthroughFilesystem {
         let p = inode(parent)
         try checkNotReserved(p, name)
         burials.waitForName(p, name)
-        let (flags, direct) = backingOpenFlags(fi.pointee.flags)
+        let flags = backingOpenFlags(fi.pointee.flags)
         let caller = req.caller
         let (fd, node, st) = try fds.withFD(p) { pfd throws(Errno) -> (Int32, Inode, stat) in
             // O_NOFOLLOW: a symlink raced into place is refused, never followed.
@@ -209,7 +209,7 @@ extension PassthroughFilesystem {
             }
         }
         fi.pointee.fh = UInt64(fd)
-        configure(fi, direct: direct)
+        configure(fi)
         fds.opened(node)
         var e = entry(node, st)
         req.reply(created: &e, fi)

@@ -8,14 +8,14 @@ import SystemPackage
 extension PassthroughFilesystem {
     public func open(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let node = inode(ino)
-        let (flags, direct) = backingOpenFlags(fi.pointee.flags)
+        let flags = backingOpenFlags(fi.pointee.flags)
         let fd = try fds.withFD(node) { pathFD throws(Errno) in
             try fds.retryingOnFDExhaustion { () throws(Errno) in
                 try Sys.withProcPath(pathFD) { path throws(Errno) in try Sys.open(path, flags) }
             }
         }
         fi.pointee.fh = UInt64(fd)
-        configure(fi, direct: direct)
+        configure(fi)
         fds.opened(node)
         req.reply(open: fi)
     }

@@ -340,17 +340,21 @@ extension PassthroughFilesystem {
         return true
     }
 
-    /// The flags to open a backing file with, and whether the kernel should
-    /// bypass its page cache for this handle.
-    func backingOpenFlags(_ requested: Int32) -> (Int32, direct: Bool) {
+    /// The flags to open a backing file with.
+    ///
+    /// O_DIRECT stays with the kernel, which bypasses its page cache for
+    /// the handle while the flag is set (fcntl may clear it) and still
+    /// allows a shared mmap, as a plain file does; `direct_io` would fail
+    /// that mmap with ENODEV. The backing fd is buffered: writes arrive
+    /// spliced from a pipe, which an O_DIRECT fd refuses (EINVAL).
+    func backingOpenFlags(_ requested: Int32) -> Int32 {
         var flags = requested & ~(O_NOCTTY | O_NOFOLLOW | VANISH_O_DIRECT)
-        let direct = requested & VANISH_O_DIRECT != 0
         if options.writeback {
             // With write-back caching the kernel may read back pages of a
             // write-only file and does O_APPEND itself.
             if flags & O_ACCMODE == O_WRONLY { flags = (flags & ~O_ACCMODE) | O_RDWR }
             flags &= ~O_APPEND
         }
-        return (flags, direct)
+        return flags
     }
 }

@@ -177,13 +177,12 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
 
     /// Applies the cache policy to a freshly opened file.
     @inline(__always)
-    func configure(_ fi: UnsafeMutablePointer<fuse_file_info>, direct: Bool) {
+    func configure(_ fi: UnsafeMutablePointer<fuse_file_info>) {
         switch options.cache {
         case .always: fi.pointee.keep_cache = 1
         case .never: fi.pointee.direct_io = 1
         case .auto: break
         }
-        if direct { fi.pointee.direct_io = 1 }
     }
 }
 
