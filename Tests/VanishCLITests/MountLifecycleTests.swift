@@ -15,7 +15,7 @@ struct MountLifecycleTests {
     @Test("in the background by default; vanish unmount ends it and leaves no mount")
     func daemonizes() throws {
         let base = try makeTempDirectory()
-        defer { _ = try? run(["fusermount3", "-uz", base + "/mnt"]); removeTree(base) }
+        defer { unmountAndRemove(base + "/mnt", base: base) }
         mkdir(base + "/src", 0o755); mkdir(base + "/mnt", 0o755)
         let r = try run([vanishBinary, "mount", base + "/src", base + "/mnt"])
         #expect(r.ok, "\(r.stderr)")
@@ -104,7 +104,7 @@ struct MountLifecycleTests {
             try waitFor("debug output") { m.log.contains("opcode: READDIR") || m.log.contains("opcode: READDIRPLUS") }
         }
         let base = try makeTempDirectory()
-        defer { _ = try? run(["fusermount3", "-uz", base + "/mnt"]); removeTree(base) }
+        defer { unmountAndRemove(base + "/mnt", base: base) }
         mkdir(base + "/src", 0o755); mkdir(base + "/mnt", 0o755)
         let r = try run([vanishBinary, "mount", "--log-file", base + "/log", base + "/src", base + "/mnt"])
         #expect(r.ok, "\(r.stderr)")

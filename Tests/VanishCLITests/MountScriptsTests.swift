@@ -33,7 +33,7 @@ struct MountScriptsTests {
     @Test("mount -t fuse.vanish with mount(8)-only options, then umount")
     func mountType() throws {
         let (base, src, mnt) = try scratch()
-        defer { _ = try? run(["fusermount3", "-uz", mnt]); removeTree(base) }
+        defer { unmountAndRemove(mnt, base: base) }
         try withHelperInstalled {
             let r = try run(["mount", "-t", "fuse.vanish", src, mnt, "-o", "noauto,nofail,allow_other,cache=never"],
                             environment: ["VANISH_BINARY": vanishBinary])
@@ -51,7 +51,7 @@ struct MountScriptsTests {
     @Test("an fstab line of type fuse.vanish")
     func fstab() throws {
         let (base, src, mnt) = try scratch()
-        defer { _ = try? run(["fusermount3", "-uz", mnt]); removeTree(base) }
+        defer { unmountAndRemove(mnt, base: base) }
         try withHelperInstalled {
             let tab = base + "/fstab"
             try "\(src) \(mnt) fuse.vanish defaults,noauto,x-systemd.automount,cache=auto 0 0\n"

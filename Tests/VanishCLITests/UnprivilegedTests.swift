@@ -14,7 +14,7 @@ struct UnprivilegedTests {
     func nobodyMountsOwnDirectory() throws {
         let base = try makeTempDirectory()
         let (src, mnt) = (base + "/src", base + "/mnt")
-        defer { _ = try? run(["fusermount3", "-uz", mnt]); removeTree(base) }
+        defer { unmountAndRemove(mnt, base: base) }
         mkdir(src, 0o755); mkdir(mnt, 0o755)
         chmod(base, 0o755)
         #expect(try run(["chown", "nobody:nogroup", src, mnt]).ok)

@@ -379,7 +379,7 @@ struct NoGraveyardTests {
 
     func nobodyServesRootsSource() throws {
         let base = try makeTempDirectory()
-        defer { _ = try? run(["fusermount3", "-uz", base + "/mnt"]); removeTree(base) }
+        defer { unmountAndRemove(base + "/mnt", base: base) }
         chmod(base, 0o755)
         // The root of the source is root's; a subdirectory in it is nobody's.
         let setup = try sh("mkdir -p src/mine mnt && chown nobody:nogroup src/mine mnt && cp \(shellQuote(vanishBinary)) vanish",

@@ -70,14 +70,52 @@ public func waitFor(_ what: String, timeout: Double = 15, _ condition: () throws
 
 /// The mount type at `path` in /proc/self/mountinfo, or nil.
 public func mountType(at path: String) -> String? {
-    guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return nil }
-    var found: String?
-    for line in text.split(separator: "\n") {
+    mounts().last { $0.point == path }?.type
+}
+
+/// Mount points strictly below `path`, deepest first (what a test mounted
+/// inside its source: a tmpfs, a nested Vanish).
+public func mountPoints(below path: String) -> [String] {
+    mounts().map(\.point).filter { $0.hasPrefix(path + "/") }.sorted { $0.count > $1.count }
+}
+
+/// (mount point, type) for each line of /proc/self/mountinfo, in mount order.
+private func mounts() -> [(point: String, type: String)] {
+    guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return [] }
+    return text.split(separator: "\n").compactMap { line in
         let f = line.split(separator: " ")
-        guard f.count > 7, let dash = f.firstIndex(of: "-"), dash + 1 < f.count else { continue }
-        if f[4] == path { found = String(f[dash + 1]) }
+        guard f.count > 7, let dash = f.firstIndex(of: "-"), dash + 1 < f.count else { return nil }
+        return (String(f[4]), String(f[dash + 1]))
     }
-    return found
+}
+
+/// The pids of `vanish` daemons serving `mountpoint` (found by their
+/// command line: a daemon another user started is not our child).
+public func vanishDaemons(serving mountpoint: String) -> [pid_t] {
+    guard let entries = try? FileManager.default.contentsOfDirectory(atPath: "/proc") else { return [] }
+    return entries.compactMap { name -> pid_t? in
+        guard let pid = pid_t(name),
+              let raw = FileManager.default.contents(atPath: "/proc/\(name)/cmdline") else { return nil }
+        let args = raw.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+        guard args.contains("mount"), args.last == mountpoint,
+              args.first.map({ $0.hasSuffix("/vanish") || $0 == "vanish" }) == true else { return nil }
+        return pid
+    }
+}
+
+/// Cleanup for a test that mounted with the daemonizing `vanish mount`
+/// (the daemon is not our child): unmounts if still mounted, waits for the
+/// daemon to finish (it empties the graveyard after an unmount, writing in
+/// the source), killing it if it hangs, then removes `base`.
+public func unmountAndRemove(_ mountpoint: String, base: String, timeout: Double = 20) {
+    let pids = vanishDaemons(serving: mountpoint)
+    if mountType(at: mountpoint) != nil { _ = try? run(["fusermount3", "-uz", mountpoint]) }
+    let gone = { pids.allSatisfy { kill($0, 0) != 0 && errno == ESRCH } }
+    if (try? waitFor("vanish daemons \(pids) to exit", timeout: timeout, gone)) == nil {
+        for pid in pids { kill(pid, SIGKILL) }
+        _ = try? waitFor("killed vanish daemons to go", timeout: 5, gone)
+    }
+    removeTree(base)
 }
 
 /// Result of a finished process.
@@ -210,6 +248,9 @@ public final class VanishMount {
             pid = 0
         }
         if mountType(at: mountpoint) != nil { _ = try? run(["fusermount3", "-uz", mountpoint]) }
+        // What the test mounted in the source (a tmpfs) would keep its
+        // directory, and so `base`, from being removed.
+        for p in mountPoints(below: base) { _ = try? run(["umount", "-l", p]) }
         removeTree(base)
     }
 }
