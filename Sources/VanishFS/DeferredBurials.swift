@@ -17,7 +17,8 @@ import Synchronization
 ///
 /// A queued burial lands on its own once its directory has been quiet for
 /// `quietNanoseconds` or it has waited `maxAgeNanoseconds`, sent by one
-/// flusher thread; and at once when anything needs it. Nobody may see a
+/// flusher thread; when an entry is made in its directory (`landQueue`);
+/// and at once when anything needs it. Nobody may see a
 /// name whose burial is pending, so every request that could observe one
 /// lands it first (or, if another thread is landing it, waits):
 /// - by name (`waitForName`): lookup, and every request that makes,
@@ -64,6 +65,8 @@ final class DeferredBurials: @unchecked Sendable {
     private var queuedCount = 0
     private var waiters = 0
     private var flusherStarted = false
+    /// The flusher sleeps without a deadline (nothing was queued).
+    private var flusherIdle = false
     private var stopping = false
     private var land: (@Sendable (Queued) -> Void)?
     /// Burials pending, readable without the lock: the fast path of every
@@ -107,12 +110,13 @@ final class DeferredBurials: @unchecked Sendable {
         cond.lock()
         defer { cond.unlock() }
         guard flusherStarted, !stopping, queuedCount < Self.queueLimit else { return false }
-        let wasEmpty = queuedCount == 0
         queues[dir.key, default: []].append(item)
         queuedCount += 1
-        // The flusher sleeps without a deadline while nothing is queued; a
-        // waiter for this name must take it rather than wait for it.
-        if wasEmpty || waiters > 0 { cond.broadcast() }
+        // An idle flusher needs a deadline; a busy one already wakes before
+        // this burial is due (waking it anyway, when creates keep emptying
+        // the queue, cost two context switches per unlink). A waiter for
+        // this name must take it rather than wait.
+        if flusherIdle || waiters > 0 { cond.broadcast() }
         return true
     }
 
@@ -174,6 +178,18 @@ final class DeferredBurials: @unchecked Sendable {
             if Int(directories[key] ?? 0) <= taken.count { return taken }
             park()
         }
+    }
+
+    /// A directory that gets a new entry is in use, not being emptied by
+    /// `rm -rf`: lands what is queued in it (called after the reply), so it
+    /// does not keep up to `maxAgeNanoseconds` of removed names that every
+    /// lookup and create in it must search past. (A create-rename-unlink
+    /// loop made ext4's directory search a tenth of the daemon's time.)
+    func landQueue(of dir: Inode) {
+        if isEmpty { return }
+        cond.lock()
+        if let q = takeQueue(dir.key) { landNow(q) }
+        cond.unlock()
     }
 
     /// Lands burials taken with `takeDirectory` one by one.
@@ -238,7 +254,12 @@ final class DeferredBurials: @unchecked Sendable {
     private func flush() {
         cond.lock()
         while !stopping {
-            guard queuedCount > 0 else { cond.wait(); continue }
+            guard queuedCount > 0 else {
+                flusherIdle = true
+                cond.wait()
+                flusherIdle = false
+                continue
+            }
             let now = Condition.now()
             var due: [InodeKey] = []
             var next = UInt64.max

@@ -80,6 +80,7 @@ extension PassthroughFilesystem {
         }
         var e = entry(node, st)
         req.reply(entry: &e)
+        burials.landQueue(of: p)
     }
 
     public func link(_ req: Request, _ ino: fuse_ino_t, newParent: fuse_ino_t,
@@ -106,6 +107,7 @@ extension PassthroughFilesystem {
         }
         var e = entry(linked, st)
         req.reply(entry: &e)
+        burials.landQueue(of: np)
     }
 
     public func unlink(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
@@ -181,6 +183,7 @@ extension PassthroughFilesystem {
             }
         }
         req.replyOK()
+        burials.landQueue(of: np)
     }
 
     public func create(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
@@ -213,6 +216,7 @@ extension PassthroughFilesystem {
         fds.opened(node)
         var e = entry(node, st)
         req.reply(created: &e, fi)
+        burials.landQueue(of: p)
     }
 
     /// Logs the first crossing into each filesystem mounted inside the source.
