@@ -114,6 +114,25 @@ struct DeferredUnlinkTests {
         }
     }
 
+    @Test("an entry made in a directory lands the unlinks queued in it: only what was removed after goes with the directory")
+    func creationLandsTheQueue() throws {
+        try withVanishMount { m in
+            let d = m.path("d")
+            #expect(mkdir(d, 0o755) == 0)
+            for i in 0..<30 { #expect(writeFile("\(d)/f\(i)", "x") == 0) }
+            for i in 0..<30 { #expect(unlink("\(d)/f\(i)") == 0) }
+            // The directory is in use: its 30 queued files go one by one now.
+            #expect(writeFile("\(d)/g", "x") == 0)
+            #expect(unlink("\(d)/g") == 0)
+            #expect(rmdir(d) == 0)
+            let status = try run([vanishBinary, "status", "--json", m.mountpoint])
+            let buried = status.stdout.firstMatch(of: /"buried_entries":(\d+)/).flatMap { Int($0.1) }
+            // 30 files, then g with the directory (or g alone and a real rmdir).
+            #expect(buried == 31, "\(status.stdout)")
+            #expect(access(m.backing("d"), F_OK) != 0)
+        }
+    }
+
     @Test("rmdir of a directory that still holds a file made underneath is refused, and that file survives")
     func rmdirSeesFilesMadeUnderneath() throws {
         try withVanishMount { m in
