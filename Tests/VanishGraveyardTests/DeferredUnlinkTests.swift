@@ -22,6 +22,18 @@ private func writeFile(_ path: String, _ text: String, flags: Int32 = O_CREAT | 
     return text.withCString { write(fd, $0, strlen($0)) } == text.utf8.count ? 0 : errno
 }
 
+/// The daemon's count of entries it moved into the graveyard (`status --json`).
+private func buriedEntries(_ m: VanishMount) throws -> Int? {
+    let status = try run([vanishBinary, "status", "--json", m.mountpoint])
+    return status.stdout.firstMatch(of: /"buried_entries":(\d+)/).flatMap { Int($0.1) }
+}
+
+/// Writes `count` one-byte files f0, f1... in `dir` and unlinks them (their burials queue).
+private func makeAndUnlink(_ count: Int, in dir: String) {
+    for i in 0..<count { #expect(writeFile("\(dir)/f\(i)", "x") == 0) }
+    for i in 0..<count { #expect(unlink("\(dir)/f\(i)") == 0) }
+}
+
 private func readFile(_ path: String) -> String? {
     try? String(contentsOfFile: path, encoding: .utf8)
 }
@@ -104,11 +116,10 @@ struct DeferredUnlinkTests {
             let r = try sh("rm -rf tree", cwd: m.mountpoint)
             #expect(r.ok, "\(r.stderr)")
             #expect(access(m.path("tree"), F_OK) != 0 && access(m.backing("tree"), F_OK) != 0)
-            let status = try run([vanishBinary, "status", "--json", m.mountpoint])
-            let buried = status.stdout.firstMatch(of: /"buried_entries":(\d+)/).flatMap { Int($0.1) }
+            let buried = try buriedEntries(m)
             // One entry per directory; a few more only if a directory sat
             // quiet (a slow machine) and its files went one by one.
-            #expect(buried != nil && buried! < 1000, "\(buried.map(String.init) ?? status.stdout) graveyard entries for 2000 files")
+            #expect(buried != nil && buried! < 1000, "\(buried.map(String.init) ?? "no") graveyard entries for 2000 files")
             try waitForReaper(m)
             #expect(try graveyardCount(m.source) == 0)
         }
@@ -119,16 +130,14 @@ struct DeferredUnlinkTests {
         try withVanishMount { m in
             let d = m.path("d")
             #expect(mkdir(d, 0o755) == 0)
-            for i in 0..<30 { #expect(writeFile("\(d)/f\(i)", "x") == 0) }
-            for i in 0..<30 { #expect(unlink("\(d)/f\(i)") == 0) }
+            makeAndUnlink(30, in: d)
             // The directory is in use: its 30 queued files go one by one now.
             #expect(writeFile("\(d)/g", "x") == 0)
             #expect(unlink("\(d)/g") == 0)
             #expect(rmdir(d) == 0)
-            let status = try run([vanishBinary, "status", "--json", m.mountpoint])
-            let buried = status.stdout.firstMatch(of: /"buried_entries":(\d+)/).flatMap { Int($0.1) }
+            let buried = try buriedEntries(m)
             // 30 files, then g with the directory (or g alone and a real rmdir).
-            #expect(buried == 31, "\(status.stdout)")
+            #expect(buried == 31)
             #expect(access(m.backing("d"), F_OK) != 0)
         }
     }
@@ -138,8 +147,7 @@ struct DeferredUnlinkTests {
         try withVanishMount { m in
             let d = m.path("d")
             #expect(mkdir(d, 0o755) == 0)
-            for i in 0..<50 { #expect(writeFile("\(d)/f\(i)", "x") == 0) }
-            for i in 0..<50 { #expect(unlink("\(d)/f\(i)") == 0) }
+            makeAndUnlink(50, in: d)
             // Not through the mount: only the source shows it.
             #expect(writeFile(m.backing("d/keep"), "precious") == 0)
             #expect(rmdir(d) != 0 && errno == ENOTEMPTY, "rmdir: \(String(cString: strerror(errno)))")
@@ -166,10 +174,6 @@ struct DeferredUnlinkTests {
     @Test("an empty file is unlinked in place after the answer; its name is free at once")
     func emptyFilesUnlinkInPlace() throws {
         try withVanishMount { m in
-            func buried() throws -> String? {
-                let status = try run([vanishBinary, "status", "--json", m.mountpoint])
-                return status.stdout.firstMatch(of: /"buried_entries":(\d+)/).map { String($0.1) }
-            }
             let f = m.path("f")
             for i in 0..<300 {
                 let fd = open(f, O_CREAT | O_EXCL | O_WRONLY, 0o644)
@@ -183,7 +187,7 @@ struct DeferredUnlinkTests {
             // readdir waits for the directory's pending unlinks to land.
             #expect(listing(m.mountpoint) == [])
             #expect(listing(m.backing("")) == [".vanish"])
-            #expect(try buried() == "0")
+            #expect(try buriedEntries(m) == 0)
             // A file with data, or a sparse one (a size, no blocks), still goes
             // to the graveyard. Made underneath, so no handle through the mount
             // is still open at the unlink (that would unlink it in place).
@@ -191,7 +195,7 @@ struct DeferredUnlinkTests {
             #expect(writeFile(m.backing("sparse"), "") == 0 && truncate(m.backing("sparse"), 1 << 20) == 0)
             #expect(unlink(m.path("data")) == 0 && unlink(m.path("sparse")) == 0)
             #expect(listing(m.mountpoint) == [])
-            #expect(try buried() == "2")
+            #expect(try buriedEntries(m) == 2)
             try waitForReaper(m)
             #expect(try graveyardCount(m.source) == 0)
         }
@@ -202,8 +206,7 @@ struct DeferredUnlinkTests {
         let m = try VanishMount()
         defer { m.close() }
         #expect(mkdir(m.path("files"), 0o755) == 0)
-        for i in 0..<3000 { #expect(writeFile(m.path("files/f\(i)"), "x") == 0) }
-        for i in 0..<3000 { #expect(unlink(m.path("files/f\(i)")) == 0) }
+        makeAndUnlink(3000, in: m.path("files"))
         #expect(try m.unmount() == 0)
         #expect(listing(m.backing("files")) == [])
         #expect(try graveyardCount(m.source) == 0)
