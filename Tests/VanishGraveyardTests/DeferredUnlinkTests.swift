@@ -28,8 +28,10 @@ private func buriedEntries(_ m: VanishMount) throws -> Int? {
     return status.stdout.firstMatch(of: /"buried_entries":(\d+)/).flatMap { Int($0.1) }
 }
 
-/// Writes `count` one-byte files f0, f1... in `dir` and unlinks them (their burials queue).
-private func makeAndUnlink(_ count: Int, in dir: String) {
+/// Makes the directory `dir`, writes `count` one-byte files f0, f1... in it
+/// and unlinks them (their burials queue).
+private func makeAndUnlink(_ count: Int, inNewDirectory dir: String) {
+    #expect(mkdir(dir, 0o755) == 0)
     for i in 0..<count { #expect(writeFile("\(dir)/f\(i)", "x") == 0) }
     for i in 0..<count { #expect(unlink("\(dir)/f\(i)") == 0) }
 }
@@ -129,8 +131,7 @@ struct DeferredUnlinkTests {
     func creationLandsTheQueue() throws {
         try withVanishMount { m in
             let d = m.path("d")
-            #expect(mkdir(d, 0o755) == 0)
-            makeAndUnlink(30, in: d)
+            makeAndUnlink(30, inNewDirectory: d)
             // The directory is in use: its 30 queued files go one by one now.
             #expect(writeFile("\(d)/g", "x") == 0)
             #expect(unlink("\(d)/g") == 0)
@@ -146,8 +147,7 @@ struct DeferredUnlinkTests {
     func rmdirSeesFilesMadeUnderneath() throws {
         try withVanishMount { m in
             let d = m.path("d")
-            #expect(mkdir(d, 0o755) == 0)
-            makeAndUnlink(50, in: d)
+            makeAndUnlink(50, inNewDirectory: d)
             // Not through the mount: only the source shows it.
             #expect(writeFile(m.backing("d/keep"), "precious") == 0)
             #expect(rmdir(d) != 0 && errno == ENOTEMPTY, "rmdir: \(String(cString: strerror(errno)))")
@@ -205,8 +205,7 @@ struct DeferredUnlinkTests {
     func unmountDrains() throws {
         let m = try VanishMount()
         defer { m.close() }
-        #expect(mkdir(m.path("files"), 0o755) == 0)
-        makeAndUnlink(3000, in: m.path("files"))
+        makeAndUnlink(3000, inNewDirectory: m.path("files"))
         #expect(try m.unmount() == 0)
         #expect(listing(m.backing("files")) == [])
         #expect(try graveyardCount(m.source) == 0)
