@@ -21,7 +21,8 @@ final class CommandNames: @unchecked Sendable {
 
     private var key = pthread_key_t()
     private struct Known {
-        var names: [pid_t: String] = [:]
+        /// Sized at mount: see `InodeTable.lock`.
+        var names = [pid_t: String](minimumCapacity: 64)
         /// Counts forgetting, so a name read while a notice came is not kept.
         var generation: UInt64 = 0
         /// False without the connector, or once it failed.

@@ -58,10 +58,10 @@ final class DeferredBurials: @unchecked Sendable {
     static let queueLimit = 32768
 
     private let cond = Condition()
-    // Guarded by `cond`.
-    private var names: [UInt64: Int32] = [:]
-    private var directories: [InodeKey: Int32] = [:]
-    private var queues: [InodeKey: [Queued]] = [:]
+    // Guarded by `cond`. Sized at mount: see `InodeTable.lock`.
+    private var names = [UInt64: Int32](minimumCapacity: 64)
+    private var directories = [InodeKey: Int32](minimumCapacity: 64)
+    private var queues = [InodeKey: [Queued]](minimumCapacity: 64)
     private var queuedCount = 0
     private var waiters = 0
     private var flusherStarted = false

@@ -15,7 +15,8 @@ final class WritingHandles: @unchecked Sendable {
         /// Set when the data came from another file in the mount (copy_file_range).
         var source: (path: [UInt8], id: String)?
     }
-    private let map = Mutex<[Int32: Session]>([:])
+    // Sized at mount: see `InodeTable.lock`.
+    private let map = Mutex<[Int32: Session]>(Dictionary(minimumCapacity: 64))
 
     /// Notes a write by `caller` on `fd`; cheap after the first.
     @inline(__always)
