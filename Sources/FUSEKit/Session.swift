@@ -130,12 +130,6 @@ public struct Notifier: @unchecked Sendable {
         fuse_lowlevel_notify_inval_entry(session, parent, name, length)
     }
 
-    /// `fuse_lowlevel_notify_delete`: also raises IN_DELETE for inotify watchers.
-    @discardableResult
-    public func delete(parent: fuse_ino_t, child: fuse_ino_t, name: UnsafePointer<CChar>, length: Int) -> Int32 {
-        fuse_lowlevel_notify_delete(session, parent, child, name, length)
-    }
-
     /// `fuse_lowlevel_notify_inval_inode`.
     @discardableResult
     public func invalidateInode(_ ino: fuse_ino_t, offset: off_t = 0, length: off_t = 0) -> Int32 {

@@ -48,11 +48,11 @@ extension PassthroughFilesystem {
                 emitDeleted(caller, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true, entry: grave)
             }
         }
-        // Tell the kernel the name is gone, from outside this handler (libfuse
-        // may deadlock if a handler sends a notification for its own session).
-        let parentID = table.nodeID(parent)
-        let childID = table.nodeID(node)
-        invalidations.send(parent: parentID, child: childID, name: name)
+        // The path must be gone for everyone once the caller has our answer
+        // (a program may make it again next), so the kernel drops it first.
+        if !invalidations.expire(parent: table.nodeID(parent), name: name, timeout: 1_000_000_000) {
+            log.debug("answering a delete trigger before the kernel dropped the entry (its parent stayed locked)")
+        }
     }
 
     private func checkMayDelete(_ req: Request, caller: Caller, dir: stat, entry: stat) throws(Errno) {

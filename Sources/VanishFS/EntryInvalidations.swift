@@ -8,29 +8,60 @@ import LinuxSyscalls
 /// them in order. (A Dispatch queue started a thread for the first
 /// notification of each mount, and `vanish rm` waited about 0.3 ms for it.)
 final class EntryInvalidations: @unchecked Sendable {
-    typealias Invalidate = @Sendable (_ parent: fuse_ino_t, _ child: fuse_ino_t, _ name: ContiguousArray<CChar>) -> Void
+    typealias Invalidate = @Sendable (_ parent: fuse_ino_t, _ name: ContiguousArray<CChar>) -> Void
 
     private struct Pending {
         let parent: fuse_ino_t
-        let child: fuse_ino_t
         let name: ContiguousArray<CChar>
     }
     private let condition = Condition()
     private var queue: [Pending] = []
     private var sending = false
+    /// Notices queued and sent so far, for `expire`'s wait.
+    private var queued: UInt64 = 0
+    private var sent: UInt64 = 0
     private var invalidate: Invalidate?
 
     func start() {
         spawnThread { [self] in run() }
     }
 
-    /// Queues one notice: `name` in `parent` is gone (`child` its node) or,
-    /// with `child` 0, may now exist.
-    func send(parent: fuse_ino_t, child: fuse_ino_t, name: ContiguousArray<CChar>) {
+    /// Queues one notice: `name` in `parent` may now exist (a restore).
+    func send(parent: fuse_ino_t, name: ContiguousArray<CChar>) {
         condition.lock()
-        queue.append(Pending(parent: parent, child: child, name: name))
-        condition.broadcast()
+        enqueue(Pending(parent: parent, name: name))
         condition.unlock()
+    }
+
+    /// Tells the kernel `name` in `parent` is gone and waits until it has
+    /// dropped the entry, for a request handler that must not answer
+    /// before: false if that took longer than `timeout` nanoseconds.
+    ///
+    /// The handler cannot send it itself, and it is an invalidation rather
+    /// than a delete notice: the caller of the request (a setxattr) holds
+    /// the entry's inode lock until it is answered, and a delete notice
+    /// takes that lock. An invalidation takes only the parent's, which
+    /// someone may hold while waiting for the entry's lock (an rmdir of it
+    /// at that very moment): the timeout ends that wait, the handler
+    /// answers, and the invalidation goes through after.
+    func expire(parent: fuse_ino_t, name: ContiguousArray<CChar>, timeout: UInt64) -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        guard invalidate != nil else { return true }
+        enqueue(Pending(parent: parent, name: name))
+        let ticket = queued
+        let deadline = Condition.now() &+ timeout
+        while sent < ticket {
+            if !condition.wait(until: deadline) { return sent >= ticket }
+        }
+        return true
+    }
+
+    /// With the lock held.
+    private func enqueue(_ notice: Pending) {
+        queue.append(notice)
+        queued += 1
+        condition.broadcast()
     }
 
     /// Sets what sends them (`nil`: nothing more is sent). Returns once
@@ -51,9 +82,10 @@ final class EntryInvalidations: @unchecked Sendable {
             let f = invalidate
             sending = true
             condition.unlock()
-            f?(next.parent, next.child, next.name)
+            f?(next.parent, next.name)
             condition.lock()
             sending = false
+            sent += 1
             condition.broadcast()
         }
     }

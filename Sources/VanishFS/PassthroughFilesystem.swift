@@ -108,12 +108,11 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
                                                 "reapers": "\(reaper?.workerCount ?? 0)", "caller_names": "\(names)"])
     }
 
-    /// Lets the filesystem tell the kernel to forget entries it removed on
-    /// its own (`vanish rm`); `nil` stops it. Returns once any notification
+    /// Lets the filesystem tell the kernel to forget entries it removed or
+    /// brought back on its own (`vanish rm`, a restore): `f` invalidates
+    /// `name` in `parent`; `nil` stops it. Returns once any notification
     /// already queued has been sent, so the session can be destroyed after.
-    public func setEntryInvalidator(
-        _ f: (@Sendable (_ parent: fuse_ino_t, _ child: fuse_ino_t, _ name: ContiguousArray<CChar>) -> Void)?
-    ) {
+    public func setEntryInvalidator(_ f: (@Sendable (_ parent: fuse_ino_t, _ name: ContiguousArray<CChar>) -> Void)?) {
         invalidations.setInvalidator(f)
     }
 

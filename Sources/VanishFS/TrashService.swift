@@ -199,7 +199,7 @@ extension PassthroughFilesystem {
         }
         if let parentID {
             let name = ContiguousArray(leaf.map { CChar(bitPattern: $0) } + [0])
-            invalidations.send(parent: parentID, child: 0, name: name)
+            invalidations.send(parent: parentID, name: name)
         }
     }
 }

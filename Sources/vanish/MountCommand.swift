@@ -150,14 +150,9 @@ struct MountCommand: ParsableCommand {
             throw RuntimeError("mounting \(src) on \(mnt) failed; see libfuse's message above")
         }
         let notifier = session.notifier
-        fs.setEntryInvalidator { parent, child, name in
+        fs.setEntryInvalidator { parent, name in
             name.withUnsafeBufferPointer {
-                // Without a child the name was added behind the kernel's back (a restore).
-                if child == 0 {
-                    _ = notifier.invalidateEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
-                } else {
-                    _ = notifier.delete(parent: parent, child: child, name: $0.baseAddress!, length: $0.count - 1)
-                }
+                _ = notifier.invalidateEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
             }
         }
         if !foreground { session.daemonize() }
