@@ -45,6 +45,7 @@ extension PassthroughFilesystem {
                 }
                 let id = observing ? fileID(pfd, n.baseAddress!) : ""
                 let grave = try bury(pfd, n.baseAddress!, st: entry, from: parent, caller: caller, wantEntry: observing)
+                if entry.st_mode & S_IFMT == S_IFDIR { table.markBuried(node) }
                 emitDeleted(caller, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true, entry: grave)
             }
         }

@@ -57,7 +57,7 @@ extension PassthroughFilesystem {
     private func makeEntry(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
                            _ make: (Int32) throws(Errno) -> Void) throws(Errno) {
         let p = inode(parent)
-        try checkNotReserved(p, name)
+        try checkChangeable(p, name)
         burials.waitForName(p, name)
         let (node, st) = try fds.withFD(p) { pfd throws(Errno) -> (Inode, stat) in
             try make(pfd)
@@ -87,7 +87,7 @@ extension PassthroughFilesystem {
                      newName: UnsafePointer<CChar>) throws(Errno) {
         let node = inode(ino)
         let np = inode(newParent)
-        try checkNotReserved(np, newName)
+        try checkChangeable(np, newName)
         burials.waitForName(np, newName)
         let st = try fds.withFD(np) { npfd throws(Errno) -> stat in
             try fds.withFD(node) { fd throws(Errno) in try Sys.link(fd: fd, npfd, newName) }
@@ -112,7 +112,7 @@ extension PassthroughFilesystem {
 
     public func unlink(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let p = inode(parent)
-        try checkNotReserved(p, name)
+        try checkChangeable(p, name)
         let caller = req.caller
         try fds.withFD(p) { pfd throws(Errno) in
             let (id, st) = observing ? try idBeforeRemoval(pfd, name) : ("", try Sys.lstatat(pfd, name))
@@ -126,7 +126,7 @@ extension PassthroughFilesystem {
 
     public func rmdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let p = inode(parent)
-        try checkNotReserved(p, name)
+        try checkChangeable(p, name)
         let caller = req.caller
         try fds.withFD(p) { pfd throws(Errno) in
             guard observing else {
@@ -144,8 +144,8 @@ extension PassthroughFilesystem {
                        newName: UnsafePointer<CChar>, flags: UInt32) throws(Errno) {
         let p = inode(parent)
         let np = inode(newParent)
-        try checkNotReserved(p, name)
-        try checkNotReserved(np, newName)
+        try checkChangeable(p, name)
+        try checkChangeable(np, newName)
         burials.waitForName(p, name)
         burials.waitForName(np, newName)
         let caller = req.caller
@@ -189,7 +189,7 @@ extension PassthroughFilesystem {
     public func create(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
                        _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let p = inode(parent)
-        try checkNotReserved(p, name)
+        try checkChangeable(p, name)
         burials.waitForName(p, name)
         let flags = backingOpenFlags(fi.pointee.flags)
         let caller = req.caller

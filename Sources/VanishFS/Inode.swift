@@ -31,6 +31,9 @@ final class Inode: @unchecked Sendable {
     /// changes for an inode, and asking the backing filesystem each time
     /// cost every chmod and rename a name_to_handle_at.
     var fileID: String?
+    /// A directory `vanish rm` sent to the graveyard while the kernel still
+    /// knew it (a process may be inside it); cleared by a restore.
+    var buried = false
 
     // Guarded by FDCache's lock.
     var fd: Int32 = -1

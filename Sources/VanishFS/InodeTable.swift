@@ -17,6 +17,8 @@ final class InodeTable: @unchecked Sendable {
     // from about 0.2 to 0.4 ms.
     private let lock = Mutex<[InodeKey: Inode]>(Dictionary(minimumCapacity: 1024))
     private let generations = Atomic<UInt64>(1)
+    /// Whether any inode was ever marked buried: until then, `isBuried` is one load.
+    private let anyBuried = Atomic<Bool>(false)
 
     init(root: Inode) { self.root = root }
 
@@ -75,8 +77,8 @@ final class InodeTable: @unchecked Sendable {
         return gone
     }
 
-    /// After a rename through the mount: the file `st` now lives at `name`
-    /// in `parent`. Returns its inode if the kernel knows it.
+    /// After a rename through the mount or a restore: the file `st` now
+    /// lives at `name` in `parent`. Returns its inode if the kernel knows it.
     @discardableResult
     func moved(_ st: stat, to parent: Inode, name: UnsafePointer<CChar>) -> Inode? {
         let key = InodeKey(dev: st.st_dev, ino: st.st_ino)
@@ -84,8 +86,35 @@ final class InodeTable: @unchecked Sendable {
             guard let known = map[key] else { return nil }
             known.parent = parent
             known.name = Inode.copyName(name)
+            known.buried = false
             return known
         }
+    }
+
+    /// After `vanish rm` moved the directory `inode` into the graveyard.
+    func markBuried(_ inode: Inode) {
+        lock.withLock { _ in inode.buried = true }
+        anyBuried.store(true, ordering: .releasing)
+    }
+
+    /// Whether `dir` or a directory above it went to the graveyard with
+    /// `vanish rm`: nothing may be made in it any more. The kernel cannot
+    /// know (for it, the tree just went away), so a process still inside
+    /// would otherwise make files in the graveyard, where they are lost.
+    func isBuried(_ dir: Inode) -> Bool {
+        guard anyBuried.load(ordering: .acquiring) else { return false }
+        return lock.withLock { _ in inBuriedTree(dir) }
+    }
+
+    /// With the lock held.
+    private func inBuriedTree(_ node: Inode) -> Bool {
+        guard anyBuried.load(ordering: .acquiring) else { return false }
+        var next: Inode? = node
+        while let n = next, n !== root {
+            if n.buried { return true }
+            next = n.parent
+        }
+        return false
     }
 
     /// The file id cached on `inode`, or the one `compute` gives, cached.

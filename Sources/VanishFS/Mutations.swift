@@ -298,10 +298,14 @@ extension PassthroughFilesystem {
         try Sys.renameat2(pfd, name, npfd, newName, flags)
     }
 
-    /// The state directory's name may not be made, opened or replaced through the mount.
+    /// Refuses making, removing or renaming `name` in `parent` when it is
+    /// the state directory's name (EPERM), or when `parent` is in a tree
+    /// `vanish rm` removed (ENOENT, as in a directory removed while a
+    /// process was inside it).
     @inline(__always)
-    func checkNotReserved(_ parent: Inode, _ name: UnsafePointer<CChar>) throws(Errno) {
+    func checkChangeable(_ parent: Inode, _ name: UnsafePointer<CChar>) throws(Errno) {
         if isReserved(parent, name) { throw .notPermitted }
+        if table.isBuried(parent) { throw .noSuchFileOrDirectory }
     }
 
     @inline(__always)

@@ -193,13 +193,14 @@ extension PassthroughFilesystem {
             if error == .fileExists || error == .directoryNotEmpty { throw .taken(shown) }
             throw .failed(shown, error)
         }
+        let parent: Inode? = dirFD == rootFD ? table.root : (try? Sys.fstat(dirFD)).flatMap(table.known)
+        guard let parent else { return }
+        let name = ContiguousArray(leaf.map { CChar(bitPattern: $0) } + [0])
+        name.withUnsafeBufferPointer { n in
+            // A process still inside the tree may make entries in it again.
+            if let st = try? Sys.lstatat(dirFD, n.baseAddress!) { table.moved(st, to: parent, name: n.baseAddress!) }
+        }
         // The kernel may remember the name as absent: tell it, from outside any handler.
-        let parentID: fuse_ino_t? = (try? Sys.fstat(dirFD)).flatMap { st in
-            dirFD == rootFD ? fuse_ino_t(FUSE_ROOT_ID) : table.known(st).map(table.nodeID)
-        }
-        if let parentID {
-            let name = ContiguousArray(leaf.map { CChar(bitPattern: $0) } + [0])
-            invalidations.send(parent: parentID, name: name)
-        }
+        invalidations.send(parent: table.nodeID(parent), name: name)
     }
 }

@@ -131,6 +131,24 @@ struct GraveyardTests {
         }
     }
 
+    @Test("a process inside a tree vanish rm removed cannot make entries there, as after rm -rf; after a restore it can")
+    func insideARemovedTree() throws {
+        try withVanishMount(arguments: ["--keep", "1h"]) { m in
+            // A process whose working directory is in the tree, or its top.
+            // The kernel does not know the tree went to the graveyard, so
+            // before this, files made there went with it and were lost.
+            let r = try sh("""
+                mkdir -p top/sub && echo kept > top/sub/old
+                check() { if touch new 2>/dev/null; then echo "$1: made"; else echo "$1: refused"; fi; }
+                (cd top/sub && "$0" rm -r ../../top && check inside && mkdir d 2>/dev/null || echo mkdir-refused
+                 cat old && "$0" restore "$(pwd | sed 's|/sub$||')" >/dev/null && check restored && ls)
+                mkdir top2 && (cd top2 && setfattr -n user.vanish.delete . && check top)
+                """.replacingOccurrences(of: "\"$0\"", with: shellQuote(vanishBinary)), cwd: m.mountpoint)
+            #expect(r.stdout == "inside: refused\nmkdir-refused\nkept\nrestored: made\nnew\nold\ntop: refused\n",
+                    "\(r.stderr)")
+        }
+    }
+
     @Test("vanish rm: -f, files, errors")
     func removeArguments() throws {
         try withVanishMount { m in
