@@ -51,6 +51,49 @@ static inline int vanish_renameat2(int olddirfd, const char *oldpath, int newdir
 }
 
 /* fchmodat2 (Linux 6.6): chmod of the inode behind an O_PATH fd with AT_EMPTY_PATH. */
+// struct statx as the kernel lays it out (256 bytes).
+struct vanish_statx_timestamp { int64_t tv_sec; uint32_t tv_nsec; int32_t reserved; };
+struct vanish_statx {
+    uint32_t mask, blksize;
+    uint64_t attributes;
+    uint32_t nlink, uid, gid;
+    uint16_t mode, spare0;
+    uint64_t ino, size, blocks, attributes_mask;
+    struct vanish_statx_timestamp atime, btime, ctime, mtime;
+    uint32_t rdev_major, rdev_minor, dev_major, dev_minor;
+    uint64_t spare[14];
+};
+
+static inline dev_t vanish_makedev(uint32_t major, uint32_t minor) {
+    return ((dev_t)(major & 0xfffff000u) << 32) | ((dev_t)(major & 0xfffu) << 8) |
+           ((dev_t)(minor & 0xffffff00u) << 12) | (dev_t)(minor & 0xffu);
+}
+
+/// statx(2) into a struct stat, with the inode's birth time in nanoseconds
+/// (0 where the filesystem keeps none): unlike its number, which a new
+/// file gets as soon as the old one is freed, it tells two inodes apart.
+static inline int vanish_stat_birth(int dirfd, const char *path, int flags, struct stat *st, uint64_t *birth) {
+    struct vanish_statx x;
+    if (syscall(SYS_statx, dirfd, path, flags, 0x7ffu /* STATX_BASIC_STATS */ | 0x800u /* STATX_BTIME */, &x) != 0)
+        return -1;
+    memset(st, 0, sizeof *st);
+    st->st_dev = vanish_makedev(x.dev_major, x.dev_minor);
+    st->st_ino = x.ino;
+    st->st_nlink = x.nlink;
+    st->st_mode = x.mode;
+    st->st_uid = x.uid;
+    st->st_gid = x.gid;
+    st->st_rdev = vanish_makedev(x.rdev_major, x.rdev_minor);
+    st->st_size = (off_t)x.size;
+    st->st_blksize = x.blksize;
+    st->st_blocks = (blkcnt_t)x.blocks;
+    st->st_atim.tv_sec = x.atime.tv_sec; st->st_atim.tv_nsec = x.atime.tv_nsec;
+    st->st_mtim.tv_sec = x.mtime.tv_sec; st->st_mtim.tv_nsec = x.mtime.tv_nsec;
+    st->st_ctim.tv_sec = x.ctime.tv_sec; st->st_ctim.tv_nsec = x.ctime.tv_nsec;
+    *birth = (x.mask & 0x800u) ? (uint64_t)x.btime.tv_sec * 1000000000u + x.btime.tv_nsec : 0;
+    return 0;
+}
+
 static inline int vanish_fchmodat2(int dirfd, const char *path, mode_t mode, int flags) {
     return (int)syscall(452 /* SYS_fchmodat2 */, dirfd, path, mode, flags);
 }

@@ -51,6 +51,25 @@ extension Sys {
         return st
     }
 
+    /// `statx(2)` of `name` without following a symlink: its stat and its
+    /// birth time in nanoseconds (0 where the filesystem keeps none).
+    @inlinable
+    public static func lstatatWithBirth(_ dirfd: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> (stat, UInt64) {
+        var st = stat()
+        var birth: UInt64 = 0
+        _ = try check(vanish_stat_birth(dirfd, name, AT_SYMLINK_NOFOLLOW, &st, &birth))
+        return (st, birth)
+    }
+
+    /// `statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)`, as `lstatatWithBirth`.
+    @inlinable
+    public static func fstatWithBirth(_ fd: Int32) throws(Errno) -> (stat, UInt64) {
+        var st = stat()
+        var birth: UInt64 = 0
+        _ = try check(vanish_stat_birth(fd, "", VANISH_AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, &st, &birth))
+        return (st, birth)
+    }
+
     /// `fstatat(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)`: works on O_PATH fds.
     @inlinable
     public static func fstat(_ fd: Int32) throws(Errno) -> stat {

@@ -91,8 +91,8 @@ extension PassthroughFilesystem {
                     e.attr.st_ino = d.pointee.d_ino
                     e.attr.st_mode = mode_t(d.pointee.d_type) << 12
                 } else {
-                    guard let st = try? Sys.lstatat(dfd, name) else { h.offset = next; continue }
-                    let node = table.remember(st, parent: h.inode, name: name)
+                    guard let (st, birth) = try? Sys.lstatatWithBirth(dfd, name) else { h.offset = next; continue }
+                    let node = table.remember(st, birth: birth, parent: h.inode, name: name)
                     e = entry(node, st)
                 }
                 added = fuse_add_direntry_plus(req.raw, base + used, room, name, &e, next)

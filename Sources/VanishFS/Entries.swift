@@ -8,12 +8,12 @@ import SystemPackage
 extension PassthroughFilesystem {
     public func lookup(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let p = inode(parent)
-        let st: stat
+        let (st, birth): (stat, UInt64)
         do throws(Errno) {
             // The state directory does not exist as far as the mount is concerned.
             if isReserved(p, name) { throw Errno.noSuchFileOrDirectory }
             burials.waitForName(p, name)
-            st = try fds.withFD(p) { pfd throws(Errno) in try Sys.lstatat(pfd, name) }
+            (st, birth) = try fds.withFD(p) { pfd throws(Errno) in try Sys.lstatatWithBirth(pfd, name) }
         } catch .noSuchFileOrDirectory where options.negativeTimeout > 0 {
             // A negative entry: the kernel remembers the name is absent, which
             // spares compilers and shells a round trip per failed probe.
@@ -23,7 +23,7 @@ extension PassthroughFilesystem {
             return
         }
         if st.st_dev != p.key.dev { noteCrossing(into: st, at: name) }
-        let node = table.remember(st, parent: p, name: name)
+        let node = table.remember(st, birth: birth, parent: p, name: name)
         var e = entry(node, st)
         req.reply(entry: &e)
     }
@@ -65,11 +65,11 @@ extension PassthroughFilesystem {
                 try Sys.openat(pfd, name, VANISH_O_PATH | O_NOFOLLOW)
             }
             do throws(Errno) {
-                var st = try Sys.fstat(fd)
+                var (st, birth) = try Sys.fstatWithBirth(fd)
                 if try adoptOwnership(fd: fd, parentFD: pfd, caller: req.caller, mode: mode, st: &st, pathFD: true) {
                     st = try Sys.fstat(fd)
                 }
-                let node = table.remember(st, parent: p, name: name)
+                let node = table.remember(st, birth: birth, parent: p, name: name)
                 emitCreated(req.caller, parent: p, name: name, node: node, st: st, fd: fd)
                 fds.adopt(node, fd: fd)
                 return (node, st)
@@ -89,12 +89,12 @@ extension PassthroughFilesystem {
         let np = inode(newParent)
         try checkChangeable(np, newName)
         burials.waitForName(np, newName)
-        let st = try fds.withFD(np) { npfd throws(Errno) -> stat in
+        let (st, birth) = try fds.withFD(np) { npfd throws(Errno) -> (stat, UInt64) in
             try fds.withFD(node) { fd throws(Errno) in try Sys.link(fd: fd, npfd, newName) }
-            return try Sys.lstatat(npfd, newName)
+            return try Sys.lstatatWithBirth(npfd, newName)
         }
         let target = observing ? path(of: node) : []
-        let linked = table.remember(st, parent: np, name: newName)
+        let linked = table.remember(st, birth: birth, parent: np, name: newName)
         if observing {
             let id = fds.withFDIfPossible(np) { fileID($0, newName) } ?? ""
             emit(.linked, req.caller) { e in
@@ -199,11 +199,11 @@ extension PassthroughFilesystem {
                 try Sys.openat(pfd, name, flags | O_CREAT | O_NOFOLLOW, mode)
             }
             do throws(Errno) {
-                var st = try Sys.fstat(fd)
+                var (st, birth) = try Sys.fstatWithBirth(fd)
                 if try adoptOwnership(fd: fd, parentFD: pfd, caller: caller, mode: mode, st: &st, pathFD: false) {
                     st = try Sys.fstat(fd)
                 }
-                let node = table.remember(st, parent: p, name: name)
+                let node = table.remember(st, birth: birth, parent: p, name: name)
                 emitCreated(caller, parent: p, name: name, node: node, st: st, fd: fd)
                 return (fd, node, st)
             } catch {

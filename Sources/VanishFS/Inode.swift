@@ -18,6 +18,8 @@ final class Inode: @unchecked Sendable {
     /// The S_IFMT bits; an inode never changes type.
     let type: mode_t
     let generation: UInt64
+    /// The backing inode's birth time (ns; 0 if unknown): with `key`, its identity.
+    let birth: UInt64
 
     // Guarded by InodeTable's lock.
     /// Kernel lookup count; the node id is valid while it is above zero.
@@ -50,10 +52,12 @@ final class Inode: @unchecked Sendable {
     /// until the last handle closes, as the only way left to reach it.
     var heldForOpenHandles = false
 
-    init(key: InodeKey, type: mode_t, generation: UInt64, parent: Inode?, name: UnsafePointer<CChar>) {
+    init(key: InodeKey, type: mode_t, generation: UInt64, birth: UInt64 = 0, parent: Inode?,
+         name: UnsafePointer<CChar>) {
         self.key = key
         self.type = type
         self.generation = generation
+        self.birth = birth
         self.parent = parent
         self.name = Inode.copyName(name)
     }

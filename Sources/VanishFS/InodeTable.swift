@@ -36,16 +36,23 @@ final class InodeTable: @unchecked Sendable {
         return Unmanaged<Inode>.fromOpaque(UnsafeRawPointer(bitPattern: UInt(id))!).takeUnretainedValue()
     }
 
-    /// Records one more kernel lookup of the file `st` describes, found as
-    /// `name` in `parent`; returns its inode (new or known).
-    func remember(_ st: stat, parent: Inode, name: UnsafePointer<CChar>) -> Inode {
+    /// Records one more kernel lookup of the file `st` describes (born at
+    /// `birth`, see `Sys.lstatatWithBirth`), found as `name` in `parent`;
+    /// returns its inode (new or known).
+    func remember(_ st: stat, birth: UInt64, parent: Inode, name: UnsafePointer<CChar>) -> Inode {
         let key = InodeKey(dev: st.st_dev, ino: st.st_ino)
         let type = st.st_mode & S_IFMT
         if key == root.key { return root }
         return lock.withLock { map in
-            // A known inode of another type means the number was reused
-            // behind our back: start a new node, the old one lives until forgotten.
-            if let known = map[key], known.type == type {
+            // A known inode of another type or birth time means the number
+            // was reused: start a new node, the old one lives until forgotten.
+            // The kernel may hold an old node long after its file was freed
+            // (a tree `vanish rm` took, an unlinked file's other link, or
+            // just until its forget comes), and a file made meanwhile often
+            // gets the same number at once; given the old node, the kernel
+            // took it for the old file and kept its attributes (a link count
+            // of 0 made link(2) of the new file fail with ENOENT).
+            if let known = map[key], known.type == type, (known.birth == birth || known.birth == 0 || birth == 0) {
                 known.lookups += 1
                 if known.parent !== parent || !known.nameEquals(name) {
                     known.parent = parent
@@ -54,7 +61,7 @@ final class InodeTable: @unchecked Sendable {
                 return known
             }
             let fresh = Inode(key: key, type: type, generation: generations.wrappingAdd(1, ordering: .relaxed).newValue,
-                              parent: parent, name: name)
+                              birth: birth, parent: parent, name: name)
             fresh.lookups = 1
             map[key] = fresh
             _ = Unmanaged.passRetained(fresh)
