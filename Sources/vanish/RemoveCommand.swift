@@ -103,11 +103,11 @@ struct RemoveCommand: ParsableCommand {
             if e == ENODATA || e == ENOTSUP || e == EOPNOTSUPP { throw notOnVanish(path) }
             throw RuntimeError("cannot remove \(path): \(String(cString: strerror(e)))")
         }
-        // The daemon tells the kernel right after answering; wait for that so
-        // the path is gone for every process when we return.
+        // The daemon answers once the kernel has dropped the path.
         if lstat(path, &st) != 0 { return }
         // Still there: another filesystem where a copy of the attribute was
-        // stored, or the kernel has not been told yet. Ask which filesystem
+        // stored, or the daemon gave up waiting for the kernel (another
+        // process held the parent directory's lock). Ask which filesystem
         // holds the parent: the path itself may be gone by now.
         let parent = parentDirectory(of: path)
         let resolved = (try? MountPaths.resolve(parent, what: "path")) ?? parent
