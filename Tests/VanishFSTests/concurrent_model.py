@@ -28,11 +28,13 @@ SHARED = ["s0", "s1", "s2"]
 
 class Node:
     """A file or directory; hard links share one Node."""
-    __slots__ = ("kind", "data", "links", "vague", "linked")
+    __slots__ = ("kind", "data", "links", "vague", "linked", "history")
 
     def __init__(self, kind, data=b""):
         self.kind, self.data, self.links = kind, data, 1
         self.linked = False
+        # The last operations that named it, for the report of a failure.
+        self.history = []
         # Set once a link to it went with a tree `vanish rm` removed: the
         # link count stays up until the reaper frees that tree.
         self.vague = False
@@ -58,17 +60,25 @@ def worker(root, w, nops, seed, vanish, relink, results):
 
     def expect(label, fn, err=None):
         """Runs fn; True if it succeeded and should have, False otherwise (recording a mismatch)."""
+        named = [model[part] for part in label.split()[1:] if part in model]
+        for n in named:
+            n.history = n.history[-11:] + [label]
         try:
             fn()
         except OSError as e:
             if e.errno != err:
-                fails.append(f"{label}: {errno.errorcode.get(e.errno, e.errno)}, expected "
-                             f"{'success' if err is None else errno.errorcode[err]}")
+                fail(f"{label}: {errno.errorcode.get(e.errno, e.errno)}, expected "
+                     f"{'success' if err is None else errno.errorcode[err]}", named)
             return False
         if err is not None:
-            fails.append(f"{label}: succeeded, expected {errno.errorcode[err]}")
+            fail(f"{label}: succeeded, expected {errno.errorcode[err]}", named)
             return False
         return True
+
+    def fail(message, nodes=()):
+        fails.append(message)
+        for n in nodes:
+            fails.append("  before: " + " | ".join(n.history[:-1]))
 
     def children(d):
         return sorted(p.rsplit("/", 1)[1] for p in model if p.rsplit("/", 1)[0] == d)
@@ -227,7 +237,7 @@ def worker(root, w, nops, seed, vanish, relink, results):
         for s in SHARED:
             if mine_in(s) != children(s):
                 fails.append(f"end: listing of {s}: {mine_in(s)}, expected {children(s)}")
-    results.put((w, fails[:5], len(model)))
+    results.put((w, fails[:8], len(model)))
 
 
 def main():
