@@ -50,7 +50,6 @@ static inline int vanish_renameat2(int olddirfd, const char *oldpath, int newdir
     return (int)syscall(SYS_renameat2, olddirfd, oldpath, newdirfd, newpath, flags);
 }
 
-/* fchmodat2 (Linux 6.6): chmod of the inode behind an O_PATH fd with AT_EMPTY_PATH. */
 // struct statx as the kernel lays it out (256 bytes).
 struct vanish_statx_timestamp { int64_t tv_sec; uint32_t tv_nsec; int32_t reserved; };
 struct vanish_statx {
@@ -94,6 +93,7 @@ static inline int vanish_stat_birth(int dirfd, const char *path, int flags, stru
     return 0;
 }
 
+/* fchmodat2 (Linux 6.6): chmod of the inode behind an O_PATH fd with AT_EMPTY_PATH. */
 static inline int vanish_fchmodat2(int dirfd, const char *path, mode_t mode, int flags) {
     return (int)syscall(452 /* SYS_fchmodat2 */, dirfd, path, mode, flags);
 }

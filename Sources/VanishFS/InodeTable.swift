@@ -110,18 +110,14 @@ final class InodeTable: @unchecked Sendable {
     /// would otherwise make files in the graveyard, where they are lost.
     func isBuried(_ dir: Inode) -> Bool {
         guard anyBuried.load(ordering: .acquiring) else { return false }
-        return lock.withLock { _ in inBuriedTree(dir) }
-    }
-
-    /// With the lock held.
-    private func inBuriedTree(_ node: Inode) -> Bool {
-        guard anyBuried.load(ordering: .acquiring) else { return false }
-        var next: Inode? = node
-        while let n = next, n !== root {
-            if n.buried { return true }
-            next = n.parent
+        return lock.withLock { _ in
+            var next: Inode? = dir
+            while let n = next, n !== root {
+                if n.buried { return true }
+                next = n.parent
+            }
+            return false
         }
-        return false
     }
 
     /// The file id cached on `inode`, or the one `compute` gives, cached.
