@@ -136,9 +136,13 @@ struct DeferredUnlinkTests {
             #expect(writeFile("\(d)/g", "x") == 0)
             #expect(unlink("\(d)/g") == 0)
             #expect(rmdir(d) == 0)
-            let buried = try buriedEntries(m)
-            // 30 files, then g with the directory (or g alone and a real rmdir).
-            #expect(buried == 31)
+            let buried = try #require(try buriedEntries(m))
+            // Usually 30 files, then g with the directory (or g alone and a
+            // real rmdir): 31. The landing runs after the create's answer,
+            // so on a loaded machine the rmdir can still find some of the 30
+            // queued and take them with the directory (27 once under
+            // stress-ng). The build before lands none: 1.
+            #expect(buried > 1 && buried <= 31, "\(buried) graveyard entries")
             #expect(access(m.backing("d"), F_OK) != 0)
         }
     }
