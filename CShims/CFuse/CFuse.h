@@ -26,6 +26,7 @@
 #include <linux/netlink.h>
 #include <linux/connector.h>
 #include <linux/cn_proc.h>
+#include <sys/prctl.h>
 #include <fuse_lowlevel.h>
 
 // Flags hidden behind _GNU_SOURCE. Values are the kernel ABI, identical on
@@ -96,6 +97,12 @@ static inline int vanish_stat_birth(int dirfd, const char *path, int flags, stru
 /* fchmodat2 (Linux 6.6): chmod of the inode behind an O_PATH fd with AT_EMPTY_PATH. */
 static inline int vanish_fchmodat2(int dirfd, const char *path, mode_t mode, int flags) {
     return (int)syscall(452 /* SYS_fchmodat2 */, dirfd, path, mode, flags);
+}
+
+/* prctl(PR_SET_NAME): the calling thread's name (15 bytes kept). prctl is
+   variadic, which Swift cannot call. */
+static inline int vanish_set_thread_name(const char *name) {
+    return prctl(PR_SET_NAME, (unsigned long)name, 0ul, 0ul, 0ul);
 }
 
 static inline ssize_t vanish_copy_file_range(int fd_in, off_t *off_in, int fd_out,

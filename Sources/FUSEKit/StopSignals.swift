@@ -30,7 +30,7 @@ public enum StopSignals {
     /// parent's other threads nor its pending signals. A signal that came
     /// before is pending and is taken at once.
     public static func watch(_ action: @escaping @Sendable (Int32) -> Void) {
-        spawnThread {
+        spawnThread("vanish-signals") {
             var set = stopSet()
             while true {
                 var sig: Int32 = 0

@@ -1,13 +1,29 @@
+import CFuse
 import Glibc
 
 /// Starts a detached POSIX thread running `body` (no Foundation `Thread`:
-/// the daemon and the CLI do not link Foundation).
-public func spawnThread(_ body: @escaping @Sendable () -> Void) {
-    final class Box { let body: @Sendable () -> Void; init(_ b: @escaping @Sendable () -> Void) { body = b } }
+/// the daemon and the CLI do not link Foundation). `name` (at most 15
+/// bytes kept, prctl PR_SET_NAME) is what `top -H`, `ps -L` and perf show,
+/// so a busy background thread can be told from the request workers.
+public func spawnThread(_ name: StaticString, _ body: @escaping @Sendable () -> Void) {
+    final class Box {
+        let name: StaticString
+        let body: @Sendable () -> Void
+        init(_ n: StaticString, _ b: @escaping @Sendable () -> Void) { name = n; body = b }
+    }
     var tid = pthread_t()
-    let arg = Unmanaged.passRetained(Box(body)).toOpaque()
+    let arg = Unmanaged.passRetained(Box(name, body)).toOpaque()
     let rc = pthread_create(&tid, nil, { raw in
-        Unmanaged<Box>.fromOpaque(raw!).takeRetainedValue().body()
+        let box = Unmanaged<Box>.fromOpaque(raw!).takeRetainedValue()
+        box.name.withUTF8Buffer { utf8 in
+            // The kernel keeps 15 bytes and a NUL; a StaticString promises no NUL.
+            var buffer = (UInt64(0), UInt64(0))
+            withUnsafeMutableBytes(of: &buffer) { out in
+                out.copyMemory(from: UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(utf8).prefix(15)))
+                _ = vanish_set_thread_name(out.baseAddress!.assumingMemoryBound(to: CChar.self))
+            }
+        }
+        box.body()
         return nil
     }, arg)
     if rc == 0 { pthread_detach(tid) } else { Unmanaged<Box>.fromOpaque(arg).release() }

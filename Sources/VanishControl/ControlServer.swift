@@ -73,7 +73,7 @@ public final class ControlServer: @unchecked Sendable {
 
     /// Starts accepting (after any fork: threads don't survive it).
     public func start() {
-        spawnThread { [self] in acceptLoop() }
+        spawnThread("vanish-control") { [self] in acceptLoop() }
     }
 
     /// Stops accepting and removes the socket file.
@@ -104,7 +104,7 @@ public final class ControlServer: @unchecked Sendable {
                 conn.write(["error": "too many connections to this mount's control socket", "errno": JSON(EAGAIN)])
                 continue
             }
-            spawnThread { [self] in
+            spawnThread("vanish-client") { [self] in
                 serve(Connection(fd: fd))
                 state.withLock { $0.connections -= 1 }
             }

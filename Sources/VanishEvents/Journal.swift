@@ -69,7 +69,7 @@ public final class Journal: @unchecked Sendable {
 
     /// Starts the writer thread (after any fork).
     public func start() {
-        spawnThread { [self] in writer() }
+        spawnThread("vanish-journal") { [self] in writer() }
     }
 
     private var isClosing: Bool {

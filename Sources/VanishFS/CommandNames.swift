@@ -38,7 +38,7 @@ final class CommandNames: @unchecked Sendable {
         let fd = vanish_proc_events_open(4 << 20)
         guard fd >= 0 else { return }
         known.withLock { $0.trusted = true }
-        spawnThread { [self] in listen(fd) }
+        spawnThread("vanish-procs") { [self] in listen(fd) }
     }
 
     /// Whether names are remembered between events (the connector is open).

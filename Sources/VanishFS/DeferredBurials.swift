@@ -86,7 +86,7 @@ final class DeferredBurials: @unchecked Sendable {
         self.land = land
         flusherStarted = true
         cond.unlock()
-        spawnThread { [self] in flush() }
+        spawnThread("vanish-bury") { [self] in flush() }
     }
 
     /// Marks `name` in `dir` as on its way to the graveyard; call before

@@ -23,7 +23,7 @@ final class EntryInvalidations: @unchecked Sendable {
     private var invalidate: Invalidate?
 
     func start() {
-        spawnThread { [self] in run() }
+        spawnThread("vanish-notify") { [self] in run() }
     }
 
     /// Queues one notice: `name` in `parent` may now exist (a restore).

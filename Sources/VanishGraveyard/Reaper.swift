@@ -169,8 +169,8 @@ public final class Reaper: @unchecked Sendable {
     /// Starts the workers. Call after any fork (daemonizing): threads don't survive it.
     public func start() {
         guard !started.exchange(true, ordering: .relaxed) else { return }
-        for w in 0..<workerCount { spawnThread { [self] in work(w) } }
-        if keeps { spawnThread { [self] in ward() } }
+        for w in 0..<workerCount { spawnThread("vanish-reaper") { [self] in work(w) } }
+        if keeps { spawnThread("vanish-keep") { [self] in ward() } }
     }
 
     /// Something was buried in `shard`: wake its worker if it sleeps (one

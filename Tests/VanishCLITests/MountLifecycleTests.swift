@@ -24,6 +24,13 @@ struct MountLifecycleTests {
         let pid = try #require(try daemonPID(base + "/mnt"))
         let ls = try sh("echo hi > f && cat f", cwd: base + "/mnt")
         #expect(ls.stdout == "hi\n")
+        // Background threads carry names, so `top -H` and perf tell them from request workers.
+        let names = try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task").map {
+            try String(contentsOfFile: "/proc/\(pid)/task/\($0)/comm", encoding: .utf8)
+        }
+        for name in ["vanish-journal\n", "vanish-reaper\n", "vanish-control\n", "vanish-notify\n"] {
+            #expect(names.contains(name), "threads: \(names)")
+        }
         let u = try run([vanishBinary, "unmount", base + "/mnt"])
         #expect(u.ok, "\(u.stderr)")
         #expect(mountType(at: base + "/mnt") == nil)

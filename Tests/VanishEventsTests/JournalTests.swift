@@ -26,7 +26,7 @@ struct JournalTests {
         let writers = 4, perWriter = 5_000
         let progress = ReaderProgress()
         for w in 0..<writers {
-            spawnThread {
+            spawnThread("test-appender") {
                 for i in 0..<perWriter {
                     journal.append(.created) { $0.string("path", "w\(w)/f\(i)") }
                 }
@@ -39,7 +39,7 @@ struct JournalTests {
         // hanging the whole run.
         let total = UInt64(writers * perWriter)
         nonisolated(unsafe) let unsafeReader = reader
-        spawnThread {
+        spawnThread("test-reader") {
             defer { progress.done.store(true, ordering: .releasing) }
             while progress.next.load(ordering: .relaxed) <= total {
                 guard let lines = unsafeReader.read(timeout: 1) else {
