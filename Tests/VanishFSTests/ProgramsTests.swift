@@ -128,4 +128,35 @@ struct ProgramsTests {
             #expect(r.stdout == "second-refused\nchild-refused\nchild-other-range\n")
         }
     }
+
+    @Test("closing a read-only file costs no FLUSH round trip; a writer's close still flushes and unlocks")
+    func readOnlyCloseSkipsFlush() throws {
+        try withVanishMount(arguments: ["-d"], prepare: { src in
+            try "data\n".write(toFile: src + "/r", atomically: false, encoding: .utf8)
+        }) { m in
+            let flushes = { m.log.components(separatedBy: "opcode: FLUSH").count - 1 }
+            let r = try sh("""
+                cat r r r >/dev/null && cat r
+                python3 - <<'PY'
+                import fcntl, os
+                # A read lock taken through a read-only handle goes with its close.
+                fd = os.open("r", os.O_RDONLY)
+                fcntl.lockf(fd, fcntl.LOCK_SH, 0, 0)
+                os.close(fd)
+                if os.fork() == 0:
+                    fd = os.open("r", os.O_RDWR)
+                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 0, 0)
+                    os._exit(0)
+                print(os.waitstatus_to_exitcode(os.wait()[1]))
+                PY
+                """, cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            #expect(r.stdout == "data\n0\n")
+            // The child's read-write handle flushed once; the four cats and the read-only handle not at all.
+            try waitFor("the child's FLUSH in the debug log") { flushes() >= 1 }
+            #expect(flushes() == 1, "\(m.log)")
+            #expect(try sh("echo more >> r && cat r", cwd: m.mountpoint).stdout == "data\nmore\n")
+            try waitFor("the writer's FLUSH") { flushes() >= 2 }
+        }
+    }
 }
