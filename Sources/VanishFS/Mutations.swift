@@ -290,7 +290,15 @@ extension PassthroughFilesystem {
             // Replacing a file whose data the replacement would free: swap the
             // two atomically (the new name never goes missing), then bury the
             // old target from where the source was, so the reaper frees it.
-            try Sys.renameat2(pfd, name, npfd, newName, VANISH_RENAME_EXCHANGE)
+            do throws(Errno) {
+                try Sys.renameat2(pfd, name, npfd, newName, VANISH_RENAME_EXCHANGE)
+            } catch .invalidArgument {
+                // Two files can always be exchanged, so the backing filesystem
+                // lacks the flag (NFS, many FUSE filesystems): rename plainly,
+                // and it frees the replaced file itself.
+                try Sys.renameat2(pfd, name, npfd, newName, 0)
+                return
+            }
             // Its trash record names where it was: the target's path.
             try bury(pfd, name, st: target, from: newParent, caller: caller, asName: newName)
             return

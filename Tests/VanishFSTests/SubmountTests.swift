@@ -34,4 +34,39 @@ struct SubmountTests {
             #expect(m.log.components(separatedBy: "mounted inside the source").count == 2, "\(m.log)")
         }
     }
+
+    @Test("a FUSE filesystem without renameat2 flags inside the source: renames still work")
+    func bindfsInside() throws {
+        try #require(which("bindfs") != nil, "bindfs (mount-scripts/install --deps-only installs it)")
+        let back = try makeTempDirectory()
+        var inner = ""
+        defer {
+            if !inner.isEmpty { _ = try? run(["umount", "-l", inner]) }
+            removeTree(back)
+        }
+        try withVanishMount(prepare: { src in
+            inner = src + "/inner"
+            mkdir(inner, 0o755)
+            let r = try run(["bindfs", back, inner])
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            // Vanish replaces a file by exchanging the two names and burying
+            // the old one; bindfs refuses RENAME_EXCHANGE (EINVAL), as NFS does.
+            let r = try sh("""
+                cd inner && echo a > a && echo b > b
+                mv a b && cat b
+                python3 -c 'import os, errno
+                os.rename("b", "c"); print(sorted(os.listdir(".")))
+                os.mkdir("d")
+                try:
+                    os.rename("d", "d/x")
+                except OSError as e:
+                    print(errno.errorcode[e.errno])'
+                cd .. && echo top > x && mv x y && cat y
+                """, cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            #expect(r.stdout == "a\n['c']\nEINVAL\ntop\n")
+            #expect(try sh("cat c && ls", cwd: back).stdout == "a\nc\nd\n")
+        }
+    }
 }
