@@ -151,16 +151,23 @@ extension PassthroughFilesystem {
         let caller = req.caller
         try fds.withFD(p) { pfd throws(Errno) in
             try fds.withFD(np) { npfd throws(Errno) in
-                // What the new name holds now: a file it replaces goes to the
-                // graveyard, the event says it was replaced, and a directory
-                // renamed over must be empty, which it is not while burials
-                // from it are pending.
-                let target = flags & VANISH_RENAME_EXCHANGE == 0 ? try? Sys.lstatat(npfd, newName) : nil
-                if let target, target.st_mode & S_IFMT == S_IFDIR {
-                    burials.waitForDirectory(InodeKey(dev: target.st_dev, ino: target.st_ino))
+                // Most renames replace nothing: try that first, which spares
+                // them the lstat of the new name.
+                var target: stat? = nil
+                let free = try renameIfFree(pfd, name, npfd, newName, flags: flags)
+                if free != true {
+                    // What the new name holds now: a file it replaces goes to the
+                    // graveyard, the event says it was replaced, and a directory
+                    // renamed over must be empty, which it is not while burials
+                    // from it are pending.
+                    target = flags & VANISH_RENAME_EXCHANGE == 0 ? try? Sys.lstatat(npfd, newName) : nil
+                    if let target, target.st_mode & S_IFMT == S_IFDIR {
+                        burials.waitForDirectory(InodeKey(dev: target.st_dev, ino: target.st_ino))
+                    }
+                    try renameEntry(pfd, name, npfd, newName, target: target, flags: flags, newParent: np, caller: caller)
+                    if free == nil { noReplaceRefused.store(true, ordering: .relaxed) }
                 }
                 let replaced = observing && target != nil
-                try renameEntry(pfd, name, npfd, newName, target: target, flags: flags, newParent: np, caller: caller)
                 // Keep the moved inode reachable under its new name (and the
                 // other one, for an exchange) so its fd can be reopened later.
                 let st = try? Sys.lstatat(npfd, newName)

@@ -282,6 +282,25 @@ extension PassthroughFilesystem {
 
     /// Renames with renameat2 semantics (NOREPLACE, EXCHANGE passed through).
     /// `target`: what `newName` held just before (nil: nothing, or an exchange).
+    /// A plain rename done as renameat2(RENAME_NOREPLACE): true if it
+    /// happened, false if the new name exists and the caller must look at
+    /// what it replaces (the check and the rename are one step, so that
+    /// answer cannot be stale). nil for EINVAL: the filesystem may lack the
+    /// flag, or the rename is invalid (a directory into itself); the plain
+    /// rename the caller makes next tells which.
+    func renameIfFree(_ pfd: Int32, _ name: UnsafePointer<CChar>, _ npfd: Int32, _ newName: UnsafePointer<CChar>,
+                      flags: UInt32) throws(Errno) -> Bool? {
+        guard flags == 0, !noReplaceRefused.load(ordering: .relaxed) else { return false }
+        do throws(Errno) {
+            try Sys.renameat2(pfd, name, npfd, newName, VANISH_RENAME_NOREPLACE)
+            return true
+        } catch .fileExists {
+            return false
+        } catch .invalidArgument {
+            return nil
+        }
+    }
+
     func renameEntry(_ pfd: Int32, _ name: UnsafePointer<CChar>, _ npfd: Int32, _ newName: UnsafePointer<CChar>,
                      target: stat?, flags: UInt32, newParent: Inode, caller: Caller) throws(Errno) {
         if flags == 0, let target, target.st_mode & S_IFMT != S_IFDIR, target.st_nlink == 1, !holdIfOpen(target),

@@ -37,6 +37,9 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// The event journal, when observing (set before mounting).
     var events: Journal?
     let writing = WritingHandles()
+    /// Set once a backing filesystem refused RENAME_NOREPLACE (NFS, FUSE
+    /// filesystems) for a rename it then allowed: renames ask first again.
+    let noReplaceRefused = Atomic<Bool>(false)
     /// The control socket's path, published in the status attribute; set before mounting.
     public var controlSocket = ""
 

@@ -51,7 +51,9 @@ struct SubmountTests {
             guard r.ok else { throw TestFailure(r.stderr) }
         }) { m in
             // Vanish replaces a file by exchanging the two names and burying
-            // the old one; bindfs refuses RENAME_EXCHANGE (EINVAL), as NFS does.
+            // the old one, and renames to a free name with RENAME_NOREPLACE;
+            // bindfs refuses both flags (EINVAL), as NFS does. Then the top
+            // directory, after the refusal was seen.
             let r = try sh("""
                 cd inner && echo a > a && echo b > b
                 mv a b && cat b
