@@ -122,6 +122,23 @@ extension Sys {
         }
     }
 
+    /// `renameat2(RENAME_NOREPLACE)`: EEXIST instead of replacing what
+    /// `newname` holds. Filesystems without the flag (NFS, CIFS, many FUSE
+    /// filesystems) answer EINVAL; there it becomes an `lstat` of `newname`
+    /// and a plain rename, which is not atomic: use it where nothing else
+    /// makes names in `newdirfd`, or where losing that race is acceptable.
+    @inlinable
+    public static func renameNoReplace(_ olddirfd: Int32, _ oldname: UnsafePointer<CChar>, _ newdirfd: Int32,
+                                       _ newname: UnsafePointer<CChar>) throws(Errno) {
+        do throws(Errno) {
+            try renameat2(olddirfd, oldname, newdirfd, newname, VANISH_RENAME_NOREPLACE)
+        } catch .invalidArgument {
+            if (try? lstatat(newdirfd, newname)) != nil { throw .fileExists }
+            // An invalid rename (a directory into itself) fails here again.
+            try renameat2(olddirfd, oldname, newdirfd, newname, 0)
+        }
+    }
+
     /// `linkat(AT_FDCWD, "/proc/self/fd/N", newdirfd, newname, AT_SYMLINK_FOLLOW)`:
     /// links the inode behind an O_PATH fd without needing CAP_DAC_READ_SEARCH.
     @inlinable

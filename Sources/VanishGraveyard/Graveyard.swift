@@ -116,13 +116,13 @@ public final class Graveyard: @unchecked Sendable {
         let sfd = shardFDs[shard]
         try withUniqueName(n, expired: expired) { grave throws(Errno) in
             guard let record else {
-                try Sys.renameat2(parentFD, name, sfd, grave, VANISH_RENAME_NOREPLACE)
+                try Sys.renameNoReplace(parentFD, name, sfd, grave)
                 named?(grave)
                 return
             }
             try writeSidecar(sfd, grave, record)
             do throws(Errno) {
-                try Sys.renameat2(parentFD, name, sfd, grave, VANISH_RENAME_NOREPLACE)
+                try Sys.renameNoReplace(parentFD, name, sfd, grave)
             } catch {
                 removeSidecar(sfd, grave)
                 throw error

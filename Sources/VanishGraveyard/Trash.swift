@@ -234,7 +234,7 @@ extension Graveyard {
     /// Moves a claimed entry back to `name` in `parentFD`, never replacing
     /// what is there (EEXIST). On failure the entry stays claimed: `release` it.
     public func restore(_ e: TrashEntry, to parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
-        try Sys.renameat2(shardFDs[e.shard], e.id, parentFD, name, VANISH_RENAME_NOREPLACE)
+        try Sys.renameNoReplace(shardFDs[e.shard], e.id, parentFD, name)
         removeSidecar(shardFDs[e.shard], e.id)
         trash.finishRestore(e, restored: true)
     }

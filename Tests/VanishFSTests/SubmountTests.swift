@@ -69,6 +69,22 @@ struct SubmountTests {
             #expect(r.ok, "\(r.stderr)")
             #expect(r.stdout == "a\n['c']\nEINVAL\ntop\n")
             #expect(try sh("cat c && ls", cwd: back).stdout == "a\nc\nd\n")
+
+            // Burials there too: the graveyard's renames ask for RENAME_NOREPLACE.
+            let rm = try sh("""
+                set -e
+                cd inner && mkdir -p t/a/b && echo 1 > t/a/b/f1 && echo 2 > t/a/b/f2
+                ln c c2 && rm c2 && cat c
+                rm -rf t/a && ls -A t
+                mkdir t2 && echo y > t2/y && \(shellQuote(vanishBinary)) rm -r t2
+                ls -A
+                """, cwd: m.mountpoint)
+            #expect(rm.ok, "\(rm.stderr)")
+            #expect(rm.stdout == "a\nc\nd\nt\n")
+            #expect(try run([vanishBinary, "status", "--wait", m.mountpoint]).ok)
+            // Freed from the backing filesystem, not just hidden.
+            #expect(try sh("ls -A && find .vanish/graveyard -mindepth 2 | wc -l", cwd: back).stdout ==
+                    ".vanish\nc\nd\nt\n0\n")
         }
     }
 }
