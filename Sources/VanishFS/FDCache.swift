@@ -11,7 +11,11 @@ import SystemPackage
 /// once the kernel caches ~20,000 inodes. Here an inode without an fd is
 /// reopened from its parent's fd and its name, and the result is checked
 /// against the inode's (st_dev, st_ino) so a name that now means another file
-/// gives ESTALE instead of touching the wrong one.
+/// gives ESTALE instead of touching the wrong one. A name that is gone gives
+/// ESTALE too: the file may live on under another name the kernel still has
+/// cached (a hard link whose last-seen name was removed), and on ESTALE the
+/// kernel looks that name up again and retries, which teaches the table
+/// where the file is now.
 final class FDCache: @unchecked Sendable {
     private struct State {
         var newest: Inode?
@@ -169,12 +173,17 @@ final class FDCache: @unchecked Sendable {
     /// Opens `inode` again from where it was last seen and checks it is still the same file.
     private func reopen(_ inode: Inode) throws(Errno) -> Int32 {
         guard let (parent, name) = table.location(of: inode) else { throw Errno(rawValue: ESTALE) }
-        let fd = try withFD(parent) { pfd throws(Errno) in
-            try name.withUnsafeBufferPointer { n throws(Errno) in
-                try retryingOnFDExhaustion { () throws(Errno) in
-                    try Sys.openat(pfd, n.baseAddress!, VANISH_O_PATH | O_NOFOLLOW)
+        let fd: Int32
+        do throws(Errno) {
+            fd = try withFD(parent) { pfd throws(Errno) in
+                try name.withUnsafeBufferPointer { n throws(Errno) in
+                    try retryingOnFDExhaustion { () throws(Errno) in
+                        try Sys.openat(pfd, n.baseAddress!, VANISH_O_PATH | O_NOFOLLOW)
+                    }
                 }
             }
+        } catch .noSuchFileOrDirectory {
+            throw Errno(rawValue: ESTALE)
         }
         let st: stat
         do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }

@@ -42,4 +42,25 @@ struct ScaleTests {
             #expect(!m.log.contains("Too many open files"))
         }
     }
+
+    @Test("a file's other name stays reachable once the name the daemon saw last is gone and its fd evicted",
+          arguments: ["cache=auto", "cache=always"])
+    func hardLinkAfterEviction(_ cache: String) throws {
+        // 256 open files leave the daemon's fd cache about 100 entries, so
+        // reading 300 other files evicts the linked file's fd; the kernel
+        // still has `c` (and `e`) cached and asks for the file by inode.
+        try withVanishMount(options: [cache], fileLimit: 256) { m in
+            let r = try sh("""
+                set -e
+                echo a > c && ln c c2 && rm c2
+                echo b > e && ln e e2 && rm e2
+                mkdir many && for i in $(seq 300); do echo $i > many/$i; done
+                cat many/* >/dev/null
+                cat c && stat -c %h c
+                chmod 600 e && stat -c %a e && cat e
+                """, cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            #expect(r.stdout == "a\n1\n600\nb\n")
+        }
+    }
 }
