@@ -27,6 +27,7 @@
 #include <linux/connector.h>
 #include <linux/cn_proc.h>
 #include <sys/prctl.h>
+#include <sys/vfs.h>
 #include <fuse_lowlevel.h>
 
 // Flags hidden behind _GNU_SOURCE. Values are the kernel ABI, identical on
@@ -97,6 +98,12 @@ static inline int vanish_stat_birth(int dirfd, const char *path, int flags, stru
 /* fchmodat2 (Linux 6.6): chmod of the inode behind an O_PATH fd with AT_EMPTY_PATH. */
 static inline int vanish_fchmodat2(int dirfd, const char *path, mode_t mode, int flags) {
     return (int)syscall(452 /* SYS_fchmodat2 */, dirfd, path, mode, flags);
+}
+
+/* fstatfs(2)'s f_type (the filesystem's magic number), or -1. */
+static inline long vanish_filesystem_type(int fd) {
+    struct statfs fs;
+    return fstatfs(fd, &fs) == 0 ? (long)fs.f_type : -1;
 }
 
 /* prctl(PR_SET_NAME): the calling thread's name (15 bytes kept). prctl is

@@ -220,10 +220,17 @@ extension PassthroughFilesystem {
                 reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record))
             }
         } catch .improperLink {
-            // On a filesystem mounted inside the source: its own graveyard, if it can have one.
-            if let (nestedGraveyard, nestedReaper) = nestedGraveyard(under: parent) {
+            // On a filesystem mounted inside the source: its own graveyard, if
+            // it can have one. On the source's own filesystem EXDEV means it
+            // refuses this rename (overlayfs, for a directory from a lower
+            // layer): delete in place rather than fail the delete.
+            do throws(Errno) {
+                guard parent.key.dev != table.root.key.dev,
+                      let (nestedGraveyard, nestedReaper) = nestedGraveyard(under: parent) else {
+                    throw .improperLink
+                }
                 nestedReaper.noteBuried(shard: try nestedGraveyard.bury(parentFD, name) { entry = String(cString: $0) })
-            } else {
+            } catch .improperLink {
                 try deleteNow(parentFD, name)
             }
         }

@@ -109,6 +109,13 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         let names = observing ? (CommandNames.shared.remembers ? "remembered" : "read each time") : "-"
         log.info("session started", metadata: ["fd_cache": "\(fds.limit)", "cache": "\(options.cache.rawValue)",
                                                 "reapers": "\(reaper?.workerCount ?? 0)", "caller_names": "\(names)"])
+        if graveyard != nil, vanish_filesystem_type(rootFD) == 0x794C_7630 /* OVERLAYFS_SUPER_MAGIC */ {
+            log.warning("""
+                the source is on overlayfs: a file from a lower layer is copied up before it can move \
+                to the graveyard, and a directory from one is deleted in the request, so deletes of \
+                lower-layer entries are not instant
+                """)
+        }
     }
 
     /// Lets the filesystem tell the kernel to forget entries it removed or

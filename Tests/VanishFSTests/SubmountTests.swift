@@ -87,4 +87,36 @@ struct SubmountTests {
                     ".vanish\nc\nd\nt\n0\n")
         }
     }
+
+    @Test("a source on overlayfs: directories from the lower layer are removed by rm -rf and vanish rm")
+    func overlayfsSource() throws {
+        // overlayfs refuses to rename a lower layer's directory (EXDEV),
+        // even within the one filesystem; those are deleted in the request.
+        let base = try makeTempDirectory()
+        let merged = base + "/merged"
+        defer {
+            _ = try? run(["umount", "-l", merged])
+            removeTree(base)
+        }
+        let setup = try sh("""
+            set -e
+            mkdir -p lower/a/sub lower/b upper work merged
+            echo 1 > lower/a/sub/f && echo 2 > lower/b/g && echo 3 > lower/c
+            mount -t overlay overlay -o lowerdir=lower,upperdir=upper,workdir=work merged
+            """, cwd: base)
+        try #require(setup.ok, "\(setup.stderr)")
+        try withVanishMount(prepareExisting: merged) { m in
+            let r = try sh("""
+                set -e
+                rm -rf a && \(shellQuote(vanishBinary)) rm -r b && rm c
+                ls -A
+                """, cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            #expect(r.stdout == "")
+            #expect(m.log.contains("the source is on overlayfs"), "\(m.log)")
+            #expect(try run([vanishBinary, "status", "--wait", m.mountpoint]).ok)
+        }
+        // The lower layer is untouched; the overlay shows nothing left.
+        #expect(try sh("ls -A merged; cat lower/a/sub/f lower/b/g lower/c", cwd: base).stdout == ".vanish\n1\n2\n3\n")
+    }
 }
