@@ -43,6 +43,8 @@ extension PassthroughFilesystem {
                     let dir = try Sys.fstat(pfd)
                     try checkMayDelete(req, caller: caller, dir: dir, entry: entry)
                 }
+                // As rm -r would stop at it: the caller unmounts it first.
+                if entry.st_mode & S_IFMT == S_IFDIR, hasMounts(below: pfd, n.baseAddress!) { throw .resourceBusy }
                 let id = observing ? fileID(pfd, n.baseAddress!) : ""
                 let grave = try bury(pfd, n.baseAddress!, st: entry, from: parent, caller: caller, wantEntry: observing)
                 if entry.st_mode & S_IFMT == S_IFDIR { table.markBuried(node) }

@@ -119,3 +119,56 @@ extension PassthroughFilesystem {
     /// Every reaper: the source's and the nested filesystems'.
     public var allReapers: [Reaper] { (reaper.map { [$0] } ?? []) + nested.reapers }
 }
+
+extension PassthroughFilesystem {
+    /// Whether a filesystem is mounted anywhere below the directory `name`
+    /// in `parentFD` (per /proc/self/mountinfo). A rename takes such mounts
+    /// along, so a tree buried whole would carry one into the graveyard,
+    /// where the reaper must not cross into it: the entry would wait there
+    /// for ever, with the mounted filesystem hidden inside it.
+    func hasMounts(below parentFD: Int32, _ name: UnsafePointer<CChar>) -> Bool {
+        // The directory's path as the kernel prints it in mountinfo (octal
+        // escapes for space, tab, newline and backslash), with a slash after.
+        var link = [UInt8](repeating: 0, count: Int(PATH_MAX) + 1)
+        let n = (try? Sys.withProcPath(parentFD) { path throws(Errno) in
+            let r = link.withUnsafeMutableBytes { Glibc.readlink(path, $0.baseAddress!, $0.count - 1) }
+            if r < 0 { throw Errno(rawValue: errno) }
+            return r
+        }) ?? -1
+        guard n > 0 else { return false }
+        var prefix: [UInt8] = []
+        func append(_ bytes: some Sequence<UInt8>) {
+            for b in bytes {
+                switch b {
+                case 0x20, 0x09, 0x0A, 0x5C:
+                    prefix += [0x5C, 0x30 + (b >> 6), 0x30 + ((b >> 3) & 7), 0x30 + (b & 7)]
+                default:
+                    prefix.append(b)
+                }
+            }
+        }
+        append(link[..<n])
+        if prefix.last != 0x2F { prefix.append(0x2F) }
+        append(UnsafeRawBufferPointer(start: name, count: strlen(name)))
+        prefix.append(0x2F)
+
+        let fd = Glibc.open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return false }
+        defer { Sys.close(fd) }
+        var info: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 64 << 10)
+        while true {
+            let got = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress!, $0.count) }
+            if got < 0 && errno == EINTR { continue }
+            if got <= 0 { break }
+            info += chunk[..<got]
+        }
+        // Each line: id parent major:minor root mountpoint options...
+        for line in info.split(separator: 0x0A) {
+            let fields = line.split(separator: 0x20, maxSplits: 5)
+            guard fields.count > 4 else { continue }
+            if fields[4].starts(with: prefix) { return true }
+        }
+        return false
+    }
+}

@@ -101,6 +101,10 @@ struct RemoveCommand: ParsableCommand {
         guard setxattr(path, "user.vanish.delete", "", 0, Int32(XATTR_REPLACE)) == 0 else {
             let e = errno
             if e == ENODATA || e == ENOTSUP || e == EOPNOTSUPP { throw notOnVanish(path) }
+            if e == EBUSY {
+                throw RuntimeError("cannot remove \(path): \(String(cString: strerror(e))) "
+                                   + "(the mount's root, or a filesystem is mounted inside it: unmount that first)")
+            }
             throw RuntimeError("cannot remove \(path): \(String(cString: strerror(e)))")
         }
         // The daemon answers once the kernel has dropped the path.

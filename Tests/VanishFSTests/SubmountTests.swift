@@ -5,17 +5,25 @@ import VanishTestSupport
 /// A filesystem mounted inside the source shows through the Vanish mount.
 @Suite("nested mounts", .enabled(if: FUSEAvailability.shouldRunAsRoot, "needs /dev/fuse, fusermount3 and root"))
 struct SubmountTests {
-    @Test("a tmpfs inside the source: lookups cross into it, inode numbers stay unique, rename gives EXDEV")
-    func tmpfsInside() throws {
+    /// A Vanish mount whose source has a small tmpfs mounted at `relative`
+    /// (made if missing), after `fill` ran in the source; the tmpfs is
+    /// detached afterwards, whatever happens.
+    func withTmpfsInside(at relative: String, fill: String, _ body: (VanishMount) throws -> Void) throws {
         var tmpfs = ""
         defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
         try withVanishMount(prepare: { src in
-            tmpfs = src + "/inner"
-            mkdir(tmpfs, 0o755)
-            let r = try run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", tmpfs])
+            let r = try run(["sh", "-c", "mkdir -p \"$1\" && mount -t tmpfs -o size=16m tmpfs \"$1\"", "sh",
+                             src + "/" + relative])
             guard r.ok else { throw TestFailure(r.stderr) }
-            _ = try sh("echo data > inner/file && echo top > file", cwd: src)
-        }) { m in
+            tmpfs = src + "/" + relative
+            let f = try sh(fill, cwd: src)
+            guard f.ok else { throw TestFailure(f.stderr) }
+        }, body)
+    }
+
+    @Test("a tmpfs inside the source: lookups cross into it, inode numbers stay unique, rename gives EXDEV")
+    func tmpfsInside() throws {
+        try withTmpfsInside(at: "inner", fill: "echo data > inner/file && echo top > file") { m in
             let r = try sh("""
                 cat inner/file
                 echo more > inner/new
@@ -118,5 +126,22 @@ struct SubmountTests {
         }
         // The lower layer is untouched; the overlay shows nothing left.
         #expect(try sh("ls -A merged; cat lower/a/sub/f lower/b/g lower/c", cwd: base).stdout == ".vanish\n1\n2\n3\n")
+    }
+
+    @Test("vanish rm refuses a tree with a filesystem mounted inside it (EBUSY), and loses nothing")
+    func removeTreeHoldingAMount() throws {
+        // A space in the path: mountinfo escapes it.
+        try withTmpfsInside(at: "a tree/deep/mnt", fill: "echo top > 'a tree/file' && echo inner > 'a tree/deep/mnt/x'") { m in
+            // A rename would take the mount into the graveyard, hidden, where
+            // the reaper must not enter it: the entry would never go.
+            let r = try run([vanishBinary, "rm", "-r", m.path("a tree")])
+            #expect(r.status == 1)
+            #expect(r.stderr.contains("Device or resource busy"), "\(r.stderr)")
+            #expect(try sh("cat 'a tree/file' 'a tree/deep/mnt/x'", cwd: m.mountpoint).stdout == "top\ninner\n")
+            #expect(try sh("find .vanish/graveyard -mindepth 2 | wc -l", cwd: m.source).stdout == "0\n")
+            // A sibling tree without a mount goes as always.
+            #expect(try sh("mkdir -p 'a tree2/x' && \(shellQuote(vanishBinary)) rm -r 'a tree2' && ls -A", cwd: m.mountpoint)
+                .stdout == "a tree\n")
+        }
     }
 }
