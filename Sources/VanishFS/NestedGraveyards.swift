@@ -120,15 +120,64 @@ extension PassthroughFilesystem {
     public var allReapers: [Reaper] { (reaper.map { [$0] } ?? []) + nested.reapers }
 }
 
+/// The mount points of the daemon's mount namespace, as
+/// /proc/self/mountinfo prints them (octal escapes for space, tab, newline
+/// and backslash). Read again only after the kernel marks the file changed
+/// (POLLPRI on an open fd of it), so asking costs a poll, not a parse.
+final class MountTable: @unchecked Sendable {
+    private struct State {
+        var fd: Int32 = -1
+        var points: [[UInt8]] = []
+    }
+    private let state = Mutex(State())
+
+    deinit { state.withLock { if $0.fd >= 0 { Sys.close($0.fd) } } }
+
+    /// Whether any mount point starts with `prefix` (escaped as mountinfo escapes).
+    func any(startingWith prefix: [UInt8]) -> Bool {
+        state.withLock { s in
+            if s.fd < 0 || changed(s.fd) { reload(&s) }
+            return s.points.contains { $0.starts(with: prefix) }
+        }
+    }
+
+    private func changed(_ fd: Int32) -> Bool {
+        var p = pollfd(fd: fd, events: Int16(POLLPRI), revents: 0)
+        return poll(&p, 1, 0) != 0
+    }
+
+    private func reload(_ s: inout State) {
+        if s.fd >= 0 { Sys.close(s.fd) }
+        s.fd = Glibc.open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC)
+        s.points = []
+        guard s.fd >= 0 else { return }
+        var info: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 64 << 10)
+        while true {
+            let got = chunk.withUnsafeMutableBytes { Glibc.read(s.fd, $0.baseAddress!, $0.count) }
+            if got < 0 && errno == EINTR { continue }
+            if got <= 0 { break }
+            info += chunk[..<got]
+        }
+        // Each line: id parent major:minor root mountpoint options...
+        for line in info.split(separator: 0x0A) {
+            let fields = line.split(separator: 0x20, maxSplits: 5)
+            if fields.count > 4 { s.points.append(Array(fields[4])) }
+        }
+        // Reading to the end is what arms the next change notice; an fd that
+        // cannot say (never signalled) would be read every time instead.
+        if s.points.isEmpty { Sys.close(s.fd); s.fd = -1 }
+    }
+}
+
 extension PassthroughFilesystem {
     /// Whether a filesystem is mounted anywhere below the directory `name`
-    /// in `parentFD` (per /proc/self/mountinfo). A rename takes such mounts
-    /// along, so a tree buried whole would carry one into the graveyard,
-    /// where the reaper must not cross into it: the entry would wait there
-    /// for ever, with the mounted filesystem hidden inside it.
+    /// in `parentFD`. A rename takes such mounts along, so a tree buried
+    /// whole would carry one into the graveyard, where the reaper must not
+    /// cross into it: the entry would wait there for ever, with the mounted
+    /// filesystem hidden inside it.
     func hasMounts(below parentFD: Int32, _ name: UnsafePointer<CChar>) -> Bool {
-        // The directory's path as the kernel prints it in mountinfo (octal
-        // escapes for space, tab, newline and backslash), with a slash after.
+        // The directory's path as mountinfo prints it, with a slash after.
         var link = [UInt8](repeating: 0, count: Int(PATH_MAX) + 1)
         let n = (try? Sys.withProcPath(parentFD) { path throws(Errno) in
             let r = link.withUnsafeMutableBytes { Glibc.readlink(path, $0.baseAddress!, $0.count - 1) }
@@ -151,24 +200,6 @@ extension PassthroughFilesystem {
         if prefix.last != 0x2F { prefix.append(0x2F) }
         append(UnsafeRawBufferPointer(start: name, count: strlen(name)))
         prefix.append(0x2F)
-
-        let fd = Glibc.open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return false }
-        defer { Sys.close(fd) }
-        var info: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 64 << 10)
-        while true {
-            let got = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress!, $0.count) }
-            if got < 0 && errno == EINTR { continue }
-            if got <= 0 { break }
-            info += chunk[..<got]
-        }
-        // Each line: id parent major:minor root mountpoint options...
-        for line in info.split(separator: 0x0A) {
-            let fields = line.split(separator: 0x20, maxSplits: 5)
-            guard fields.count > 4 else { continue }
-            if fields[4].starts(with: prefix) { return true }
-        }
-        return false
+        return mounts.any(startingWith: prefix)
     }
 }

@@ -31,6 +31,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     let defersUnlink: Bool
     /// Graveyards of filesystems mounted inside the source, made as needed.
     let nested = NestedGraveyards()
+    /// For `vanish rm`: is a filesystem mounted inside the tree?
+    let mounts = MountTable()
     /// Cache invalidations for the kernel, sent from their own thread.
     let invalidations = EntryInvalidations()
     let sourcePath: String

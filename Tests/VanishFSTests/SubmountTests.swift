@@ -142,6 +142,13 @@ struct SubmountTests {
             // A sibling tree without a mount goes as always.
             #expect(try sh("mkdir -p 'a tree2/x' && \(shellQuote(vanishBinary)) rm -r 'a tree2' && ls -A", cwd: m.mountpoint)
                 .stdout == "a tree\n")
+            // A mount made after the daemon last read the mount table counts too.
+            let late = m.source + "/b/c"
+            defer { _ = try? run(["umount", "-l", late]) }
+            #expect(try sh("mkdir -p b/c && mount -t tmpfs -o size=1m tmpfs b/c", cwd: m.source).ok)
+            #expect(try run([vanishBinary, "rm", "-r", m.path("b")]).status == 1)
+            _ = try run(["umount", late])
+            #expect(try run([vanishBinary, "rm", "-r", m.path("b")]).ok)
         }
     }
 }
