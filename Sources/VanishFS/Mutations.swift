@@ -287,8 +287,6 @@ extension PassthroughFilesystem {
         return fds.holdIfOpen(node)
     }
 
-    /// Renames with renameat2 semantics (NOREPLACE, EXCHANGE passed through).
-    /// `target`: what `newName` held just before (nil: nothing, or an exchange).
     /// A plain rename done as renameat2(RENAME_NOREPLACE): true if it
     /// happened, false if the new name exists and the caller must look at
     /// what it replaces (the check and the rename are one step, so that
@@ -308,6 +306,8 @@ extension PassthroughFilesystem {
         }
     }
 
+    /// Renames with renameat2 semantics (NOREPLACE, EXCHANGE passed through).
+    /// `target`: what `newName` held just before (nil: nothing, or an exchange).
     func renameEntry(_ pfd: Int32, _ name: UnsafePointer<CChar>, _ npfd: Int32, _ newName: UnsafePointer<CChar>,
                      target: stat?, flags: UInt32, newParent: Inode, caller: Caller) throws(Errno) {
         if flags == 0, let target, target.st_mode & S_IFMT != S_IFDIR, target.st_nlink == 1, !holdIfOpen(target),

@@ -164,8 +164,8 @@ final class MountTable: @unchecked Sendable {
             let fields = line.split(separator: 0x20, maxSplits: 5)
             if fields.count > 4 { s.points.append(Array(fields[4])) }
         }
-        // Reading to the end is what arms the next change notice; an fd that
-        // cannot say (never signalled) would be read every time instead.
+        // Reading to the end arms the next change notice. Nothing read (every
+        // namespace has a root mount): read again next time.
         if s.points.isEmpty { Sys.close(s.fd); s.fd = -1 }
     }
 }

@@ -40,7 +40,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     var events: Journal?
     let writing = WritingHandles()
     /// Set once a backing filesystem refused RENAME_NOREPLACE (NFS, FUSE
-    /// filesystems) for a rename it then allowed: renames ask first again.
+    /// filesystems) for a rename it then allowed: from then on every rename
+    /// looks at the new name first, without trying the flag.
     let noReplaceRefused = Atomic<Bool>(false)
     /// The control socket's path, published in the status attribute; set before mounting.
     public var controlSocket = ""
