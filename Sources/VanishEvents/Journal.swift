@@ -37,6 +37,8 @@ public final class Journal: @unchecked Sendable {
         var type: UInt8
     }
     private let pending = Mutex(Pending())
+    /// The writer cannot write (a full disk) and is retrying.
+    private let stalled = Atomic<Bool>(false)
     private let wakeWriter = DispatchSemaphore(value: 0)
     /// Guards the segment list and `durable`; readers wait on it for news.
     private let state = Condition()
@@ -106,8 +108,10 @@ public final class Journal: @unchecked Sendable {
             return (p.seq, wasEmpty, p.records.count > 8 << 20)
         }
         if wasEmpty || tooBig { wakeWriter.signal() }
-        if tooBig {
+        if tooBig && !stalled.load(ordering: .relaxed) {
             // The disk is behind: wait for it rather than grow without bound.
+            // Not while it is full: no wait would end, and every request
+            // through the mount would take seconds.
             waitDurable(seq, timeout: 5)
         }
         return seq
@@ -177,12 +181,16 @@ public final class Journal: @unchecked Sendable {
             let n = Glibc.write(currentFD, batch.baseAddress! + off, batch.count - off)
             if n < 0 {
                 if errno == EINTR { continue }
-                // A full disk: keep the events in memory and retry shortly.
+                // A full disk: keep the events in memory and retry shortly,
+                // but not past the end of the session, which would then never end.
+                if isClosing { break }
+                stalled.store(true, ordering: .relaxed)
                 usleep(100_000)
                 continue
             }
             off += n
         }
+        stalled.store(false, ordering: .relaxed)
         state.lock()
         segments[segments.count - 1].bytes += UInt64(batch.count)
         let full = segments[segments.count - 1].bytes >= limits.segmentBytes

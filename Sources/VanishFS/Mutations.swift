@@ -1,6 +1,7 @@
 import FUSEKit
 import CFuse
 import Glibc
+import Synchronization
 import LinuxSyscalls
 import SystemPackage
 import VanishGraveyard
@@ -198,6 +199,9 @@ extension PassthroughFilesystem {
         return true
     }
 
+    /// When `bury` last said the disk is too full for the graveyard (CLOCK_MONOTONIC ns).
+    private static let lastNoSpaceWarning = Atomic<UInt64>(0)
+
     /// Moves an entry into the graveyard (with its trash record when there
     /// is an undo window); on another filesystem (EXDEV) deletes it at once instead.
     /// Returns the graveyard entry's name when `wantEntry` (nil if it was deleted at once).
@@ -232,6 +236,24 @@ extension PassthroughFilesystem {
                 nestedReaper.noteBuried(shard: try nestedGraveyard.bury(parentFD, name) { entry = String(cString: $0) })
             } catch .improperLink {
                 try deleteNow(parentFD, name)
+            }
+        } catch where error == .noSpace || error == .diskQuotaExceeded {
+            // A full disk must not stop deletes, least of all then. The trash
+            // record is all a burial writes: bury without it (not restorable),
+            // and if even the rename needs space (a shard directory's new
+            // block), delete in place.
+            // Once a minute at most: rm -rf of a big tree would write a line per file.
+            let now = Condition.now(), last = Self.lastNoSpaceWarning.load(ordering: .relaxed)
+            if last == 0 || now &- last > 60_000_000_000,
+               Self.lastNoSpaceWarning.compareExchange(expected: last, desired: now, ordering: .relaxed).exchanged {
+                log.warning("no space for the graveyard: deleting without an undo window (said once a minute)",
+                            metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
+            }
+            if record != nil, let shard = try? graveyard.bury(parentFD, name, named: { entry = String(cString: $0) }) {
+                reaper.noteBuried(shard: shard)
+            } else {
+                try deleteNow(parentFD, name)
+                entry = nil
             }
         }
         return entry

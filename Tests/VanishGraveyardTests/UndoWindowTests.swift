@@ -126,6 +126,33 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("on a full filesystem rm -rf, rm of a linked file and vanish rm still delete, without a record")
+    func fullFilesystem() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
+        var tmpfs = ""
+        defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
+        try withVanishMount(options: ["keep=1h"], prepare: { src in
+            tmpfs = src
+            guard try run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", src]).ok else { throw TestFailure("tmpfs") }
+        }) { m in
+            // A trash record is a file: with no space left it cannot be
+            // written, and rmdir (which keeps the directory) failed ENOSPC.
+            let r = try sh("""
+                mkdir -p t/a w/x && for i in $(seq 20); do echo $i > t/a/f$i; done
+                echo q > l1 && ln l1 l2
+                head -c 4M /dev/zero > fill 2>/dev/null; test "$(df --output=avail . | tail -1)" -eq 0 || exit 9
+                set -e
+                rm -rf t && rm l2 && \(shellQuote(vanishBinary)) rm -r w
+                ls
+                """, cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            #expect(r.stdout == "fill\nl1\n")
+            #expect(m.log.contains("no space for the graveyard"), "\(m.log)")
+            // The event journal cannot be written either: the daemon must still end.
+            #expect(try m.unmount() == 0)
+        }
+    }
+
     @Test("the trash outlives a remount")
     func survivesRemount() throws {
         let m = try VanishMount(arguments: ["--keep", "1h"])
