@@ -107,6 +107,7 @@ struct MountCommand: ParsableCommand {
         bootstrapLogging(foreground: foreground, logFile: logFile)
         let log = Logger(label: "vanish")
 
+        let sourceLock = try MountPaths.lockSource(src)
         // Opened before mounting, so an in-place mount still reaches what it covers.
         let fs: PassthroughFilesystem
         do {
@@ -180,6 +181,9 @@ struct MountCommand: ParsableCommand {
         // No notification may reach libfuse once the session is gone.
         fs.setEntryInvalidator(nil)
         session.unmount()
+        // The source may be mounted again while this process empties the
+        // graveyard (a reaper passes over what another already removed).
+        if sourceLock >= 0 { close(sourceLock) }
         let signal = stopSignal.load(ordering: .sequentiallyConsistent)
         log.info("unmounted", metadata: ["mountpoint": "\(mnt)", "status": "\(status)", "signal": "\(signal)"])
         // After an unmount the process stays to empty the graveyard (a stop

@@ -3,6 +3,26 @@ import Glibc
 
 /// Facts about paths and mounts the mount and unmount commands check first.
 enum MountPaths {
+    /// Takes the one lock a source has (flock on its directory): one mount or
+    /// `vanish reap` per source at a time, since two would share its
+    /// graveyard and the second would delete the first's event journal.
+    /// Returns the fd that holds it (closing it lets go; so does exiting),
+    /// or -1 for a source that cannot be opened for reading (not locked).
+    @discardableResult
+    static func lockSource(_ source: String) throws -> Int32 {
+        let fd = open(source, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { return -1 }
+        if flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK {
+            close(fd)
+            throw RuntimeError("""
+                \(source) is in use by another vanish process (a mount of it, or vanish reap): \
+                see `vanish status` on its mountpoint, or unmount it first
+                """)
+        }
+        // A daemon that forks into the background keeps the fd, and the lock.
+        return fd
+    }
+
     /// realpath(3), or a validation error naming the path.
     static func resolve(_ path: String, what: String) throws -> String {
         guard let r = realpath(path, nil) else { throw pathError(path, what: what, errno: errno) }

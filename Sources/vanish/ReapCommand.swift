@@ -28,6 +28,7 @@ struct ReapCommand: ParsableCommand {
         StopSignals.block()
         let src = try MountPaths.resolve(source, what: "source")
         try MountPaths.requireDirectory(src, what: "source")
+        try MountPaths.lockSource(src)
         // The source's graveyard, and those of filesystems mounted inside it.
         let roots = [src] + MountPaths.mounts().map(\.point).filter { $0.hasPrefix(src == "/" ? "/" : src + "/") }
         var found: [Reaper] = []

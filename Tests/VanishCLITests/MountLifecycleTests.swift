@@ -84,6 +84,29 @@ struct MountLifecycleTests {
         }
     }
 
+    @Test("one mount per source: a second mount and vanish reap are refused until it is unmounted")
+    func oneMountPerSource() throws {
+        let m = try VanishMount()
+        defer { m.close() }
+        let other = try makeTempDirectory()
+        defer { unmountAndRemove(other, base: other) }
+        // A second daemon would share the graveyard and delete the first one's event journal.
+        let second = try run([vanishBinary, "mount", m.source, other])
+        #expect(second.status == 1)
+        #expect(second.stderr.contains("in use by another vanish process"), "\(second.stderr)")
+        #expect(mountType(at: other) == nil)
+        let reap = try run([vanishBinary, "reap", m.source])
+        #expect(reap.status == 1 && reap.stderr.contains("in use by another vanish process"), "\(reap.stderr)")
+        // The first mount is untouched, its events too.
+        #expect(try sh("echo x > f && cat f", cwd: m.mountpoint).stdout == "x\n")
+        #expect(try run([vanishBinary, "events", "--json", "--snapshot", "--once", m.mountpoint]).stdout.contains("\"path\":\"f\""))
+        // Free again as soon as it is unmounted, even while the daemon still reaps.
+        #expect(try m.unmount() == 0)
+        let again = try run([vanishBinary, "mount", m.source, other])
+        #expect(again.ok, "\(again.stderr)")
+        #expect(try run([vanishBinary, "unmount", other]).ok)
+    }
+
     @Test("a dead mount gets a clear message, and vanish unmount clears it")
     func deadMount() throws {
         let m = try VanishMount()
