@@ -85,8 +85,25 @@ private func mounts() -> [(point: String, type: String)] {
     return text.split(separator: "\n").compactMap { line in
         let f = line.split(separator: " ")
         guard f.count > 7, let dash = f.firstIndex(of: "-"), dash + 1 < f.count else { return nil }
-        return (String(f[4]), String(f[dash + 1]))
+        return (unescapeMountField(f[4]), String(f[dash + 1]))
     }
+}
+
+/// mountinfo writes space, tab, newline and backslash as octal escapes (`\040`).
+private func unescapeMountField(_ field: Substring) -> String {
+    var out: [UInt8] = []
+    let b = Array(field.utf8)
+    var i = 0
+    while i < b.count {
+        if b[i] == 0x5C, i + 3 < b.count, let v = UInt8(String(decoding: b[(i + 1)...(i + 3)], as: UTF8.self), radix: 8) {
+            out.append(v)
+            i += 4
+        } else {
+            out.append(b[i])
+            i += 1
+        }
+    }
+    return String(decoding: out, as: UTF8.self)
 }
 
 /// The pids of `vanish` daemons serving `mountpoint` (found by their
