@@ -118,7 +118,24 @@ extension PassthroughFilesystem {
         } else if let path {
             let shown = String(decoding: path, as: UTF8.self)
             let exact = graveyard.restorable.filter { $0.record.path == path }
-            guard let top = exact.last else { throw .noSuchEntry(shown) }
+            guard let top = exact.last else {
+                // The directory itself is not in the trash (it never went, or
+                // an interrupted restore brought it back): what was deleted
+                // inside it goes back, the latest of each path, parents first.
+                var newest: [[UInt8]: TrashEntry] = [:]
+                for e in visible where isInside(e.record.path, path) { newest[e.record.path] = e }
+                guard !newest.isEmpty, destination == nil else { throw .noSuchEntry(shown) }
+                let inside = newest.values.sorted { $0.record.path.count < $1.record.path.count }
+                var restored: [[UInt8]] = []
+                for e in inside {
+                    // One that cannot go back (its name taken) stays restorable.
+                    if (try? restore(e, to: e.record.path, as: who, graveyard: graveyard)) != nil {
+                        restored.append(e.record.path)
+                    }
+                }
+                if restored.isEmpty { throw .taken(String(decoding: inside[0].record.path, as: UTF8.self)) }
+                return restored
+            }
             guard who.uid == 0 || top.record.uid == who.uid else { throw .notYours(shown) }
             plan = [top]
             if top.record.kind == .directory && destination == nil {

@@ -72,6 +72,27 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("restoring a directory that still exists brings back what was deleted inside it")
+    func restoreInsideExistingDirectory() throws {
+        try withVanishMount(arguments: ["--keep", "1h"]) { m in
+            let r = try sh("""
+                set -e
+                mkdir -p d/sub && echo 1 > d/one && echo 2 > d/sub/two && echo 3 > d/keep
+                rm d/one && rm -r d/sub
+                echo new > d/one2
+                """, cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            // d itself was never deleted: its deleted contents come back, parents first.
+            let back = try run([vanishBinary, "restore", m.path("d")])
+            #expect(back.ok, "\(back.stderr)")
+            #expect(try sh("cat d/one d/sub/two d/keep d/one2", cwd: m.mountpoint).stdout == "1\n2\n3\nnew\n")
+            #expect(try trashPaths(m).isEmpty)
+            // Nothing left inside it to bring back: a clear refusal.
+            let none = try run([vanishBinary, "restore", m.path("d")])
+            #expect(none.status == 1, "\(none.stdout)")
+        }
+    }
+
     @Test("vanish rm of a tree is one restorable entry")
     func removeTreeAndRestore() throws {
         try withVanishMount(arguments: ["--keep", "1h"], prepare: { src in
