@@ -4,7 +4,7 @@ import Testing
 import VanishTestSupport
 
 /// allow_other mounts served by a root daemon: other users get exactly what
-/// the modes grant them, and what they create is theirs.
+/// the modes and ACLs grant them, and what they create is theirs.
 @Suite("permissions", .enabled(if: FUSEAvailability.shouldRunAsRoot, "needs /dev/fuse, fusermount3 and root"))
 struct PermissionsTests {
     /// Runs `script` as nobody in `cwd`.
@@ -18,7 +18,8 @@ struct PermissionsTests {
         for step in 'cat private' 'cat public' 'echo x > public' 'echo x > private' 'touch newfile' \
                     'mkdir newdir' 'rm public' 'mv public moved' 'ls locked' 'cat locked/f' \
                     'touch open/mine' 'rm open/theirs' 'rm open/mine' 'chmod 777 public' 'chown nobody public' \
-                    'ln public open/hard' 'setfattr -n user.x -v 1 public' 'truncate -s 0 public'; do
+                    'ln public open/hard' 'setfattr -n user.x -v 1 public' 'truncate -s 0 public' \
+                    'cat acl-denied' 'cat acl-granted' 'touch acl-dir/mine' 'ls acl-dir'; do
           if sh -c "$step" 2>/dev/null; then echo "$step: ok"; else echo "$step: denied"; fi
         done
         """
@@ -31,6 +32,9 @@ struct PermissionsTests {
             echo hello > public && chmod 644 public
             mkdir locked && echo x > locked/f && chmod 700 locked
             mkdir open && chmod 1777 open && echo t > open/theirs
+            echo no > acl-denied && chmod 644 acl-denied && setfacl -m u:nobody:--- acl-denied
+            echo yes > acl-granted && chmod 600 acl-granted && setfacl -m u:nobody:r-- acl-granted
+            mkdir acl-dir && chmod 700 acl-dir && setfacl -m u:nobody:rwx acl-dir
             chmod 755 .
             """, cwd: dir)
         guard r.ok else { throw TestFailure(r.stderr) }
@@ -48,6 +52,10 @@ struct PermissionsTests {
             #expect(actual.stdout == expected.stdout)
             #expect(expected.stdout.contains("cat private: denied"))
             #expect(expected.stdout.contains("rm open/theirs: denied"))
+            // POSIX ACLs count, not just the mode bits.
+            #expect(expected.stdout.contains("cat acl-denied: denied"))
+            #expect(expected.stdout.contains("cat acl-granted: ok"))
+            #expect(expected.stdout.contains("touch acl-dir/mine: ok"))
         }
     }
 
