@@ -98,10 +98,12 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         for cap in [FUSE_CAP_SPLICE_WRITE, FUSE_CAP_SPLICE_MOVE, FUSE_CAP_SPLICE_READ] {
             if capable & UInt32(cap) != 0 { conn.pointee.want |= UInt32(cap) }
         }
-        // The kernel checks access itself (default_permissions); with this it
+        // Where the kernel checks access itself (default_permissions), it
         // checks POSIX ACLs too, as the backing filesystem would, instead of
         // the mode bits alone, which let through a user an ACL shuts out.
-        if capable & UInt32(FUSE_CAP_POSIX_ACL) != 0 { conn.pointee.want |= UInt32(FUSE_CAP_POSIX_ACL) }
+        if options.posixACLs && capable & UInt32(FUSE_CAP_POSIX_ACL) != 0 {
+            conn.pointee.want |= UInt32(FUSE_CAP_POSIX_ACL)
+        }
         switch options.readdirPlus {
         case .always: conn.pointee.want &= ~UInt32(FUSE_CAP_READDIRPLUS_AUTO)
         case .auto: break

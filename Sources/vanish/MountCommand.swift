@@ -91,6 +91,7 @@ struct MountCommand: ParsableCommand {
         if let keepMaxBytes { parsed.filesystem.reaping.keepMaxBytes = Quantity.bytes(keepMaxBytes)! }
         // A read-only mount deletes nothing and must not write .vanish into the source.
         if parsed.fuse.contains("ro") { parsed.filesystem.graveyard = false }
+        parsed.filesystem.posixACLs = parsed.allowsOthers || parsed.fuse.contains("default_permissions")
         let src = try MountPaths.resolve(source, what: "source")
         let mnt = try MountPaths.resolve(mountpoint ?? source, what: "mountpoint")
         try MountPaths.requireDirectory(src, what: "source")
