@@ -154,8 +154,7 @@ extension PassthroughFilesystem {
                 // Most renames replace nothing: try that first, which spares
                 // them the lstat of the new name.
                 var target: stat? = nil
-                let free = try renameIfFree(pfd, name, npfd, newName, flags: flags)
-                if free != true {
+                if try !renameIfFree(pfd, name, npfd, newName, flags: flags) {
                     // What the new name holds now: a file it replaces goes to the
                     // graveyard, the event says it was replaced, and a directory
                     // renamed over must be empty, which it is not while burials
@@ -165,7 +164,6 @@ extension PassthroughFilesystem {
                         burials.waitForDirectory(InodeKey(dev: target.st_dev, ino: target.st_ino))
                     }
                     try renameEntry(pfd, name, npfd, newName, target: target, flags: flags, newParent: np, caller: caller)
-                    if free == nil { noReplaceRefused.store(true, ordering: .relaxed) }
                 }
                 let replaced = observing && target != nil
                 // Keep the moved inode reachable under its new name (and the

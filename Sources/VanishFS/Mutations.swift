@@ -310,21 +310,20 @@ extension PassthroughFilesystem {
     }
 
     /// A plain rename done as renameat2(RENAME_NOREPLACE): true if it
-    /// happened, false if the new name exists and the caller must look at
-    /// what it replaces (the check and the rename are one step, so that
-    /// answer cannot be stale). nil for EINVAL: the filesystem may lack the
-    /// flag, or the rename is invalid (a directory into itself); the plain
-    /// rename the caller makes next tells which.
+    /// happened; false if the new name exists, or the filesystem lacks the
+    /// flag (EINVAL, as for an invalid rename), and the caller must look at
+    /// what the new name holds. The check and the rename are one step, so a
+    /// true answer cannot be stale.
     func renameIfFree(_ pfd: Int32, _ name: UnsafePointer<CChar>, _ npfd: Int32, _ newName: UnsafePointer<CChar>,
-                      flags: UInt32) throws(Errno) -> Bool? {
-        guard flags == 0, !noReplaceRefused.load(ordering: .relaxed) else { return false }
+                      flags: UInt32) throws(Errno) -> Bool {
+        guard flags == 0 else { return false }
         do throws(Errno) {
             try Sys.renameat2(pfd, name, npfd, newName, VANISH_RENAME_NOREPLACE)
             return true
         } catch .fileExists {
             return false
         } catch .invalidArgument {
-            return nil
+            return false
         }
     }
 

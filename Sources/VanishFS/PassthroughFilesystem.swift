@@ -39,10 +39,6 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// The event journal, when observing (set before mounting).
     var events: Journal?
     let writing = WritingHandles()
-    /// Set once a backing filesystem refused RENAME_NOREPLACE (NFS, FUSE
-    /// filesystems) for a rename it then allowed: from then on every rename
-    /// looks at the new name first, without trying the flag.
-    let noReplaceRefused = Atomic<Bool>(false)
     /// The control socket's path, published in the status attribute; set before mounting.
     public var controlSocket = ""
 
