@@ -249,8 +249,9 @@ extension PassthroughFilesystem {
                 log.warning("no space for the graveyard: deleting without an undo window (said once a minute)",
                             metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
             }
-            if record != nil, let shard = try? graveyard.bury(parentFD, name, named: { entry = String(cString: $0) }) {
-                reaper.noteBuried(shard: shard)
+            if record != nil,
+               let shard = try? graveyard.bury(parentFD, name, unheld: true, named: { entry = String(cString: $0) }) {
+                reaper.noteBuried(shard: shard, dueNow: true)
             } else {
                 try deleteNow(parentFD, name)
                 entry = nil

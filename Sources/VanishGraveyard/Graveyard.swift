@@ -104,17 +104,21 @@ public final class Graveyard: @unchecked Sendable {
     /// With a `record` the entry stays restorable during the undo window
     /// (its sidecar is written first). `expired` marks pieces of an entry
     /// already being reaped: they carry time 0, so no undo window keeps them.
+    /// `unheld` marks an entry buried without its record while there is a
+    /// window (the disk was full): it carries time 1, so the window does not
+    /// keep it either, yet it is reported when freed, unlike a piece.
     /// `named`, if given, gets the entry's name once it is in place.
     @inline(__always) @discardableResult
     public func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, record: TrashRecord? = nil,
-                     expired: Bool = false, named: ((UnsafePointer<CChar>) -> Void)? = nil) throws(Errno) -> Int {
+                     expired: Bool = false, unheld: Bool = false,
+                     named: ((UnsafePointer<CChar>) -> Void)? = nil) throws(Errno) -> Int {
         let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
         // Runs of 64 deletions share a shard, so a reaper woken for a program
         // that unlinks file after file scans one directory for many of them;
         // pieces of a tree being reaped are spread one by one, for parallel workers.
         let shard = Int((expired ? n : n >> 6) % UInt64(Graveyard.shardCount))
         let sfd = shardFDs[shard]
-        try withUniqueName(n, expired: expired) { grave throws(Errno) in
+        try withUniqueName(n, time: expired ? 0 : unheld ? 1 : Sys.wallClockNow()) { grave throws(Errno) in
             guard let record else {
                 try Sys.renameNoReplace(parentFD, name, sfd, grave)
                 named?(grave)
@@ -137,9 +141,8 @@ public final class Graveyard: @unchecked Sendable {
     /// `<ns since epoch>-<pid>-<counter>` in hex, built on the stack: unique
     /// across restarts, and sorting by name sorts by deletion time.
     @inline(__always)
-    private func withUniqueName<R>(_ n: UInt64, expired: Bool,
+    private func withUniqueName<R>(_ n: UInt64, time ns: UInt64,
                                    _ body: (UnsafePointer<CChar>) throws(Errno) -> R) throws(Errno) -> R {
-        let ns = expired ? 0 : Sys.wallClockNow()
         var storage: (UInt64, UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0, 0)
         return try withUnsafeMutableBytes(of: &storage) { raw throws(Errno) -> R in
             let p = raw.baseAddress!.assumingMemoryBound(to: CChar.self)

@@ -174,12 +174,13 @@ public final class Reaper: @unchecked Sendable {
     }
 
     /// Something was buried in `shard`: wake its worker if it sleeps (one
-    /// atomic load when it does not).
+    /// atomic load when it does not). `dueNow`: buried without a trash
+    /// record (the disk was full), so not held by the undo window.
     @inline(__always)
-    public func noteBuried(shard: Int) {
+    public func noteBuried(shard: Int, dueNow: Bool = false) {
         buried.wrappingAdd(1, ordering: .sequentiallyConsistent)
         // Inside an undo window nothing new is due yet; only the limits may be.
-        if keeps {
+        if keeps && !dueNow {
             if let max = policy.keepMaxBytes, graveyard.restorableBytes > max { wardenWakeup.signal() }
         } else {
             dirty.bitwiseOr(1 << UInt64(shard), ordering: .sequentiallyConsistent)
