@@ -18,6 +18,19 @@ func trashPaths(_ m: VanishMount) throws -> [String] {
     try trashList(m).compactMap { $0["path"] as? String }.sorted()
 }
 
+/// How each thread of `pid` is scheduled, from /proc/PID/task/TID/stat:
+/// field 19 is the nice value, field 41 the policy (0 SCHED_OTHER, 5 SCHED_IDLE).
+func threadSchedules(_ pid: pid_t) -> [(tid: String, name: String, nice: Int, policy: Int)] {
+    let tids = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+    return tids.compactMap { tid in
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/stat", encoding: .utf8),
+              let open = stat.firstIndex(of: "("), let close = stat.lastIndex(of: ")") else { return nil }
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        guard fields.count > 38, let nice = Int(fields[16]), let policy = Int(fields[38]) else { return nil }
+        return (tid, String(stat[stat.index(after: open)..<close]), nice, policy)
+    }
+}
+
 @Suite("undo window", .enabled(if: FUSEAvailability.shouldRun, "needs /dev/fuse and fusermount3"))
 struct UndoWindowTests {
     @Test("deleted entries are listed and restored; nothing is ever overwritten")
@@ -174,6 +187,11 @@ struct UndoWindowTests {
             #expect(m.log.contains("no space for the graveyard"), "\(m.log)")
             // What went without a record is not held for the window: it is freed now.
             try waitFor("the graveyard to be empty") { try graveyardCount(m.source) == 0 }
+            // Short of space, the reaper leaves the idle classes: space matters more now.
+            try waitFor("the reaper workers at nice 19, SCHED_OTHER") {
+                let workers = threadSchedules(m.pid).filter { $0.name == "vanish-reaper" }
+                return !workers.isEmpty && workers.allSatisfy { $0.policy == 0 && $0.nice == 19 }
+            }
             // The event journal cannot be written either: the daemon must still end.
             #expect(try m.unmount() == 0)
         }
@@ -243,15 +261,7 @@ struct UndoWindowTests {
     @Test("reaper workers run in the idle CPU and I/O classes; request handlers do not")
     func reaperPriorities() throws {
         try withVanishMount(options: ["reapers=3"]) { m in
-            // Field 41 of /proc/PID/task/TID/stat is the scheduling policy (5 = SCHED_IDLE).
-            func policies() throws -> [(tid: String, policy: Int)] {
-                try FileManager.default.contentsOfDirectory(atPath: "/proc/\(m.pid)/task").compactMap { tid in
-                    guard let stat = try? String(contentsOfFile: "/proc/\(m.pid)/task/\(tid)/stat", encoding: .utf8),
-                          let close = stat.lastIndex(of: ")") else { return nil }
-                    let fields = stat[stat.index(after: close)...].split(separator: " ")
-                    return fields.count > 38 ? (tid, Int(fields[38]) ?? -1) : nil
-                }
-            }
+            func policies() throws -> [(tid: String, policy: Int)] { threadSchedules(m.pid).map { ($0.tid, $0.policy) } }
             var idle: [String] = []
             try waitFor("three reaper workers in SCHED_IDLE") {
                 idle = try policies().filter { $0.policy == 5 }.map(\.tid)

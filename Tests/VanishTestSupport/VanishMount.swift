@@ -236,10 +236,10 @@ public final class VanishMount {
 
     /// Unmounts with fusermount3 and returns the daemon's exit status.
     @discardableResult
-    public func unmount() throws -> Int32 {
+    public func unmount(timeout: Double = 20) throws -> Int32 {
         let r = try run(["fusermount3", "-u", mountpoint])
         guard r.ok else { throw TestFailure("fusermount3 -u failed: \(r.stderr)") }
-        return try waitForExit()
+        return try waitForExit(timeout: timeout)
     }
 
     /// Waits for the daemon to exit and returns its exit status (128+signal if killed).
