@@ -17,6 +17,7 @@
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <dirent.h>
+#include <malloc.h>
 #include <sys/file.h>
 #include <sys/xattr.h>
 #include <linux/falloc.h>
@@ -276,6 +277,20 @@ static inline int vanish_proc_events_changed(const void *buf, int len, pid_t *ou
         }
     }
     return n;
+}
+
+/// mallopt(M_MMAP_THRESHOLD): blocks of `bytes` and more get pages of their
+/// own, given back when freed. Setting it also stops glibc from raising the
+/// threshold after each such free, which put large blocks (a map sized for
+/// a burst of files) in the arenas, where they stayed.
+static inline int vanish_set_mmap_threshold(int bytes) {
+    return mallopt(M_MMAP_THRESHOLD, bytes);
+}
+
+/// malloc_trim(0): hands the free pages of every malloc arena back to the
+/// kernel (glibc returns only the top of the main heap by itself).
+static inline int vanish_malloc_trim(void) {
+    return malloc_trim(0);
 }
 
 #endif

@@ -1,6 +1,7 @@
 import ArgumentParser
 import FUSEKit
 import Glibc
+import LinuxSyscalls
 import Logging
 import Synchronization
 import VanishControl
@@ -85,6 +86,9 @@ struct MountCommand: ParsableCommand {
     func run() throws {
         // First, before any thread exists, so every thread inherits the block.
         StopSignals.block()
+        // A fixed 1 MiB: measured no slower on create, metadata, tar, git
+        // and sequential I/O (interleaved A/B), and a burst's memory comes back.
+        Heap.setMapThreshold(1 << 20)
         var parsed = try MountOptionList(options)
         if let cache { parsed.filesystem.cache = CacheMode(rawValue: cache)! }
         if let keep { parsed.filesystem.reaping.keep = Quantity.duration(keep)! }
@@ -168,6 +172,7 @@ struct MountCommand: ParsableCommand {
             fs.allReapers.forEach { $0.stop(.now) }
         }
         journal?.start()
+        fs.startMemoryReturn { requests.count }
         journal?.append(.mounted) { e in
             e.string("source", src)
             e.string("mountpoint", mnt)
