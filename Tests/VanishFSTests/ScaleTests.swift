@@ -45,7 +45,10 @@ struct ScaleTests {
 
     @Test("after a burst of 30,000 files the daemon gives their memory back once the mount is quiet")
     func memoryComesBack() throws {
-        try withVanishMount { m in
+        // Without events: the journal's buffers keep the capacity a burst
+        // gave them (by design, up to 24 MiB), more of it when a loaded
+        // machine lets the writer fall behind.
+        try withVanishMount(options: ["noevents"]) { m in
             func residentKB() -> Int {
                 let status = (try? String(contentsOfFile: "/proc/\(m.pid)/status", encoding: .utf8)) ?? ""
                 let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
@@ -62,7 +65,7 @@ struct ScaleTests {
             let peak = residentKB()
             #expect(try sh("rm -rf b*", cwd: m.mountpoint).ok)
             // Two thirds of what the burst added goes back (the rest is code
-            // and data touched for the first time, and the journal's buffers).
+            // and data touched for the first time).
             try waitFor("the daemon's memory (\(before) kB before, \(peak) kB after the burst) to come back",
                         timeout: 30) {
                 let now = residentKB()
