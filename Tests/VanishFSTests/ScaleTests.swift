@@ -43,11 +43,10 @@ struct ScaleTests {
         }
     }
 
-    @Test("after a burst of 30,000 files the daemon gives their memory back once the mount is quiet")
+    @Test("after a burst of 50,000 files the daemon gives their memory back once the mount is quiet")
     func memoryComesBack() throws {
         // Without events: the journal's buffers keep the capacity a burst
-        // gave them (by design, up to 24 MiB), more of it when a loaded
-        // machine lets the writer fall behind.
+        // gave them (by design, up to 24 MiB).
         try withVanishMount(options: ["noevents"]) { m in
             func residentKB() -> Int {
                 let status = (try? String(contentsOfFile: "/proc/\(m.pid)/status", encoding: .utf8)) ?? ""
@@ -57,20 +56,22 @@ struct ScaleTests {
             let before = residentKB()
             let r = try run(["python3", "-c", """
                 import os, sys
-                for d in range(3):
+                for d in range(5):
                     os.mkdir(f"{sys.argv[1]}/b{d}")
                     for i in range(10000): open(f"{sys.argv[1]}/b{d}/f{i}", "w").close()
                 """, m.mountpoint])
             #expect(r.ok, "\(r.stderr)")
             let peak = residentKB()
             #expect(try sh("rm -rf b*", cwd: m.mountpoint).ok)
-            // Two thirds of what the burst added goes back (the rest is code
-            // and data touched for the first time).
-            try waitFor("the daemon's memory (\(before) kB before, \(peak) kB after the burst) to come back",
-                        timeout: 30) {
-                let now = residentKB()
-                return now > 0 && now - before < (peak - before) / 3
-            }
+            // Half of what the burst added goes back (here about 85 %: the rest
+            // is code and data touched for the first time, and the stacks and
+            // buffers of request workers, whose number varies with load).
+            var now = peak
+            let back = (try? waitFor("the daemon's memory to come back", timeout: 30) {
+                now = residentKB()
+                return now > 0 && now - before < (peak - before) / 2
+            }) != nil
+            #expect(back, "resident: \(before) kB before the burst, \(peak) kB after it, \(now) kB at the end")
         }
     }
 
