@@ -359,18 +359,20 @@ struct GraveyardTests {
 
     @Test("once unmounted, the reaper leaves the idle classes for nice 19: other work can no longer starve it")
     func drainsAtNice19() throws {
-        let m = try VanishMount(options: ["reap_rate=1000", "reapers=2"],
-                                prepare: { src in try makeTree(src + "/tree", files: 3_000) })
+        let m = try VanishMount(options: ["reap_rate=500", "reapers=2"],
+                                prepare: { src in try makeTree(src + "/tree", files: 4_000) })
         defer { m.close() }
         let reapers = { threadSchedules(m.pid).filter { $0.name == "vanish-reaper" } }
         try waitFor("two reaper workers in SCHED_IDLE") { reapers().filter { $0.policy == 5 }.count == 2 }
         #expect(try run([vanishBinary, "rm", "-r", m.path("tree")]).ok)
-        // About 3 s of reaping at 1,000 files/s remain after the unmount.
+        // About 8 s of reaping at 500 files/s remain after the unmount; a
+        // worker takes its new class when it is done with the directory it
+        // is on (1,000 files), and ends when nothing is left for it.
         #expect(try run(["fusermount3", "-u", m.mountpoint]).ok)
         var drained: [(tid: String, name: String, nice: Int, policy: Int)] = []
         try waitFor("the reaper workers at nice 19, SCHED_OTHER") {
             drained = reapers()
-            return drained.count == 2 && drained.allSatisfy { $0.policy == 0 && $0.nice == 19 }
+            return !drained.isEmpty && drained.allSatisfy { $0.policy == 0 && $0.nice == 19 }
         }
         for worker in drained {
             #expect(try run(["ionice", "-p", worker.tid]).stdout.hasPrefix("best-effort: prio 7"), "thread \(worker.tid)")
