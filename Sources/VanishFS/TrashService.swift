@@ -121,20 +121,10 @@ extension PassthroughFilesystem {
             guard let top = exact.last else {
                 // The directory itself is not in the trash (it never went, or
                 // an interrupted restore brought it back): what was deleted
-                // inside it goes back, the latest of each path, parents first.
-                var newest: [[UInt8]: TrashEntry] = [:]
-                for e in visible where isInside(e.record.path, path) { newest[e.record.path] = e }
-                guard !newest.isEmpty, destination == nil else { throw .noSuchEntry(shown) }
-                let inside = newest.values.sorted { $0.record.path.count < $1.record.path.count }
-                var restored: [[UInt8]] = []
-                for e in inside {
-                    // One that cannot go back (its name taken) stays restorable.
-                    if (try? restore(e, to: e.record.path, as: who, graveyard: graveyard)) != nil {
-                        restored.append(e.record.path)
-                    }
-                }
-                if restored.isEmpty { throw .taken(String(decoding: inside[0].record.path, as: UTF8.self)) }
-                return restored
+                // inside it goes back.
+                plan = newest(inside: path, of: visible)
+                guard !plan.isEmpty, destination == nil else { throw .noSuchEntry(shown) }
+                return try restoreAll(plan, to: nil, as: who, graveyard: graveyard, insideOnly: true)
             }
             guard who.uid == 0 || top.record.uid == who.uid else { throw .notYours(shown) }
             plan = [top]
@@ -142,29 +132,42 @@ extension PassthroughFilesystem {
                 // rm -rf removes children first: they were deleted before the
                 // directory, after any earlier deletion of the same path.
                 let since = exact.dropLast().last?.deleted ?? 0
-                var newest: [[UInt8]: TrashEntry] = [:]
-                for e in visible where e.deleted > since && e.deleted <= top.deleted && isInside(e.record.path, path) {
-                    newest[e.record.path] = e
-                }
-                // Parents before children.
-                plan += newest.values.sorted { $0.record.path.count < $1.record.path.count }
+                plan += newest(inside: path, of: visible.filter { $0.deleted > since && $0.deleted <= top.deleted })
             }
         } else {
             throw .invalidDestination("name an entry by id or by path")
         }
+        return try restoreAll(plan, to: destination, as: who, graveyard: graveyard, insideOnly: false)
+    }
+
+    /// Restores `plan` in order (the first to `destination` if given). The
+    /// first entry failing is the answer, unless `insideOnly` (the entries
+    /// are what was deleted inside a directory): then only all failing is.
+    /// An entry that cannot go back (its name taken) stays restorable.
+    private func restoreAll(_ plan: [TrashEntry], to destination: [UInt8]?, as who: Credentials,
+                            graveyard: Graveyard, insideOnly: Bool) throws(RestoreError) -> [[UInt8]] {
         var restored: [[UInt8]] = []
+        var firstError: RestoreError?
         for (i, e) in plan.enumerated() {
             let target = i == 0 ? (destination ?? e.record.path) : e.record.path
             do {
                 try restore(e, to: target, as: who, graveyard: graveyard)
                 restored.append(target)
             } catch {
-                // The first entry failing is the answer; a child that cannot
-                // go back (its name taken) stays restorable on its own.
-                if i == 0 { throw error }
+                if i == 0 && !insideOnly { throw error }
+                firstError = firstError ?? error
             }
         }
+        if restored.isEmpty, let firstError { throw firstError }
         return restored
+    }
+
+    /// The latest deletion of each path inside `dir` among `entries` (oldest
+    /// first), parents before children.
+    private func newest(inside dir: [UInt8], of entries: [TrashEntry]) -> [TrashEntry] {
+        var latest: [[UInt8]: TrashEntry] = [:]
+        for e in entries where isInside(e.record.path, dir) { latest[e.record.path] = e }
+        return latest.values.sorted { $0.record.path.count < $1.record.path.count }
     }
 
     private func isInside(_ path: [UInt8], _ dir: [UInt8]) -> Bool {
