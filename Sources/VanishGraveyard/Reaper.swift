@@ -57,9 +57,7 @@ public final class Reaper: @unchecked Sendable {
 
     private let graveyard: Graveyard
     public let workerCount: Int
-    private let entries = Atomic<UInt64>(0)
-    private let files = Atomic<UInt64>(0)
-    private let bytes = Atomic<UInt64>(0)
+    private let progress = ReapProgress()
     private let buried = Atomic<UInt64>(0)
     /// Directories a worker handed back to the graveyard for others to take.
     private let splits = Atomic<UInt64>(0)
@@ -102,11 +100,6 @@ public final class Reaper: @unchecked Sendable {
         var bytes: UInt64 = 0
     }
     private let tallies = Mutex<(origins: [String: Tally], pieces: [String: String])>(([:], [:]))
-    /// Checkpoints of the counters, a few a second while reaping, for the
-    /// recent pace `vanish status` shows (a whole-life average would hide a
-    /// reaper that slowed down or stopped).
-    private let paceLog = Mutex<[(time: UInt64, files: UInt64, entries: UInt64)]>([])
-    private let lastCheckpoint = Atomic<UInt64>(0)
     /// Set while the backing filesystem is short of space: no stepping aside then.
     private let spaceShort = Atomic<Bool>(false)
     private let spaceCheckedAt = Atomic<UInt64>(0)
@@ -130,41 +123,12 @@ public final class Reaper: @unchecked Sendable {
         public static let zero = Pace(filesPerSecond: 0, entriesPerSecond: 0)
     }
 
-    /// The pace since the oldest checkpoint of the last 5 s; zero if the
-    /// reaper freed nothing in that time.
-    public var pace: Pace {
-        let now = Condition.now()
-        let files = files.load(ordering: .relaxed), entries = entries.load(ordering: .relaxed)
-        return paceLog.withLock { log in
-            guard let first = log.first(where: { now &- $0.time <= 5_000_000_000 }) else { return .zero }
-            let seconds = Double(now &- first.time) / 1e9
-            guard seconds >= 0.2 else { return .zero }
-            return Pace(filesPerSecond: Double(files &- first.files) / seconds,
-                        entriesPerSecond: Double(entries &- first.entries) / seconds)
-        }
-    }
-
-    /// Records the counters at most four times a second (one atomic load otherwise).
-    @inline(__always)
-    private func checkpointPace() {
-        let now = Condition.now()
-        let last = lastCheckpoint.load(ordering: .relaxed)
-        guard now &- last >= 250_000_000,
-              lastCheckpoint.compareExchange(expected: last, desired: now, ordering: .relaxed).exchanged else { return }
-        let point = (now, files.load(ordering: .relaxed), entries.load(ordering: .relaxed))
-        paceLog.withLock { log in
-            if log.isEmpty {
-                // The first deletion after a rest: start counting from just before it.
-                log.append((now &- 1, point.1, point.2))
-            }
-            log.append(point)
-            if log.count > 24 { log.removeFirst(log.count - 24) }
-        }
-    }
+    /// The pace over the last few seconds.
+    public var pace: Pace { progress.pace }
 
     public var statistics: Statistics {
-        Statistics(entries: entries.load(ordering: .relaxed), files: files.load(ordering: .relaxed),
-                   bytes: bytes.load(ordering: .relaxed), buried: buried.load(ordering: .relaxed))
+        Statistics(entries: progress.entries.load(ordering: .relaxed), files: progress.files.load(ordering: .relaxed),
+                   bytes: progress.bytes.load(ordering: .relaxed), buried: buried.load(ordering: .relaxed))
     }
 
     /// Starts the workers. Call after any fork (daemonizing): threads don't survive it.
@@ -362,7 +326,7 @@ public final class Reaper: @unchecked Sendable {
         guard let fd = try? Sys.openat(shard, ".", O_RDONLY | O_DIRECTORY), let dp = fdopendir(fd) else { return 0 }
         defer { closedir(dp) }
         var found = 0
-        var remover = TreeRemover(graveyard: graveyard, limiter: limiter, gate: gate(),
+        var remover = TreeRemover(graveyard: graveyard, progress: progress, limiter: limiter, gate: gate(),
                                   shouldStop: { [self] in stopState.load(ordering: .relaxed) == Stop.now.rawValue },
                                   handedBack: { [self] shard, piece, origin in
                                       if let origin {
@@ -387,17 +351,15 @@ public final class Reaper: @unchecked Sendable {
             let entry = onReaped == nil ? nil : String(cString: name)
             remover.origin = entry.flatMap { origin(of: $0, isPiece: Graveyard.deletionTime(name) == 0) }
             let done = remover.remove(dirfd(dp), name)
+            remover.report()
             // Another worker took it first (see TreeRemover.removedEntry):
             // its deletion is that worker's to count and report.
             let gone = done && remover.removedEntry
             if let entry, let origin = remover.origin, !remover.vanished {
                 tally(origin, entry: entry, files: remover.files, bytes: remover.bytes, done: gone)
             }
-            if gone { entries.wrappingAdd(1, ordering: .relaxed) }
+            if gone { progress.entryDone() }
             if done && restorable { graveyard.removeSidecar(dirfd(dp), name) }
-            files.wrappingAdd(remover.files, ordering: .relaxed)
-            bytes.wrappingAdd(remover.bytes, ordering: .relaxed)
-            checkpointPace()
             remover.files = 0
             remover.bytes = 0
             if !done { break }
@@ -526,6 +488,9 @@ struct ForegroundGate {
         self.urgent = urgent
         seen = requests()
     }
+
+    /// Whether requests arrived since the worker last looked (`wait` would pause).
+    var mayWait: Bool { requests() != seen }
 
     /// Returns false if `shouldStop` turned true while waiting: a stop
     /// must never wait for the mount to go quiet.

@@ -20,6 +20,12 @@ struct TreeRemover {
     /// Whether the entry was already gone when the last `remove` began.
     var vanished = false
     let graveyard: Graveyard
+    /// The reaper's running totals, fed as files go (`files` and `bytes`
+    /// are the current entry's alone).
+    let progress: ReapProgress
+    /// Counted in `files` and `bytes` but not yet in `progress`: adding to
+    /// the shared totals file by file would have the workers contend for them.
+    var unreported: (files: UInt64, bytes: UInt64) = (0, 0)
     let limiter: RateLimiter?
     var gate: ForegroundGate?
     let shouldStop: () -> Bool
@@ -59,7 +65,7 @@ struct TreeRemover {
         }
         closedir(dp)
         guard pace() else { return false }
-        if (try? Sys.unlinkat(parentFD, name, AT_REMOVEDIR)) != nil { files += 1; removedEntry = true }
+        if (try? Sys.unlinkat(parentFD, name, AT_REMOVEDIR)) != nil { count(files: 1, bytes: 0); removedEntry = true }
         return true
     }
 
@@ -77,13 +83,31 @@ struct TreeRemover {
     /// Waits for the rate limit and for a pause in requests through the
     /// mount; false if told to stop meanwhile.
     private mutating func pace() -> Bool {
+        // About to wait: first show what is done (a rate-limited reaper
+        // could otherwise take a minute to report 64 files).
+        if unreported.files != 0 && (limiter != nil || gate?.mayWait == true) { report() }
         if gate != nil, !gate!.wait(unless: shouldStop) { return false }
         return limiter?.take(unless: shouldStop) ?? true
     }
 
     private mutating func count(_ st: stat) {
-        files += 1
         // Space is freed only with the last link.
-        if st.st_nlink <= 1 { bytes += UInt64(st.st_blocks) * 512 }
+        count(files: 1, bytes: st.st_nlink <= 1 ? UInt64(st.st_blocks) * 512 : 0)
+    }
+
+    @inline(__always)
+    private mutating func count(files: UInt64, bytes: UInt64) {
+        self.files += files
+        self.bytes += bytes
+        unreported.files += files
+        unreported.bytes += bytes
+        if unreported.files >= 64 { report() }
+    }
+
+    /// Adds what is not yet in the reaper's totals.
+    mutating func report() {
+        guard unreported.files != 0 else { return }
+        progress.freed(files: unreported.files, bytes: unreported.bytes)
+        unreported = (0, 0)
     }
 }

@@ -1,0 +1,69 @@
+import LinuxSyscalls
+import Synchronization
+
+/// What the reaper has freed, counted as it goes, and its recent pace.
+///
+/// Files are counted as they are unlinked (a few dozen at a time), not
+/// when the entry they belong to is gone: a 1,000-file directory takes a rate-limited or
+/// starved worker seconds, and counting it at the end made the pace read 0
+/// for that long and then jump past any rate limit.
+final class ReapProgress: Sendable {
+    /// Graveyard entries (files or whole trees) removed.
+    let entries = Atomic<UInt64>(0)
+    /// Files and directories deleted.
+    let files = Atomic<UInt64>(0)
+    /// Bytes given back to the filesystem.
+    let bytes = Atomic<UInt64>(0)
+    /// Checkpoints of the counters, a few a second while reaping: a
+    /// whole-life average would hide a reaper that slowed down or stopped.
+    private let log = Mutex<[(time: UInt64, files: UInt64, entries: UInt64)]>([])
+    private let lastCheckpoint = Atomic<UInt64>(0)
+
+    /// Files and directories deleted, holding `bytes` (only last links count).
+    func freed(files: UInt64, bytes: UInt64) {
+        self.files.wrappingAdd(files, ordering: .relaxed)
+        if bytes != 0 { self.bytes.wrappingAdd(bytes, ordering: .relaxed) }
+        checkpoint()
+    }
+
+    /// One graveyard entry entirely gone.
+    func entryDone() {
+        entries.wrappingAdd(1, ordering: .relaxed)
+        checkpoint()
+    }
+
+    /// Files and entries freed per second since the oldest checkpoint of
+    /// the last 5 s; zero if the reaper freed nothing in that time.
+    var pace: Reaper.Pace {
+        let now = Condition.now()
+        let files = files.load(ordering: .relaxed), entries = entries.load(ordering: .relaxed)
+        return log.withLock { log in
+            guard let first = log.first(where: { now &- $0.time <= 5_000_000_000 }) else { return .zero }
+            let seconds = Double(now &- first.time) / 1e9
+            guard seconds >= 0.2 else { return .zero }
+            return Reaper.Pace(filesPerSecond: Double(files &- first.files) / seconds,
+                               entriesPerSecond: Double(entries &- first.entries) / seconds)
+        }
+    }
+
+    /// Records the counters at most four times a second (a clock read and
+    /// one atomic load otherwise).
+    @inline(__always)
+    private func checkpoint() {
+        let now = Condition.now()
+        let last = lastCheckpoint.load(ordering: .relaxed)
+        guard now &- last >= 250_000_000,
+              lastCheckpoint.compareExchange(expected: last, desired: now, ordering: .relaxed).exchanged else { return }
+        let point = (now, files.load(ordering: .relaxed), entries.load(ordering: .relaxed))
+        log.withLock { log in
+            if log.isEmpty || now &- log[log.count - 1].time > 5_000_000_000 {
+                // The first deletion after a rest: count from here, not
+                // from a checkpoint made before the rest.
+                log.removeAll(keepingCapacity: true)
+                log.append((now &- 1, point.1, point.2))
+            }
+            log.append(point)
+            if log.count > 24 { log.removeFirst(log.count - 24) }
+        }
+    }
+}
