@@ -145,9 +145,9 @@ static inline ssize_t vanish_listxattrat(int dirfd, const char *path, char *list
     return (ssize_t)syscall(SYS_listxattrat, dirfd, path, AT_SYMLINK_NOFOLLOW, list, size);
 }
 
-/// ioprio_set(IOPRIO_WHO_PROCESS, 0 = this thread, class << 13 | data).
-static inline int vanish_ioprio_set_thread(int ioprio_class, int data) {
-    return (int)syscall(SYS_ioprio_set, 1, 0, (ioprio_class << 13) | data);
+/// ioprio_set(IOPRIO_WHO_PROCESS, tid (0 = this thread), class << 13 | data).
+static inline int vanish_ioprio_set_thread(int tid, int ioprio_class, int data) {
+    return (int)syscall(SYS_ioprio_set, 1, tid, (ioprio_class << 13) | data);
 }
 
 // A signal that does nothing but break the blocking call of the one thread

@@ -7,8 +7,8 @@ import SystemPackage
 
 /// Empties the graveyard in the background: a bounded number of worker
 /// threads in the idle I/O and CPU classes while the mount serves (nice 19
-/// once it does not, or space runs short), so work
-/// through the mount is not starved. Each worker owns a slice of the
+/// once it does not, space runs short, or the idle class starves them), so
+/// work through the mount is not starved. Each worker owns a slice of the
 /// shards. Whatever is left when the process ends (a crash, SIGKILL,
 /// SIGTERM) stays on disk and is reaped at the next start.
 public final class Reaper: @unchecked Sendable {
@@ -71,6 +71,8 @@ public final class Reaper: @unchecked Sendable {
     private let dirty = Atomic<UInt64>(~0)
     /// One per worker: a wakeup must reach the worker that owns the shard.
     private let wakeups: [DispatchSemaphore]
+    private let threads: [WorkerThread]
+    private let watchdogWakeup = DispatchSemaphore(value: 0)
     private let finished = DispatchSemaphore(value: 0)
     private let started = Atomic<Bool>(false)
     public let policy: Policy
@@ -109,6 +111,7 @@ public final class Reaper: @unchecked Sendable {
         self.policy = policy
         workerCount = max(1, min(workers, Graveyard.shardCount))
         wakeups = (0..<workerCount).map { _ in DispatchSemaphore(value: 0) }
+        threads = (0..<workerCount).map { _ in WorkerThread() }
         limiter = policy.rate.map(RateLimiter.init(perSecond:))
     }
 
@@ -136,6 +139,8 @@ public final class Reaper: @unchecked Sendable {
         guard !started.exchange(true, ordering: .relaxed) else { return }
         for w in 0..<workerCount { spawnThread("vanish-reaper") { [self] in work(w) } }
         if keeps { spawnThread("vanish-keep") { [self] in ward() } }
+        // Only a serving mount puts workers in the idle class.
+        if foregroundRequests != nil { spawnThread("vanish-watch") { [self] in watch() } }
     }
 
     /// Something was buried in `shard`: wake its worker if it sleeps (one
@@ -167,6 +172,7 @@ public final class Reaper: @unchecked Sendable {
         guard started.load(ordering: .relaxed) else { return }
         wakeups.forEach { $0.signal() }
         wardenWakeup.signal()
+        watchdogWakeup.signal()
     }
 
     /// Waits until every worker has stopped.
@@ -204,54 +210,23 @@ public final class Reaper: @unchecked Sendable {
         buried.load(ordering: .sequentiallyConsistent) &+ splits.load(ordering: .sequentiallyConsistent)
     }
 
-    /// How a worker's thread is scheduled.
-    private enum Priority {
-        /// Idle CPU and I/O classes: while the mount serves requests.
-        case idle
-        /// Nice 19 and the lowest best-effort I/O level: when nothing is
-        /// served through the mount (after an unmount, or `vanish reap`),
-        /// or space is short. The idle classes leave a worker almost no CPU
-        /// while other work in its scheduling group keeps the cores busy:
-        /// freeing a 20,000-file tree after an unmount took 199 s next to
-        /// four CPU hogs (21.6 s at nice 19), and the daemon, whose fds keep
-        /// the backing filesystem busy, lingered as long.
-        case background
-    }
-
-    private func schedule(_ priority: Priority) {
-        let nice = { _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(vanish_gettid()), 19) }
-        var param = sched_param(sched_priority: 0)
-        switch priority {
-        case .idle:
-            // The disk serves this thread only when nobody else wants it.
-            _ = vanish_ioprio_set_thread(3, 0)
-            // And a request handler that wakes preempts it at once. At nice 19
-            // the scheduler let a running worker finish its slice first (EEVDF
-            // runs to parity), and one create in a thousand waited 3-4 ms while
-            // the reaper freed a tree (ext4 on a RAM disk).
-            if sched_setscheduler(0, 5 /* SCHED_IDLE */, &param) != 0 { nice() }
-        case .background:
-            _ = vanish_ioprio_set_thread(2, 7)
-            nice()
-            // Leaving SCHED_IDLE needs CAP_SYS_NICE or an RLIMIT_NICE that
-            // allows nice 19; without them the worker stays idle, and slower.
-            _ = sched_setscheduler(0, 0 /* SCHED_OTHER */, &param)
-        }
-    }
-
     private func work(_ index: Int) {
-        var idle = false
+        let me = threads[index]
+        me.attach()
+        defer {
+            me.detach()
+            finished.signal()
+        }
         func reschedule() {
             // Fresh: a worker gets here once per wakeup or pass over its shards.
-            let wanted = foregroundRequests != nil && stopState.load(ordering: .relaxed) == Stop.running.rawValue
-                && !isSpaceShort(fresh: true)
-            if wanted != idle { idle = wanted; schedule(idle ? .idle : .background) }
+            let idle = foregroundRequests != nil && stopState.load(ordering: .relaxed) == Stop.running.rawValue
+                && !isSpaceShort(fresh: true) && !me.lifted.load(ordering: .relaxed)
+            me.set(idle ? .idle : .background)
         }
-        schedule(.background)
+        me.set(.background)
         reschedule()
         let mineMask = stride(from: index, to: Graveyard.shardCount, by: workerCount)
             .reduce(UInt64(0)) { $0 | 1 << UInt64($1) }
-        defer { finished.signal() }
         var lastFullScan = Sys.wallClockNow()
         while true {
             let state = stopState.load(ordering: .relaxed)
@@ -286,6 +261,8 @@ public final class Reaper: @unchecked Sendable {
             // Announce being idle, then look once more: whoever buries after this
             // sees the bit and signals; whoever buried before, we see here.
             let bit: UInt64 = 1 << UInt64(index)
+            // Out of work: the next busy spell starts in the idle class again.
+            me.lifted.store(false, ordering: .relaxed)
             idleMask.bitwiseOr(bit, ordering: .sequentiallyConsistent)
             var woken = false
             if generation == seen {
@@ -420,6 +397,40 @@ public final class Reaper: @unchecked Sendable {
             spaceShort.store(short, ordering: .relaxed)
         }
         return spaceShort.load(ordering: .relaxed)
+    }
+
+    /// Lifts a worker out of the idle class once it starves there: runnable
+    /// but kept off the CPU for most of a second. The idle class is meant to
+    /// let a request handler take the CPU at once, not to stop the reaper
+    /// while CPU-bound work shares the daemon's scheduling group (a `vanish
+    /// mount -f` in a busy shell): next to four CPU hogs there, freeing
+    /// 20,000 files had not finished after 290 s (26 s lifted). At nice 19
+    /// the worker still yields to everything at normal priority, and the
+    /// foreground gate still spaces its deletions while the mount is busy.
+    /// When space runs short or the mount stops serving, every worker
+    /// leaves the idle class at once, not when it next finishes an entry.
+    private func watch() {
+        var last = [UInt64?](repeating: nil, count: workerCount)
+        var lastTime = Condition.now()
+        while stopState.load(ordering: .relaxed) == Stop.running.rawValue {
+            _ = watchdogWakeup.wait(timeout: .now() + .seconds(1))
+            let now = Condition.now()
+            let elapsed = now &- lastTime
+            lastTime = now
+            let short = isSpaceShort()
+            for (w, thread) in threads.enumerated() {
+                if short { thread.set(.background) }
+                guard thread.priority == .idle, let waited = thread.runQueueWait() else { last[w] = nil; continue }
+                if let before = last[w], waited &- before >= elapsed / 4 * 3 {
+                    thread.lifted.store(true, ordering: .relaxed)
+                    thread.set(.background)
+                    last[w] = nil
+                } else {
+                    last[w] = waited
+                }
+            }
+        }
+        for thread in threads { thread.set(.background) }
     }
 
     /// Keeps the undo window within its limits: every second (or when a

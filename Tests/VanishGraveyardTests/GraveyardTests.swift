@@ -366,8 +366,7 @@ struct GraveyardTests {
         try waitFor("two reaper workers in SCHED_IDLE") { reapers().filter { $0.policy == 5 }.count == 2 }
         #expect(try run([vanishBinary, "rm", "-r", m.path("tree")]).ok)
         // About 8 s of reaping at 500 files/s remain after the unmount; a
-        // worker takes its new class when it is done with the directory it
-        // is on (1,000 files), and ends when nothing is left for it.
+        // worker ends when nothing is left for it.
         #expect(try run(["fusermount3", "-u", m.mountpoint]).ok)
         var drained: [(tid: String, name: String, nice: Int, policy: Int)] = []
         try waitFor("the reaper workers at nice 19, SCHED_OTHER") {
@@ -379,6 +378,38 @@ struct GraveyardTests {
         }
         #expect(try m.waitForExit(timeout: 90) == 0)
         #expect(try graveyardCount(m.source) == 0)
+    }
+
+    @Test("next to CPU hogs in its scheduling group a starved worker leaves the idle class while the mount serves")
+    func liftedWhenStarved() throws {
+        let m = try VanishMount(options: ["reap_rate=500", "reapers=2"],
+                                prepare: { src in try makeTree(src + "/tree", files: 4_000) })
+        defer { m.close() }
+        let reapers = { threadSchedules(m.pid).filter { $0.name == "vanish-reaper" } }
+        try waitFor("two reaper workers in SCHED_IDLE") { reapers().filter { $0.policy == 5 }.count == 2 }
+        // Busy loops in the daemon's session (so its autogroup), two per core:
+        // an idle-class thread there gets next to no CPU.
+        var hogs: [pid_t] = []
+        func stopHogs() {
+            for h in hogs { kill(h, SIGKILL); var status: Int32 = 0; waitpid(h, &status, 0) }
+            hogs = []
+        }
+        defer { stopHogs() }
+        for _ in 0..<2 * sysconf(Int32(_SC_NPROCESSORS_ONLN)) {
+            hogs.append(try spawn(["/bin/sh", "-c", "while :; do :; done"]))
+        }
+        #expect(try run([vanishBinary, "rm", "-r", m.path("tree")]).ok)
+        // 4,000 files at 500 a second: 8 s of work, and the watchdog looks once a second.
+        try waitFor("a reaper worker lifted to nice 19, SCHED_OTHER", timeout: 60) {
+            reapers().contains { $0.policy == 0 && $0.nice == 19 }
+        }
+        #expect(mountType(at: m.mountpoint) == "fuse.vanish")
+        #expect(try sh("echo x > f && cat f", cwd: m.mountpoint).stdout == "x\n")
+        stopHogs()
+        try waitForReaper(m)
+        #expect(try graveyardCount(m.source) == 0)
+        // Out of work, a worker's next busy spell starts in the idle class again.
+        try waitFor("both workers back in SCHED_IDLE") { reapers().filter { $0.policy == 5 }.count == 2 }
     }
 }
 
