@@ -575,7 +575,10 @@ def make_repo(cache, files):
 # ---------------------------------------------------------------- running
 
 def build_vanish():
-    """Builds vanish as mount-scripts/install does; returns the binary's path."""
+    """Builds vanish as mount-scripts/install does; returns the binary's path
+    (VANISH_BINARY, if set, names one to use instead: for A/B runs)."""
+    if os.environ.get("VANISH_BINARY"):
+        return os.environ["VANISH_BINARY"]
     # The build's progress and errors go to the terminal (stderr); its path comes on stdout.
     out = sh([os.path.join(REPO, "mount-scripts", "build")], stdout=subprocess.PIPE, stderr=None, text=True).stdout
     return out.strip().splitlines()[-1]
