@@ -418,9 +418,12 @@ public final class Reaper: @unchecked Sendable {
             let elapsed = now &- lastTime
             lastTime = now
             let short = isSpaceShort()
+            let sleeping = idleMask.load(ordering: .relaxed)
             for (w, thread) in threads.enumerated() {
                 if short { thread.set(.background) }
-                guard thread.priority == .idle, let waited = thread.runQueueWait() else { last[w] = nil; continue }
+                // A sleeping worker is not starving (and costs no look at /proc).
+                guard sleeping & (1 << UInt64(w)) == 0, thread.priority == .idle,
+                      let waited = thread.runQueueWait() else { last[w] = nil; continue }
                 if let before = last[w], waited &- before >= elapsed / 4 * 3 {
                     thread.lifted.store(true, ordering: .relaxed)
                     thread.set(.background)
