@@ -36,7 +36,7 @@ struct ScaleTests {
             // Underneath only the state directory is left, and the reaper empties its graveyard.
             let left = try sh("ls -A | wc -l && ls -A \(shellQuote(m.source))", cwd: m.mountpoint)
             #expect(left.stdout == "0\n.vanish\n")
-            #expect(try run([vanishBinary, "status", "--wait", m.mountpoint]).ok)
+            #expect(try run(["timeout", "180", vanishBinary, "status", "--wait", m.mountpoint]).ok)
             let graves = try sh("find .vanish/graveyard -mindepth 2 | wc -l", cwd: m.source)
             #expect(graves.stdout == "0\n")
             #expect(!m.log.contains("Too many open files"))

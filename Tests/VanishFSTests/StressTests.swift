@@ -36,7 +36,7 @@ struct StressTests {
             #expect(rmdir(work) == 0, "stress-ng removes what it made: \(String(cString: strerror(errno)))")
 
             // Everything it deleted went through the graveyard and is freed.
-            let wait = try run([vanishBinary, "status", "--wait", m.mountpoint])
+            let wait = try run(["timeout", "180", vanishBinary, "status", "--wait", m.mountpoint])
             #expect(wait.ok, "\(wait.stderr)")
             let left = try FileManager.default.contentsOfDirectory(atPath: m.source)
             #expect(left == [".vanish"], "\(left)")

@@ -89,7 +89,7 @@ struct SubmountTests {
                 """, cwd: m.mountpoint)
             #expect(rm.ok, "\(rm.stderr)")
             #expect(rm.stdout == "a\nc\nd\nt\n")
-            #expect(try run([vanishBinary, "status", "--wait", m.mountpoint]).ok)
+            #expect(try run(["timeout", "180", vanishBinary, "status", "--wait", m.mountpoint]).ok)
             // Freed from the backing filesystem, not just hidden.
             #expect(try sh("ls -A && find .vanish/graveyard -mindepth 2 | wc -l", cwd: back).stdout ==
                     ".vanish\nc\nd\nt\n0\n")
@@ -122,7 +122,7 @@ struct SubmountTests {
             #expect(r.ok, "\(r.stderr)")
             #expect(r.stdout == "")
             #expect(m.log.contains("the source is on overlayfs"), "\(m.log)")
-            #expect(try run([vanishBinary, "status", "--wait", m.mountpoint]).ok)
+            #expect(try run(["timeout", "180", vanishBinary, "status", "--wait", m.mountpoint]).ok)
         }
         // The lower layer is untouched; the overlay shows nothing left.
         #expect(try sh("ls -A merged; cat lower/a/sub/f lower/b/g lower/c", cwd: base).stdout == ".vanish\n1\n2\n3\n")
