@@ -92,8 +92,10 @@ extension PassthroughFilesystem {
         let pace = reapingPace
         let pending = pendingEntries
         let restorable = graveyard?.restorableCount ?? 0
-        // Entries the window keeps are not due, so they are not in the estimate.
-        let due = max(0, pending - restorable)
+        let stuck = stuckEntries
+        // Entries the window keeps are not due, nor are those that cannot be
+        // deleted, so neither is in the estimate.
+        let due = max(0, pending - restorable - stuck)
         let eta = due == 0 ? "0" : pace.entriesPerSecond > 0 ? "\(Int((Double(due) / pace.entriesPerSecond).rounded(.up)))" : "null"
         var fs = statvfs()
         _ = fstatvfs(rootFD, &fs)
@@ -105,7 +107,7 @@ extension PassthroughFilesystem {
             "reaper_idle":\(reapersIdle),\
             "reaped_entries":\(s.entries),"freed_files":\(s.files),"freed_bytes":\(s.bytes),\
             "buried_entries":\(s.buried),"reaper_workers":\(reaper?.workerCount ?? 0),"free_bytes":\(free),\
-            "restorable_entries":\(restorable),"restorable_bytes":\(graveyard?.restorableBytes ?? 0),\
+            "restorable_entries":\(restorable),"stuck_entries":\(stuck),"restorable_bytes":\(graveyard?.restorableBytes ?? 0),\
             "keep_seconds":\(Double(reaper?.policy.keep ?? 0) / 1e9),"socket":"\(jsonEscape(controlSocket))",\
             "known_inodes":\(table.count),"cached_fds":\(fds.openCount),"fd_cache_limit":\(fds.limit)}
             """

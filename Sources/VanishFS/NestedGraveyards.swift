@@ -111,6 +111,7 @@ extension PassthroughFilesystem {
         policy.yieldToForeground = main.policy.yieldToForeground
         let r = Reaper(graveyard: g, workers: 1, policy: policy)
         r.onReaped = main.onReaped
+        r.onStuck = main.onStuck
         r.foregroundRequests = main.foregroundRequests
         r.start()
         return r

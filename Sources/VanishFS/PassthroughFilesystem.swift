@@ -75,6 +75,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         table = InodeTable(root: root)
         self.options = options
         log = logger
+        reaper?.onStuck = Self.logStuck(logger)
         fds = FDCache(limit: options.fdCacheLimit ?? FileLimits.defaultCacheLimit(), table: table)
         actsForOthers = geteuid() == 0
         devices = DeviceMap(rootDevice: st.st_dev)
@@ -143,6 +144,17 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         log.info("reaper stopped", metadata: ["entries": "\(s.entries)", "files": "\(s.files)", "bytes": "\(s.bytes)",
                                               "left": "\(pendingEntries)"])
     }
+
+    /// A warning for each graveyard entry the reaper cannot delete.
+    static func logStuck(_ log: Logger) -> @Sendable (String, Errno) -> Void {
+        { entry, error in
+            log.warning("cannot delete a graveyard entry; it stays until the next mount or vanish reap",
+                        metadata: ["entry": "\(entry)", "error": "\(error)"])
+        }
+    }
+
+    /// Entries no reaper could delete, still in their graveyards.
+    public var stuckEntries: Int { allReapers.reduce(0) { $0 + $1.stuckEntries().count } }
 
     /// What every reaper (the source's and nested filesystems') has done.
     public var reapingStatistics: Reaper.Statistics {

@@ -84,6 +84,19 @@ public final class Reaper: @unchecked Sendable {
     /// Called after each graveyard entry is freed: (entry id, files, bytes).
     /// Set before `start`.
     public var onReaped: (@Sendable (String, UInt64, UInt64) -> Void)?
+    /// Called the first time an entry cannot be deleted: (entry id, error).
+    /// Set before `start`.
+    public var onStuck: (@Sendable (String, Errno) -> Void)?
+    /// Entries the reaper could not delete (an immutable file inside, a
+    /// directory the daemon may not write), by name: when each is tried
+    /// again, and its shard. Without this, a pass that found only such an
+    /// entry counted as work done, and after an unmount the workers spun
+    /// on it at full CPU and the daemon never exited.
+    private let stuck = Mutex<[String: (shard: Int32, retryAt: UInt64)]>([:])
+    /// `stuck.count`, read without the lock by every pass.
+    private let stuckCount = Atomic<Int>(0)
+    /// How long a stuck entry waits before it is tried again while the mount serves.
+    static let stuckRetry: UInt64 = 60_000_000_000
     /// How many requests the mount has begun to serve (any number that
     /// changes with each request); the workers step aside while it moves.
     /// Set before `start`; nil when nothing is mounted (`vanish reap`).
@@ -321,6 +334,7 @@ public final class Reaper: @unchecked Sendable {
             let name = vanish_dirent_name(d)!
             if name[0] == 0x2E { continue }
             if keeps && !isDue(Graveyard.deletionTime(name) ?? 0, now: now, nextDue: &nextDue) { continue }
+            if stuckCount.load(ordering: .relaxed) > 0 && isStuck(name) { continue }
             var restorable = false
             // A restore holds it: leave it alone.
             guard graveyard.trash.claimForReaping(name, had: &restorable) else { continue }
@@ -335,13 +349,59 @@ public final class Reaper: @unchecked Sendable {
             if let entry, let origin = remover.origin, !remover.vanished {
                 tally(origin, entry: entry, files: remover.files, bytes: remover.bytes, done: gone)
             }
-            if gone { progress.entryDone() }
+            if gone {
+                progress.entryDone()
+                if stuckCount.load(ordering: .relaxed) > 0 { unstick(name) }
+            } else if done, !remover.vanished, let failure = remover.failure,
+                      (try? Sys.lstatat(dirfd(dp), name)) != nil {
+                // Not work done: a pass that found only this must let its worker rest.
+                found -= 1
+                stick(name, shard: shard, failure)
+            }
             if done && restorable { graveyard.removeSidecar(dirfd(dp), name) }
             remover.files = 0
             remover.bytes = 0
             if !done { break }
         }
         return found
+    }
+
+    /// Whether `name` is a stuck entry to leave alone for now: until its
+    /// retry time, and for good once the reaper is finishing (it waits for
+    /// the next mount or `vanish reap`).
+    private func isStuck(_ name: UnsafePointer<CChar>) -> Bool {
+        let finishing = stopState.load(ordering: .relaxed) != Stop.running.rawValue
+        let now = Condition.now()
+        return stuck.withLock { m in
+            guard let e = m[String(cString: name)] else { return false }
+            return finishing || now < e.retryAt
+        }
+    }
+
+    private func stick(_ name: UnsafePointer<CChar>, shard: Int32, _ failure: Errno) {
+        let id = String(cString: name)
+        let first: Bool = stuck.withLock { m in
+            let first = m.updateValue((shard, Condition.now() &+ Self.stuckRetry), forKey: id) == nil
+            stuckCount.store(m.count, ordering: .relaxed)
+            return first
+        }
+        if first { onStuck?(id, failure) }
+    }
+
+    private func unstick(_ name: UnsafePointer<CChar>) {
+        stuck.withLock { m in
+            if m.removeValue(forKey: String(cString: name)) != nil { stuckCount.store(m.count, ordering: .relaxed) }
+        }
+    }
+
+    /// The entries that could not be deleted and are still in the graveyard
+    /// (for status: a scan of the stuck ones; those gone meanwhile are forgotten).
+    public func stuckEntries() -> [String] {
+        stuck.withLock { m in
+            for (id, e) in m where (try? Sys.lstatat(e.shard, id)) == nil { m[id] = nil }
+            stuckCount.store(m.count, ordering: .relaxed)
+            return m.keys.sorted()
+        }
     }
 
     /// The deletion `entry` belongs to: itself, or for a piece the entry it

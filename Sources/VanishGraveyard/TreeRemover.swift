@@ -19,6 +19,10 @@ struct TreeRemover {
     var removedEntry = false
     /// Whether the entry was already gone when the last `remove` began.
     var vanished = false
+    /// The first error that kept the last `remove` from deleting something
+    /// (an immutable file, a directory the daemon may not write); ENOENT is
+    /// not one: another worker got there first.
+    var failure: Errno?
     let graveyard: Graveyard
     /// The reaper's running totals, fed as files go (`files` and `bytes`
     /// are the current entry's alone).
@@ -40,13 +44,15 @@ struct TreeRemover {
     mutating func remove(_ parentFD: Int32, _ name: UnsafePointer<CChar>) -> Bool {
         removedEntry = false
         vanished = false
+        failure = nil
         guard let st = try? Sys.lstatat(parentFD, name) else { vanished = true; return true }
         if st.st_mode & S_IFMT != S_IFDIR {
             guard pace() else { return false }
-            if (try? Sys.unlinkat(parentFD, name, 0)) != nil { count(st); removedEntry = true }
+            if unlink(parentFD, name, 0) { count(st); removedEntry = true }
             return true
         }
-        guard let fd = try? Sys.openat(parentFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW) else { return true }
+        let fd: Int32
+        do { fd = try Sys.openat(parentFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW) } catch { note(error); return true }
         guard let dp = fdopendir(fd) else { Sys.close(fd); return true }
         let dfd = dirfd(dp)
         while let d = readdir(dp) {
@@ -58,22 +64,43 @@ struct TreeRemover {
                     handBack(dfd, child)
                 } else {
                     guard pace() else { closedir(dp); return false }
-                    if (try? Sys.unlinkat(dfd, child, 0)) != nil { count(cst) }
+                    if unlink(dfd, child, 0) { count(cst) }
                 }
             }
             if shouldStop() { closedir(dp); return false }
         }
         closedir(dp)
         guard pace() else { return false }
-        if (try? Sys.unlinkat(parentFD, name, AT_REMOVEDIR)) != nil { count(files: 1, bytes: 0); removedEntry = true }
+        if unlink(parentFD, name, AT_REMOVEDIR) { count(files: 1, bytes: 0); removedEntry = true }
         return true
     }
 
+    /// unlinkat; a failure other than ENOENT is noted.
+    private mutating func unlink(_ dirFD: Int32, _ name: UnsafePointer<CChar>, _ flags: Int32) -> Bool {
+        do {
+            try Sys.unlinkat(dirFD, name, flags)
+            return true
+        } catch {
+            note(error)
+            return false
+        }
+    }
+
+    private mutating func note(_ error: Errno) {
+        if failure == nil && error != .noSuchFileOrDirectory { failure = error }
+    }
+
     /// Moves a subdirectory back into the graveyard as an entry of its own.
+    /// A failure is noted only if the directory is still there: the first
+    /// attempt is made on the readdir's word alone, which may be stale.
     @discardableResult
-    private func handBack(_ dirFD: Int32, _ child: UnsafePointer<CChar>) -> Bool {
+    private mutating func handBack(_ dirFD: Int32, _ child: UnsafePointer<CChar>) -> Bool {
         var piece = ""
-        guard let shard = try? graveyard.bury(dirFD, child, expired: true, named: { piece = String(cString: $0) }) else {
+        let shard: Int
+        do {
+            shard = try graveyard.bury(dirFD, child, expired: true, named: { piece = String(cString: $0) })
+        } catch {
+            if let st = try? Sys.lstatat(dirFD, child), st.st_mode & S_IFMT == S_IFDIR { note(error) }
             return false
         }
         handedBack(shard, piece, origin)

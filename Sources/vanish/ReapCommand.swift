@@ -51,7 +51,12 @@ struct ReapCommand: ParsableCommand {
         let total = reapers.reduce(0) { $0 + $1.pendingEntries() }
         let interrupted = StopFlag()
         StopSignals.watch { _ in interrupted.set(); reapers.forEach { $0.stop(.now) } }
-        for r in reapers { r.start(); r.stop(.whenEmpty) }
+        let failures = Failures()
+        for r in reapers {
+            r.onStuck = { entry, error in failures.add("  \(entry): \(error)") }
+            r.start()
+            r.stop(.whenEmpty)
+        }
         let done = DispatchSemaphore(value: 0)
         DispatchQueue.global().async { reapers.forEach { $0.join() }; done.signal() }
         let terminal = isatty(1) != 0
@@ -70,9 +75,21 @@ struct ReapCommand: ParsableCommand {
         if terminal { print("\r\u{1B}[K", terminator: "") }
         print("reaped \(s.entries) entries: \(s.files) files, \(bytes(Int(s.bytes))) freed"
               + (interrupted.value ? " (interrupted; the rest stays for next time)" : ""))
+        let stuck = failures.value
+        if !stuck.isEmpty {
+            throw RuntimeError("\(stuck.count) graveyard entries could not be deleted, they stay for the next try:\n"
+                               + stuck.prefix(10).joined(separator: "\n") + (stuck.count > 10 ? "\n…" : ""))
+        }
     }
 
     private var cores: Int { Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))) }
+}
+
+/// What the reaper workers could not delete, for the summary.
+final class Failures: Sendable {
+    private let list = Mutex<[String]>([])
+    func add(_ line: String) { list.withLock { $0.append(line) } }
+    var value: [String] { list.withLock { $0 } }
 }
 
 /// A flag set by the signal-watching thread and read on the main thread.

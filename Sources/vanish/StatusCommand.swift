@@ -14,7 +14,7 @@ struct StatusCommand: ParsableCommand {
     @Flag(help: "Print the raw JSON.")
     var json = false
 
-    @Flag(help: "Wait until the graveyard is empty (but for entries the undo window keeps), showing progress.")
+    @Flag(help: "Wait until the graveyard is empty (but for entries the undo window keeps and those that cannot be deleted), showing progress.")
     var wait = false
 
     @Argument(help: "The mountpoint.")
@@ -27,7 +27,7 @@ struct StatusCommand: ParsableCommand {
             let firstFreed = status.freedFiles
             let terminal = isatty(1) != 0
             var lastLine: UInt64 = 0
-            while status.pending > status.restorable || !status.idle {
+            while !status.settled {
                 let now = Condition.now()
                 let elapsed = Double(now - start) / 1e9
                 let average = elapsed > 0 ? Int(Double(status.freedFiles - firstFreed) / elapsed) : 0
@@ -52,7 +52,7 @@ struct StatusCommand: ParsableCommand {
         } else {
             print("""
                 source:           \(status.source)
-                graveyard:        \(status.pending) entries waiting, \(status.restorable) of them restorable (\(bytes(status.restorableBytes)) known)
+                graveyard:        \(status.pending) entries waiting, \(status.restorable) of them restorable (\(bytes(status.restorableBytes)) known)\(status.stuck > 0 ? ", \(status.stuck) that cannot be deleted (see the daemon's log)" : "")
                 undo window:      \(status.keepSeconds > 0 ? "\(Int(status.keepSeconds)) s" : "none")
                 reaped:           \(status.reaped) entries, \(status.freedFiles) files and directories, \(bytes(status.freedBytes))
                 reaping now:      \(status.pace)
@@ -74,6 +74,8 @@ struct StatusCommand: ParsableCommand {
         var workers: Int
         var free: Int
         var restorable: Int
+        /// Entries the reaper failed to delete (it logged why); tried again later.
+        var stuck: Int
         var restorableBytes: Int
         var keepSeconds: Double
         /// All reaper workers asleep (nothing in flight between shards).
@@ -83,8 +85,11 @@ struct StatusCommand: ParsableCommand {
         /// Seconds until the entries now due are freed, at that pace; nil when unknown.
         var eta: Int?
 
+        /// Nothing is left that the reaper could free now.
+        var settled: Bool { pending <= restorable + stuck && idle }
+
         var pace: String {
-            if pending <= restorable && idle { return "idle (nothing due)" }
+            if settled { return "idle (nothing due)" }
             guard filesPerSecond > 0 else { return "starting (no recent pace yet)" }
             return "\(filesPerSecond) files/s" + (eta.map { ", about \($0) s left for the entries now due" } ?? "")
         }
@@ -106,7 +111,8 @@ struct StatusCommand: ParsableCommand {
         return Status(raw: raw, source: obj["source"]?.string ?? "?", pending: int("pending_entries"),
                       reaped: int("reaped_entries"), freedFiles: int("freed_files"), freedBytes: int("freed_bytes"),
                       buried: int("buried_entries"), workers: int("reaper_workers"), free: int("free_bytes"),
-                      restorable: int("restorable_entries"), restorableBytes: int("restorable_bytes"),
+                      restorable: int("restorable_entries"), stuck: int("stuck_entries"),
+                      restorableBytes: int("restorable_bytes"),
                       keepSeconds: obj["keep_seconds"]?.double ?? 0,
                       idle: obj["reaper_idle"]?.bool ?? true, filesPerSecond: int("reap_files_per_second"),
                       eta: obj["eta_seconds"]?.int)

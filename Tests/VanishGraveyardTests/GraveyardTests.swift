@@ -10,9 +10,11 @@ func graveyardCount(_ source: String) throws -> Int {
     return Int(r.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
 }
 
-/// `vanish status --wait`: returns once the reaper has emptied the graveyard.
-func waitForReaper(_ m: VanishMount) throws {
-    let r = try run([vanishBinary, "status", "--wait", m.mountpoint])
+/// `vanish status --wait`: returns once the reaper has emptied the graveyard
+/// (a failure, not a hung suite, if it never does).
+func waitForReaper(_ m: VanishMount, timeout: Int = 180) throws {
+    let r = try run(["timeout", "\(timeout)", vanishBinary, "status", "--wait", m.mountpoint])
+    if r.status == 124 { throw TestFailure("status --wait still waiting after \(timeout) s") }
     guard r.ok else { throw TestFailure("status --wait failed: \(r.stderr)") }
 }
 
@@ -377,6 +379,42 @@ struct GraveyardTests {
             #expect(try run(["ionice", "-p", worker.tid]).stdout.hasPrefix("best-effort: prio 7"), "thread \(worker.tid)")
         }
         #expect(try m.waitForExit(timeout: 90) == 0)
+        #expect(try graveyardCount(m.source) == 0)
+    }
+
+    @Test("an entry the reaper cannot delete is logged and left: it holds up neither status --wait nor the exit after an unmount, and vanish reap frees it once it can")
+    func undeletableEntry() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for chattr +i")
+        let m = try VanishMount(prepare: { src in
+            try makeTree(src + "/t", files: 20)
+            let r = try run(["chattr", "+i", src + "/t/d0/f7"])
+            guard r.ok else { throw TestFailure("chattr: \(r.stderr)") }
+        })
+        defer {
+            // An immutable file would keep the test's directory from going.
+            _ = try? run(["chattr", "-R", "-i", m.source])
+            m.close()
+        }
+        #expect(try run([vanishBinary, "rm", "-r", m.path("t")]).ok)
+        try waitForReaper(m)
+        let status = try run([vanishBinary, "status", "--json", m.mountpoint]).stdout
+        #expect(status.contains("\"stuck_entries\":1,"), "\(status)")
+        #expect(status.contains("\"eta_seconds\":0,"), "\(status)")
+        #expect(try run([vanishBinary, "status", m.mountpoint]).stdout.contains("1 that cannot be deleted"))
+        // d0, the directory holding the file, is what stays; its other 19 files are gone.
+        #expect(try graveyardCount(m.source) == 1)
+        #expect(try sh("find .vanish/graveyard -type f | wc -l", cwd: m.source).stdout == "1\n")
+        try waitFor("the daemon's warning") { m.log.contains("cannot delete a graveyard entry") }
+        #expect(m.log.contains("Operation not permitted"))
+        // After the unmount the daemon ends, leaving the entry for the next try.
+        #expect(try m.unmount(timeout: 30) == 0)
+        #expect(try graveyardCount(m.source) == 1)
+        let refused = try run([vanishBinary, "reap", m.source])
+        #expect(refused.status == 1 && refused.stderr.contains("Operation not permitted"), "\(refused)")
+        #expect(try graveyardCount(m.source) == 1)
+        #expect(try run(["chattr", "-i", "-R", m.source + "/.vanish/graveyard"]).ok)
+        let reaped = try run([vanishBinary, "reap", m.source])
+        #expect(reaped.ok, "\(reaped)")
         #expect(try graveyardCount(m.source) == 0)
     }
 
