@@ -352,8 +352,7 @@ public final class Reaper: @unchecked Sendable {
             if gone {
                 progress.entryDone()
                 if stuckCount.load(ordering: .relaxed) > 0 { unstick(name) }
-            } else if done, !remover.vanished, let failure = remover.failure,
-                      (try? Sys.lstatat(dirfd(dp), name)) != nil {
+            } else if done, !remover.vanished, let failure = remover.failure, stillThere(dirfd(dp), name) {
                 // Not work done: a pass that found only this must let its worker rest.
                 found -= 1
                 stick(name, shard: shard, failure)
@@ -378,6 +377,13 @@ public final class Reaper: @unchecked Sendable {
         }
     }
 
+    /// Whether `name` may still be in `dirFD`: anything but ENOENT says so
+    /// (an entry lstat fails on is no more deletable than one it finds).
+    private func stillThere(_ dirFD: Int32, _ name: UnsafePointer<CChar>) -> Bool {
+        do { _ = try Sys.lstatat(dirFD, name) } catch { return error != .noSuchFileOrDirectory }
+        return true
+    }
+
     private func stick(_ name: UnsafePointer<CChar>, shard: Int32, _ failure: Errno) {
         let id = String(cString: name)
         let first: Bool = stuck.withLock { m in
@@ -398,7 +404,7 @@ public final class Reaper: @unchecked Sendable {
     /// (for status: a scan of the stuck ones; those gone meanwhile are forgotten).
     public func stuckEntries() -> [String] {
         stuck.withLock { m in
-            for (id, e) in m where (try? Sys.lstatat(e.shard, id)) == nil { m[id] = nil }
+            for (id, e) in m where !stillThere(e.shard, id) { m[id] = nil }
             stuckCount.store(m.count, ordering: .relaxed)
             return m.keys.sorted()
         }

@@ -45,7 +45,13 @@ struct TreeRemover {
         removedEntry = false
         vanished = false
         failure = nil
-        guard let st = try? Sys.lstatat(parentFD, name) else { vanished = true; return true }
+        let st: stat
+        do {
+            st = try Sys.lstatat(parentFD, name)
+        } catch {
+            if error == .noSuchFileOrDirectory { vanished = true } else { note(error) }
+            return true
+        }
         if st.st_mode & S_IFMT != S_IFDIR {
             guard pace() else { return false }
             if unlink(parentFD, name, 0) { count(st); removedEntry = true }
@@ -53,7 +59,11 @@ struct TreeRemover {
         }
         let fd: Int32
         do { fd = try Sys.openat(parentFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW) } catch { note(error); return true }
-        guard let dp = fdopendir(fd) else { Sys.close(fd); return true }
+        guard let dp = fdopendir(fd) else {
+            note(Errno(rawValue: errno))
+            Sys.close(fd)
+            return true
+        }
         let dfd = dirfd(dp)
         while let d = readdir(dp) {
             let child = vanish_dirent_name(d)!
