@@ -74,10 +74,14 @@ static inline dev_t vanish_makedev(uint32_t major, uint32_t minor) {
 /// statx(2) into a struct stat, with the inode's birth time in nanoseconds
 /// (0 where the filesystem keeps none): unlike its number, which a new
 /// file gets as soon as the old one is freed, it tells two inodes apart.
-static inline int vanish_stat_birth(int dirfd, const char *path, int flags, struct stat *st, uint64_t *birth) {
+/// `attributes`, if not NULL, gets stx_attributes (STATX_ATTR_IMMUTABLE 0x10,
+/// STATX_ATTR_APPEND 0x20, ...).
+static inline int vanish_statx_stat(int dirfd, const char *path, int flags, struct stat *st, uint64_t *birth,
+                                    uint64_t *attributes) {
     struct vanish_statx x;
     if (syscall(SYS_statx, dirfd, path, flags, 0x7ffu /* STATX_BASIC_STATS */ | 0x800u /* STATX_BTIME */, &x) != 0)
         return -1;
+    if (attributes) *attributes = x.attributes & x.attributes_mask;
     memset(st, 0, sizeof *st);
     st->st_dev = vanish_makedev(x.dev_major, x.dev_minor);
     st->st_ino = x.ino;
@@ -92,8 +96,12 @@ static inline int vanish_stat_birth(int dirfd, const char *path, int flags, stru
     st->st_atim.tv_sec = x.atime.tv_sec; st->st_atim.tv_nsec = x.atime.tv_nsec;
     st->st_mtim.tv_sec = x.mtime.tv_sec; st->st_mtim.tv_nsec = x.mtime.tv_nsec;
     st->st_ctim.tv_sec = x.ctime.tv_sec; st->st_ctim.tv_nsec = x.ctime.tv_nsec;
-    *birth = (x.mask & 0x800u) ? (uint64_t)x.btime.tv_sec * 1000000000u + x.btime.tv_nsec : 0;
+    if (birth) *birth = (x.mask & 0x800u) ? (uint64_t)x.btime.tv_sec * 1000000000u + x.btime.tv_nsec : 0;
     return 0;
+}
+
+static inline int vanish_stat_birth(int dirfd, const char *path, int flags, struct stat *st, uint64_t *birth) {
+    return vanish_statx_stat(dirfd, path, flags, st, birth, NULL);
 }
 
 /* fchmodat2 (Linux 6.6): chmod of the inode behind an O_PATH fd with AT_EMPTY_PATH. */

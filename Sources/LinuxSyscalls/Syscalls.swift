@@ -61,6 +61,19 @@ extension Sys {
         return (st, birth)
     }
 
+    /// `statx(2)` of `name` without following a symlink (of `dirfd` itself
+    /// if `name` is ""): its stat, and whether it is immutable or
+    /// append-only (`chattr +i`, `+a`), which no unlink or rename of it,
+    /// or in it for a directory, gets past, whoever asks. One syscall, as `lstatat`.
+    @inlinable
+    public static func lstatatProtected(_ dirfd: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> (stat, protected: Bool) {
+        var st = stat()
+        var attributes: UInt64 = 0
+        let flags = AT_SYMLINK_NOFOLLOW | (name.pointee == 0 ? VANISH_AT_EMPTY_PATH : 0)
+        _ = try check(vanish_statx_stat(dirfd, name, flags, &st, nil, &attributes))
+        return (st, attributes & 0x30 != 0)
+    }
+
     /// `statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)`, as `lstatatWithBirth`.
     @inlinable
     public static func fstatWithBirth(_ fd: Int32) throws(Errno) -> (stat, UInt64) {

@@ -37,6 +37,8 @@ final class DeferredBurials: @unchecked Sendable {
     struct Ticket {
         let nameHash: UInt64
         let directory: InodeKey
+        /// No other burial was pending in the directory.
+        var first = false
     }
 
     /// An answered unlink waiting in its directory's queue.
@@ -92,10 +94,11 @@ final class DeferredBurials: @unchecked Sendable {
     /// Marks `name` in `dir` as on its way to the graveyard; call before
     /// replying to the unlink, and `queue` or `end` after.
     func begin(_ dir: Inode, _ name: UnsafePointer<CChar>) -> Ticket {
-        let ticket = Ticket(nameHash: Self.hash(dir.key, name), directory: dir.key)
+        var ticket = Ticket(nameHash: Self.hash(dir.key, name), directory: dir.key)
         cond.lock()
         names[ticket.nameHash, default: 0] += 1
         directories[ticket.directory, default: 0] += 1
+        ticket.first = directories[ticket.directory] == 1
         outstanding.add(1, ordering: .releasing)
         cond.unlock()
         return ticket

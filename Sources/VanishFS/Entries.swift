@@ -115,7 +115,10 @@ extension PassthroughFilesystem {
         try checkChangeable(p, name)
         let caller = req.caller
         try fds.withFD(p) { pfd throws(Errno) in
-            let (id, st) = observing ? try idBeforeRemoval(pfd, name) : ("", try Sys.lstatat(pfd, name))
+            let (st, protected) = try Sys.lstatatProtected(pfd, name)
+            // Checked here, not left to the rename: that may come after the reply.
+            if protected { throw .notPermitted }
+            let id = observing ? idBeforeRemoval(pfd, name, st) : ""
             let deferred = try removeFile(parent: p, parentFD: pfd, name: name, st: st, caller: caller)
             if observing { emitDeleted(caller, parent: p, name: name, mode: st.st_mode, id: id, tree: false) }
             req.replyOK()

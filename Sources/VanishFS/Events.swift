@@ -108,8 +108,13 @@ extension PassthroughFilesystem {
     /// mount always is), so most deletes ask the backing filesystem nothing more.
     func idBeforeRemoval(_ dirFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> (String, stat) {
         let st = try Sys.lstatat(dirFD, name)
-        guard let node = table.known(st) else { return (fileID(dirFD, name), st) }
-        return (table.fileID(of: node) { fileID(dirFD, name) }, st)
+        return (idBeforeRemoval(dirFD, name, st), st)
+    }
+
+    /// As above, for an entry already stat'ed.
+    func idBeforeRemoval(_ dirFD: Int32, _ name: UnsafePointer<CChar>, _ st: stat) -> String {
+        guard let node = table.known(st) else { return fileID(dirFD, name) }
+        return table.fileID(of: node) { fileID(dirFD, name) }
     }
 
     /// The file id of a known inode, asked of the backing filesystem once.

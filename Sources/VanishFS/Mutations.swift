@@ -31,7 +31,17 @@ extension PassthroughFilesystem {
         if st.st_nlink > 1 || holdIfOpen(st) {
             try Sys.unlinkat(parentFD, name, 0)
         } else if defersUnlink, let graveyard, st.st_dev == graveyard.device {
-            return DeferredBurial(ticket: burials.begin(parent, name), st: st, inPlace: freesNothing,
+            let ticket = burials.begin(parent, name)
+            // An immutable or append-only directory would refuse the rename
+            // after the reply. Asked when its queue starts, not for every
+            // file: `rm -rf` pays one statx a directory, and a chattr in the
+            // queue's lifetime (a second at most) is no different from one
+            // just after the rename.
+            if ticket.first, (try? Sys.lstatatProtected(parentFD, ""))?.protected == true {
+                burials.end(ticket)
+                throw .notPermitted
+            }
+            return DeferredBurial(ticket: ticket, st: st, inPlace: freesNothing,
                                   record: freesNothing ? nil : trashRecord(st, parent: parent, name: name, caller: caller))
         } else if freesNothing {
             try Sys.unlinkat(parentFD, name, 0)

@@ -227,4 +227,36 @@ struct DeferredUnlinkTests {
             }
         }
     }
+
+    @Test("immutable and append-only files and directories refuse unlink, rename over and rmdir as on a plain directory; nothing is answered and then not done")
+    func protectedEntries() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for chattr")
+        // The flags are set on the backing side: FUSE does not pass chattr's ioctl through.
+        let script = """
+            D=$1; K=$2; cd "$D" || exit 9
+            mkdir a b c d g h h/empty && for f in a/imm b/f c/f d/x d/imm tgt src; do echo "$f" > "$f"; done
+            chattr +i "$K/a/imm" "$K/b" "$K/d/imm" "$K/tgt" "$K/g" "$K/h" && chattr +a "$K/c" || exit 9
+            r() { "$@" 2>/dev/null; echo "$* -> $?"; }
+            r rm a/imm; r rm b/f; r rm c/f; r rm -rf d; r mv -f src tgt; r rmdir g; r rmdir h/empty
+            cat tgt; ls -R a b c d g h
+            """
+        let plain = try makeTempDirectory()
+        defer { _ = try? run(["chattr", "-R", "-i", "-a", plain]); removeTree(plain) }
+        let expected = try run(["/bin/bash", "-c", script, "imm", plain, plain])
+        #expect(expected.ok, "\(expected.stderr)")
+        // Every one of them fails on a plain directory.
+        #expect(expected.stdout.components(separatedBy: "-> 1").count == 8, "\(expected.stdout)")
+        let m = try VanishMount()
+        defer {
+            _ = try? run(["chattr", "-R", "-i", "-a", m.source])
+            m.close()
+        }
+        let got = try run(["/bin/bash", "-c", script, "imm", m.mountpoint, m.source])
+        #expect(got.stdout == expected.stdout)
+        // An unmount lands every answered unlink: none was, so the source holds it all.
+        #expect(try m.unmount() == 0)
+        #expect(try sh("cat tgt; ls -R a b c d g h", cwd: m.source).stdout
+                == (try sh("cat tgt; ls -R a b c d g h", cwd: plain).stdout))
+        #expect(try graveyardCount(m.source) == 0)
+    }
 }
