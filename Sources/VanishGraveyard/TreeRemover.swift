@@ -57,6 +57,7 @@ struct TreeRemover {
             if unlink(parentFD, name, 0) { count(st); removedEntry = true }
             return true
         }
+        makeRemovable(parentFD, name, st)
         let fd: Int32
         do { fd = try Sys.openat(parentFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW) } catch { note(error); return true }
         guard let dp = fdopendir(fd) else {
@@ -110,11 +111,26 @@ struct TreeRemover {
         do {
             shard = try graveyard.bury(dirFD, child, expired: true, named: { piece = String(cString: $0) })
         } catch {
-            if let st = try? Sys.lstatat(dirFD, child), st.st_mode & S_IFMT == S_IFDIR { note(error) }
+            guard let st = try? Sys.lstatat(dirFD, child), st.st_mode & S_IFMT == S_IFDIR else { return false }
+            // Moving a directory rewrites its "..": it must be writable.
+            if error == .permissionDenied && makeRemovable(dirFD, child, st) { return handBack(dirFD, child) }
+            note(error)
             return false
         }
         handedBack(shard, piece, origin)
         return true
+    }
+
+    /// Gives a directory the daemon owns u+rwx if it lacks any of them: a
+    /// read-only tree (Go's module cache, an unpacked archive) is not
+    /// removable even by its owner, and an unprivileged daemon would
+    /// otherwise leave it stuck in the graveyard. It is deleted already;
+    /// only its owner's own mode bits stood in the way (`go clean -modcache`
+    /// does the same). Root is never refused, but may still find modes changed.
+    @discardableResult
+    private func makeRemovable(_ dirFD: Int32, _ name: UnsafePointer<CChar>, _ st: stat) -> Bool {
+        guard st.st_mode & 0o700 != 0o700, st.st_uid == geteuid() else { return false }
+        return fchmodat(dirFD, name, (st.st_mode & 0o7777) | 0o700, 0) == 0
     }
 
     /// Waits for the rate limit and for a pause in requests through the

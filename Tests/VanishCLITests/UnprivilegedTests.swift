@@ -36,6 +36,19 @@ struct UnprivilegedTests {
             """])
         #expect(use.ok, "\(use.stderr)")
         #expect(use.stdout == "2000\n1999\n2\n0\n")
+        // A read-only tree (as Go's module cache is) is not removable even by
+        // its owner: nobody's own reaper frees it all the same.
+        let readOnly = try runAsNobody(["/bin/sh", "-c", """
+            set -e
+            cd \(mnt)
+            mkdir -p cache/ro/sub && echo x > cache/ro/f && echo y > cache/ro/sub/g
+            chmod 000 cache/ro/sub && chmod 555 cache/ro
+            \(binary) rm -r cache
+            timeout 60 \(binary) status --wait . > /dev/null
+            find \(src)/.vanish/graveyard -mindepth 2 | wc -l
+            """])
+        #expect(readOnly.ok, "\(readOnly.stderr)")
+        #expect(readOnly.stdout == "0\n")
         let u = try runAsNobody([binary, "unmount", mnt])
         #expect(u.ok, "\(u.stderr)")
         #expect(mountType(at: mnt) == nil)
