@@ -469,8 +469,9 @@ public final class Reaper: @unchecked Sendable {
     /// but kept off the CPU for most of a second. The idle class is meant to
     /// let a request handler take the CPU at once, not to stop the reaper
     /// while CPU-bound work shares the daemon's scheduling group (a `vanish
-    /// mount -f` in a busy shell): next to four CPU hogs there, freeing
-    /// 20,000 files had not finished after 290 s (26 s lifted). At nice 19
+    /// mount -f` in a busy shell): next to four busy loops there, freeing
+    /// 20,000 files had not finished after 120 s (39 s lifted; see
+    /// benchmarks/reaper_drain.py). At nice 19
     /// the worker still yields to everything at normal priority, and the
     /// foreground gate still spaces its deletions while the mount is busy.
     /// When space runs short or the mount stops serving, every worker
