@@ -574,6 +574,34 @@ def make_repo(cache, files):
 
 # ---------------------------------------------------------------- running
 
+def start_foreground_vanish(binary, src, mnt, options=""):
+    """`vanish mount -f` as a child of this process (so in its session and
+    autogroup); returns the daemon once the mount is up."""
+    cmd = [binary, "mount", "-f"] + (["-o", options] if options else []) + [src, mnt]
+    daemon = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 10
+    while not os.path.ismount(mnt):
+        if daemon.poll() is not None or time.time() > deadline:
+            daemon.kill()
+            sys.exit("vanish did not mount")
+        time.sleep(0.01)
+    return daemon
+
+
+def stop_foreground_vanish(daemon, mnt, terminate=False):
+    """Unmounts and waits for the daemon; `terminate` also sends SIGTERM, so a
+    daemon that stays to finish its graveyard leaves the rest for no one."""
+    subprocess.run(["fusermount3", "-u", mnt], stderr=subprocess.DEVNULL)
+    if terminate:
+        daemon.terminate()
+    try:
+        daemon.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait()
+    subprocess.run(["fusermount3", "-uz", mnt], stderr=subprocess.DEVNULL)
+
+
 def build_vanish():
     """Builds vanish as mount-scripts/install does; returns the binary's path
     (VANISH_BINARY, if set, names one to use instead: for A/B runs)."""

@@ -16,10 +16,9 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 
-from bench import build_vanish, make_tree
+from bench import build_vanish, make_tree, start_foreground_vanish, stop_foreground_vanish
 
 
 def one_round(binary, base, files, hogs, timeout):
@@ -30,14 +29,9 @@ def one_round(binary, base, files, hogs, timeout):
     os.mkdir(f"{src}/tree")
     make_tree(f"{src}/tree", max(1, files // 1000), min(files, 1000))
     subprocess.run(["sync"])
-    daemon = subprocess.Popen([binary, "mount", "-f", src, mnt], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    daemon = start_foreground_vanish(binary, src, mnt)
     busy = []
     try:
-        deadline = time.time() + 10
-        while not os.path.ismount(mnt):
-            if daemon.poll() is not None or time.time() > deadline:
-                sys.exit("vanish did not mount")
-            time.sleep(0.01)
         busy = [subprocess.Popen(["/bin/sh", "-c", "while :; do :; done"]) for _ in range(hogs)]
         start = time.perf_counter()
         subprocess.run([binary, "rm", "-r", f"{mnt}/tree"], check=True)
@@ -50,15 +44,8 @@ def one_round(binary, base, files, hogs, timeout):
         for p in busy:
             p.kill()
             p.wait()
-        # SIGTERM: leave what is left for no one; the directory goes below.
-        subprocess.run(["fusermount3", "-u", mnt], stderr=subprocess.DEVNULL)
-        daemon.terminate()
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-        subprocess.run(["fusermount3", "-uz", mnt], stderr=subprocess.DEVNULL)
+        # An unfinished round's rest goes with the directory, not to a lingering daemon.
+        stop_foreground_vanish(daemon, mnt, terminate=True)
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -16,10 +16,9 @@ import argparse
 import os
 import shutil
 import subprocess
-import sys
 import time
 
-from bench import build_vanish, make_tree, percentile
+from bench import build_vanish, make_tree, percentile, start_foreground_vanish, stop_foreground_vanish
 
 
 def creates(directory, tag, count):
@@ -44,14 +43,8 @@ def main():
     shutil.rmtree(base, ignore_errors=True)
     os.makedirs(src)
     os.makedirs(mnt)
-    cmd = [binary, "mount", "-f"] + (["-o", args.options] if args.options else []) + [src, mnt]
-    daemon = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    daemon = start_foreground_vanish(binary, src, mnt, args.options)
     try:
-        deadline = time.time() + 10
-        while not os.path.ismount(mnt):
-            if daemon.poll() is not None or time.time() > deadline:
-                sys.exit("vanish did not mount")
-            time.sleep(0.01)
         idle, busy, drained_early = [], [], 0
         for r in range(args.rounds):
             os.mkdir(f"{mnt}/probe")
@@ -73,13 +66,7 @@ def main():
             a, b = percentile(idle, q), percentile(busy, q)
             print(f"| p{q} | {a:.0f} µs | {b:.0f} µs | {b / a:.2f}× |")
     finally:
-        subprocess.run(["fusermount3", "-u", mnt], stderr=subprocess.DEVNULL)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-        subprocess.run(["fusermount3", "-uz", mnt], stderr=subprocess.DEVNULL)
+        stop_foreground_vanish(daemon, mnt)
         shutil.rmtree(base, ignore_errors=True)
 
 
