@@ -24,6 +24,14 @@ func freeBytes(_ path: String) -> UInt64 {
     return UInt64(st.f_bavail) * UInt64(st.f_frsize)
 }
 
+/// The schedules of `m`'s reaper workers, once both are in SCHED_IDLE (as
+/// a serving mount puts them): a function, to look again later.
+func idleReapers(_ m: VanishMount) throws -> () -> [(tid: String, name: String, nice: Int, policy: Int)] {
+    let reapers = { threadSchedules(m.pid).filter { $0.name == "vanish-reaper" } }
+    try waitFor("two reaper workers in SCHED_IDLE") { reapers().filter { $0.policy == 5 }.count == 2 }
+    return reapers
+}
+
 /// Makes `count` files of `size` bytes spread over directories under `dir`.
 func makeTree(_ dir: String, files count: Int, size: Int = 100) throws {
     let r = try run(["python3", "-c", """
@@ -364,8 +372,7 @@ struct GraveyardTests {
         let m = try VanishMount(options: ["reap_rate=500", "reapers=2"],
                                 prepare: { src in try makeTree(src + "/tree", files: 4_000) })
         defer { m.close() }
-        let reapers = { threadSchedules(m.pid).filter { $0.name == "vanish-reaper" } }
-        try waitFor("two reaper workers in SCHED_IDLE") { reapers().filter { $0.policy == 5 }.count == 2 }
+        let reapers = try idleReapers(m)
         #expect(try run([vanishBinary, "rm", "-r", m.path("tree")]).ok)
         // About 8 s of reaping at 500 files/s remain after the unmount; a
         // worker ends when nothing is left for it.
@@ -423,8 +430,7 @@ struct GraveyardTests {
         let m = try VanishMount(options: ["reap_rate=500", "reapers=2"],
                                 prepare: { src in try makeTree(src + "/tree", files: 4_000) })
         defer { m.close() }
-        let reapers = { threadSchedules(m.pid).filter { $0.name == "vanish-reaper" } }
-        try waitFor("two reaper workers in SCHED_IDLE") { reapers().filter { $0.policy == 5 }.count == 2 }
+        let reapers = try idleReapers(m)
         // Busy loops in the daemon's session (so its autogroup), one per core:
         // an idle-class thread there gets next to no CPU.
         var hogs: [pid_t] = []
