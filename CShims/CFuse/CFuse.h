@@ -182,6 +182,9 @@ static inline int vanish_reply_fd_data(fuse_req_t req, int fd, off_t offset, siz
     return fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
 }
 
+/// fcntl(F_SETPIPE_SZ): resizes a pipe; returns its new capacity or -1.
+static inline int vanish_pipe_resize(int fd, int bytes) { return fcntl(fd, 1024 + 7, bytes); }
+
 /// Copies the request's buffer (memory or pipe) into `fd` at `offset`;
 /// returns bytes written or -errno.
 static inline ssize_t vanish_write_buf_to_fd(struct fuse_bufvec *in, int fd, off_t offset) {

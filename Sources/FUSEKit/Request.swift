@@ -59,8 +59,10 @@ public struct Request: @unchecked Sendable {
 
     /// Replies with `size` bytes of `fd` from `offset`; libfuse splices them
     /// to the kernel when it can, so they never pass through user memory.
-    @inlinable
+    /// A read too large for its pipe goes through a reused buffer instead
+    /// (`LargeReads`).
     public func replyData(fd: Int32, offset: off_t, size: Int) {
+        if size > LargeReads.spliceLimit, LargeReads.reply(raw, fd: fd, offset: offset, size: size) { return }
         _ = vanish_reply_fd_data(raw, fd, offset, size)
     }
 

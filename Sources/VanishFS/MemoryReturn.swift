@@ -1,4 +1,5 @@
 import CFuse
+import FUSEKit
 import Glibc
 import LinuxSyscalls
 
@@ -10,7 +11,8 @@ import LinuxSyscalls
 // to a plateau near 200 MB over more rounds); with this, 13 MB.
 extension PassthroughFilesystem {
     /// Starts the thread that gives that memory back once the mount is
-    /// quiet after the kernel has let go of at least 10,000 inodes.
+    /// quiet after the kernel has let go of at least 10,000 inodes (and the
+    /// buffers kept for large reads whenever it is quiet).
     /// `requests` is any number that moves with each request.
     public func startMemoryReturn(requests: @escaping @Sendable () -> UInt64) {
         let table = self.table
@@ -24,7 +26,9 @@ extension PassthroughFilesystem {
                 // malloc_trim takes each arena's lock in turn, and rebuilding
                 // the map holds the table's: only when few requests come (a
                 // mount that is never quiet keeps its memory for its next burst).
-                guard now &- last < 200, table.shrinkage >= 10_000 else { continue }
+                guard now &- last < 200 else { continue }
+                LargeReads.releaseIdle()
+                guard table.shrinkage >= 10_000 else { continue }
                 table.compact()
                 Heap.trim()
             }
