@@ -142,7 +142,9 @@ public final class Journal: @unchecked Sendable {
         var incoming = ByteBuffer(capacity: 64 << 10)
         var lines = EventLine()
         while true {
-            if wakeWriter.wait(timeout: .now() + .seconds(1)) == .success && !isClosing {
+            // Appends wake the writer; the timeout only runs the age limit
+            // (days), so an idle mount's writer sleeps a minute at a time.
+            if wakeWriter.wait(timeout: .now() + .seconds(60)) == .success && !isClosing {
                 // Let a burst gather: one write and one wakeup of the readers
                 // per few milliseconds, not one per event (that cost handlers
                 // a semaphore post and a context switch each).

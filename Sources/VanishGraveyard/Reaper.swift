@@ -97,6 +97,17 @@ public final class Reaper: @unchecked Sendable {
     private let stuckCount = Atomic<Int>(0)
     /// How long a stuck entry waits before it is tried again while the mount serves.
     static let stuckRetry: UInt64 = 60_000_000_000
+    /// How often a worker without an undo window looks through all of its
+    /// shards, burials or not: a guard against the unforeseen. What it
+    /// knows to look at again (an entry a restore held, a stuck entry's
+    /// retry) sets an earlier time. It used to be every 2 s, so an idle
+    /// mount's workers each opened and read their 16 shards that often.
+    static let rescanInterval: UInt64 = 60_000_000_000
+    /// How soon an entry a restore held is looked at again.
+    static let heldRetry: UInt64 = 1_000_000_000
+    /// Set while the watchdog sleeps because every worker does: the first
+    /// worker to wake wakes it.
+    private let watchParked = Atomic<Bool>(false)
     /// How many requests the mount has begun to serve (any number that
     /// changes with each request); the workers step aside while it moves.
     /// Set before `start`; nil when nothing is mounted (`vanish reap`).
@@ -240,7 +251,7 @@ public final class Reaper: @unchecked Sendable {
         reschedule()
         let mineMask = stride(from: index, to: Graveyard.shardCount, by: workerCount)
             .reduce(UInt64(0)) { $0 | 1 << UInt64($1) }
-        var lastFullScan = Sys.wallClockNow()
+        var nextFullScan = Sys.wallClockNow() &+ Self.rescanInterval
         while true {
             let state = stopState.load(ordering: .relaxed)
             if state == Stop.now.rawValue { return }
@@ -258,10 +269,9 @@ public final class Reaper: @unchecked Sendable {
                 shards = mineMask
             } else {
                 shards = dirty.bitwiseAnd(~mineMask, ordering: .sequentiallyConsistent).oldValue & mineMask
-                // Entries a restore held or an error left behind: look at everything now and then,
-                // even when burials never let this worker sleep out its timeout.
+                // Checked even when burials never let this worker sleep out its timeout.
                 let now = Sys.wallClockNow()
-                if now &- lastFullScan > 2_000_000_000 { shards = mineMask; lastFullScan = now }
+                if now >= nextFullScan { shards = mineMask; nextFullScan = now &+ Self.rescanInterval }
             }
             while shards != 0 {
                 let shard = shards.trailingZeroBitCount
@@ -269,19 +279,24 @@ public final class Reaper: @unchecked Sendable {
                 found += reap(graveyard.shardFDs[shard], nextDue: &nextDue)
                 if stopState.load(ordering: .relaxed) == Stop.now.rawValue { return }
             }
+            // Held and stuck entries set nextDue to when to look at them again.
+            if !keeps { nextFullScan = min(nextFullScan, nextDue) }
             if found > 0 { continue }
             if stopState.load(ordering: .relaxed) == Stop.whenEmpty.rawValue { return }
             // Announce being idle, then look once more: whoever buries after this
             // sees the bit and signals; whoever buried before, we see here.
             let bit: UInt64 = 1 << UInt64(index)
-            // Out of work: the next busy spell starts in the idle class again.
+            // Out of work: the next busy spell starts in the idle class again
+            // (set now: the worker may sleep for many seconds).
             me.lifted.store(false, ordering: .relaxed)
+            reschedule()
             idleMask.bitwiseOr(bit, ordering: .sequentiallyConsistent)
             var woken = false
             if generation == seen {
-                woken = wakeups[index].wait(timeout: sleepUntil(nextDue)) == .success
+                woken = wakeups[index].wait(timeout: sleepUntil(keeps ? nextDue : nextFullScan)) == .success
             }
             idleMask.bitwiseAnd(~bit, ordering: .sequentiallyConsistent)
+            if watchParked.load(ordering: .sequentiallyConsistent) { watchdogWakeup.signal() }
             if woken && !keeps && stopState.load(ordering: .relaxed) == Stop.running.rawValue {
                 // Let deletions gather: a program unlinking one file after another
                 // then costs one wakeup and one shard scan per 10 ms, not per file.
@@ -290,10 +305,10 @@ public final class Reaper: @unchecked Sendable {
         }
     }
 
-    /// Without a window, wakeups come from noteBuried and the timeout only
-    /// guards against the unforeseen; with one, the next entry's window end.
+    /// Until `nextDue` (wall clock, ns). Without a window, wakeups come from
+    /// noteBuried, and `nextDue` is the next full scan; with one, the next
+    /// entry's window end.
     private func sleepUntil(_ nextDue: UInt64) -> DispatchTime {
-        guard keeps else { return .now() + .seconds(2) }
         // Nothing waiting: whatever is buried from now on is due a window later at the earliest.
         let now = Sys.wallClockNow()
         let due = nextDue == .max ? now &+ policy.keep : nextDue
@@ -334,10 +349,14 @@ public final class Reaper: @unchecked Sendable {
             let name = vanish_dirent_name(d)!
             if name[0] == 0x2E { continue }
             if keeps && !isDue(Graveyard.deletionTime(name) ?? 0, now: now, nextDue: &nextDue) { continue }
-            if stuckCount.load(ordering: .relaxed) > 0 && isStuck(name) { continue }
+            if stuckCount.load(ordering: .relaxed) > 0 && isStuck(name, nextDue: &nextDue) { continue }
             var restorable = false
-            // A restore holds it: leave it alone.
-            guard graveyard.trash.claimForReaping(name, had: &restorable) else { continue }
+            // A restore holds it: leave it alone, and look again soon (a
+            // failed restore puts it back without a burial to wake anyone).
+            guard graveyard.trash.claimForReaping(name, had: &restorable) else {
+                nextDue = min(nextDue, Sys.wallClockNow() &+ Self.heldRetry)
+                continue
+            }
             found += 1
             let entry = onReaped == nil ? nil : String(cString: name)
             remover.origin = entry.flatMap { origin(of: $0, isPiece: Graveyard.deletionTime(name) == 0) }
@@ -356,6 +375,7 @@ public final class Reaper: @unchecked Sendable {
                 // Not work done: a pass that found only this must let its worker rest.
                 found -= 1
                 stick(name, shard: shard, failure)
+                nextDue = min(nextDue, Sys.wallClockNow() &+ Self.stuckRetry)
             }
             if done && restorable { graveyard.removeSidecar(dirfd(dp), name) }
             remover.files = 0
@@ -366,15 +386,16 @@ public final class Reaper: @unchecked Sendable {
     }
 
     /// Whether `name` is a stuck entry to leave alone for now: until its
-    /// retry time, and for good once the reaper is finishing (it waits for
-    /// the next mount or `vanish reap`).
-    private func isStuck(_ name: UnsafePointer<CChar>) -> Bool {
-        let finishing = stopState.load(ordering: .relaxed) != Stop.running.rawValue
+    /// retry time (which then bounds `nextDue`, wall clock), and for good
+    /// once the reaper is finishing (it waits for the next mount or `vanish reap`).
+    private func isStuck(_ name: UnsafePointer<CChar>, nextDue: inout UInt64) -> Bool {
+        let retryAt: UInt64? = stuck.withLock { m in m[String(cString: name)]?.retryAt }
+        guard let retryAt else { return false }
+        if stopState.load(ordering: .relaxed) != Stop.running.rawValue { return true }
         let now = Condition.now()
-        return stuck.withLock { m in
-            guard let e = m[String(cString: name)] else { return false }
-            return finishing || now < e.retryAt
-        }
+        guard now < retryAt else { return false }
+        nextDue = min(nextDue, Sys.wallClockNow() &+ (retryAt &- now))
+        return true
     }
 
     /// Whether `name` may still be in `dirFD`: anything but ENOENT says so
@@ -479,7 +500,20 @@ public final class Reaper: @unchecked Sendable {
     private func watch() {
         var last = [UInt64?](repeating: nil, count: workerCount)
         var lastTime = Condition.now()
+        let all: UInt64 = workerCount >= 64 ? ~0 : (1 << UInt64(workerCount)) - 1
         while stopState.load(ordering: .relaxed) == Stop.running.rawValue {
+            // Nothing to watch while every worker sleeps: sleep too, until one
+            // wakes (it sees the flag) or the reaper stops. Flag first, then
+            // look, as the workers clear their bit, then look at the flag.
+            watchParked.store(true, ordering: .sequentiallyConsistent)
+            if idleMask.load(ordering: .sequentiallyConsistent) == all {
+                watchdogWakeup.wait()
+                watchParked.store(false, ordering: .sequentiallyConsistent)
+                last = last.map { _ in nil }
+                lastTime = Condition.now()
+                continue
+            }
+            watchParked.store(false, ordering: .sequentiallyConsistent)
             _ = watchdogWakeup.wait(timeout: .now() + .seconds(1))
             let now = Condition.now()
             let elapsed = now &- lastTime

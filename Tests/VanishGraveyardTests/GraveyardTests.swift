@@ -455,6 +455,49 @@ struct GraveyardTests {
         // Out of work, a worker's next busy spell starts in the idle class again.
         try waitFor("both workers back in SCHED_IDLE") { reapers().filter { $0.policy == 5 }.count == 2 }
     }
+
+    @Test("an idle mount's reaper, watchdog and event writer sleep until there is work, and then wake for it")
+    func idleThreadsSleep() throws {
+        try withVanishMount(prepare: { src in try makeTree(src + "/tree", files: 100) }) { m in
+            #expect(try run([vanishBinary, "rm", "-r", m.path("tree")]).ok)
+            try waitForReaper(m)
+            /// Times each of those threads went to sleep so far, by thread id.
+            func sleeps() throws -> [String: Int] {
+                var out: [String: Int] = [:]
+                for t in try FileManager.default.contentsOfDirectory(atPath: "/proc/\(m.pid)/task") {
+                    let dir = "/proc/\(m.pid)/task/\(t)"
+                    let name = try String(contentsOfFile: dir + "/comm", encoding: .utf8)
+                    guard ["vanish-reaper\n", "vanish-watch\n", "vanish-journal\n"].contains(name) else { continue }
+                    let status = try String(contentsOfFile: dir + "/status", encoding: .utf8)
+                    let line = status.split(separator: "\n").first { $0.hasPrefix("voluntary_ctxt_switches:") }!
+                    out[name.dropLast() + " " + t] = Int(line.split(separator: "\t").last!)!
+                }
+                return out
+            }
+            // Settled: both workers asleep in the idle class, the mount event
+            // written, and the watchdog past its last one-second look.
+            _ = try idleReapers(m)
+            try waitFor("a second and more without a wakeup") {
+                let first = try sleeps()
+                usleep(1_200_000)
+                return try sleeps() == first
+            }
+            let before = try sleeps()
+            #expect(before.count == 4, "\(before)")
+            // Nothing to wait for here: the point is that nothing happens. The
+            // workers used to look through their shards every 2 s, the
+            // watchdog and the writer woke every second.
+            usleep(3_000_000)
+            let after = try sleeps()
+            for (thread, count) in before {
+                #expect(after[thread] == count, "\(thread) woke \((after[thread] ?? 0) - count) times while idle")
+            }
+            // And work still wakes them.
+            #expect(try sh("echo x > f && rm f", cwd: m.mountpoint).ok)
+            try waitForReaper(m)
+            #expect(try graveyardCount(m.source) == 0)
+        }
+    }
 }
 
 /// SIGKILL at random points during deletes and reaping: nothing that was not
