@@ -54,6 +54,11 @@ public struct FilesystemOptions: Sendable {
     public var deferUnlink = true
     /// The undo window, its limits, and the reaper's rate.
     public var reaping = Reaper.Policy()
+    /// How far ahead (KiB) the kernel may read a file read in order: what
+    /// the INIT reply offers. The kernel takes the lower of this and the
+    /// mount's own limit, which starts at 128 KiB; `vanish mount` raises
+    /// that (see Readahead).
+    public var readaheadKB = 1024
 
     public init() {}
 

@@ -90,6 +90,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         if options.writeback && capable & UInt32(FUSE_CAP_WRITEBACK_CACHE) != 0 {
             conn.pointee.want |= UInt32(FUSE_CAP_WRITEBACK_CACHE)
         }
+        conn.pointee.max_readahead = UInt32(options.readaheadKB * 1024)
         // Move data between the backing file and /dev/fuse through pipes
         // instead of copying it through our memory (as passthrough_hp does).
         for cap in [FUSE_CAP_SPLICE_WRITE, FUSE_CAP_SPLICE_MOVE, FUSE_CAP_SPLICE_READ] {

@@ -155,6 +155,7 @@ struct MountCommand: ParsableCommand {
         } catch {
             throw RuntimeError("mounting \(src) on \(mnt) failed; see libfuse's message above")
         }
+        Readahead.apply(kb: parsed.filesystem.readaheadKB, at: mnt, explicit: parsed.readaheadGiven, log: log)
         let notifier = session.notifier
         fs.setEntryInvalidator { parent, name in
             name.withUnsafeBufferPointer {

@@ -11,12 +11,14 @@ struct MountOptionList {
     /// Record every change in the event journal (`vanish events`).
     var events = true
     var journalLimits = Journal.Limits()
+    /// `-o readahead=` was given (worth a warning if it cannot be set).
+    var readaheadGiven = false
     var fuse: [String] = []
 
     /// Keys Vanish takes itself; everything else goes to libfuse.
     static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache", "reapers",
                                        "keep", "keep_max_bytes", "keep_min_free", "reap_rate", "reap_yield", "noevents",
-                                       "events_max_bytes", "sync_unlink", "readdirplus"]
+                                       "events_max_bytes", "sync_unlink", "readdirplus", "readahead"]
 
     init(_ lists: [String]) throws {
         for list in lists {
@@ -79,6 +81,12 @@ struct MountOptionList {
                         throw ValidationError("-o events_max_bytes= takes a size of at least 1M")
                     }
                     journalLimits.maxBytes = n
+                case "readahead":
+                    guard let v = value, let n = Int(v), (0...65_536).contains(n) else {
+                        throw ValidationError("-o readahead= takes a number of KiB from 0 to 65536")
+                    }
+                    filesystem.readaheadKB = n
+                    readaheadGiven = true
                 case "clone_fd": cloneFD = true
                 case "writeback": filesystem.writeback = true
                 case "sync_unlink": filesystem.deferUnlink = false

@@ -48,18 +48,19 @@ enum MountPaths {
         return ValidationError("\(what) \(path): \(String(cString: strerror(e)))")
     }
 
-    /// Every mount this process sees, in mount order: (mountpoint, fstype).
-    static func mounts() -> [(point: String, type: String)] {
+    /// Every mount this process sees, in mount order: (mountpoint, fstype,
+    /// device as major:minor).
+    static func mounts() -> [(point: String, type: String, device: String)] {
         guard let f = fopen("/proc/self/mountinfo", "r") else { return [] }
         defer { fclose(f) }
-        var out: [(String, String)] = []
+        var out: [(String, String, String)] = []
         var line: UnsafeMutablePointer<CChar>?
         var cap = 0
         while getline(&line, &cap, f) > 0 {
             let fields = String(cString: line!).split(separator: " ")
             // id parent major:minor root mountpoint opts [optional...] - fstype source superopts
             guard fields.count > 7, let dash = fields.firstIndex(of: "-"), dash + 1 < fields.count else { continue }
-            out.append((unescape(String(fields[4])), String(fields[dash + 1])))
+            out.append((unescape(String(fields[4])), String(fields[dash + 1]), String(fields[2])))
         }
         free(line)
         return out
@@ -71,8 +72,8 @@ enum MountPaths {
     }
 
     /// The innermost mount that holds `path` (the longest mountpoint that is a prefix of it).
-    static func mount(containing path: String) -> (point: String, type: String)? {
-        var best: (point: String, type: String)?
+    static func mount(containing path: String) -> (point: String, type: String, device: String)? {
+        var best: (point: String, type: String, device: String)?
         for m in mounts() {
             let inside = path == m.point || m.point == "/" || path.hasPrefix(m.point + "/")
             if inside && m.point.count >= (best?.point.count ?? -1) { best = m }

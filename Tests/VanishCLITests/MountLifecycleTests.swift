@@ -157,6 +157,20 @@ struct MountLifecycleTests {
             #expect(line?.hasPrefix("\(m.source) \(m.mountpoint) fuse.vanish ") == true)
         }
     }
+
+    @Test("the kernel reads ahead 1 MiB by default (FUSE's own is 128 KiB); -o readahead= sets it",
+          arguments: [(nil, "1024\n"), ("readahead=256", "256\n"), ("readahead=0", "0\n")])
+    func readahead(_ option: String?, _ expected: String) throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root to set a mount's readahead")
+        try withVanishMount(options: option.map { [$0] } ?? [], prepare: { src in
+            try sh("head -c 3000000 /dev/urandom > f", cwd: src)
+        }) { m in
+            let device = try run(["mountpoint", "-d", m.mountpoint]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+            let kb = try String(contentsOfFile: "/sys/class/bdi/\(device)/read_ahead_kb", encoding: .utf8)
+            #expect(kb == expected, "\(device)")
+            #expect(try sh("cmp f \(m.backing("f")) && echo same", cwd: m.mountpoint).stdout == "same\n")
+        }
+    }
 }
 
 @Suite("argument errors")
@@ -165,6 +179,7 @@ struct ArgumentErrorTests {
         (["mount", "/nonexistent-vanish-src", "/tmp"], "/nonexistent-vanish-src"),
         (["mount", "-o", "cache=sometimes", "/tmp", "/tmp"], "cache="),
         (["mount", "-o", "readdirplus=sometimes", "/tmp", "/tmp"], "readdirplus="),
+        (["mount", "-o", "readahead=lots", "/tmp", "/tmp"], "readahead="),
         (["mount", "--threads", "0", "/tmp"], "--threads"),
         (["mount", "-o", "no_default_permissions", "/tmp"], "permissions"),
         (["unmount", "/tmp"], "not a mountpoint"),
