@@ -182,6 +182,9 @@ static inline int vanish_reply_fd_data(fuse_req_t req, int fd, off_t offset, siz
     return fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
 }
 
+/// pipe2(O_CLOEXEC).
+static inline int vanish_pipe_cloexec(int fds[2]) { return (int)syscall(SYS_pipe2, fds, O_CLOEXEC); }
+
 /// fcntl(F_SETPIPE_SZ): resizes a pipe; returns its new capacity or -1.
 static inline int vanish_pipe_resize(int fd, int bytes) { return fcntl(fd, 1024 + 7, bytes); }
 

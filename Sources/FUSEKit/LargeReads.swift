@@ -18,7 +18,7 @@ public enum LargeReads {
     /// pipe must hold the data plus three pages and the 16-byte header.
     static let spliceLimit: Int = {
         var fds: [Int32] = [-1, -1]
-        guard pipe(&fds) == 0 else { return 0 }
+        guard vanish_pipe_cloexec(&fds) == 0 else { return 0 }
         defer { close(fds[0]); close(fds[1]) }
         let overhead = 3 * Int(getpagesize()) + 16
         // 2 MiB covers any read the kernel sends (256 pages at most).

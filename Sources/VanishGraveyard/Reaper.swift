@@ -211,9 +211,11 @@ public final class Reaper: @unchecked Sendable {
     /// worker is moving from one shard to another.)
     public var isIdle: Bool {
         guard started.load(ordering: .relaxed) else { return true }
-        let all: UInt64 = workerCount >= 64 ? ~0 : (1 << UInt64(workerCount)) - 1
-        return idleMask.load(ordering: .sequentiallyConsistent) == all
+        return idleMask.load(ordering: .sequentiallyConsistent) == allWorkers
     }
+
+    /// `idleMask` with every worker asleep.
+    private var allWorkers: UInt64 { workerCount >= 64 ? ~0 : (1 << UInt64(workerCount)) - 1 }
 
     /// Entries in the graveyard now (a directory scan: for status, not the hot path).
     public func pendingEntries() -> Int {
@@ -500,13 +502,12 @@ public final class Reaper: @unchecked Sendable {
     private func watch() {
         var last = [UInt64?](repeating: nil, count: workerCount)
         var lastTime = Condition.now()
-        let all: UInt64 = workerCount >= 64 ? ~0 : (1 << UInt64(workerCount)) - 1
         while stopState.load(ordering: .relaxed) == Stop.running.rawValue {
             // Nothing to watch while every worker sleeps: sleep too, until one
             // wakes (it sees the flag) or the reaper stops. Flag first, then
             // look, as the workers clear their bit, then look at the flag.
             watchParked.store(true, ordering: .sequentiallyConsistent)
-            if idleMask.load(ordering: .sequentiallyConsistent) == all {
+            if idleMask.load(ordering: .sequentiallyConsistent) == allWorkers {
                 watchdogWakeup.wait()
                 watchParked.store(false, ordering: .sequentiallyConsistent)
                 last = last.map { _ in nil }
