@@ -767,7 +767,8 @@ def machine_facts(base_dir, ramdisk=None):
         fstype += f" (fresh, on a loop device over {ramdisk.image}: RAM, no disk)"
     return {"kernel": platform.release(), "cpu": cpu, "cores": os.cpu_count(),
             "memory_gib": round(int(mem) / 2**20), "backing_fs": fstype, "backing_dir": base_dir,
-            "libfuse": sh(["pkg-config", "--modversion", "fuse3"], capture_output=True, text=True).stdout.strip()}
+            "libfuse": sh(["pkg-config", "--modversion", "fuse3"], capture_output=True, text=True).stdout.strip(),
+            "page_reporting_held_off": os.path.exists(PageReportingOff.PATH)}
 
 
 def main():
@@ -794,12 +795,44 @@ def main():
     os.makedirs(args.dir, exist_ok=True)
     cache = os.path.join(args.dir, "cache")
     os.makedirs(cache, exist_ok=True)
-    if args.ramdisk:
-        # Room for the full run's 10 GiB unlink (fallocated, so nearly free) and its trees.
-        with RamDisk(args.ramdisk, 16 if args.quick else 32) as disk:
-            run_all(args, runs, disk.mountpoint, cache, ramdisk=disk)
-    else:
-        run_all(args, runs, args.dir, cache)
+    with PageReportingOff():
+        if args.ramdisk:
+            # Room for the full run's 10 GiB unlink (fallocated, so nearly free) and its trees.
+            with RamDisk(args.ramdisk, 16 if args.quick else 32) as disk:
+                run_all(args, runs, disk.mountpoint, cache, ramdisk=disk)
+        else:
+            run_all(args, runs, args.dir, cache)
+
+
+class PageReportingOff:
+    """Holds a VM's free page reporting off for the run (restored after).
+
+    With virtio_balloon's free page reporting, memory that stays free for
+    about 2 s is handed back to the host, and whatever the guest runs while
+    that happens slows down: after one run freed its 256 MiB page cache,
+    the next cold 256 MiB read took 35 ms or 560 ms natively depending on
+    whether the reporting overlapped it, and likewise for every peer that
+    reads through the page cache, so a figure said more about the order of
+    the peers than about them. Free blocks are reported from
+    page_reporting_order up; past the largest order there are none."""
+    PATH = "/sys/module/page_reporting/parameters/page_reporting_order"
+
+    def __enter__(self):
+        self.saved = None
+        try:
+            with open(self.PATH) as f:
+                saved = f.read().strip()
+            with open(self.PATH, "w") as f:
+                f.write("11\n")
+            self.saved = saved
+        except OSError:
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            with open(self.PATH, "w") as f:
+                f.write(self.saved + "\n")
 
 
 def run_all(args, runs, base_dir, cache, ramdisk=None):
@@ -847,6 +880,7 @@ def markdown(results, names, vanish_names=()):
     lines = [f"{results['mode']} run, median of {results['runs']} (min–max); ratio to native / to passthrough_ll. "
              f"{m['cores']} cores, {m['memory_gib']} GiB, kernel {m['kernel']}, backing {m['backing_fs']}, "
              f"libfuse {m['libfuse']}."
+             + (" The VM's free page reporting held off." if m.get("page_reporting_held_off") else "")
              + (f" Vanish mounted with -o {results['vanish_options']}." if results.get("vanish_options") else ""), "",
              "| workload | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for row in results["workloads"]:
