@@ -1,5 +1,6 @@
 import CFuse
 import Glibc
+import LinuxSyscalls
 import Synchronization
 
 /// Reads too large for libfuse to splice, answered from reused buffers.
@@ -11,7 +12,7 @@ import Synchronization
 /// iflag=direct` sends them) never fit: libfuse then maps a fresh 1 MiB
 /// buffer for each, faults in its 256 pages and unmaps it (the daemon's
 /// fixed mmap threshold keeps glibc from recycling it). That made O_DIRECT
-/// reads 1.2–2.9× passthrough_ll's. Here such a read is a pread into a
+/// reads up to 2.5× passthrough_ll's. Here such a read is a pread into a
 /// buffer kept from the last one and one reply.
 public enum LargeReads {
     /// The largest read libfuse can splice in this process: its per-thread
@@ -21,26 +22,15 @@ public enum LargeReads {
         guard vanish_pipe_cloexec(&fds) == 0 else { return 0 }
         defer { close(fds[0]); close(fds[1]) }
         let overhead = 3 * Int(getpagesize()) + 16
-        // 2 MiB covers any read the kernel sends (256 pages at most).
+        // 2 MiB covers any read the kernel sends (256 pages at most); else
+        // libfuse grows its pipes to pipe-max-size.
         var capacity = Int(vanish_pipe_resize(fds[0], 2 << 20))
-        if capacity < 0 { capacity = Int(vanish_pipe_resize(fds[0], Int32(pipeMaxSize()))) }
+        if capacity < 0 {
+            let most = Sys.readNumber(atPath: "/proc/sys/fs/pipe-max-size") ?? 1 << 20
+            capacity = Int(vanish_pipe_resize(fds[0], Int32(clamping: most)))
+        }
         return max(0, capacity - overhead)
     }()
-
-    /// `/proc/sys/fs/pipe-max-size`, where libfuse stops growing its pipes.
-    private static func pipeMaxSize() -> Int {
-        let fd = open("/proc/sys/fs/pipe-max-size", O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return 1 << 20 }
-        defer { close(fd) }
-        var text = [UInt8](repeating: 0, count: 24)
-        let n = read(fd, &text, text.count)
-        var value = 0
-        for c in text.prefix(max(0, n)) {
-            guard c >= 48 && c <= 57 else { break }
-            value = value * 10 + Int(c - 48)
-        }
-        return value > 0 ? value : 1 << 20
-    }
 
     static let buffers = BufferPool(size: 1 << 20, keep: 4)
 
@@ -49,8 +39,9 @@ public enum LargeReads {
     public static func releaseIdle() { buffers.releaseIdle() }
 
     /// Reads up to `size` bytes of `fd` at `offset` into a pooled buffer and
-    /// replies with them; false if `size` is over the pool's buffer size
-    /// (the caller lets libfuse do it).
+    /// replies with them; false, with nothing sent, if `size` is over the
+    /// pool's buffer size or no buffer could be mapped (the caller lets
+    /// libfuse answer).
     static func reply(_ req: fuse_req_t, fd: Int32, offset: off_t, size: Int) -> Bool {
         guard size <= buffers.size, let buffer = buffers.take() else { return false }
         defer { buffers.give(buffer) }

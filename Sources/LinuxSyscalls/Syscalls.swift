@@ -350,3 +350,22 @@ extension Sys {
         return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
     }
 }
+
+extension Sys {
+    /// The number at the start of a small file such as a /proc/sys or /sys
+    /// setting (`open`, `read`, `close`); nil if it cannot be read or does
+    /// not start with a digit.
+    public static func readNumber(atPath path: String) -> Int? {
+        let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { Glibc.close(fd) }
+        var text = [UInt8](repeating: 0, count: 32)
+        let n = Glibc.read(fd, &text, text.count)
+        var value: Int?
+        for c in text.prefix(max(0, n)) {
+            guard c >= 48 && c <= 57 else { break }
+            value = (value ?? 0) * 10 + Int(c - 48)
+        }
+        return value
+    }
+}

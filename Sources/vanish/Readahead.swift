@@ -1,4 +1,5 @@
 import Glibc
+import LinuxSyscalls
 import Logging
 
 /// The kernel's readahead for the mount: how far ahead it asks the daemon
@@ -13,11 +14,14 @@ import Logging
 /// reads did not change.
 enum Readahead {
     /// Sets the readahead of the mount at `mountpoint` (just made: the last
-    /// one stacked there). Only a value asked for explicitly is worth a
-    /// warning when it cannot be set.
+    /// one stacked there). Only a raise asked for explicitly is worth a
+    /// warning when it cannot be set: a lower value needs no write, the
+    /// INIT reply lowers it.
     static func apply(kb: Int, at mountpoint: String, explicit: Bool, log: Logger) {
         guard let device = MountPaths.mounts().last(where: { $0.point == mountpoint })?.device else { return }
         let path = "/sys/class/bdi/\(device)/read_ahead_kb"
+        let current = Sys.readNumber(atPath: path)
+        if let current, kb <= current { return }
         let fd = open(path, O_WRONLY | O_CLOEXEC)
         var failure = fd < 0 ? errno : 0
         if fd >= 0 {
@@ -26,7 +30,7 @@ enum Readahead {
             close(fd)
         }
         if failure != 0 {
-            let message: Logger.Message = "readahead stays at the kernel's default: cannot write \(path)"
+            let message: Logger.Message = "readahead stays at \(current.map { "\($0)" } ?? "the kernel's") KiB: cannot write \(path)"
             let metadata: Logger.Metadata = ["error": "\(String(cString: strerror(failure)))"]
             if explicit { log.warning(message, metadata: metadata) } else { log.debug(message, metadata: metadata) }
         }
