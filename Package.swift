@@ -26,6 +26,14 @@ let package = Package(
             pkgConfig: "fuse3",
             providers: [.apt(["libfuse3-dev"])]
         ),
+        // The layer between libfuse and /dev/fuse that negotiates what libfuse 3.14
+        // does not know (passthrough, parallel dirops, killpriv v2).
+        .target(
+            name: "CFuseTransport",
+            dependencies: ["CFuse"],
+            path: "CShims/CFuseTransport",
+            cSettings: [.define("_GNU_SOURCE")]
+        ),
         // Typed wrappers over the Linux system calls the filesystem makes.
         .target(
             name: "LinuxSyscalls",
@@ -35,7 +43,7 @@ let package = Package(
         // The Swift face of libfuse's session, request and reply API.
         .target(
             name: "FUSEKit",
-            dependencies: ["CFuse", "LinuxSyscalls"],
+            dependencies: ["CFuse", "CFuseTransport", "LinuxSyscalls"],
             swiftSettings: strict
         ),
         // Instant delete: the graveyard on the backing filesystem and the reaper that empties it.

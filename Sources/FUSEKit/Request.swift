@@ -1,4 +1,5 @@
 import CFuse
+import CFuseTransport
 import Glibc
 import SystemPackage
 
@@ -46,6 +47,22 @@ public struct Request: @unchecked Sendable {
     /// `fuse_reply_open`.
     @inlinable
     public func reply(open fi: UnsafePointer<fuse_file_info>) { _ = fuse_reply_open(raw, fi) }
+
+    /// `fuse_reply_open`, passthrough to `backing` (a `BackingFiles` id) when
+    /// above 0. Returns libfuse's result: -ENOENT when the open was
+    /// interrupted and the kernel did not take the handle.
+    @inlinable
+    @discardableResult
+    public func reply(open fi: UnsafePointer<fuse_file_info>, backing: Int32) -> Int32 {
+        vanish_reply_open_backing(raw, fi, backing)
+    }
+
+    /// `fuse_reply_create`, passthrough to `backing` when above 0; returns as `reply(open:backing:)`.
+    @inlinable
+    @discardableResult
+    public func reply(created entry: inout fuse_entry_param, _ fi: UnsafePointer<fuse_file_info>, backing: Int32) -> Int32 {
+        vanish_reply_create_backing(raw, &entry, fi, backing)
+    }
 
     /// `fuse_reply_readlink`.
     @inlinable

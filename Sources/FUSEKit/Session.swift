@@ -1,4 +1,5 @@
 import CFuse
+import CFuseTransport
 import Glibc
 import SystemPackage
 
@@ -22,11 +23,13 @@ public struct LoopConfig: Sendable, Equatable {
 public enum SessionError: Error, CustomStringConvertible {
     case badOptions(String)
     case mountFailed(String)
+    case transport(Errno)
 
     public var description: String {
         switch self {
         case .badOptions(let s): return "libfuse refused the options: \(s)"
         case .mountFailed(let s): return "mounting on \(s) failed (libfuse printed why above)"
+        case .transport(let e): return "cannot install the FUSE transport: \(e)"
         }
     }
 }
@@ -65,11 +68,17 @@ public final class Session {
         stopper = LoopStopper(session: se)
     }
 
-    /// `fuse_session_mount`.
+    /// `fuse_session_mount`, then the transport layer on its /dev/fuse fd
+    /// (see `KernelFeatures`).
     public func mount(at mountpoint: String) throws {
         guard fuse_session_mount(raw, mountpoint) == 0 else { throw SessionError.mountFailed(mountpoint) }
         mounted = true
+        let r = vanish_transport_install(raw)
+        guard r == 0 else { throw SessionError.transport(Errno(rawValue: -r)) }
     }
+
+    /// Registers backing files for passthrough opens on this session's device.
+    public var backingFiles: BackingFiles { BackingFiles(device: fuse_session_fd(raw)) }
 
     /// `fuse_daemonize(0)`: fork into the background once the mount is up;
     /// the parent exits only after the child is ready.

@@ -1,0 +1,56 @@
+// The FUSE transport: libfuse 3.14 serves the whole protocol, and this layer,
+// installed with fuse_session_custom_io, passes every request and reply
+// through unchanged except for the few fields 3.14 does not know: the INIT
+// reply's newer flags (passthrough, parallel dirops, killpriv v2) and the
+// open/create reply's passthrough flag and backing id.
+#ifndef VANISH_CFUSETRANSPORT_H
+#define VANISH_CFUSETRANSPORT_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+struct fuse_session;
+struct fuse_req;
+struct fuse_file_info;
+struct fuse_entry_param;
+
+/// INIT flags (64-bit: flags | flags2 << 32) this layer can negotiate.
+extern const uint64_t VANISH_FUSE_PASSTHROUGH;
+extern const uint64_t VANISH_FUSE_PARALLEL_DIROPS;
+extern const uint64_t VANISH_FUSE_HANDLE_KILLPRIV_V2;
+extern const uint64_t VANISH_FUSE_WRITEBACK_CACHE;
+
+/// Installs the transport on a mounted session (its /dev/fuse fd). Call once,
+/// after fuse_session_mount and before the loop. 0 or -errno.
+int vanish_transport_install(struct fuse_session *se);
+
+/// The flags the kernel offered in its INIT request (0 before it came).
+uint64_t vanish_transport_offered(void);
+
+/// From the filesystem's init callback: ask for `want` (of the flags above)
+/// and, with passthrough, the stacking depth the kernel is told. Returns what
+/// will be granted: what the kernel offered of `want`. The INIT reply is
+/// patched as it is written.
+uint64_t vanish_transport_request(uint64_t want, uint32_t max_stack_depth);
+
+/// What the INIT reply granted (after it was sent).
+uint64_t vanish_transport_granted(void);
+
+/// fuse_reply_open / fuse_reply_create, with the reply marked passthrough to
+/// `backing_id` (from vanish_backing_open) when it is above 0.
+int vanish_reply_open_backing(struct fuse_req *req, const struct fuse_file_info *fi, int32_t backing_id);
+int vanish_reply_create_backing(struct fuse_req *req, const struct fuse_entry_param *e,
+                                const struct fuse_file_info *fi, int32_t backing_id);
+
+/// FUSE_DEV_IOC_BACKING_OPEN on the session's device: registers `fd` as a
+/// backing file; returns its id (> 0) or -errno.
+int32_t vanish_backing_open(int devfd, int fd);
+
+/// FUSE_DEV_IOC_BACKING_CLOSE: 0 or -errno.
+int vanish_backing_close(int devfd, int32_t backing_id);
+
+/// Whether this process has CAP_SYS_ADMIN in its effective set, which
+/// registering backing files needs.
+int vanish_has_cap_sys_admin(void);
+
+#endif

@@ -1,0 +1,196 @@
+// See CFuseTransport.h. One session per process: the state is global.
+#define FUSE_USE_VERSION 314
+
+#include "CFuseTransport.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fuse.h>
+#include <linux/ioctl.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <string.h>
+#include <linux/capability.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include <fuse_lowlevel.h>
+
+// Debian 12's <linux/fuse.h> is protocol 7.38; passthrough is 7.40 (Linux
+// 6.9). What it lacks is defined from the kernel's include/uapi/linux/fuse.h.
+#ifndef FUSE_PASSTHROUGH
+#define FUSE_PASSTHROUGH (1ULL << 37)
+#endif
+#ifndef FOPEN_PASSTHROUGH
+#define FOPEN_PASSTHROUGH (1 << 7)
+#endif
+#ifndef FUSE_DEV_IOC_BACKING_OPEN
+struct fuse_backing_map {
+    int32_t fd;
+    uint32_t flags;
+    uint64_t padding;
+};
+#define FUSE_DEV_IOC_BACKING_OPEN _IOW(FUSE_DEV_IOC_MAGIC, 1, struct fuse_backing_map)
+#define FUSE_DEV_IOC_BACKING_CLOSE _IOW(FUSE_DEV_IOC_MAGIC, 2, uint32_t)
+#endif
+
+// 7.40 names two fields 7.38 calls unused/padding: check where they sit.
+#define INIT_OUT_MAX_STACK_DEPTH offsetof(struct fuse_init_out, unused)
+#define OPEN_OUT_BACKING_ID offsetof(struct fuse_open_out, padding)
+_Static_assert(sizeof(struct fuse_init_out) == 64, "fuse_init_out is 64 bytes");
+_Static_assert(INIT_OUT_MAX_STACK_DEPTH == 36, "max_stack_depth follows flags2");
+_Static_assert(sizeof(struct fuse_open_out) == 16, "fuse_open_out is 16 bytes");
+_Static_assert(OPEN_OUT_BACKING_ID == 12, "backing_id follows open_flags");
+_Static_assert(sizeof(struct fuse_backing_map) == 16, "fuse_backing_map is 16 bytes");
+
+const uint64_t VANISH_FUSE_PASSTHROUGH = FUSE_PASSTHROUGH;
+const uint64_t VANISH_FUSE_PARALLEL_DIROPS = FUSE_PARALLEL_DIROPS;
+const uint64_t VANISH_FUSE_HANDLE_KILLPRIV_V2 = FUSE_HANDLE_KILLPRIV_V2;
+const uint64_t VANISH_FUSE_WRITEBACK_CACHE = FUSE_WRITEBACK_CACHE;
+
+static const uint64_t negotiable = FUSE_PASSTHROUGH | FUSE_PARALLEL_DIROPS | FUSE_HANDLE_KILLPRIV_V2;
+
+static _Atomic uint64_t init_unique;   // the INIT request's id, once read
+static _Atomic uint64_t offered;       // its flags | flags2 << 32
+static _Atomic uint64_t wanted;        // set by the init callback
+static _Atomic uint32_t stack_depth;
+static _Atomic uint64_t granted;       // what the INIT reply said
+static _Atomic int init_done;
+
+// The backing id the open or create reply being written on this thread
+// carries: libfuse writes a reply synchronously in the replying thread.
+static _Thread_local int32_t reply_backing_id;
+
+static ssize_t t_read(int fd, void *buf, size_t len, void *userdata) {
+    (void)userdata;
+    ssize_t n = read(fd, buf, len);
+    if (n >= (ssize_t)(sizeof(struct fuse_in_header) + offsetof(struct fuse_init_in, unused)) &&
+        !atomic_load_explicit(&init_done, memory_order_relaxed)) {
+        const struct fuse_in_header *in = buf;
+        if (in->opcode == FUSE_INIT) {
+            const struct fuse_init_in *arg = (const void *)(in + 1);
+            uint64_t flags = arg->flags;
+            if (flags & FUSE_INIT_EXT) flags |= (uint64_t)arg->flags2 << 32;
+            atomic_store(&offered, flags);
+            atomic_store(&init_unique, in->unique);
+        }
+    }
+    return n;
+}
+
+// Adds the wanted flags to the INIT reply in `body` (a copy) and records them.
+static void patch_init(struct fuse_init_out *out) {
+    uint64_t add = atomic_load(&wanted) & atomic_load(&offered);
+    // The kernel ignores passthrough beside write-back caching: say so here too.
+    if (out->flags & FUSE_WRITEBACK_CACHE) add &= ~FUSE_PASSTHROUGH;
+    uint64_t flags = (uint64_t)out->flags | (uint64_t)out->flags2 << 32;
+    if (add >> 32) {
+        if (!(atomic_load(&offered) & FUSE_INIT_EXT)) add &= 0xffffffffULL;
+        else flags |= FUSE_INIT_EXT;
+    }
+    flags |= add;
+    out->flags = (uint32_t)flags;
+    out->flags2 = (uint32_t)(flags >> 32);
+    if (add & FUSE_PASSTHROUGH) {
+        uint32_t depth = atomic_load(&stack_depth);
+        memcpy((char *)out + INIT_OUT_MAX_STACK_DEPTH, &depth, sizeof depth);
+    }
+    atomic_store(&granted, add);
+}
+
+static ssize_t t_writev(int fd, struct iovec *iov, int count, void *userdata) {
+    (void)userdata;
+    const struct fuse_out_header *out = iov[0].iov_base;
+    if (out->error == 0 && out->unique != 0 && count >= 2) {
+        int32_t backing = reply_backing_id;
+        if (backing > 0 && iov[count - 1].iov_len >= sizeof(struct fuse_open_out) &&
+            iov[count - 1].iov_len <= 256) {
+            // fuse_open_out ends the body of both the open and the create reply.
+            unsigned char body[256];
+            struct iovec patched[count];
+            memcpy(patched, iov, sizeof(struct iovec) * (size_t)count);
+            size_t len = iov[count - 1].iov_len;
+            memcpy(body, iov[count - 1].iov_base, len);
+            struct fuse_open_out *o = (void *)(body + len - sizeof(struct fuse_open_out));
+            o->open_flags |= FOPEN_PASSTHROUGH;
+            memcpy((char *)o + OPEN_OUT_BACKING_ID, &backing, sizeof backing);
+            patched[count - 1].iov_base = body;
+            return writev(fd, patched, count);
+        }
+        if (!atomic_load_explicit(&init_done, memory_order_relaxed) &&
+            out->unique == atomic_load(&init_unique) && iov[1].iov_len == sizeof(struct fuse_init_out)) {
+            struct fuse_init_out body;
+            struct iovec patched[2] = { iov[0], { &body, sizeof body } };
+            memcpy(&body, iov[1].iov_base, sizeof body);
+            patch_init(&body);
+            atomic_store(&init_done, 1);
+            return writev(fd, patched, 2);
+        }
+    }
+    return writev(fd, iov, count);
+}
+
+// What libfuse does without custom io; present so it still offers splice.
+static ssize_t t_splice(int fdin, off_t *offin, int fdout, off_t *offout, size_t len, unsigned int flags,
+                        void *userdata) {
+    (void)userdata;
+    return splice(fdin, offin, fdout, offout, len, flags);
+}
+
+int vanish_transport_install(struct fuse_session *se) {
+    static const struct fuse_custom_io io = {
+        .writev = t_writev,
+        .read = t_read,
+        .splice_receive = t_splice,
+        .splice_send = t_splice,
+    };
+    return fuse_session_custom_io(se, &io, fuse_session_fd(se));
+}
+
+uint64_t vanish_transport_offered(void) { return atomic_load(&offered); }
+
+uint64_t vanish_transport_request(uint64_t want, uint32_t max_stack_depth) {
+    want &= negotiable;
+    atomic_store(&stack_depth, max_stack_depth);
+    atomic_store(&wanted, want);
+    uint64_t got = want & atomic_load(&offered);
+    if (got >> 32 && !(atomic_load(&offered) & FUSE_INIT_EXT)) got &= 0xffffffffULL;
+    return got;
+}
+
+uint64_t vanish_transport_granted(void) { return atomic_load(&granted); }
+
+int vanish_reply_open_backing(struct fuse_req *req, const struct fuse_file_info *fi, int32_t backing_id) {
+    reply_backing_id = backing_id;
+    int r = fuse_reply_open(req, fi);
+    reply_backing_id = 0;
+    return r;
+}
+
+int vanish_reply_create_backing(struct fuse_req *req, const struct fuse_entry_param *e,
+                                const struct fuse_file_info *fi, int32_t backing_id) {
+    reply_backing_id = backing_id;
+    int r = fuse_reply_create(req, e, fi);
+    reply_backing_id = 0;
+    return r;
+}
+
+int32_t vanish_backing_open(int devfd, int fd) {
+    struct fuse_backing_map map = { .fd = fd, .flags = 0, .padding = 0 };
+    int r = ioctl(devfd, FUSE_DEV_IOC_BACKING_OPEN, &map);
+    return r < 0 ? -errno : r;
+}
+
+int vanish_backing_close(int devfd, int32_t backing_id) {
+    uint32_t id = (uint32_t)backing_id;
+    return ioctl(devfd, FUSE_DEV_IOC_BACKING_CLOSE, &id) < 0 ? -errno : 0;
+}
+
+int vanish_has_cap_sys_admin(void) {
+    struct __user_cap_header_struct header = { .version = _LINUX_CAPABILITY_VERSION_3, .pid = 0 };
+    struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+    memset(data, 0, sizeof data);
+    if (syscall(SYS_capget, &header, data) != 0) return 0;
+    return (data[CAP_SYS_ADMIN / 32].effective >> (CAP_SYS_ADMIN % 32)) & 1;
+}
