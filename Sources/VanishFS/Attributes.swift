@@ -25,6 +25,9 @@ extension PassthroughFilesystem {
                         _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
         let node = inode(ino)
         let openFD: Int32? = (fi != nil && !node.isDirectory) ? Int32(truncatingIfNeeded: fi!.pointee.fh) : nil
+        // A truncate by anyone but root clears setuid/setgid, as a write does.
+        let clears = actsForOthers && toSet & FUSE_SET_ATTR_SIZE != 0 && toSet & FUSE_SET_ATTR_MODE == 0
+            && req.caller.uid != 0
         let apply = { (fd: Int32) throws(Errno) -> stat in
             if toSet & FUSE_SET_ATTR_MODE != 0 {
                 if let openFD { try Sys.fchmod(openFD, attr.pointee.st_mode) } else { try Sys.chmod(pathFD: fd, attr.pointee.st_mode) }
@@ -36,6 +39,7 @@ extension PassthroughFilesystem {
             }
             if toSet & FUSE_SET_ATTR_SIZE != 0 {
                 if let openFD { try Sys.ftruncate(openFD, attr.pointee.st_size) } else { try Sys.truncate(pathFD: fd, attr.pointee.st_size) }
+                if clears { self.clearPrivileges(openFD ?? fd, pathFD: openFD == nil) }
             }
             if toSet & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME) != 0 {
                 var times = (timespec(tv_sec: 0, tv_nsec: VANISH_UTIME_OMIT), timespec(tv_sec: 0, tv_nsec: VANISH_UTIME_OMIT))
@@ -50,8 +54,13 @@ extension PassthroughFilesystem {
             }
             return try Sys.fstat(openFD ?? fd)
         }
+        // Passthrough writers' sessions tell writes by mtime and size, which
+        // this may move: what changed before it was written.
+        let before: stat? = observing && toSet & (FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW) != 0
+            && writing.follows(node) ? (try? openFD.map(Sys.fstat) ?? fds.withFD(node) { fd throws(Errno) in try Sys.fstat(fd) }) : nil
         // An open handle reaches the file even after its name is gone.
         var st = if let openFD { try apply(openFD) } else { try fds.withFD(node, apply) }
+        if let before { writing.attributesChanged(node, before: before, after: st) }
         if observing { emitAttributes(req.caller, node, toSet: toSet, st: st, xattr: nil) }
         st = devices.present(st)
         req.reply(attr: &st, timeout: options.attrTimeout)

@@ -219,11 +219,9 @@ extension PassthroughFilesystem {
                 throw error
             }
         }
-        fi.pointee.fh = UInt64(fd)
-        configure(fi)
-        fds.opened(node)
+        let backing = opened(node, fd: fd, flags: flags, caller: caller, fi)
         var e = entry(node, st)
-        req.reply(created: &e, fi)
+        if req.reply(created: &e, fi, backing: backing) == -ENOENT { closeHandle(node, fi.pointee.fh) }
         burials.landQueue(of: p)
     }
 

@@ -14,7 +14,25 @@ final class WritingHandles: @unchecked Sendable {
         var caller: Caller
         /// Set when the data came from another file in the mount (copy_file_range).
         var source: (path: [UInt8], id: String)?
+        /// For a passthrough handle, whose writes the daemon never sees: the
+        /// file's mtime and size when it was opened or last reported.
+        var unseenSince: Stamp?
+        /// A write came through the daemon.
+        var wrote = true
+        /// The inode of a passthrough handle, for `attributesChanging`.
+        var node: ObjectIdentifier?
     }
+
+    /// What a write changes: mtime and size (not ctime, which chmod moves too).
+    struct Stamp: Equatable {
+        var mtime: timespec
+        var size: off_t
+        init(_ st: stat) { mtime = st.st_mtim; size = st.st_size }
+        static func == (a: Stamp, b: Stamp) -> Bool {
+            a.mtime.tv_sec == b.mtime.tv_sec && a.mtime.tv_nsec == b.mtime.tv_nsec && a.size == b.size
+        }
+    }
+
     // Sized at mount: see `InodeTable.lock`.
     private let map = Mutex<[Int32: Session]>(Dictionary(minimumCapacity: 64))
 
@@ -22,13 +40,68 @@ final class WritingHandles: @unchecked Sendable {
     @inline(__always)
     func wrote(_ fd: Int32, _ caller: Caller, source: (path: [UInt8], id: String)? = nil) {
         map.withLock { m in
-            if m[fd] == nil || source != nil {
-                m[fd] = Session(caller: m[fd]?.caller ?? caller, source: source ?? m[fd]?.source)
+            if var s = m[fd] {
+                guard !s.wrote || source != nil else { return }
+                s.wrote = true
+                if source != nil { s.source = source }
+                m[fd] = s
+            } else {
+                m[fd] = Session(caller: caller, source: source)
             }
         }
     }
 
-    func take(_ fd: Int32) -> Session? { map.withLock { $0.removeValue(forKey: fd) } }
+    /// Passthrough sessions open now: a setattr needs to look for them only when any are.
+    private let following = Atomic<Int>(0)
+
+    /// A writable passthrough handle of `node`: whether it wrote shows in the file.
+    func opened(_ fd: Int32, _ caller: Caller, _ stamp: Stamp, node: Inode) {
+        let replaced = map.withLock { m in
+            m.updateValue(Session(caller: caller, unseenSince: stamp, wrote: false, node: ObjectIdentifier(node)), forKey: fd)
+        }
+        if replaced?.node == nil { following.add(1, ordering: .relaxed) }
+    }
+
+    func take(_ fd: Int32) -> Session? {
+        let s = map.withLock { $0.removeValue(forKey: fd) }
+        if s?.node != nil { following.subtract(1, ordering: .relaxed) }
+        return s
+    }
+
+    /// Whether passthrough handles of `node` are being followed.
+    func follows(_ node: Inode) -> Bool {
+        guard following.load(ordering: .relaxed) > 0 else { return false }
+        let id = ObjectIdentifier(node)
+        return map.withLock { $0.values.contains { $0.node == id } }
+    }
+
+    /// A `written` event reported `node` as it is at `now`: its other
+    /// passthrough sessions follow it from there, so one change is one event.
+    func reported(_ node: Inode, at now: Stamp) {
+        guard following.load(ordering: .relaxed) > 0 else { return }
+        let id = ObjectIdentifier(node)
+        map.withLock { m in
+            for (fd, var s) in m where s.node == id && s.unseenSince != nil {
+                s.unseenSince = now
+                m[fd] = s
+            }
+        }
+    }
+
+    /// A setattr through the daemon moves mtime or size without writing:
+    /// what changed before it (`before`) was written; the sessions of
+    /// `node` then follow the file from `after`.
+    func attributesChanged(_ node: Inode, before: stat, after: stat) {
+        let id = ObjectIdentifier(node)
+        let (was, now) = (Stamp(before), Stamp(after))
+        map.withLock { m in
+            for (fd, var s) in m where s.node == id {
+                if let since = s.unseenSince, since != was { s.wrote = true }
+                s.unseenSince = now
+                m[fd] = s
+            }
+        }
+    }
 }
 
 // The observer: every change made through the mount becomes one event in
@@ -155,10 +228,18 @@ extension PassthroughFilesystem {
         }
     }
 
-    /// A handle that wrote is being closed.
-    func emitWritten(_ node: Inode, fd: Int32) {
+    /// A handle that wrote is being closed (`last`: released; else a
+    /// close() of it, after which a passthrough handle is followed further).
+    func emitWritten(_ node: Inode, fd: Int32, last: Bool = false) {
         guard observing, let session = writing.take(fd) else { return }
-        let size = (try? Sys.fstat(fd).st_size) ?? 0
+        let st = try? Sys.fstat(fd)
+        if let since = session.unseenSince {
+            let now = st.map(WritingHandles.Stamp.init) ?? since
+            if !last { writing.opened(fd, session.caller, now, node: node) }
+            if !session.wrote && now == since { return }
+            writing.reported(node, at: now)
+        }
+        let size = st?.st_size ?? 0
         let id = fileID(of: node, fd: fd)
         emit(.written, session.caller) { e in
             e.path("path", of: node, in: table)

@@ -121,16 +121,19 @@ final class FDCache: @unchecked Sendable {
     }
 
     /// A program closed a handle of `inode`; the last close lets go of an
-    /// fd held because its name was removed.
-    func closed(_ inode: Inode) {
+    /// fd held because its name was removed. Returns whether it was the last.
+    @discardableResult
+    func closed(_ inode: Inode) -> Bool {
         openFiles.wrappingSubtract(1, ordering: .relaxed)
-        let unpin: Bool = lock.withLock { _ in
+        let (last, unpin): (Bool, Bool) = lock.withLock { _ in
             inode.openHandles -= 1
-            guard inode.openHandles <= 0, inode.heldForOpenHandles else { return false }
+            guard inode.openHandles <= 0 else { return (false, false) }
+            guard inode.heldForOpenHandles else { return (true, false) }
             inode.heldForOpenHandles = false
-            return true
+            return (true, true)
         }
         if unpin { release(inode) }
+        return last
     }
 
     /// Called before `inode`'s name is removed or replaced: if programs hold

@@ -4,7 +4,10 @@ import Glibc
 import LinuxSyscalls
 import SystemPackage
 
-// Open files: the handle (fi->fh) is the backing fd itself.
+// Open files: the handle (fi->fh) holds the backing fd (see `FileHandle`).
+// With passthrough the kernel reads and writes the backing file itself, and
+// only open, flush, fsync, fallocate, copy_file_range, lseek and release
+// come here.
 extension PassthroughFilesystem {
     public func open(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let node = inode(ino)
@@ -14,22 +17,40 @@ extension PassthroughFilesystem {
                 try Sys.withProcPath(pathFD) { path throws(Errno) in try Sys.open(path, flags) }
             }
         }
-        fi.pointee.fh = UInt64(fd)
-        configure(fi)
+        let caller = req.caller
+        let backing = opened(node, fd: fd, flags: flags, caller: caller, fi)
+        if req.reply(open: fi, backing: backing) == -ENOENT { closeHandle(node, fi.pointee.fh) }
+    }
+
+    /// Decides how a new handle of `node` is served, fills in `fi` and
+    /// returns the backing id its reply carries (0: none). For open and create.
+    func opened(_ node: Inode, fd: Int32, flags: Int32, caller: Caller,
+                _ fi: UnsafeMutablePointer<fuse_file_info>) -> Int32 {
+        let kills = node.type == S_IFREG && mustClearPrivileges(fd: fd, flags: flags, caller: caller)
+        let (kind, backing) = node.type == S_IFREG && passthrough.active
+            ? passthrough.open(node, fd: fd, throughDaemon: kills) : (OpenKind.daemon, Int32(0))
+        fi.pointee.fh = FileHandle.make(fd: fd, kind: kind, killsPrivileges: kills)
+        configure(fi, kind)
         fds.opened(node)
-        req.reply(open: fi)
+        // The kernel writes a passthrough file without us: the writing
+        // session is told by the file's change since the open.
+        if kind == .passthrough, observing, flags & O_ACCMODE != O_RDONLY, let st = try? Sys.fstat(fd) {
+            writing.opened(fd, caller, WritingHandles.Stamp(st), node: node)
+        }
+        return backing
     }
 
     public func read(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
                      _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        req.replyData(fd: Int32(truncatingIfNeeded: fi.pointee.fh), offset: offset, size: size)
+        req.replyData(fd: FileHandle.fd(fi.pointee.fh), offset: offset, size: size)
     }
 
     public func write(_ req: Request, _ ino: fuse_ino_t, _ buf: UnsafeMutablePointer<fuse_bufvec>, offset: off_t,
                       _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        let fd = Int32(truncatingIfNeeded: fi.pointee.fh)
+        let fd = FileHandle.fd(fi.pointee.fh)
         let n = vanish_write_buf_to_fd(buf, fd, offset)
         if n < 0 { throw Errno(rawValue: Int32(-n)) }
+        if FileHandle.killsPrivileges(fi.pointee.fh) { clearPrivileges(fd) }
         if observing { writing.wrote(fd, req.caller) }
         req.reply(written: n)
     }
@@ -37,7 +58,7 @@ extension PassthroughFilesystem {
     public func flush(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         // close() of a duplicate reports deferred write errors (NFS, quotas)
         // to the program's close(), as the backing filesystem would.
-        let fd = Int32(truncatingIfNeeded: fi.pointee.fh)
+        let fd = FileHandle.fd(fi.pointee.fh)
         let dup = try Sys.dup(fd)
         if Glibc.close(dup) < 0 { throw Errno(rawValue: errno) }
         // flush comes with the program's close(); release may come later, after
@@ -47,23 +68,35 @@ extension PassthroughFilesystem {
     }
 
     public func release(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        let fd = Int32(truncatingIfNeeded: fi.pointee.fh)
-        if observing { emitWritten(inode(ino), fd: fd) }
-        Sys.close(fd)
-        fds.closed(inode(ino))
+        let node = inode(ino)
+        if observing { emitWritten(node, fd: FileHandle.fd(fi.pointee.fh), last: true) }
+        closeHandle(node, fi.pointee.fh)
         req.replyOK()
+    }
+
+    /// Lets go of a handle: its fd, its share of the inode's backing id.
+    /// The last handle of a file inside a tree `vanish rm` buried also lets
+    /// go of its cached fd: the kernel keeps such a file's dentry (under the
+    /// invalidated tree) and so never forgets it, and that fd would hold
+    /// the deleted file's space.
+    func closeHandle(_ node: Inode, _ fh: UInt64) {
+        Sys.close(FileHandle.fd(fh))
+        passthrough.release(node, kind: FileHandle.kind(fh))
+        if fds.closed(node) && table.isBuried(node) { fds.drop(node) }
     }
 
     public func fsync(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool,
                       _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        try Sys.fsync(Int32(truncatingIfNeeded: fi.pointee.fh), dataOnly: dataOnly)
+        try Sys.fsync(FileHandle.fd(fi.pointee.fh), dataOnly: dataOnly)
         req.replyOK()
     }
 
     public func fallocate(_ req: Request, _ ino: fuse_ino_t, mode: Int32, offset: off_t, length: off_t,
                           _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        try Sys.fallocate(Int32(truncatingIfNeeded: fi.pointee.fh), mode, offset, length)
-        if observing { writing.wrote(Int32(truncatingIfNeeded: fi.pointee.fh), req.caller) }
+        let fd = FileHandle.fd(fi.pointee.fh)
+        try Sys.fallocate(fd, mode, offset, length)
+        if FileHandle.killsPrivileges(fi.pointee.fh) { clearPrivileges(fd) }
+        if observing { writing.wrote(fd, req.caller) }
         req.replyOK()
     }
 
@@ -71,9 +104,10 @@ extension PassthroughFilesystem {
                               _ fiIn: UnsafeMutablePointer<fuse_file_info>, output: fuse_ino_t,
                               outputOffset: off_t, _ fiOut: UnsafeMutablePointer<fuse_file_info>,
                               length: Int, flags: Int32) throws(Errno) {
-        let inFD = Int32(truncatingIfNeeded: fiIn.pointee.fh)
-        let outFD = Int32(truncatingIfNeeded: fiOut.pointee.fh)
+        let inFD = FileHandle.fd(fiIn.pointee.fh)
+        let outFD = FileHandle.fd(fiOut.pointee.fh)
         let n = try Sys.copyFileRange(inFD, inputOffset, outFD, outputOffset, length, UInt32(bitPattern: flags))
+        if FileHandle.killsPrivileges(fiOut.pointee.fh) { clearPrivileges(outFD) }
         // The new file's data comes from another file in the mount: say which.
         if observing { writing.wrote(outFD, req.caller, source: (path(of: inode(input)), fileID(of: inode(input), fd: inFD))) }
         req.reply(written: n)
@@ -81,6 +115,48 @@ extension PassthroughFilesystem {
 
     public func lseek(_ req: Request, _ ino: fuse_ino_t, offset: off_t, whence: Int32,
                       _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        req.reply(offset: try Sys.lseek(Int32(truncatingIfNeeded: fi.pointee.fh), offset, whence))
+        req.reply(offset: try Sys.lseek(FileHandle.fd(fi.pointee.fh), offset, whence))
+    }
+}
+
+// Setuid, setgid and file capabilities. A write, truncate or fallocate by a
+// process without CAP_FSETID clears them natively; the daemon's own writes
+// as root never would, and with KILLPRIV_V2 (and passthrough, which the
+// daemon never sees writes of) the kernel leaves it to the daemon.
+extension PassthroughFilesystem {
+    /// Whether writes through a new handle must clear privileges: a root
+    /// daemon, a caller other than root, a writable open of a file that has
+    /// any to clear. Such handles stay off passthrough, so their writes come here.
+    func mustClearPrivileges(fd: Int32, flags: Int32, caller: Caller) -> Bool {
+        guard actsForOthers, caller.uid != 0, flags & O_ACCMODE != O_RDONLY else { return false }
+        guard let st = try? Sys.fstat(fd) else { return false }
+        if hasPrivileges(st.st_mode) {
+            if flags & O_TRUNC != 0 { clearPrivileges(fd) }
+            return true
+        }
+        return fgetxattr(fd, "security.capability", nil, 0) >= 0
+    }
+
+    /// setuid, or setgid on a group-executable file (a setgid file without
+    /// group execute marks mandatory locking and keeps its bit).
+    @inline(__always)
+    func hasPrivileges(_ mode: mode_t) -> Bool {
+        mode & S_ISUID != 0 || mode & (S_ISGID | S_IXGRP) == (S_ISGID | S_IXGRP)
+    }
+
+    /// Clears setuid/setgid and security.capability of the file `fd` is
+    /// open on (an O_PATH fd when `pathFD`).
+    func clearPrivileges(_ fd: Int32, pathFD: Bool = false) {
+        if let st = try? Sys.fstat(fd), hasPrivileges(st.st_mode) {
+            var mode = st.st_mode & 0o7777 & ~S_ISUID
+            if mode & S_IXGRP != 0 { mode &= ~S_ISGID }
+            if pathFD { try? Sys.chmod(pathFD: fd, mode) } else { try? Sys.fchmod(fd, mode) }
+        }
+        if pathFD {
+            // The magic link names the inode itself; nothing is resolved by name.
+            _ = try? Sys.withProcPath(fd) { path throws(Errno) in _ = CFuse.removexattr(path, "security.capability") }
+        } else {
+            _ = fremovexattr(fd, "security.capability")
+        }
     }
 }

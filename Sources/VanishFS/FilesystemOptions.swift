@@ -34,7 +34,12 @@ public struct FilesystemOptions: Sendable {
     public var cache: CacheMode = .auto
     public var readdirPlus: ReaddirPlusMode = .always
     /// Kernel write-back caching of file data (FUSE_CAP_WRITEBACK_CACHE).
+    /// The kernel allows no passthrough beside it.
     public var writeback = false
+    /// Serve regular files' data through the kernel's FUSE passthrough
+    /// where the kernel and the daemon's rights allow (`-o passthrough=auto`,
+    /// the default); off: every byte goes through the daemon.
+    public var passthrough = true
     /// The kernel checks permissions (default_permissions): have it check
     /// POSIX ACLs as well. Not otherwise: FUSE_POSIX_ACL turns the kernel's
     /// checks on, and those refresh a directory's attributes before every

@@ -52,6 +52,15 @@ final class Inode: @unchecked Sendable {
     /// until the last handle closes, as the only way left to reach it.
     var heldForOpenHandles = false
 
+    // Guarded by PassthroughFiles' lock.
+    /// The kernel's id for this file's backing while passthrough opens of it exist, else 0.
+    var backingID: Int32 = 0
+    /// Open handles using `backingID`; the last release closes the id.
+    var passthroughOpens: Int32 = 0
+    /// Open handles served through the daemon with the kernel's page cache:
+    /// while any exist the kernel refuses a passthrough open (ETXTBSY).
+    var cachedOpens: Int32 = 0
+
     init(key: InodeKey, type: mode_t, generation: UInt64, birth: UInt64 = 0, parent: Inode?,
          name: UnsafePointer<CChar>) {
         self.key = key

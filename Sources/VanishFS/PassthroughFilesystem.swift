@@ -39,6 +39,11 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// The event journal, when observing (set before mounting).
     var events: Journal?
     let writing = WritingHandles()
+    /// Backing ids of files opened in passthrough mode.
+    let passthrough: PassthroughFiles
+    /// The session's device for registering backing files; set after
+    /// mounting, before serving.
+    public var backingFiles: BackingFiles?
     /// The control socket's path, published in the status attribute; set before mounting.
     public var controlSocket = ""
 
@@ -75,6 +80,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         table = InodeTable(root: root)
         self.options = options
         log = logger
+        passthrough = PassthroughFiles(log: logger)
         reaper?.onStuck = Self.logStuck(logger)
         fds = FDCache(limit: options.fdCacheLimit ?? FileLimits.defaultCacheLimit(), table: table)
         actsForOthers = geteuid() == 0
@@ -102,6 +108,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         if options.posixACLs && capable & UInt32(FUSE_CAP_POSIX_ACL) != 0 {
             conn.pointee.want |= UInt32(FUSE_CAP_POSIX_ACL)
         }
+        negotiateKernelFeatures()
         switch options.readdirPlus {
         case .always: conn.pointee.want &= ~UInt32(FUSE_CAP_READDIRPLUS_AUTO)
         case .auto: break
@@ -115,7 +122,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         // (process notices) or are read for every event.
         let names = observing ? (CommandNames.shared.remembers ? "remembered" : "read each time") : "-"
         log.info("session started", metadata: ["fd_cache": "\(fds.limit)", "cache": "\(options.cache.rawValue)",
-                                                "reapers": "\(reaper?.workerCount ?? 0)", "caller_names": "\(names)"])
+                                                "reapers": "\(reaper?.workerCount ?? 0)", "caller_names": "\(names)",
+                                                "passthrough": "\(passthrough.active ? "on" : "off")"])
         if graveyard != nil, vanish_filesystem_type(rootFD) == 0x794C_7630 /* OVERLAYFS_SUPER_MAGIC */ {
             log.warning("""
                 the source is on overlayfs: a file from a lower layer is copied up before it can move \
@@ -123,6 +131,27 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
                 lower-layer entries are not instant
                 """)
         }
+    }
+
+    /// Asks the kernel, through the transport layer, for what libfuse 3.14
+    /// does not negotiate. KILLPRIV_V2 hands clearing setuid/setgid to the
+    /// daemon (see `killsPrivileges`), which spares every write the
+    /// kernel's GETXATTR of security.capability.
+    private func negotiateKernelFeatures() {
+        var wanted: KernelFeatures = [.killprivV2]
+        var why = "on"
+        if !options.passthrough { why = "off by option" }
+        else if options.writeback { why = "off: the kernel allows no passthrough beside writeback" }
+        else if !BackingFiles.permitted { why = "off: registering backing files needs CAP_SYS_ADMIN" }
+        else if backingFiles == nil { why = "off: no device" }
+        else { wanted.insert(.passthrough) }
+        // Backing files on overlayfs are one level deep already.
+        let depth: UInt32 = vanish_filesystem_type(rootFD) == 0x794C_7630 /* OVERLAYFS_SUPER_MAGIC */ ? 2 : 1
+        let granted = KernelFeatures.request(wanted, maxStackDepth: depth)
+        if wanted.contains(.passthrough) && !granted.contains(.passthrough) { why = "off: the kernel does not offer it" }
+        if granted.contains(.passthrough), let backingFiles { passthrough.start(backingFiles) }
+        log.info("kernel features", metadata: ["offered": "\(KernelFeatures.offered)", "granted": "\(granted)",
+                                               "passthrough": "\(why)"])
     }
 
     /// Lets the filesystem tell the kernel to forget entries it removed or
@@ -202,13 +231,19 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         return e
     }
 
-    /// Applies the cache policy to a freshly opened file.
+    /// Applies the cache policy to a freshly opened file served as `kind`.
     @inline(__always)
-    func configure(_ fi: UnsafeMutablePointer<fuse_file_info>) {
-        switch options.cache {
-        case .always: fi.pointee.keep_cache = 1
-        case .never: fi.pointee.direct_io = 1
-        case .auto: break
+    func configure(_ fi: UnsafeMutablePointer<fuse_file_info>, _ kind: OpenKind) {
+        switch kind {
+        // The kernel's page cache is the backing file's: nothing to keep or bypass.
+        case .passthrough: break
+        case .passthroughDirect: fi.pointee.direct_io = 1
+        case .daemon, .cached:
+            switch options.cache {
+            case .always: fi.pointee.keep_cache = 1
+            case .never: fi.pointee.direct_io = 1
+            case .auto: break
+            }
         }
         // A read-only handle has nothing for close() to report: no write
         // error can be pending on it, it never ends a writing session (the

@@ -18,7 +18,8 @@ struct MountCommand: ParsableCommand {
 
             -o takes libfuse/kernel options (allow_other, default_permissions, ro, fsname=, ...) \
             and Vanish's own: cache=auto|always|never, threads=N, clone_fd, writeback, fd_cache=N, reapers=N, sync_unlink, readdirplus=always|auto|never, \
-            keep=DURATION, keep_max_bytes=SIZE, keep_min_free=PERCENT, reap_rate=FILES_PER_SECOND, reap_yield=DURATION. \
+            keep=DURATION, keep_max_bytes=SIZE, keep_min_free=PERCENT, reap_rate=FILES_PER_SECOND, reap_yield=DURATION, \
+            passthrough=auto|off. \
             allow_other always turns default_permissions on, so other users get only what \
             the file modes grant them.
 
@@ -155,6 +156,7 @@ struct MountCommand: ParsableCommand {
         } catch {
             throw RuntimeError("mounting \(src) on \(mnt) failed; see libfuse's message above")
         }
+        fs.backingFiles = session.backingFiles
         Readahead.apply(kb: parsed.filesystem.readaheadKB, at: mnt, explicit: parsed.readaheadGiven, log: log)
         let notifier = session.notifier
         fs.setEntryInvalidator { parent, name in

@@ -18,7 +18,7 @@ struct MountOptionList {
     /// Keys Vanish takes itself; everything else goes to libfuse.
     static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache", "reapers",
                                        "keep", "keep_max_bytes", "keep_min_free", "reap_rate", "reap_yield", "noevents",
-                                       "events_max_bytes", "sync_unlink", "readdirplus", "readahead"]
+                                       "events_max_bytes", "sync_unlink", "readdirplus", "readahead", "passthrough"]
 
     init(_ lists: [String]) throws {
         for list in lists {
@@ -87,6 +87,12 @@ struct MountOptionList {
                     }
                     filesystem.readaheadKB = n
                     readaheadGiven = true
+                case "passthrough":
+                    switch value {
+                    case "auto"?, nil: filesystem.passthrough = true
+                    case "off"?: filesystem.passthrough = false
+                    default: throw ValidationError("-o passthrough= takes one of: auto, off")
+                    }
                 case "clone_fd": cloneFD = true
                 case "writeback": filesystem.writeback = true
                 case "sync_unlink": filesystem.deferUnlink = false

@@ -173,6 +173,28 @@ struct EventStreamTests {
         }
     }
 
+    @Test("passthrough writes are written events; a reader, an unused writable open or a touch is none")
+    func passthroughWrites() throws {
+        try withVanishMount { m in
+            try m.waitForLog("passthrough=on")
+            let s = try Subscriber(m)
+            defer { s.stop() }
+            try attach(s, m)
+            let r = try sh("""
+                set -e
+                echo data > a
+                cat a > /dev/null
+                python3 -c "import os; os.close(os.open('a', os.O_RDWR))"
+                touch a
+                dd if=/dev/zero of=a bs=1k count=4 conv=notrunc status=none && touch -d @0 a
+                : > end
+                """, cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            try s.waitFor("end") { $0["path"] as? String == "end" }
+            #expect(changes(s) == ["created a", "written a", "attributes a", "written a", "attributes a", "created end"])
+        }
+    }
+
     @Test("cp names the file it copied from (copy_file_range)")
     func copies() throws {
         try withVanishMount { m in

@@ -10,19 +10,6 @@ func graveyardCount(_ source: String) throws -> Int {
     return Int(r.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
 }
 
-/// `vanish status --wait`: returns once the reaper has emptied the graveyard
-/// (a failure, not a hung suite, if it never does).
-func waitForReaper(_ m: VanishMount, timeout: Int = 180) throws {
-    let r = try run(["timeout", "\(timeout)", vanishBinary, "status", "--wait", m.mountpoint])
-    if r.status == 124 { throw TestFailure("status --wait still waiting after \(timeout) s") }
-    guard r.ok else { throw TestFailure("status --wait failed: \(r.stderr)") }
-}
-
-func freeBytes(_ path: String) -> UInt64 {
-    var st = statvfs()
-    statvfs(path, &st)
-    return UInt64(st.f_bavail) * UInt64(st.f_frsize)
-}
 
 /// The schedules of `m`'s reaper workers, once both are in SCHED_IDLE (as
 /// a serving mount puts them): a function, to look again later.

@@ -231,6 +231,12 @@ public final class VanishMount {
     /// What the daemon wrote to stderr.
     public var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
 
+    /// Waits until the daemon's log says `text` (the session's own lines
+    /// come with the kernel's INIT, which may follow the mount).
+    public func waitForLog(_ text: String, timeout: Double = 15) throws {
+        try waitFor("the log to say \(text)", timeout: timeout) { log.contains(text) }
+    }
+
     public func path(_ relative: String) -> String { mountpoint + "/" + relative }
     public func backing(_ relative: String) -> String { source + "/" + relative }
 
@@ -270,6 +276,21 @@ public final class VanishMount {
         for p in mountPoints(below: base) { _ = try? run(["umount", "-l", p]) }
         removeTree(base)
     }
+}
+
+/// `vanish status --wait`: returns once the reaper has emptied the graveyard
+/// (a failure, not a hung suite, if it never does).
+public func waitForReaper(_ m: VanishMount, timeout: Int = 180) throws {
+    let r = try run(["timeout", "\(timeout)", vanishBinary, "status", "--wait", m.mountpoint])
+    if r.status == 124 { throw TestFailure("status --wait still waiting after \(timeout) s") }
+    guard r.ok else { throw TestFailure("status --wait failed: \(r.stderr)") }
+}
+
+/// Bytes an ordinary user may still write on the filesystem holding `path`.
+public func freeBytes(_ path: String) -> UInt64 {
+    var st = statvfs()
+    statvfs(path, &st)
+    return UInt64(st.f_bavail) * UInt64(st.f_frsize)
 }
 
 /// Mounts, runs `body`, and always cleans up.
