@@ -29,6 +29,7 @@
 #include <linux/cn_proc.h>
 #include <sys/prctl.h>
 #include <sys/vfs.h>
+#include <linux/magic.h>
 #include <fuse_lowlevel.h>
 
 // Flags hidden behind _GNU_SOURCE. Values are the kernel ABI, identical on
@@ -113,6 +114,15 @@ static inline int vanish_fchmodat2(int dirfd, const char *path, mode_t mode, int
 static inline long vanish_filesystem_type(int fd) {
     struct statfs fs;
     return fstatfs(fd, &fs) == 0 ? (long)fs.f_type : -1;
+}
+
+static const long VANISH_FUSE_SUPER_MAGIC = FUSE_SUPER_MAGIC;
+static const long VANISH_OVERLAYFS_SUPER_MAGIC = OVERLAYFS_SUPER_MAGIC;
+
+/* statfs(2)'s f_type for a path, or -1. */
+static inline long vanish_filesystem_type_at(const char *path) {
+    struct statfs fs;
+    return statfs(path, &fs) == 0 ? (long)fs.f_type : -1;
 }
 
 /* prctl(PR_SET_NAME): the calling thread's name (15 bytes kept). prctl is

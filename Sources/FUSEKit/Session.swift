@@ -139,6 +139,14 @@ public struct Notifier: @unchecked Sendable {
         fuse_lowlevel_notify_inval_entry(session, parent, name, length)
     }
 
+    /// `fuse_lowlevel_notify_expire_entry` with FUSE_LL_EXPIRE_ONLY: the
+    /// entry stays cached but expired, so the next lookup of it comes here,
+    /// and nothing below it is pruned now (kernel 6.2+; older kernels drop it).
+    @discardableResult
+    public func expireEntry(parent: fuse_ino_t, name: UnsafePointer<CChar>, length: Int) -> Int32 {
+        fuse_lowlevel_notify_expire_entry(session, parent, name, length, FUSE_LL_EXPIRE_ONLY)
+    }
+
     /// `fuse_lowlevel_notify_inval_inode`.
     @discardableResult
     public func invalidateInode(_ ino: fuse_ino_t, offset: off_t = 0, length: off_t = 0) -> Int32 {

@@ -124,7 +124,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         log.info("session started", metadata: ["fd_cache": "\(fds.limit)", "cache": "\(options.cache.rawValue)",
                                                 "reapers": "\(reaper?.workerCount ?? 0)", "caller_names": "\(names)",
                                                 "passthrough": "\(passthrough.active ? "on" : "off")"])
-        if graveyard != nil, vanish_filesystem_type(rootFD) == 0x794C_7630 /* OVERLAYFS_SUPER_MAGIC */ {
+        if graveyard != nil, vanish_filesystem_type(rootFD) == VANISH_OVERLAYFS_SUPER_MAGIC {
             log.warning("""
                 the source is on overlayfs: a file from a lower layer is copied up before it can move \
                 to the graveyard, and a directory from one is deleted in the request, so deletes of \
@@ -146,7 +146,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         else if backingFiles == nil { why = "off: no device" }
         else { wanted.insert(.passthrough) }
         // Backing files on overlayfs are one level deep already.
-        let depth: UInt32 = vanish_filesystem_type(rootFD) == 0x794C_7630 /* OVERLAYFS_SUPER_MAGIC */ ? 2 : 1
+        let depth: UInt32 = vanish_filesystem_type(rootFD) == VANISH_OVERLAYFS_SUPER_MAGIC ? 2 : 1
         let granted = KernelFeatures.request(wanted, maxStackDepth: depth)
         if wanted.contains(.passthrough) && !granted.contains(.passthrough) { why = "off: the kernel does not offer it" }
         if granted.contains(.passthrough), let backingFiles { passthrough.start(backingFiles) }
@@ -158,7 +158,9 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// brought back on its own (`vanish rm`, a restore): `f` invalidates
     /// `name` in `parent`; `nil` stops it. Returns once any notification
     /// already queued has been sent, so the session can be destroyed after.
-    public func setEntryInvalidator(_ f: (@Sendable (_ parent: fuse_ino_t, _ name: ContiguousArray<CChar>) -> Void)?) {
+    public func setEntryInvalidator(
+        _ f: (@Sendable (_ parent: fuse_ino_t, _ name: ContiguousArray<CChar>, _ expireOnly: Bool) -> Void)?
+    ) {
         invalidations.setInvalidator(f)
     }
 

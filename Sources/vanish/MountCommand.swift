@@ -159,9 +159,13 @@ struct MountCommand: ParsableCommand {
         fs.backingFiles = session.backingFiles
         Readahead.apply(kb: parsed.filesystem.readaheadKB, at: mnt, explicit: parsed.readaheadGiven, log: log)
         let notifier = session.notifier
-        fs.setEntryInvalidator { parent, name in
+        fs.setEntryInvalidator { parent, name, expireOnly in
             name.withUnsafeBufferPointer {
-                _ = notifier.invalidateEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
+                if expireOnly {
+                    _ = notifier.expireEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
+                } else {
+                    _ = notifier.invalidateEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
+                }
             }
         }
         if !foreground { session.daemonize() }

@@ -94,6 +94,8 @@ struct RemoveCommand: ParsableCommand {
             return
         }
         guard recursive else { throw RuntimeError("cannot remove \(path): Is a directory (use -r)") }
+        // Not even FUSE: no Vanish mount, whatever attributes the directory has.
+        guard vanish_filesystem_type_at(path) == VANISH_FUSE_SUPER_MAGIC else { throw notOnVanish(path) }
         // XATTR_REPLACE: elsewhere no such attribute exists to be replaced,
         // so nothing is stored and the call fails (ENODATA); Vanish takes the
         // trigger whatever the flags. This spares reading /proc/self/mountinfo
@@ -107,29 +109,11 @@ struct RemoveCommand: ParsableCommand {
             }
             throw RuntimeError("cannot remove \(path): \(String(cString: strerror(e)))")
         }
-        // The daemon answers once the kernel has dropped the path.
-        if lstat(path, &st) != 0 { return }
-        // Still there: another filesystem where a copy of the attribute was
-        // stored, or the daemon gave up waiting for the kernel (another
-        // process held the parent directory's lock). Ask which filesystem
-        // holds the parent: the path itself may be gone by now.
-        let parent = parentDirectory(of: path)
-        let resolved = (try? MountPaths.resolve(parent, what: "path")) ?? parent
-        guard MountPaths.mountType(containing: resolved) == "fuse.vanish" else { throw notOnVanish(path) }
-        for _ in 0..<2000 {
-            if lstat(path, &st) != 0 { return }
-            usleep(500)
-        }
-        throw RuntimeError("\(path) was removed, but the kernel still shows it")
+        // The daemon answers once the kernel has expired the path: the next
+        // lookup of it, by any process, gets ENOENT. Looking it up here
+        // would make this process prune every cached entry below it, the
+        // work the daemon leaves to the kernel's background.
     }
-}
-
-/// The directory holding `path`'s last component ("." for a bare name).
-private func parentDirectory(of path: String) -> String {
-    var p = Substring(path)
-    while p.count > 1 && p.hasSuffix("/") { p = p.dropLast() }
-    guard let slash = p.lastIndex(of: "/") else { return "." }
-    return slash == p.startIndex ? "/" : String(p[..<slash])
 }
 
 private func notOnVanish(_ path: String) -> RuntimeError {

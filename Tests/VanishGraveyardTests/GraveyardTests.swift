@@ -106,6 +106,31 @@ struct GraveyardTests {
         }
     }
 
+    @Test("vanish rm -r of a tree the kernel has cached: gone for every process at once, and its space comes back")
+    func vanishRmOfACachedTree() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
+        var tmpfs = ""
+        defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
+        try withVanishMount(prepare: { src in
+            tmpfs = src
+            let r = try run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", src])
+            guard r.ok else { throw TestFailure(r.stderr) }
+            try makeTree(src + "/tree", files: 2_000, size: 16 << 10)
+        }) { m in
+            // Every entry and inode cached by the kernel, every file opened once through the daemon.
+            #expect(try sh("find tree -type f -exec cat {} + | wc -c", cwd: m.mountpoint).stdout == "\(2_000 << 14)\n")
+            let before = freeBytes(m.source)
+            #expect(try run([vanishBinary, "rm", "-r", m.path("tree")]).ok)
+            // No process looks the tree up until its space is back: the kernel drops the
+            // cached entries below it and forgets their inodes on Vanish's word alone, so no
+            // fd of ours holds them.
+            try waitForReaper(m)
+            try waitFor("the tree's 31 MiB to come back", timeout: 30) { freeBytes(m.source) >= before + (30 << 20) }
+            // The top entry was expired first: the next lookup, by any process, asks the daemon.
+            #expect(try sh("test ! -e tree/d0 && test ! -e tree && echo gone", cwd: m.mountpoint).stdout == "gone\n")
+        }
+    }
+
     @Test("the in-band trigger returns with the path gone for everyone: it can be made again at once")
     func triggerThenRemake() throws {
         try withVanishMount { m in
