@@ -135,10 +135,14 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
 
     /// Asks the kernel, through the transport layer, for what libfuse 3.14
     /// does not negotiate. KILLPRIV_V2 hands clearing setuid/setgid to the
-    /// daemon (see `killsPrivileges`), which spares every write the
-    /// kernel's GETXATTR of security.capability.
+    /// daemon (see `mustClearPrivileges`), which spares every write the
+    /// kernel's GETXATTR of security.capability. PARALLEL_DIROPS lets
+    /// lookups and readdirs of one directory run at once: lookup keeps no
+    /// state but the inode table's (under its lock), the kernel never looks
+    /// up one name twice at a time, and creates, unlinks and renames still
+    /// hold the directory exclusively.
     private func negotiateKernelFeatures() {
-        var wanted: KernelFeatures = [.killprivV2]
+        var wanted: KernelFeatures = [.killprivV2, .parallelDirops]
         var why = "on"
         if !options.passthrough { why = "off by option" }
         else if options.writeback { why = "off: the kernel allows no passthrough beside writeback" }
