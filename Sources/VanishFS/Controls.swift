@@ -86,6 +86,12 @@ extension PassthroughFilesystem {
         return n > 0 && groups.prefix(Int(n)).contains(gid)
     }
 
+    /// "on", or "off: " and why (an option, the kernel, the daemon's rights).
+    var passthroughState: String {
+        if passthrough.active { return "on" }
+        return passthroughReason == "on" ? "off: the kernel refused backing files" : passthroughReason
+    }
+
     /// The JSON `vanish status` shows.
     func statusJSON() -> String {
         let s = reapingStatistics
@@ -109,7 +115,8 @@ extension PassthroughFilesystem {
             "buried_entries":\(s.buried),"reaper_workers":\(reaper?.workerCount ?? 0),"free_bytes":\(free),\
             "restorable_entries":\(restorable),"stuck_entries":\(stuck),"restorable_bytes":\(graveyard?.restorableBytes ?? 0),\
             "keep_seconds":\(Double(reaper?.policy.keep ?? 0) / 1e9),"socket":"\(jsonEscape(controlSocket))",\
-            "known_inodes":\(table.count),"cached_fds":\(fds.openCount),"fd_cache_limit":\(fds.limit)}
+            "known_inodes":\(table.count),"cached_fds":\(fds.openCount),"fd_cache_limit":\(fds.limit),\
+            "kernel_features":"\(KernelFeatures.granted)","passthrough":"\(jsonEscape(passthroughState))"}
             """
     }
 }

@@ -44,6 +44,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// The session's device for registering backing files; set after
     /// mounting, before serving.
     public var backingFiles: BackingFiles?
+    /// Why passthrough is on or off, as negotiated at INIT (for the log and `vanish status`).
+    var passthroughReason = "off: not negotiated yet"
     /// The control socket's path, published in the status attribute; set before mounting.
     public var controlSocket = ""
 
@@ -154,6 +156,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         let granted = KernelFeatures.request(wanted, maxStackDepth: depth)
         if wanted.contains(.passthrough) && !granted.contains(.passthrough) { why = "off: the kernel does not offer it" }
         if granted.contains(.passthrough), let backingFiles { passthrough.start(backingFiles) }
+        passthroughReason = why
         log.info("kernel features", metadata: ["offered": "\(KernelFeatures.offered)", "granted": "\(granted)",
                                                "passthrough": "\(why)"])
     }

@@ -59,6 +59,8 @@ struct StatusCommand: ParsableCommand {
                 deleted (mount):  \(status.buried) entries since mount
                 reaper workers:   \(status.workers)
                 free space:       \(bytes(status.free))
+                file data:        \(status.passthrough == "on" ? "passthrough (kernel to backing file)" : "through the daemon; passthrough \(status.passthrough)")
+                kernel features:  \(status.kernelFeatures)
                 """)
         }
     }
@@ -84,6 +86,10 @@ struct StatusCommand: ParsableCommand {
         var filesPerSecond: Int
         /// Seconds until the entries now due are freed, at that pace; nil when unknown.
         var eta: Int?
+        /// "on", or "off: " and why.
+        var passthrough: String
+        /// What the daemon negotiated beyond libfuse 3.14 (passthrough, parallel_dirops, killpriv_v2).
+        var kernelFeatures: String
 
         /// Nothing is left that the reaper could free now.
         var settled: Bool { pending <= restorable + stuck && idle }
@@ -115,7 +121,8 @@ struct StatusCommand: ParsableCommand {
                       restorableBytes: int("restorable_bytes"),
                       keepSeconds: obj["keep_seconds"]?.double ?? 0,
                       idle: obj["reaper_idle"]?.bool ?? true, filesPerSecond: int("reap_files_per_second"),
-                      eta: obj["eta_seconds"]?.int)
+                      eta: obj["eta_seconds"]?.int, passthrough: obj["passthrough"]?.string ?? "?",
+                      kernelFeatures: obj["kernel_features"]?.string ?? "?")
     }
 }
 

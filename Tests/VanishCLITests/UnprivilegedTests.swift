@@ -30,6 +30,10 @@ struct UnprivilegedTests {
         let device = try sh("awk '$5 == \"\(mnt)\" { d = $3 } END { print d }' /proc/self/mountinfo")
             .stdout.trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(try String(contentsOfFile: "/sys/class/bdi/\(device)/read_ahead_kb", encoding: .utf8) == "64\n")
+        // Passthrough needs CAP_SYS_ADMIN: nobody's file data goes through the daemon, and status says why.
+        let status = try runAsNobody([binary, "status", mnt])
+        #expect(status.stdout.contains("file data:        through the daemon; passthrough off: registering backing files needs CAP_SYS_ADMIN"),
+                "\(status.stdout)\(status.stderr)")
         // Root itself is kept out of a mount another user made without allow_other.
         let rootDenied = try run(["ls", mnt])
         #expect(!rootDenied.ok)

@@ -54,6 +54,11 @@ struct PassthroughTests {
                 #expect(r.ok, "\(r.stderr)")
                 let log = m.log
                 #expect(log.contains("passthrough=\(mode == "auto" ? "on" : "off by option")"), "\(log.prefix(2000))")
+                let status = try run([vanishBinary, "status", m.mountpoint])
+                #expect(status.stdout.contains(mode == "auto" ? "file data:        passthrough"
+                                                              : "file data:        through the daemon; passthrough off by option"),
+                        "\(status.stdout)")
+                #expect(status.stdout.contains("kernel features:  \(mode == "auto" ? "passthrough," : "")parallel_dirops,killpriv_v2"))
                 if mode == "auto" {
                     #expect(requests("READ", in: log) == 0 && requests("WRITE", in: log) == 0)
                 } else {
