@@ -219,7 +219,7 @@ extension PassthroughFilesystem {
                 throw error
             }
         }
-        let backing = opened(node, fd: fd, flags: flags, caller: caller, fi)
+        let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi)
         var e = entry(node, st)
         if req.reply(created: &e, fi, backing: backing) == -ENOENT { closeHandle(node, fi.pointee.fh) }
         burials.landQueue(of: p)

@@ -18,15 +18,16 @@ extension PassthroughFilesystem {
             }
         }
         let caller = req.caller
-        let backing = opened(node, fd: fd, flags: flags, caller: caller, fi)
+        let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: nil, fi)
         if req.reply(open: fi, backing: backing) == -ENOENT { closeHandle(node, fi.pointee.fh) }
     }
 
     /// Decides how a new handle of `node` is served, fills in `fi` and
-    /// returns the backing id its reply carries (0: none). For open and create.
-    func opened(_ node: Inode, fd: Int32, flags: Int32, caller: Caller,
+    /// returns the backing id its reply carries (0: none). For open and
+    /// create (which has the new file's `stat` already).
+    func opened(_ node: Inode, fd: Int32, flags: Int32, caller: Caller, stat known: stat?,
                 _ fi: UnsafeMutablePointer<fuse_file_info>) -> Int32 {
-        let kills = node.type == S_IFREG && mustClearPrivileges(fd: fd, flags: flags, caller: caller)
+        let kills = node.type == S_IFREG && mustClearPrivileges(fd: fd, flags: flags, caller: caller, stat: known)
         let (kind, backing) = node.type == S_IFREG && passthrough.active
             ? passthrough.open(node, fd: fd, throughDaemon: kills) : (OpenKind.daemon, Int32(0))
         fi.pointee.fh = FileHandle.make(fd: fd, kind: kind, killsPrivileges: kills)
@@ -34,7 +35,7 @@ extension PassthroughFilesystem {
         fds.opened(node)
         // The kernel writes a passthrough file without us: the writing
         // session is told by the file's change since the open.
-        if kind == .passthrough, observing, flags & O_ACCMODE != O_RDONLY, let st = try? Sys.fstat(fd) {
+        if kind == .passthrough, observing, flags & O_ACCMODE != O_RDONLY, let st = known ?? (try? Sys.fstat(fd)) {
             writing.opened(fd, caller, WritingHandles.Stamp(st), node: node)
         }
         return backing
@@ -127,9 +128,9 @@ extension PassthroughFilesystem {
     /// Whether writes through a new handle must clear privileges: a root
     /// daemon, a caller other than root, a writable open of a file that has
     /// any to clear. Such handles stay off passthrough, so their writes come here.
-    func mustClearPrivileges(fd: Int32, flags: Int32, caller: Caller) -> Bool {
+    func mustClearPrivileges(fd: Int32, flags: Int32, caller: Caller, stat known: stat?) -> Bool {
         guard actsForOthers, caller.uid != 0, flags & O_ACCMODE != O_RDONLY else { return false }
-        guard let st = try? Sys.fstat(fd) else { return false }
+        guard let st = known ?? (try? Sys.fstat(fd)) else { return false }
         if hasPrivileges(st.st_mode) {
             if flags & O_TRUNC != 0 { clearPrivileges(fd) }
             return true
