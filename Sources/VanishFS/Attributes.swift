@@ -94,6 +94,8 @@ extension PassthroughFilesystem {
             req.replyOK()
             return
         }
+        // The status name answers reads only; stored, it would shadow nothing and mislead.
+        if isControlName(name) { throw .notPermitted }
         try fds.withFD(inode(ino)) { fd throws(Errno) in try Sys.setxattr(pathFD: fd, name, value, size, flags) }
         if observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: name) }
         req.replyOK()
@@ -164,6 +166,7 @@ extension PassthroughFilesystem {
     }
 
     public func removexattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+        if isControlName(name) { throw .notPermitted }
         try fds.withFD(inode(ino)) { fd throws(Errno) in try Sys.removexattr(pathFD: fd, name) }
         if observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: name) }
         req.replyOK()

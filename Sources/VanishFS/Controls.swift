@@ -21,6 +21,14 @@ extension PassthroughFilesystem {
         name[0] == 0x75 && strcmp(name, PassthroughFilesystem.deleteAttribute) == 0
     }
 
+    /// True for either control name (`user.vanish.delete`, `user.vanish.status`):
+    /// reserved, never stored in the source.
+    @inline(__always)
+    func isControlName(_ name: UnsafePointer<CChar>) -> Bool {
+        name[0] == 0x75 && (strcmp(name, PassthroughFilesystem.deleteAttribute) == 0
+                            || strcmp(name, PassthroughFilesystem.statusAttribute) == 0)
+    }
+
     @inline(__always)
     func isStatusQuery(_ ino: fuse_ino_t, _ name: UnsafePointer<CChar>) -> Bool {
         ino == fuse_ino_t(FUSE_ROOT_ID) && name[0] == 0x75 && strcmp(name, PassthroughFilesystem.statusAttribute) == 0
