@@ -289,6 +289,34 @@ struct ParityTests {
         }
     }
 
+    @Test("new files, directories, fifos and symlinks get the modes they get natively, under umask 0, 002 and 022")
+    func creationModes() throws {
+        let plain = try makeTempDirectory()
+        defer { removeTree(plain) }
+        let script = """
+            for u in 0 002 022; do
+              umask $u && mkdir u$u && cd u$u
+              for mode in 0620 0642 0777 0600 4755 2775; do
+                python3 -c "import os; os.close(os.open('f$mode', os.O_CREAT | os.O_WRONLY, 0o$mode))"
+                python3 -c "import os; os.close(os.open('r$mode', os.O_CREAT | os.O_RDONLY, 0o$mode))"
+                mkdir -m $mode d$mode; mkfifo -m $mode p$mode
+              done
+              ln -s target l && cd ..
+            done
+            find . -mindepth 2 -printf '%P %M\n' | sort
+            """
+        let expected = try sh(script, cwd: plain)
+        #expect(expected.ok, "\(expected.stderr)")
+        try withVanishMount(options: ["allow_other"]) { m in
+            let actual = try sh(script, cwd: m.mountpoint)
+            #expect(actual.stdout == expected.stdout, "\(actual.stderr)")
+        }
+        try withVanishMount { m in
+            let actual = try sh(script, cwd: m.mountpoint)
+            #expect(actual.stdout == expected.stdout, "\(actual.stderr)")
+        }
+    }
+
     @Test("the same script works in every cache and readdirplus mode, with and without passthrough, write-back caching, clone_fd and sync_unlink")
     func cacheModes() throws {
         let plain = try makeTempDirectory()
