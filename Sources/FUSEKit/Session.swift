@@ -68,6 +68,24 @@ public final class Session {
         stopper = LoopStopper(session: se)
     }
 
+    /// Whether libfuse takes `options` (as `init` passes them): nil if it
+    /// does, else the list it refused (libfuse prints which on stderr). No
+    /// session is mounted.
+    public static func rejectedOptions(_ options: [String]) -> String? {
+        guard !options.isEmpty else { return nil }
+        let argv = ["vanish", "-o", options.joined(separator: ",")]
+        let cargs = argv.map { strdup($0) } + [nil]
+        defer { cargs.forEach { free($0) } }
+        return cargs.withUnsafeBufferPointer { p -> String? in
+            var args = fuse_args(argc: Int32(argv.count), argv: UnsafeMutablePointer(mutating: p.baseAddress), allocated: 0)
+            var ops = fuse_lowlevel_ops()
+            guard let se = vanish_session_new(&args, &ops, nil) else { return options.joined(separator: ",") }
+            fuse_session_destroy(se)
+            fuse_opt_free_args(&args)
+            return nil
+        }
+    }
+
     /// `fuse_session_mount`, then the transport layer on its /dev/fuse fd
     /// (see `KernelFeatures`).
     public func mount(at mountpoint: String) throws {

@@ -82,6 +82,19 @@ struct MountCommand: ParsableCommand {
         if let keepMaxBytes, Quantity.bytes(keepMaxBytes) == nil {
             throw ValidationError("--keep-max-bytes takes a size such as 500M, 20G or 1T")
         }
+        // Before anything is mounted: a log that cannot be written would leave a daemon saying nothing.
+        if let logFile {
+            let fd = open(logFile, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o640)
+            guard fd >= 0 else {
+                throw ValidationError("--log-file \(logFile): \(String(cString: strerror(errno)))")
+            }
+            close(fd)
+        }
+        // libfuse's options: an unknown one is bad input (64), found before the source is touched.
+        let parsed = try MountOptionList(options)
+        if let why = Session.rejectedOptions(parsed.fuseOptions(source: "/")) {
+            throw ValidationError("libfuse does not know the option(s) in: \(why) (see vanish mount --help)")
+        }
     }
 
     func run() throws {

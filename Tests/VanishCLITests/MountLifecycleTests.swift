@@ -183,6 +183,9 @@ struct ArgumentErrorTests {
         (["mount", "-o", "readahead=lots", "/tmp", "/tmp"], "readahead="),
         (["mount", "--threads", "0", "/tmp"], "--threads"),
         (["mount", "-o", "no_default_permissions", "/tmp"], "permissions"),
+        (["mount", "-o", "bogus_opt", "/tmp", "/tmp"], "bogus_opt"),
+        (["mount", "-o", "passthrough=maybe", "/tmp", "/tmp"], "passthrough="),
+        (["mount", "--log-file", "/nonexistent-vanish-dir/log", "/tmp", "/tmp"], "/nonexistent-vanish-dir/log"),
         (["unmount", "/tmp"], "not a mountpoint"),
         (["frobnicate"], "frobnicate"),
     ])
