@@ -27,21 +27,24 @@ public final class ControlServer: @unchecked Sendable {
         log = logger
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw ControlClient.Failure("socket: \(String(cString: strerror(errno)))") }
-        unlink(path)
+        // Bound under another name and renamed once it listens, so a *.sock
+        // that refuses connections is always a dead daemon's (see removeStaleSockets).
+        let binding = path + ".new"
+        unlink(binding)
         // Born owner-only, so nobody can connect before the mode is final.
         let old = umask(0o177)
-        let bound = ControlClient.withAddress(path) { bind(fd, $0, $1) }
+        let bound = ControlClient.withAddress(binding) { bind(fd, $0, $1) }
         umask(old)
         guard let rc = bound else {
             close(fd)
             throw ControlClient.Failure("control socket path too long: \(path)")
         }
-        guard rc == 0, listen(fd, 64) == 0 else {
+        guard rc == 0, listen(fd, 64) == 0, !shared || chmod(binding, 0o666) == 0, rename(binding, path) == 0 else {
             let e = errno
             close(fd)
+            unlink(binding)
             throw ControlClient.Failure("cannot listen on \(path): \(String(cString: strerror(e)))")
         }
-        if shared { chmod(path, 0o666) }
         listener = fd
     }
 
@@ -69,6 +72,30 @@ public final class ControlServer: @unchecked Sendable {
             if let made = mkdtemp(&template) { dir = String(cString: made) }
         }
         return dir
+    }
+
+    /// Removes the sockets in `dir` that nobody listens on any more (their
+    /// daemons were killed before they could remove them): a connection to
+    /// such a socket is refused. Returns how many went.
+    @discardableResult
+    public static func removeStaleSockets(in dir: String) -> Int {
+        guard let d = opendir(dir) else { return 0 }
+        defer { closedir(d) }
+        var removed = 0
+        while let e = readdir(d) {
+            let name = withUnsafePointer(to: e.pointee.d_name) { String(cString: UnsafeRawPointer($0).assumingMemoryBound(to: CChar.self)) }
+            guard name.hasSuffix(".sock") else { continue }
+            let path = dir + "/" + name
+            var st = stat()
+            guard lstat(path, &st) == 0, st.st_mode & S_IFMT == S_IFSOCK, st.st_uid == getuid() else { continue }
+            let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+            guard fd >= 0 else { continue }
+            let rc = ControlClient.withAddress(path) { connect(fd, $0, $1) }
+            let refused = rc == -1 && errno == ECONNREFUSED
+            close(fd)
+            if refused && unlink(path) == 0 { removed += 1 }
+        }
+        return removed
     }
 
     /// Starts accepting (after any fork: threads don't survive it).

@@ -151,7 +151,10 @@ struct MountCommand: ParsableCommand {
         }
         let control: ControlServer?
         do {
-            let path = ControlServer.socketDirectory() + "/\(instance).sock"
+            let directory = ControlServer.socketDirectory()
+            let stale = ControlServer.removeStaleSockets(in: directory)
+            if stale > 0 { log.info("removed control sockets of daemons that are gone", metadata: ["count": "\(stale)"]) }
+            let path = directory + "/\(instance).sock"
             control = try ControlServer(path: path, shared: parsed.allowsOthers, filesystem: fs, logger: log)
             fs.controlSocket = path
         } catch {

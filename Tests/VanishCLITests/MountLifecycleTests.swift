@@ -195,6 +195,29 @@ struct ArgumentErrorTests {
         #expect(r.stderr.contains(mentions), "\(args): \(r.stderr)")
     }
 
+    @Test("a killed daemon's control socket is removed by the next mount; live ones stay")
+    func staleSocketsRemoved() throws {
+        try withVanishMount { live in
+            let liveSocket = try socketPath(live)
+            let dead = try VanishMount()
+            defer { dead.close() }
+            let deadSocket = try socketPath(dead)
+            kill(dead.pid, SIGKILL)
+            _ = try dead.waitForExit()
+            #expect(access(deadSocket, F_OK) == 0, "a SIGKILLed daemon leaves its socket")
+            try withVanishMount { _ in
+                #expect(access(deadSocket, F_OK) != 0, "the next mount removed it")
+                #expect(access(liveSocket, F_OK) == 0)
+            }
+        }
+    }
+
+    private func socketPath(_ m: VanishMount) throws -> String {
+        let s = try run([vanishBinary, "status", "--json", m.mountpoint]).stdout
+        let range = try #require(s.range(of: #""socket":"([^"]+)""#, options: .regularExpression))
+        return String(s[range].dropFirst(10).dropLast())
+    }
+
     @Test("a source that is a file is refused")
     func fileSource() throws {
         let dir = try makeTempDirectory()
