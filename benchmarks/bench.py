@@ -10,6 +10,7 @@ to native and to passthrough_ll.
     sudo benchmarks/bench.py                  # full sizes, tens of minutes
     sudo benchmarks/bench.py --only create,rm-rf --peers native,vanish
     sudo benchmarks/bench.py --quick --ramdisk ext4   # steadier daemon-vs-daemon ratios
+    sudo VANISH_COMPARE=/path/to/other/vanish benchmarks/bench.py ...   # A/B: another build as a column
 
 Needs root (drop_caches, mounting as root like the other peers); installs
 its Debian packages if they are missing.
@@ -147,11 +148,13 @@ class Vanish(Peer):
     # Variants (events off, a subscriber attached) only run where a workload asks for them.
     variant = False
 
-    def __init__(self, binary, options="", subscriber=False, name=None):
+    def __init__(self, binary, options="", subscriber=False, name=None, data_only=False):
         self.binary = binary
         self.options = options
         self.subscriber = subscriber
         self.events = None
+        # A variant for file data workloads (passthrough off), shown as a column of its own.
+        self.data_only = data_only
         if name:
             self.name = name
             self.variant = True
@@ -265,6 +268,8 @@ class ListBigDir(Workload):
 
 
 class SeqWrite(Workload):
+    data = True
+
     def __init__(self, mib, direct=False):
         self.mib = mib
         self.direct = direct
@@ -277,6 +282,7 @@ class SeqWrite(Workload):
 
 class SeqRead(Workload):
     read_only = True
+    data = True
 
     def __init__(self, mib, direct=False):
         self.mib = mib
@@ -293,6 +299,7 @@ class SeqRead(Workload):
 
 class RandRead(Workload):
     read_only = True
+    data = True
 
     def __init__(self, mib):
         self.mib = mib
@@ -304,6 +311,36 @@ class RandRead(Workload):
     def run(self, target):
         sh(["fio", "--name=r", f"--filename={target}/rand", "--rw=randread", "--bs=4k",
             f"--size={self.mib}M", f"--io_size={self.mib // 4}M", "--ioengine=psync",
+            "--randrepeat=1", "--output=/dev/null"])
+
+
+class WarmRead(SeqRead):
+    """The file read once through the mount before the timed read: what the
+    page cache gives back (for FUSE without passthrough, its own cache)."""
+    cold = False
+
+    def __init__(self, mib):
+        super().__init__(mib)
+        self.name = f"sequential read {mib} MiB, page cache warm (dd bs=1M)"
+
+    def prepare_mounted(self, target):
+        self.run(target)
+
+
+class MmapRead(Workload):
+    read_only = True
+    data = True
+
+    def __init__(self, mib):
+        self.mib = mib
+        self.name = f"4 KiB random reads through mmap, {mib // 4} MiB of a {mib} MiB file (fio mmap)"
+
+    def prepare_source(self, src, cache):
+        sh(f"dd if=/dev/urandom of={src}/mapped bs=1M count={self.mib} status=none")
+
+    def run(self, target):
+        sh(["fio", "--name=m", f"--filename={target}/mapped", "--rw=randread", "--bs=4k",
+            f"--size={self.mib}M", f"--io_size={self.mib // 4}M", "--ioengine=mmap",
             "--randrepeat=1", "--output=/dev/null"])
 
 
@@ -522,6 +559,31 @@ class MetadataOps(Workload):
                 os.unlink(p + ".r")
 
 
+class ParallelStat(Workload):
+    """Four processes stat the names of one cold directory, each its own
+    quarter: how far lookups in one directory run side by side
+    (FUSE_PARALLEL_DIROPS; without it the kernel sends them one at a time)."""
+    read_only = True
+
+    def __init__(self, files):
+        self.files = files
+        self.name = f"stat {files // 1000}k names of one directory from 4 processes, cold"
+
+    def prepare_source(self, src, cache):
+        os.mkdir(os.path.join(src, "flat"))
+        make_tree(os.path.join(src, "flat"), 1, self.files, size=0)
+
+    def run(self, target):
+        code = ("import os, sys\n"
+                "d, k, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])\n"
+                "for i in range(k, n, 4): os.stat(f'{d}/f{i:05}')\n")
+        procs = [subprocess.Popen([sys.executable, "-c", code, f"{target}/flat/d000", str(k), str(self.files)])
+                 for k in range(4)]
+        for p in procs:
+            if p.wait() != 0:
+                raise RuntimeError("a stat process failed")
+
+
 class UnlinkBig(Workload):
     """The unlink alone, of a file the caller has just looked at (as rm does:
     it stats before it unlinks), so the figure is what deleting costs and how
@@ -637,6 +699,13 @@ def build_peers(cache, only, vanish_options=""):
         peers.append(Vanish(binary, options=",".join(extra)))
         peers.append(Vanish(binary, options=",".join(extra + ["noevents"]), name="vanish, events off"))
         peers.append(Vanish(binary, options=",".join(extra), subscriber=True, name="vanish + subscriber"))
+        peers.append(Vanish(binary, options=",".join(extra + ["passthrough=off"]), name="vanish, passthrough off",
+                            data_only=True))
+        if os.environ.get("VANISH_COMPARE"):
+            # Another build as a column of its own, interleaved with this one: an A/B in one run.
+            other = Vanish(os.environ["VANISH_COMPARE"], options=",".join(extra), name="vanish, compared build")
+            other.variant = False
+            peers.append(other)
     return peers
 
 
@@ -645,9 +714,9 @@ def workloads(quick):
     mib = 256 if quick else 1024
     repo = 5_000 if quick else 20_000
     return [
-        Create(n), Walk(n, warm=False), Walk(n, warm=True), ListBigDir(n),
-        SeqWrite(mib), SeqRead(mib), SeqWrite(mib, direct=True), SeqRead(mib, direct=True),
-        RandRead(mib), TarExtract(), TarCreate(), GitStatus(repo), GitCheckout(repo),
+        Create(n), Walk(n, warm=False), Walk(n, warm=True), ListBigDir(n), ParallelStat(n),
+        SeqWrite(mib), SeqRead(mib), WarmRead(mib), SeqWrite(mib, direct=True), SeqRead(mib, direct=True),
+        RandRead(mib), MmapRead(mib), TarExtract(), TarCreate(), GitStatus(repo), GitCheckout(repo),
         MetadataOps(n // 5 if not quick else n), RmRf(n), RemoveTreeOneStep(n), RemoveCachedTreeOneStep(n), RemoveTreeInProcess(n), ReaperDrain(n),
         LatencyWhileReaping(n), UnlinkBig(1 if quick else 10),
     ]
@@ -689,8 +758,11 @@ def measure(peers, work, runs, base_dir, cache):
     errors = {}
     if getattr(work, "vanish_only", False):
         peers = [p for p in peers if isinstance(p, Vanish)]
+    # The passthrough-off column runs where file data is measured; the events
+    # variants where a workload asks for them.
+    peers = [p for p in peers if not getattr(p, "data_only", False) or getattr(work, "data", False)]
     if not getattr(work, "variants", False):
-        peers = [p for p in peers if not getattr(p, "variant", False)]
+        peers = [p for p in peers if not getattr(p, "variant", False) or getattr(p, "data_only", False)]
     # A workload that only reads its tree gets one source for every peer and
     # run (preparing 100k files took ~40 s on this disk, per run and peer).
     shared = None
@@ -862,8 +934,8 @@ def run_all(args, runs, base_dir, cache, ramdisk=None):
     stamp = time.strftime("%Y%m%d-%H%M%S")
     with open(os.path.join(args.out, f"bench-{stamp}.json"), "w") as f:
         json.dump(results, f, indent=1)
-    table = markdown(results, [p.name for p in peers if not getattr(p, "variant", False)],
-                     [p.name for p in peers if isinstance(p, Vanish)])
+    table = markdown(results, [p.name for p in peers if not getattr(p, "variant", False) or getattr(p, "data_only", False)],
+                     [p.name for p in peers if isinstance(p, Vanish) and not getattr(p, "data_only", False)])
     with open(os.path.join(args.out, f"bench-{stamp}.md"), "w") as f:
         f.write(table)
     print()
