@@ -256,7 +256,7 @@ extension ControlServer {
         if prefixes == nil && peer.uid == 0 { return true }
         guard let o = JSON.parse(line) else { return false }
         if let types, !types.contains(o["type"]?.string ?? "") { return false }
-        let paths = ["path", "from", "target"].compactMap { PathBytes.get(o, key: $0)?.bytes }
+        let paths = ControlServer.pathFields.compactMap { PathBytes.get(o, key: $0)?.bytes }
         if let prefixes {
             // Lifecycle events (no path) always pass; a move counts at either end.
             if !paths.isEmpty && !paths.contains(where: { p in prefixes.contains { ControlServer.isWithin(p, $0) } }) { return false }
@@ -266,6 +266,10 @@ extension ControlServer {
         }
         return true
     }
+
+    /// Every event field that names a path in the mount: each must be one
+    /// the subscriber could see, or the event is not theirs to read.
+    static let pathFields = ["path", "from", "target", "copied_from"]
 
     static func isWithin(_ path: [UInt8], _ dir: [UInt8]) -> Bool {
         dir.isEmpty || path == dir || (path.count > dir.count && path[dir.count] == 0x2F && Array(path[..<dir.count]) == dir)

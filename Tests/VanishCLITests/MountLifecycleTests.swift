@@ -190,7 +190,14 @@ struct ArgumentErrorTests {
         (["frobnicate"], "frobnicate"),
     ])
     func badArguments(_ args: [String], _ mentions: String) throws {
-        let r = try run([vanishBinary] + args)
+        // "/tmp" stands for a scratch directory: a build that let one of these
+        // through would mount there (a daemonizing mount), never over /tmp.
+        let dir = try makeTempDirectory()
+        defer {
+            if mountType(at: dir) != nil { unmountAndRemove(dir, base: dir) } else { removeTree(dir) }
+        }
+        let r = try run([vanishBinary] + args.map { $0 == "/tmp" ? dir : $0 })
+        #expect(mountType(at: dir) == nil, "\(args) mounted")
         #expect(r.status == 64, "\(args): \(r.stderr)")
         #expect(r.stderr.contains(mentions), "\(args): \(r.stderr)")
     }

@@ -8,9 +8,17 @@ final class Subscriber {
     let pid: pid_t
     let output: String
 
-    init(_ m: VanishMount, _ arguments: [String] = [], name: String = "events") throws {
+    /// `asNobody`: the subscriber runs as nobody (a copy of the binary in the mount's base, which nobody can reach).
+    init(_ m: VanishMount, _ arguments: [String] = [], name: String = "events", asNobody: Bool = false) throws {
         output = m.base + "/\(name).jsonl"
-        let cmd = ([vanishBinary, "events", "--json"] + arguments + [m.mountpoint]).map(shellQuote).joined(separator: " ")
+        var binary = vanishBinary
+        var prefix: [String] = []
+        if asNobody {
+            binary = m.base + "/vanish-for-nobody"
+            guard try run(["cp", vanishBinary, binary]).ok else { throw TestFailure("cannot copy the binary") }
+            prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
+        }
+        let cmd = (prefix + [binary, "events", "--json"] + arguments + [m.mountpoint]).map(shellQuote).joined(separator: " ")
         pid = try spawn(["/bin/sh", "-c", "exec \(cmd) >\(shellQuote(output)) 2>&1"])
         // Subscribed once the daemon has seen the connection: wait for a marker event to arrive.
     }
@@ -192,6 +200,25 @@ struct EventStreamTests {
             #expect(r.ok, "\(r.stderr)")
             try s.waitFor("end") { $0["path"] as? String == "end" }
             #expect(changes(s) == ["created a", "written a", "attributes a", "written a", "attributes a", "created end"])
+        }
+    }
+
+    @Test("another user's stream names nothing they could not see, in any path field (a copy's source, a move's origin)")
+    func otherUsersSeeOnlyVisibleNames() throws {
+        try withVanishMount(options: ["allow_other"]) { m in
+            #expect(try sh("mkdir -m 700 private && mkdir -m 777 pub && echo secret > private/SECRET", cwd: m.mountpoint).ok)
+            let s = try Subscriber(m, asNobody: true)
+            defer { s.stop() }
+            var n = 0
+            try waitFor("nobody's subscriber to attach") {
+                n += 1
+                _ = try sh("touch pub/.attach-\(n)", cwd: m.mountpoint)
+                return s.events.contains { ($0["path"] as? String ?? "").hasPrefix("pub/.attach-") }
+            }
+            #expect(try sh("cp private/SECRET pub/copy && mv private/SECRET pub/moved && touch pub/end", cwd: m.mountpoint).ok)
+            try s.waitFor("pub/end") { $0["path"] as? String == "pub/end" }
+            let leaked = s.events.filter { e in e.values.contains { "\($0)".contains("SECRET") } }
+            #expect(leaked.isEmpty, "\(leaked)")
         }
     }
 

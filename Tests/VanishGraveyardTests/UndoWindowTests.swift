@@ -354,7 +354,13 @@ struct UndoWindowTests {
     func badArguments() throws {
         for args in [["--keep", "soon"], ["--keep-max-bytes", "lots"], ["-o", "keep=-1s"], ["-o", "keep_min_free=120"],
                      ["-o", "reap_rate=0"], ["-o", "reap_yield=soon"], ["-o", "reap_yield=1h"]] {
-            let r = try run([vanishBinary, "mount"] + args + ["/tmp", "/mnt"])
+            // Scratch directories: a build that let a value through mounts there, not over /tmp or /mnt.
+            let dir = try makeTempDirectory()
+            defer {
+                if mountType(at: dir) != nil { unmountAndRemove(dir, base: dir) } else { removeTree(dir) }
+            }
+            let r = try run([vanishBinary, "mount"] + args + [dir])
+            #expect(mountType(at: dir) == nil, "\(args) mounted")
             #expect(r.status == 64, "\(args): \(r.stderr)")
         }
     }
