@@ -101,15 +101,26 @@ extension PassthroughFilesystem {
     }
 
     /// The JSON `vanish status` shows.
-    func statusJSON() -> String {
+    /// Restorable counts and bytes are the caller's own (everything for
+    /// root): another user's deletions are not theirs to learn of.
+    func statusJSON(for caller: Caller) -> String {
         let s = reapingStatistics
         let pace = reapingPace
-        let pending = pendingEntries
-        let restorable = graveyard?.restorableCount ?? 0
+        let allPending = pendingEntries
+        let allRestorable = graveyard?.restorableCount ?? 0
+        var (pending, restorable) = (allPending, allRestorable)
+        var restorableBytes = graveyard?.restorableBytes ?? 0
+        if caller.uid != 0, let graveyard {
+            let own = graveyard.restorable.filter { $0.record.uid == caller.uid }
+            restorable = own.count
+            restorableBytes = own.reduce(0) { $0 + ($1.record.bytes ?? 0) }
+            // Others' kept entries leave the backlog too, or it would count them.
+            pending = max(0, allPending - (allRestorable - own.count))
+        }
         let stuck = stuckEntries
         // Entries the window keeps are not due, nor are those that cannot be
         // deleted, so neither is in the estimate.
-        let due = max(0, pending - restorable - stuck)
+        let due = max(0, allPending - allRestorable - stuck)
         let eta = due == 0 ? "0" : pace.entriesPerSecond > 0 ? "\(Int((Double(due) / pace.entriesPerSecond).rounded(.up)))" : "null"
         var fs = statvfs()
         _ = fstatvfs(rootFD, &fs)
@@ -121,7 +132,7 @@ extension PassthroughFilesystem {
             "reaper_idle":\(reapersIdle),\
             "reaped_entries":\(s.entries),"freed_files":\(s.files),"freed_bytes":\(s.bytes),\
             "buried_entries":\(s.buried),"reaper_workers":\(reaper?.workerCount ?? 0),"free_bytes":\(free),\
-            "restorable_entries":\(restorable),"stuck_entries":\(stuck),"restorable_bytes":\(graveyard?.restorableBytes ?? 0),\
+            "restorable_entries":\(restorable),"stuck_entries":\(stuck),"restorable_bytes":\(restorableBytes),\
             "keep_seconds":\(Double(reaper?.policy.keep ?? 0) / 1e9),"socket":"\(jsonEscape(controlSocket))",\
             "known_inodes":\(table.count),"cached_fds":\(fds.openCount),"fd_cache_limit":\(fds.limit),\
             "kernel_features":"\(KernelFeatures.granted)","passthrough":"\(jsonEscape(passthroughState))"}

@@ -92,6 +92,13 @@ public enum RestoreError: Error, CustomStringConvertible {
 
 /// The undo window seen from outside: list what a user deleted, put it back.
 extension PassthroughFilesystem {
+    /// Why `who` may not restore another user's entry: they are told whose
+    /// it is only if they could see its path; otherwise the answer is the
+    /// one for a name never deleted, so no guessed name can be tested.
+    private func refusal(_ what: String, path: [UInt8], as who: Credentials) -> RestoreError {
+        mayObserve(path, as: who) ? .notYours(what) : .noSuchEntry(what)
+    }
+
     /// The restorable entries `who` may see (their own; everything for root), oldest first.
     public func trash(for who: Credentials) -> [TrashEntry] {
         guard let graveyard else { return [] }
@@ -113,7 +120,7 @@ extension PassthroughFilesystem {
         var plan: [TrashEntry] = []
         if let id {
             guard let e = graveyard.restorable.first(where: { $0.id == id }) else { throw .noSuchEntry(id) }
-            guard who.uid == 0 || e.record.uid == who.uid else { throw .notYours(id) }
+            guard who.uid == 0 || e.record.uid == who.uid else { throw refusal(id, path: e.record.path, as: who) }
             plan = [e]
         } else if let path {
             let shown = String(decoding: path, as: UTF8.self)
@@ -126,7 +133,7 @@ extension PassthroughFilesystem {
                 guard !plan.isEmpty, destination == nil else { throw .noSuchEntry(shown) }
                 return try restoreAll(plan, to: nil, as: who, graveyard: graveyard, insideOnly: true)
             }
-            guard who.uid == 0 || top.record.uid == who.uid else { throw .notYours(shown) }
+            guard who.uid == 0 || top.record.uid == who.uid else { throw refusal(shown, path: path, as: who) }
             plan = [top]
             if top.record.kind == .directory && destination == nil {
                 // rm -rf removes children first: they were deleted before the

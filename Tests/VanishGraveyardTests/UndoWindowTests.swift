@@ -254,6 +254,21 @@ struct UndoWindowTests {
                 let rootsID = try #require(try trashList(m).first { $0["path"] as? String == "closed/f" }?["id"] as? String)
                 let intoClosed = try runAsNobody([binary, "restore", rootsID, "--mount", m.mountpoint, "--to", m.path("shared/x")])
                 #expect(intoClosed.status == 1)
+                // Names nobody could not see: a deleted one and one never made get the same answer.
+                #expect(try sh("mkdir -m 700 private && echo s > private/SECRET && rm private/SECRET", cwd: m.mountpoint).ok)
+                let deleted = try runAsNobody([binary, "restore", m.path("private/SECRET")])
+                let never = try runAsNobody([binary, "restore", m.path("private/NEVER")])
+                #expect(deleted.status == never.status && deleted.stderr.contains("nothing restorable is known"), "\(deleted.stderr)")
+                #expect(deleted.stderr.replacingOccurrences(of: "SECRET", with: "NEVER") == never.stderr)
+                // Status counts what the asking user deleted; root sees it all.
+                let nobodyStatus = try runAsNobody([binary, "status", "--json", m.mountpoint]).stdout
+                #expect(nobodyStatus.contains("\"restorable_entries\":0,") && nobodyStatus.contains("\"restorable_bytes\":0,"),
+                        "\(nobodyStatus)")
+                #expect(nobodyStatus.contains("\"pending_entries\":0,"), "\(nobodyStatus)")
+                let rootStatus = try run([vanishBinary, "status", "--json", m.mountpoint]).stdout
+                #expect(!rootStatus.contains("\"restorable_entries\":0,"), "\(rootStatus)")
+                let waits = try runAsNobody(["timeout", "30", binary, "status", "--wait", m.mountpoint])
+                #expect(waits.ok, "status --wait as nobody settles beside root's kept entries: \(waits.stderr)")
             }
         }
     }
