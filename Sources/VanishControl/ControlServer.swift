@@ -228,6 +228,13 @@ extension ControlServer {
         becomeBackgroundThread(nice: 5)
         while true {
             guard var run = reader.readRun(timeout: 1) else { return }
+            if let gap = reader.takeGap() {
+                let reset: JSON = ["type": "reset", "instance": JSON(journal.instance), "cursor": JSON(journal.cursor(gap.upperBound)),
+                                   "reason": JSON("the subscriber fell behind: the journal dropped events before they were read"),
+                                   "skipped_from": JSON(gap.lowerBound), "skipped_to": JSON(gap.upperBound),
+                                   "skipped": JSON(gap.count)]
+                guard conn.write(reset) else { return }
+            }
             if run.isEmpty {
                 if conn.peerClosed() { return }
                 continue

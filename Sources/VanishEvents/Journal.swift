@@ -54,6 +54,10 @@ public final class Journal: @unchecked Sendable {
     /// removing those of earlier instances: their cursors get a reset.
     public init(eventsFD: Int32, instance: String, limits: Limits = Limits()) throws {
         self.instance = instance
+        // Only whole segments go: a limit under a few segments' size would
+        // not hold (events_max_bytes=1M kept 16 MiB).
+        var limits = limits
+        limits.segmentBytes = min(limits.segmentBytes, max(64 << 10, limits.maxBytes / 4))
         self.limits = limits
         Journal.removeAll(in: eventsFD, except: instance)
         guard mkdirat(eventsFD, instance, 0o700) == 0 || errno == EEXIST else {
@@ -302,6 +306,16 @@ public final class Journal: @unchecked Sendable {
         private var fd: Int32 = -1
         private var segmentFirst: UInt64 = 0
         private var partial: [UInt8] = []
+        /// Events this reader will never see: the journal dropped them
+        /// (its size or age limit) before the reader got to them.
+        private var gap: ClosedRange<UInt64>?
+
+        /// The range skipped since the last call, if any; the subscriber
+        /// must be told (a `reset`), never left to find a jump in `seq`.
+        public func takeGap() -> ClosedRange<UInt64>? {
+            defer { gap = nil }
+            return gap
+        }
         /// Read into once per call: a fresh zeroed 256 KiB array per batch of
         /// a few events cost a live subscriber more than the events themselves.
         private let scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: 256 << 10, alignment: 16)
@@ -333,7 +347,9 @@ public final class Journal: @unchecked Sendable {
         /// The next complete lines as one run of bytes, in order, none
         /// before `next`: what a subscriber that sees everything is sent
         /// as is, in one write (splitting it into lines cost a live
-        /// subscriber an allocation per event). Empty on timeout; nil as for `read`.
+        /// subscriber an allocation per event). Empty on timeout, and
+        /// right after a jump over events the journal dropped (`takeGap`);
+        /// nil as for `read`.
         public func readRun(timeout: Double) -> [UInt8]? {
             if !journal.waitDurable(next, timeout: timeout) {
                 journal.state.lock()
@@ -342,7 +358,10 @@ public final class Journal: @unchecked Sendable {
                 return closed ? nil : []
             }
             while true {
-                if fd < 0 && !open() { return nil }
+                if fd < 0 {
+                    if !open() { return nil }
+                    if gap != nil { return [] }
+                }
                 let n = Glibc.read(fd, scratch.baseAddress, scratch.count)
                 if n <= 0 {
                     // End of this file. The writer finishes a segment before
@@ -355,7 +374,10 @@ public final class Journal: @unchecked Sendable {
                         Glibc.close(fd)
                         fd = -1
                         partial = []
+                        // Segments between were trimmed while this reader lagged.
+                        if successor.first > next { skip(to: successor.first) }
                         if !open(successor) { return nil }
+                        if gap != nil { return [] }
                         continue
                     }
                     if !journal.waitDurable(next, timeout: timeout) { return [] }
@@ -390,10 +412,21 @@ public final class Journal: @unchecked Sendable {
         private func open() -> Bool {
             journal.state.lock()
             let segment = journal.segments.last { $0.first <= next }
-            let oldest = journal.segments.first?.first ?? 1
+            let oldest = journal.segments.first
             journal.state.unlock()
-            guard let segment, next >= oldest else { return false }
+            if let oldest, next < oldest.first {
+                skip(to: oldest.first)
+                return open(oldest)
+            }
+            guard let segment else { return false }
             return open(segment)
+        }
+
+        /// Jumps to `seq`, recording what was passed over.
+        private func skip(to seq: UInt64) {
+            let from = gap?.lowerBound ?? next
+            gap = from...(seq - 1)
+            next = seq
         }
 
         private func open(_ segment: Segment) -> Bool {

@@ -10,7 +10,9 @@ struct EventsCommand: ParsableCommand {
             Prints readable lines on a terminal and JSON lines otherwise (or with --json); the \
             schema is in the README. Each event carries seq and instance: resume after it with \
             --since INSTANCE:SEQ and nothing is lost or repeated. A cursor the journal no longer \
-            holds, or one from an earlier mount, gets a single `reset` event: rescan (--snapshot).
+            holds, or one from an earlier mount, gets a single `reset` event: rescan (--snapshot). \
+            So does a subscriber that falls further behind than the journal keeps \
+            (events_max_bytes): its reset says which seq range it missed.
             """
     )
 
@@ -98,6 +100,7 @@ struct EventsCommand: ParsableCommand {
         if let changed = f["changed"]?.string { s += " [\(changed)]" }
         if let comm = f["comm"]?.string, let pid = f["pid"]?.int { s += "  by \(comm)[\(pid)]" }
         if e.type == "reset", let reason = f["reason"]?.string { s += ": \(reason)" }
+        if e.type == "reset", let n = f["skipped"]?.uint64 { s += " (\(n) events skipped)" }
         return s
     }
 }

@@ -358,6 +358,51 @@ struct EventStreamTests {
         }
     }
 
+    @Test("a subscriber that falls behind more than the journal keeps is told what it missed (a reset with the range), never a silent jump")
+    func laggingSubscriberGetsReset() throws {
+        try withVanishMount(options: ["events_max_bytes=1M"]) { m in
+            let s = try Subscriber(m, name: "lagging")
+            defer { kill(s.pid, SIGCONT); s.stop() }
+            try attach(s, m)
+            kill(s.pid, SIGSTOP)
+            // About 60,000 events, 15 MB of journal: far past the 1 MiB it keeps.
+            let r = try run(["python3", "-c", """
+                import os, sys
+                d = os.path.join(sys.argv[1], "churn")
+                os.mkdir(d)
+                for i in range(15000):
+                    p = os.path.join(d, f"f{i}")
+                    os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))
+                    os.chmod(p, 0o600)
+                    os.rename(p, p + ".r")
+                    os.unlink(p + ".r")
+                """, m.mountpoint])
+            #expect(r.ok, "\(r.stderr)")
+            kill(s.pid, SIGCONT)
+            #expect(try sh("touch end", cwd: m.mountpoint).ok)
+            try s.waitFor("the end marker", timeout: 300) { $0["path"] as? String == "end" }
+            var previous: Int?
+            var announced: ClosedRange<Int>?
+            var resets = 0
+            var silent: [String] = []
+            for e in s.events {
+                if e["type"] as? String == "reset" {
+                    resets += 1
+                    if let from = e["skipped_from"] as? Int, let to = e["skipped_to"] as? Int { announced = from...to }
+                    continue
+                }
+                guard let seq = e["seq"] as? Int else { continue }
+                if let p = previous, seq != p + 1 {
+                    if announced != (p + 1)...(seq - 1) { silent.append("\(p) -> \(seq) (announced \(String(describing: announced)))") }
+                }
+                announced = nil
+                previous = seq
+            }
+            #expect(resets > 0, "the journal kept everything: the test did not lag far enough")
+            #expect(silent.isEmpty, "jumps without a reset: \(silent.prefix(5))")
+        }
+    }
+
     @Test("names with newlines and invalid UTF-8 round-trip")
     func oddNames() throws {
         try withVanishMount { m in
