@@ -25,15 +25,17 @@ enum MountPaths {
 
     /// realpath(3), or a validation error naming the path.
     static func resolve(_ path: String, what: String) throws -> String {
-        guard let r = realpath(path, nil) else { throw pathError(path, what: what, errno: errno) }
+        guard let r = RawArguments.withCString(path, { realpath($0, nil) }) else {
+            throw pathError(RawArguments.display(path), what: what, errno: errno)
+        }
         defer { free(r) }
-        return String(cString: r)
+        return RawArguments.string(UnsafeBufferPointer(start: UnsafeRawPointer(r).assumingMemoryBound(to: UInt8.self), count: strlen(r)))
     }
 
     /// Checks `path` is a usable directory; a dead FUSE mount gets its own explanation.
     static func requireDirectory(_ path: String, what: String) throws {
         var st = stat()
-        guard stat(path, &st) == 0 else { throw pathError(path, what: what, errno: errno) }
+        guard RawArguments.withCString(path, { stat($0, &st) }) == 0 else { throw pathError(path, what: what, errno: errno) }
         guard st.st_mode & S_IFMT == S_IFDIR else { throw ValidationError("\(what) \(path) is not a directory") }
     }
 

@@ -83,31 +83,37 @@ struct RemoveCommand: ParsableCommand {
         return !failed
     }
 
-    private static func remove(_ path: String, recursive: Bool, force: Bool) throws {
+    private static func remove(_ argument: String, recursive: Bool, force: Bool) throws {
+        try RawArguments.withCString(argument) { path in
+            try remove(path, shown: RawArguments.display(argument), recursive: recursive, force: force)
+        }
+    }
+
+    private static func remove(_ path: UnsafePointer<CChar>, shown: String, recursive: Bool, force: Bool) throws {
         var st = stat()
         guard lstat(path, &st) == 0 else {
             if errno == ENOENT && force { return }
-            throw RuntimeError("cannot remove \(path): \(String(cString: strerror(errno)))")
+            throw RuntimeError("cannot remove \(shown): \(String(cString: strerror(errno)))")
         }
         guard st.st_mode & S_IFMT == S_IFDIR else {
-            guard unlink(path) == 0 else { throw RuntimeError("cannot remove \(path): \(String(cString: strerror(errno)))") }
+            guard unlink(path) == 0 else { throw RuntimeError("cannot remove \(shown): \(String(cString: strerror(errno)))") }
             return
         }
-        guard recursive else { throw RuntimeError("cannot remove \(path): Is a directory (use -r)") }
+        guard recursive else { throw RuntimeError("cannot remove \(shown): Is a directory (use -r)") }
         // Not even FUSE: no Vanish mount, whatever attributes the directory has.
-        guard vanish_filesystem_type_at(path) == VANISH_FUSE_SUPER_MAGIC else { throw notOnVanish(path) }
+        guard vanish_filesystem_type_at(path) == VANISH_FUSE_SUPER_MAGIC else { throw notOnVanish(shown) }
         // XATTR_REPLACE: elsewhere no such attribute exists to be replaced,
         // so nothing is stored and the call fails (ENODATA); Vanish takes the
         // trigger whatever the flags. This spares reading /proc/self/mountinfo
         // on every call.
         guard setxattr(path, "user.vanish.delete", "", 0, Int32(XATTR_REPLACE)) == 0 else {
             let e = errno
-            if e == ENODATA || e == ENOTSUP || e == EOPNOTSUPP { throw notOnVanish(path) }
+            if e == ENODATA || e == ENOTSUP || e == EOPNOTSUPP { throw notOnVanish(shown) }
             if e == EBUSY {
-                throw RuntimeError("cannot remove \(path): \(String(cString: strerror(e))) "
+                throw RuntimeError("cannot remove \(shown): \(String(cString: strerror(e))) "
                                    + "(the mount's root, or a filesystem is mounted inside it: unmount that first)")
             }
-            throw RuntimeError("cannot remove \(path): \(String(cString: strerror(e)))")
+            throw RuntimeError("cannot remove \(shown): \(String(cString: strerror(e)))")
         }
         // The daemon answers once the kernel has expired the path: the next
         // lookup of it, by any process, gets ENOENT. Looking it up here

@@ -126,7 +126,7 @@ struct RestoreCommand: ParsableCommand {
     static func relative(_ path: String, in mountpoint: String) throws -> [UInt8] {
         let prefix = mountpoint == "/" ? "/" : mountpoint + "/"
         guard path.hasPrefix(prefix) else { throw RuntimeError("\(path) is not inside the mount at \(mountpoint)") }
-        return Array(path.dropFirst(prefix.count).utf8)
+        return RawArguments.bytes(String(path.dropFirst(prefix.count)))
     }
 }
 

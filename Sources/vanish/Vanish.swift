@@ -6,8 +6,10 @@ import Glibc
 @main
 enum Main {
     static func main() {
-        if let code = RemoveCommand.fastPath(CommandLine.arguments.dropFirst()) { exit(code) }
-        Vanish.main()
+        // Paths are bytes: arguments that are not UTF-8 keep theirs (see RawArguments).
+        let arguments = RawArguments.decode()
+        if let code = RemoveCommand.fastPath(arguments.dropFirst()) { exit(code) }
+        Vanish.main(Array(arguments.dropFirst()))
     }
 }
 

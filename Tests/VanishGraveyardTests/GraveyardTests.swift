@@ -189,6 +189,24 @@ struct GraveyardTests {
         }
     }
 
+    @Test("vanish rm and vanish restore take names that are not UTF-8, byte for byte")
+    func nonUTF8Names() throws {
+        try withVanishMount(arguments: ["--keep", "1h"]) { m in
+            let r = try sh("""
+                set -e
+                bad="$(printf 'sub/\\377\\376 bad')"; file="$(printf 'file\\377')"
+                mkdir -p "$bad/inner" && echo x > "$bad/inner/f" && echo y > "$file"
+                VANISH rm -r "$bad"
+                VANISH rm "$file"
+                test ! -e "$bad" && test ! -e "$file" && echo gone
+                VANISH restore "$PWD/$bad" > /dev/null
+                cat "$bad/inner/f"
+                VANISH rm -r "$(printf 'sub/\\377 missing')" 2>&1 | grep -c 'missing: No such file' || true
+                """.replacingOccurrences(of: "VANISH", with: shellQuote(vanishBinary)), cwd: m.mountpoint)
+            #expect(r.stdout == "gone\nx\n1\n", "\(r.stdout)\(r.stderr)")
+        }
+    }
+
     @Test("vanish rm: -f, files, errors")
     func removeArguments() throws {
         try withVanishMount { m in
