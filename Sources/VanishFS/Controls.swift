@@ -130,7 +130,8 @@ extension PassthroughFilesystem {
             "reap_files_per_second":\(Int(pace.filesPerSecond)),"reap_entries_per_second":\(Int(pace.entriesPerSecond)),\
             "eta_seconds":\(eta),\
             "reaper_idle":\(reapersIdle),\
-            "reaped_entries":\(s.entries),"freed_files":\(s.files),"freed_bytes":\(s.bytes),\
+            "reaped_entries":\(s.entries),"freed_files":\(s.freed.files),"freed_directories":\(s.freed.directories),\
+            "freed_data_bytes":\(s.freed.dataBytes),"freed_bytes":\(s.freed.diskBytes),\
             "buried_entries":\(s.buried),"reaper_workers":\(reaper?.workerCount ?? 0),"free_bytes":\(free),\
             "restorable_entries":\(restorable),"stuck_entries":\(stuck),"restorable_bytes":\(restorableBytes),\
             "keep_seconds":\(Double(reaper?.policy.keep ?? 0) / 1e9),"socket":"\(jsonEscape(controlSocket))",\

@@ -110,11 +110,13 @@ extension PassthroughFilesystem {
     /// Starts recording events (before mounting).
     public func attach(journal: Journal) {
         events = journal
-        reaper?.onReaped = { id, files, bytes in
+        reaper?.onReaped = { id, freed in
             journal.append(.reaped) { e in
                 e.string("entry", id)
-                e.int("files", files)
-                e.int("bytes", bytes)
+                e.int("files", freed.files)
+                e.int("directories", freed.directories)
+                e.int("data_bytes", freed.dataBytes)
+                e.int("disk_bytes", freed.diskBytes)
             }
         }
     }

@@ -180,7 +180,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         for r in reapers { r.stop(finish ? .whenEmpty : .now) }
         for r in reapers { r.join() }
         let s = reapingStatistics
-        log.info("reaper stopped", metadata: ["entries": "\(s.entries)", "files": "\(s.files)", "bytes": "\(s.bytes)",
+        log.info("reaper stopped", metadata: ["entries": "\(s.entries)", "files": "\(s.freed.files)",
+                                              "directories": "\(s.freed.directories)", "bytes": "\(s.freed.diskBytes)",
                                               "left": "\(pendingEntries)"])
     }
 
@@ -199,7 +200,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     public var reapingStatistics: Reaper.Statistics {
         allReapers.reduce(into: .zero) { sum, r in
             let s = r.statistics
-            sum.entries += s.entries; sum.files += s.files; sum.bytes += s.bytes; sum.buried += s.buried
+            sum.entries += s.entries; sum.freed += s.freed; sum.buried += s.buried
         }
     }
 

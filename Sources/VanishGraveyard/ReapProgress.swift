@@ -1,6 +1,34 @@
 import LinuxSyscalls
 import Synchronization
 
+/// What deleting something freed: files (anything not a directory) and
+/// directories apart, the data the files held (their sizes) and the disk
+/// space given back (their blocks; only a last link frees any).
+public struct Freed: Sendable, Equatable {
+    public var files: UInt64 = 0
+    public var directories: UInt64 = 0
+    public var dataBytes: UInt64 = 0
+    public var diskBytes: UInt64 = 0
+
+    public init(files: UInt64 = 0, directories: UInt64 = 0, dataBytes: UInt64 = 0, diskBytes: UInt64 = 0) {
+        self.files = files
+        self.directories = directories
+        self.dataBytes = dataBytes
+        self.diskBytes = diskBytes
+    }
+
+    /// Files and directories together: what the reaper's pace counts.
+    public var entries: UInt64 { files &+ directories }
+    public var isEmpty: Bool { entries == 0 }
+
+    public static func += (a: inout Freed, b: Freed) {
+        a.files &+= b.files
+        a.directories &+= b.directories
+        a.dataBytes &+= b.dataBytes
+        a.diskBytes &+= b.diskBytes
+    }
+}
+
 /// What the reaper has freed, counted as it goes, and its recent pace.
 ///
 /// Files are counted as they are unlinked (a few dozen at a time), not
@@ -10,20 +38,28 @@ import Synchronization
 final class ReapProgress: Sendable {
     /// Graveyard entries (files or whole trees) removed.
     let entries = Atomic<UInt64>(0)
-    /// Files and directories deleted.
+    /// Files and directories deleted: the pace counts both.
     let files = Atomic<UInt64>(0)
+    let directories = Atomic<UInt64>(0)
+    let dataBytes = Atomic<UInt64>(0)
     /// Bytes given back to the filesystem.
-    let bytes = Atomic<UInt64>(0)
+    let diskBytes = Atomic<UInt64>(0)
     /// Checkpoints of the counters, a few a second while reaping: a
     /// whole-life average would hide a reaper that slowed down or stopped.
     private let log = Mutex<[(time: UInt64, files: UInt64, entries: UInt64)]>([])
     private let lastCheckpoint = Atomic<UInt64>(0)
 
-    /// Files and directories deleted, holding `bytes` (only last links count).
-    func freed(files: UInt64, bytes: UInt64) {
-        self.files.wrappingAdd(files, ordering: .relaxed)
-        if bytes != 0 { self.bytes.wrappingAdd(bytes, ordering: .relaxed) }
+    func freed(_ f: Freed) {
+        if f.files != 0 { files.wrappingAdd(f.files, ordering: .relaxed) }
+        if f.directories != 0 { directories.wrappingAdd(f.directories, ordering: .relaxed) }
+        if f.dataBytes != 0 { dataBytes.wrappingAdd(f.dataBytes, ordering: .relaxed) }
+        if f.diskBytes != 0 { diskBytes.wrappingAdd(f.diskBytes, ordering: .relaxed) }
         checkpoint()
+    }
+
+    var total: Freed {
+        Freed(files: files.load(ordering: .relaxed), directories: directories.load(ordering: .relaxed),
+              dataBytes: dataBytes.load(ordering: .relaxed), diskBytes: diskBytes.load(ordering: .relaxed))
     }
 
     /// One graveyard entry entirely gone.
@@ -36,7 +72,8 @@ final class ReapProgress: Sendable {
     /// the last 5 s; zero if the reaper freed nothing in that time.
     var pace: Reaper.Pace {
         let now = Condition.now()
-        let files = files.load(ordering: .relaxed), entries = entries.load(ordering: .relaxed)
+        let files = files.load(ordering: .relaxed) &+ directories.load(ordering: .relaxed)
+        let entries = entries.load(ordering: .relaxed)
         return log.withLock { log in
             guard let first = log.first(where: { now &- $0.time <= 5_000_000_000 }) else { return .zero }
             let seconds = Double(now &- first.time) / 1e9
@@ -54,7 +91,7 @@ final class ReapProgress: Sendable {
         let last = lastCheckpoint.load(ordering: .relaxed)
         guard now &- last >= 250_000_000,
               lastCheckpoint.compareExchange(expected: last, desired: now, ordering: .relaxed).exchanged else { return }
-        let point = (now, files.load(ordering: .relaxed), entries.load(ordering: .relaxed))
+        let point = (now, files.load(ordering: .relaxed) &+ directories.load(ordering: .relaxed), entries.load(ordering: .relaxed))
         log.withLock { log in
             if log.isEmpty || now &- log[log.count - 1].time > 5_000_000_000 {
                 // The first deletion after a rest: count from here, not

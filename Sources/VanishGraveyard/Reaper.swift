@@ -15,14 +15,12 @@ public final class Reaper: @unchecked Sendable {
     public struct Statistics: Sendable, Equatable {
         /// Graveyard entries (files or whole trees) removed.
         public var entries: UInt64
-        /// Files and directories deleted (a directory counts once, when it goes).
-        public var files: UInt64
-        /// Bytes given back to the filesystem.
-        public var bytes: UInt64
+        /// What they held.
+        public var freed: Freed
         /// Entries moved into the graveyard since start.
         public var buried: UInt64
 
-        public static let zero = Statistics(entries: 0, files: 0, bytes: 0, buried: 0)
+        public static let zero = Statistics(entries: 0, freed: Freed(), buried: 0)
     }
 
     /// How long deleted entries stay restorable, and what cuts that short.
@@ -81,9 +79,9 @@ public final class Reaper: @unchecked Sendable {
     private let horizon = Atomic<UInt64>(0)
     private let wardenWakeup = DispatchSemaphore(value: 0)
     private let limiter: RateLimiter?
-    /// Called after each graveyard entry is freed: (entry id, files, bytes).
+    /// Called after each graveyard entry is freed, with what it held.
     /// Set before `start`.
-    public var onReaped: (@Sendable (String, UInt64, UInt64) -> Void)?
+    public var onReaped: (@Sendable (String, Freed) -> Void)?
     /// Called the first time an entry cannot be deleted: (entry id, error).
     /// Set before `start`.
     public var onStuck: (@Sendable (String, Errno) -> Void)?
@@ -122,8 +120,7 @@ public final class Reaper: @unchecked Sendable {
     private struct Tally {
         /// The entry itself (until done) plus pieces not yet freed.
         var open = 1
-        var files: UInt64 = 0
-        var bytes: UInt64 = 0
+        var freed = Freed()
     }
     private let tallies = Mutex<(origins: [String: Tally], pieces: [String: String])>(([:], [:]))
     /// Set while the backing filesystem is short of space: no stepping aside then.
@@ -154,8 +151,8 @@ public final class Reaper: @unchecked Sendable {
     public var pace: Pace { progress.pace }
 
     public var statistics: Statistics {
-        Statistics(entries: progress.entries.load(ordering: .relaxed), files: progress.files.load(ordering: .relaxed),
-                   bytes: progress.bytes.load(ordering: .relaxed), buried: buried.load(ordering: .relaxed))
+        Statistics(entries: progress.entries.load(ordering: .relaxed), freed: progress.total,
+                   buried: buried.load(ordering: .relaxed))
     }
 
     /// Starts the workers. Call after any fork (daemonizing): threads don't survive it.
@@ -368,7 +365,7 @@ public final class Reaper: @unchecked Sendable {
             // its deletion is that worker's to count and report.
             let gone = done && remover.removedEntry
             if let entry, let origin = remover.origin, !remover.vanished {
-                tally(origin, entry: entry, files: remover.files, bytes: remover.bytes, done: gone)
+                tally(origin, entry: entry, freed: remover.freed, done: gone)
             }
             if gone {
                 progress.entryDone()
@@ -380,8 +377,7 @@ public final class Reaper: @unchecked Sendable {
                 nextDue = min(nextDue, Sys.wallClockNow() &+ Self.stuckRetry)
             }
             if done && restorable { graveyard.removeSidecar(dirfd(dp), name) }
-            remover.files = 0
-            remover.bytes = 0
+            remover.freed = Freed()
             if !done { break }
         }
         return found
@@ -446,11 +442,10 @@ public final class Reaper: @unchecked Sendable {
 
     /// Adds what removing `entry` freed to its deletion's tally; reports the
     /// deletion once nothing of it is left.
-    private func tally(_ origin: String, entry: String, files: UInt64, bytes: UInt64, done: Bool) {
+    private func tally(_ origin: String, entry: String, freed: Freed, done: Bool) {
         let finished: Tally? = tallies.withLock { t in
             guard var tally = t.origins[origin] else { return nil }
-            tally.files += files
-            tally.bytes += bytes
+            tally.freed += freed
             if done {
                 tally.open -= 1
                 t.pieces.removeValue(forKey: entry)
@@ -462,7 +457,7 @@ public final class Reaper: @unchecked Sendable {
             t.origins.removeValue(forKey: origin)
             return tally
         }
-        if let finished { onReaped?(origin, finished.files, finished.bytes) }
+        if let finished { onReaped?(origin, finished.freed) }
     }
 
     /// What makes a worker step aside for requests through the mount, if anything.

@@ -11,8 +11,8 @@ import SystemPackage
 /// directory, as rmz is), no path is ever longer than one name, depth costs
 /// neither stack nor fds, and a stop or a crash leaves only whole entries.
 struct TreeRemover {
-    var files: UInt64 = 0
-    var bytes: UInt64 = 0
+    /// What the current entry freed so far.
+    var freed = Freed()
     /// Whether the last `remove` took the entry away itself. While a reaper
     /// finishes, every worker sweeps every shard, so two may work on one
     /// entry: only the one whose unlink took it counts it.
@@ -24,12 +24,12 @@ struct TreeRemover {
     /// not one: another worker got there first.
     var failure: Errno?
     let graveyard: Graveyard
-    /// The reaper's running totals, fed as files go (`files` and `bytes`
-    /// are the current entry's alone).
+    /// The reaper's running totals, fed as files go (`freed` is the
+    /// current entry's alone).
     let progress: ReapProgress
-    /// Counted in `files` and `bytes` but not yet in `progress`: adding to
-    /// the shared totals file by file would have the workers contend for them.
-    var unreported: (files: UInt64, bytes: UInt64) = (0, 0)
+    /// Counted in `freed` but not yet in `progress`: adding to the shared
+    /// totals file by file would have the workers contend for them.
+    var unreported = Freed()
     let limiter: RateLimiter?
     var gate: ForegroundGate?
     let shouldStop: () -> Bool
@@ -82,7 +82,7 @@ struct TreeRemover {
         }
         closedir(dp)
         guard pace() else { return false }
-        if unlink(parentFD, name, AT_REMOVEDIR) { count(files: 1, bytes: 0); removedEntry = true }
+        if unlink(parentFD, name, AT_REMOVEDIR) { count(Freed(directories: 1)); removedEntry = true }
         return true
     }
 
@@ -138,29 +138,29 @@ struct TreeRemover {
     private mutating func pace() -> Bool {
         // About to wait: first show what is done (a rate-limited reaper
         // could otherwise take a minute to report 64 files).
-        if unreported.files != 0 && (limiter != nil || gate?.mayWait == true) { report() }
+        if !unreported.isEmpty && (limiter != nil || gate?.mayWait == true) { report() }
         if gate != nil, !gate!.wait(unless: shouldStop) { return false }
         return limiter?.take(unless: shouldStop) ?? true
     }
 
     private mutating func count(_ st: stat) {
-        // Space is freed only with the last link.
-        count(files: 1, bytes: st.st_nlink <= 1 ? UInt64(st.st_blocks) * 512 : 0)
+        // Data and space go only with the last link.
+        let last = st.st_nlink <= 1
+        count(Freed(files: 1, dataBytes: last ? UInt64(max(0, st.st_size)) : 0,
+                    diskBytes: last ? UInt64(st.st_blocks) * 512 : 0))
     }
 
     @inline(__always)
-    private mutating func count(files: UInt64, bytes: UInt64) {
-        self.files += files
-        self.bytes += bytes
-        unreported.files += files
-        unreported.bytes += bytes
-        if unreported.files >= 64 { report() }
+    private mutating func count(_ f: Freed) {
+        freed += f
+        unreported += f
+        if unreported.entries >= 64 { report() }
     }
 
     /// Adds what is not yet in the reaper's totals.
     mutating func report() {
-        guard unreported.files != 0 else { return }
-        progress.freed(files: unreported.files, bytes: unreported.bytes)
-        unreported = (0, 0)
+        guard !unreported.isEmpty else { return }
+        progress.freed(unreported)
+        unreported = Freed()
     }
 }

@@ -63,17 +63,18 @@ struct ReapCommand: ParsableCommand {
         func tally() -> Reaper.Statistics {
             reapers.reduce(into: .zero) { t, r in
                 let s = r.statistics
-                t.entries += s.entries; t.files += s.files; t.bytes += s.bytes
+                t.entries += s.entries; t.freed += s.freed
             }
         }
         while done.wait(timeout: .now() + .milliseconds(200)) == .timedOut {
             let s = tally()
-            let line = "reaping: \(s.entries) of \(total) entries, \(s.files) files, \(bytes(Int(s.bytes))) freed"
+            let line = "reaping: \(s.entries) of \(total) entries, \(s.freed.files) files, \(bytes(Int(s.freed.diskBytes))) freed"
             if terminal { print("\r\u{1B}[K" + line, terminator: ""); fflush(nil) }
         }
         let s = tally()
         if terminal { print("\r\u{1B}[K", terminator: "") }
-        print("reaped \(s.entries) entries: \(s.files) files, \(bytes(Int(s.bytes))) freed"
+        print("reaped \(s.entries) entries: \(s.freed.files) files, \(s.freed.directories) directories, "
+              + "\(bytes(Int(s.freed.diskBytes))) freed"
               + (interrupted.value ? " (interrupted; the rest stays for next time)" : ""))
         let stuck = failures.value
         if !stuck.isEmpty {

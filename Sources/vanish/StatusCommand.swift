@@ -54,7 +54,7 @@ struct StatusCommand: ParsableCommand {
                 source:           \(status.source)
                 graveyard:        \(status.pending) entries waiting, \(status.restorable) of them restorable (\(bytes(status.restorableBytes)) known)\(status.stuck > 0 ? ", \(status.stuck) that cannot be deleted (see the daemon's log)" : "")
                 undo window:      \(status.keepSeconds > 0 ? "\(Int(status.keepSeconds)) s" : "none")
-                reaped:           \(status.reaped) entries, \(status.freedFiles) files and directories, \(bytes(status.freedBytes))
+                reaped:           \(status.reaped) entries, \(status.freedFiles) files, \(status.freedDirectories) directories, \(bytes(status.freedBytes)) of disk (\(bytes(status.freedDataBytes)) of data)
                 reaping now:      \(status.pace)
                 deleted (mount):  \(status.buried) entries since mount
                 reaper workers:   \(status.workers)
@@ -71,6 +71,8 @@ struct StatusCommand: ParsableCommand {
         var pending: Int
         var reaped: Int
         var freedFiles: Int
+        var freedDirectories: Int
+        var freedDataBytes: Int
         var freedBytes: Int
         var buried: Int
         var workers: Int
@@ -115,7 +117,9 @@ struct StatusCommand: ParsableCommand {
         }
         func int(_ k: String) -> Int { obj[k]?.int ?? 0 }
         return Status(raw: raw, source: obj["source"]?.string ?? "?", pending: int("pending_entries"),
-                      reaped: int("reaped_entries"), freedFiles: int("freed_files"), freedBytes: int("freed_bytes"),
+                      reaped: int("reaped_entries"), freedFiles: int("freed_files"),
+                      freedDirectories: int("freed_directories"), freedDataBytes: int("freed_data_bytes"),
+                      freedBytes: int("freed_bytes"),
                       buried: int("buried_entries"), workers: int("reaper_workers"), free: int("free_bytes"),
                       restorable: int("restorable_entries"), stuck: int("stuck_entries"),
                       restorableBytes: int("restorable_bytes"),

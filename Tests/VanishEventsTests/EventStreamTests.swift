@@ -272,13 +272,15 @@ struct EventStreamTests {
             let deletes = s.events.filter { $0["type"] as? String == "deleted" && !($0["path"] as? String ?? "").hasPrefix(".attach-") }
             #expect(deletes.count == 1)
             #expect(deletes.first?["tree"] as? Bool == true)
-            // Once freed, the whole tree is counted in one reaped event: tree, a, a/b and 3 files.
+            // Once freed, the whole tree is counted in one reaped event: 3 files of 2 bytes; tree, a and a/b.
             let entry = try #require(deletes.first?["entry"] as? String)
             try s.waitFor("the tree to be reaped") { $0["type"] as? String == "reaped" && $0["entry"] as? String == entry }
             let reaped = s.events.filter { $0["type"] as? String == "reaped" && $0["entry"] as? String == entry }
             #expect(reaped.count == 1)
-            #expect(reaped.first?["files"] as? Int == 6)
-            #expect((reaped.first?["bytes"] as? Int ?? 0) >= 3 * 512)
+            #expect(reaped.first?["files"] as? Int == 3)
+            #expect(reaped.first?["directories"] as? Int == 3)
+            #expect(reaped.first?["data_bytes"] as? Int == 6)
+            #expect((reaped.first?["disk_bytes"] as? Int ?? 0) >= 3 * 512)
         }
     }
 

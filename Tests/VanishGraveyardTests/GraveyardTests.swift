@@ -119,8 +119,9 @@ struct GraveyardTests {
             try waitForReaper(m)
             #expect(try graveyardCount(m.source) == 0)
             let status = try run([vanishBinary, "status", "--json", m.mountpoint])
-            // 20,000 files and the 21 directories that held them
-            #expect(status.stdout.contains("\"freed_files\":20021"), "\(status.stdout)")
+            // 20,000 files of 100 bytes and the 21 directories that held them, counted apart
+            #expect(status.stdout.contains("\"freed_files\":20000,\"freed_directories\":21,\"freed_data_bytes\":2000000,"),
+                    "\(status.stdout)")
         }
     }
 
@@ -379,7 +380,7 @@ struct GraveyardTests {
             """, cwd: src)
         let r = try run([vanishBinary, "reap", src])
         #expect(r.ok, "\(r.stderr)")
-        #expect(r.stdout.contains(": 6 files"), "\(r.stdout)")
+        #expect(r.stdout.contains(": 3 files, 3 directories"), "\(r.stdout)")
         #expect(try graveyardCount(src) == 0)
         #expect(try graveyardCount(tmpfs) == 0)
     }
