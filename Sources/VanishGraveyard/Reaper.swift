@@ -540,11 +540,18 @@ public final class Reaper: @unchecked Sendable {
     private func ward() {
         _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(vanish_gettid()), 19)
         while stopState.load(ordering: .relaxed) == Stop.running.rawValue {
-            let wanted = bytesToFree()
+            // Entries already behind the horizon are on their way out, though
+            // still restorable until a worker takes them: counted as kept, a
+            // burst of deletions moved the horizon again each second, past
+            // entries the limit had room for.
+            let current = horizon.load(ordering: .relaxed)
+            let restorable = graveyard.restorable
+            let leaving = restorable.reduce(0) { $1.deleted <= current ? $0 + ($1.record.bytes ?? 0) : $0 }
+            let wanted = bytesToFree(leaving: leaving)
             if wanted > 0 {
                 var freed: UInt64 = 0
-                var newHorizon = horizon.load(ordering: .relaxed)
-                for e in graveyard.restorable where e.deleted > newHorizon {
+                var newHorizon = current
+                for e in restorable where e.deleted > newHorizon {
                     newHorizon = e.deleted
                     freed += e.record.bytes ?? 0
                     if freed >= wanted { break }
@@ -558,14 +565,16 @@ public final class Reaper: @unchecked Sendable {
         }
     }
 
-    /// How many bytes must go before the window's limits hold again.
-    private func bytesToFree() -> UInt64 {
+    /// How many bytes must go, beyond the `leaving` already chosen, before
+    /// the window's limits hold again.
+    private func bytesToFree(leaving: UInt64) -> UInt64 {
         var need: UInt64 = 0
-        let kept = graveyard.restorableBytes
+        let all = graveyard.restorableBytes
+        let kept = all > leaving ? all - leaving : 0
         if let max = policy.keepMaxBytes, kept > max { need = kept - max }
         if policy.keepMinFreePercent > 0, let fs = try? Sys.fstatvfs(graveyard.stateFD) {
             let total = Double(fs.f_blocks) * Double(fs.f_frsize)
-            let free = Double(fs.f_bavail) * Double(fs.f_frsize)
+            let free = Double(fs.f_bavail) * Double(fs.f_frsize) + Double(leaving)
             let floor = total * policy.keepMinFreePercent / 100
             // Entries of unknown size (whole trees) count as nothing, so
             // everything up to the newest may be taken: under pressure,

@@ -145,6 +145,25 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("deletions that come together are cut to the byte limit exactly: the newest that fit stay")
+    func byteLimitBurst() throws {
+        try withVanishMount(options: ["keep=1h", "keep_max_bytes=10M"]) { m in
+            for round in 1...3 {
+                #expect(try sh("""
+                    for i in 1 2 3 4 5; do head -c 4M /dev/urandom > r\(round)f$i; done
+                    sync && rm r\(round)f1 r\(round)f2 r\(round)f3 r\(round)f4 r\(round)f5
+                    """, cwd: m.mountpoint).ok)
+                // Each round's files are newer: this round's two newest are what fits under
+                // 10 MiB. Reached, and still so once the reaper has freed the rest (the bug:
+                // the next pass counted entries on their way out as kept and took more).
+                let expected = ["r\(round)f4", "r\(round)f5"]
+                try waitFor("round \(round) to settle at \(expected)", timeout: 60) { try trashPaths(m) == expected }
+                try waitForReaper(m)
+                #expect(try trashPaths(m) == expected, "round \(round)")
+            }
+        }
+    }
+
     @Test("when the filesystem runs short of space the window gives way, oldest first")
     func spacePressure() throws {
         try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
