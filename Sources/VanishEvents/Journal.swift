@@ -18,6 +18,10 @@ public final class Journal: @unchecked Sendable {
         /// Segments older than this go (ns).
         public var maxAge: UInt64 = 7 * 86_400 * 1_000_000_000
         public var segmentBytes: UInt64 = 16 << 20
+        /// Below this share of free space on the backing filesystem (percent)
+        /// the journal keeps only its newest segment: it never grows into
+        /// the space users need (keep_min_free, as the undo window).
+        public var minFreePercent: Double = 0
         public init() {}
     }
 
@@ -29,7 +33,15 @@ public final class Journal: @unchecked Sendable {
         var seq: UInt64 = 0
         /// Events numbered and waiting for the writer: each a `RecordHeader`, then its `EventRecord`.
         var records = ByteBuffer(capacity: 64 << 10)
+        /// The number of the first event in `records`.
+        var firstSeq: UInt64 = 0
+        /// Events dropped while the writer could not write and not yet reported.
+        var dropped: ClosedRange<UInt64>?
     }
+
+    /// At most this much waits in memory while the writer cannot write;
+    /// past it what waits is dropped (and reported), not kept without bound.
+    private static let stalledBufferLimit = 4 << 20
     private struct RecordHeader {
         var seq: UInt64
         var time: UInt64
@@ -103,12 +115,19 @@ public final class Journal: @unchecked Sendable {
         // Fields are copied outside the lock; only numbering and one copy are inside.
         var record = EventRecord()
         fill(&record)
+        let stalledNow = stalled.load(ordering: .relaxed)
         let (seq, wasEmpty, tooBig): (UInt64, Bool, Bool) = pending.withLock { p in
             p.seq += 1
             let wasEmpty = p.records.isEmpty
+            if wasEmpty { p.firstSeq = p.seq }
             let header = RecordHeader(seq: p.seq, time: time, length: UInt32(record.bytes.count), type: type.code)
             p.records.append(bytesOf: header)
             p.records.append(record.bytes)
+            if stalledNow && p.records.count > Journal.stalledBufferLimit {
+                p.dropped = Journal.merge(p.dropped, p.firstSeq...p.seq)
+                p.records.removeAll(keepingAtMost: Journal.stalledBufferLimit)
+                return (p.seq, false, false)
+            }
             return (p.seq, wasEmpty, p.records.count > 8 << 20)
         }
         if wasEmpty || tooBig { wakeWriter.signal() }
@@ -145,6 +164,8 @@ public final class Journal: @unchecked Sendable {
         becomeBackgroundThread(nice: 5)
         var incoming = ByteBuffer(capacity: 64 << 10)
         var lines = EventLine()
+        /// Events dropped and not yet reported with a reset.
+        var unreported: ClosedRange<UInt64>?
         while true {
             // Appends wake the writer; the timeout only runs the age limit
             // (days), so an idle mount's writer sleeps a minute at a time.
@@ -158,14 +179,26 @@ public final class Journal: @unchecked Sendable {
             // their capacity, so appends never grow a buffer from nothing
             // (page faults in the handlers) and no large block is freed per
             // batch (munmap, whose TLB shootdown interrupts the other core).
-            let last: UInt64 = pending.withLock { p in
+            let (last, first, droppedMeanwhile): (UInt64, UInt64, ClosedRange<UInt64>?) = pending.withLock { p in
                 swap(&p.records, &incoming)
-                return p.seq
+                defer { p.dropped = nil }
+                return (p.seq, p.firstSeq, p.dropped)
             }
+            unreported = Journal.merge(unreported, droppedMeanwhile)
             let wrote = !incoming.isEmpty
-            if wrote {
-                format(incoming.bytes, into: &lines)
-                write(lines.bytes, through: last)
+            if wrote || unreported != nil {
+                // What could not be written goes first, as one reset in its
+                // place (it takes the last dropped number), then the batch.
+                if let gap = unreported { appendReset(gap, into: &lines) }
+                if wrote { format(incoming.bytes, into: &lines) }
+                if write(lines.bytes, through: last) {
+                    unreported = nil
+                    stalled.store(false, ordering: .relaxed)
+                } else {
+                    // A full disk: the batch is dropped, not kept in memory.
+                    if wrote { unreported = Journal.merge(unreported, first...last) }
+                    stalled.store(true, ordering: .relaxed)
+                }
             }
             // Keep a burst's capacity, but not a one-off flood's.
             incoming.removeAll(keepingAtMost: 8 << 20)
@@ -180,23 +213,25 @@ public final class Journal: @unchecked Sendable {
         }
     }
 
-    /// Appends `batch`, whose last event is `last`, to the current segment.
-    private func write(_ batch: UnsafeRawBufferPointer, through last: UInt64) {
+    /// Appends `batch`, whose last event is `last`, to the current segment;
+    /// false (and nothing of it in the file) if it cannot be written.
+    private func write(_ batch: UnsafeRawBufferPointer, through last: UInt64) -> Bool {
         var off = 0
         while off < batch.count {
             let n = Glibc.write(currentFD, batch.baseAddress! + off, batch.count - off)
             if n < 0 {
                 if errno == EINTR { continue }
-                // A full disk: keep the events in memory and retry shortly,
-                // but not past the end of the session, which would then never end.
-                if isClosing { break }
-                stalled.store(true, ordering: .relaxed)
-                usleep(100_000)
-                continue
+                // No half line may stay for readers to trip on.
+                if off > 0 {
+                    state.lock()
+                    let size = segments[segments.count - 1].bytes
+                    state.unlock()
+                    _ = ftruncate(currentFD, off_t(size))
+                }
+                return false
             }
             off += n
         }
-        stalled.store(false, ordering: .relaxed)
         state.lock()
         segments[segments.count - 1].bytes += UInt64(batch.count)
         let full = segments[segments.count - 1].bytes >= limits.segmentBytes
@@ -206,6 +241,27 @@ public final class Journal: @unchecked Sendable {
         // taken, and those events go to the new file, which must not claim
         // to start after them (a reader at its end would wait for ever).
         if full { try? startSegment(first: last + 1) }
+        return true
+    }
+
+    /// The `reset` that stands in the journal for `gap`, with its last number.
+    private func appendReset(_ gap: ClosedRange<UInt64>, into lines: inout EventLine) {
+        var record = EventRecord()
+        record.string("reason", "the journal could not be written (a full disk): these events were dropped")
+        record.int("skipped_from", gap.lowerBound)
+        record.int("skipped_to", gap.upperBound)
+        record.int("skipped", gap.count)
+        var one = ByteBuffer(capacity: 256)
+        one.append(bytesOf: RecordHeader(seq: gap.upperBound, time: Sys.wallClockNow(), length: UInt32(record.bytes.count),
+                                         type: EventType.reset.code))
+        one.append(record.bytes)
+        format(one.bytes, into: &lines)
+    }
+
+    static func merge(_ a: ClosedRange<UInt64>?, _ b: ClosedRange<UInt64>?) -> ClosedRange<UInt64>? {
+        guard let a else { return b }
+        guard let b else { return a }
+        return min(a.lowerBound, b.lowerBound)...max(a.upperBound, b.upperBound)
     }
 
     /// Rotation: events after the batch just written go to a new file. Called
@@ -226,14 +282,21 @@ public final class Journal: @unchecked Sendable {
         state.lock()
         defer { state.unlock() }
         let now = Sys.wallClockNow()
+        let short = limits.minFreePercent > 0 && belowFreeFloor()
         while segments.count > 1 {
             let total = segments.reduce(0) { $0 + $1.bytes }
             let oldest = segments[0]
-            guard total > limits.maxBytes || now &- oldest.created > limits.maxAge else { break }
+            guard short || total > limits.maxBytes || now &- oldest.created > limits.maxAge else { break }
             // Readers that have it open keep reading it; new ones get a reset.
             unlinkat(directoryFD, oldest.name, 0)
             segments.removeFirst()
         }
+    }
+
+    /// Whether the backing filesystem has less free than `minFreePercent`.
+    private func belowFreeFloor() -> Bool {
+        guard let fs = try? Sys.fstatvfs(directoryFD), fs.f_blocks > 0 else { return false }
+        return Double(fs.f_bavail) / Double(fs.f_blocks) * 100 < limits.minFreePercent
     }
 
     static func removeAll(in eventsFD: Int32, except keep: String) {

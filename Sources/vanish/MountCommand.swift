@@ -143,7 +143,9 @@ struct MountCommand: ParsableCommand {
         if parsed.events, let eventsFD = fs.openEventsDirectory() {
             defer { close(eventsFD) }
             do {
-                journal = try Journal(eventsFD: eventsFD, instance: instance, limits: parsed.journalLimits)
+                var limits = parsed.journalLimits
+                limits.minFreePercent = parsed.filesystem.reaping.keepMinFreePercent
+                journal = try Journal(eventsFD: eventsFD, instance: instance, limits: limits)
                 fs.attach(journal: journal!)
             } catch {
                 log.error("no event journal: \(error)")

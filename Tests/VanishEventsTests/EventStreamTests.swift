@@ -405,6 +405,62 @@ struct EventStreamTests {
         }
     }
 
+    @Test("while the journal cannot be written (a full disk) the daemon's memory stays bounded, and subscribers get a reset for what was dropped")
+    func fullDiskDropsWithReset() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
+        var tmpfs = ""
+        defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
+        try withVanishMount(prepare: { src in
+            tmpfs = src
+            guard try run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", src]).ok else { throw TestFailure("tmpfs") }
+        }) { m in
+            let s = try Subscriber(m, name: "full")
+            defer { s.stop() }
+            try attach(s, m)
+            #expect(try sh("touch x", cwd: m.mountpoint).ok)
+            _ = try sh("dd if=/dev/zero of=fill bs=1M status=none; sync", cwd: m.source)
+            #expect(freeBytes(m.source) < 64 << 10, "the disk is full")
+            func rss() throws -> Int {
+                let status = try String(contentsOfFile: "/proc/\(m.pid)/status", encoding: .utf8)
+                let line = try #require(status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") })
+                return Int(line.split(separator: " ").dropFirst().first ?? "0") ?? 0
+            }
+            let before = try rss()
+            // 300,000 events (about 75 MB of journal) with nowhere to write them.
+            let r = try run(["python3", "-c", """
+                import os, sys
+                x = os.path.join(sys.argv[1], "x")
+                for i in range(300000): os.chmod(x, 0o600 if i % 2 else 0o644)
+                """, m.mountpoint])
+            #expect(r.ok, "\(r.stderr)")
+            let grown = try rss() - before
+            // Bounded by the writer's buffers (tens of MB), not ~250 bytes an event.
+            #expect(grown < 48 << 10, "the daemon grew \(grown) KiB")
+            #expect(unlink(m.backing("fill")) == 0)
+            #expect(try sh("touch end", cwd: m.mountpoint).ok)
+            try s.waitFor("the end marker", timeout: 120) { $0["path"] as? String == "end" }
+            let resets = s.events.filter { $0["type"] as? String == "reset" }
+            #expect(resets.contains { ($0["skipped"] as? Int ?? 0) > 0 }, "no reset for the dropped events")
+            var previous: Int?
+            var announced: ClosedRange<Int>?
+            var silent = 0
+            for e in s.events {
+                guard let seq = e["seq"] as? Int else { continue }
+                if e["type"] as? String == "reset", let from = e["skipped_from"] as? Int, let to = e["skipped_to"] as? Int {
+                    // The journal's own reset stands in place of the last number it skipped.
+                    if let p = previous, from != p + 1 { silent += 1 }
+                    announced = nil
+                    previous = to
+                    continue
+                }
+                if let p = previous, seq != p + 1, announced != (p + 1)...(seq - 1) { silent += 1 }
+                announced = nil
+                previous = seq
+            }
+            #expect(silent == 0, "jumps in seq without a reset")
+        }
+    }
+
     @Test("names with newlines and invalid UTF-8 round-trip")
     func oddNames() throws {
         try withVanishMount { m in
