@@ -15,9 +15,16 @@ public final class ControlServer: @unchecked Sendable {
     private let filesystem: PassthroughFilesystem
     private let log: Logger
     private let listener: Int32
-    private let state = Mutex<(connections: Int, stopped: Bool)>((0, false))
+    private let state = Mutex<(connections: Int, perUser: [uid_t: Int], stopped: Bool)>((0, [:], false))
     /// More peers than this at once are turned away (each holds a thread).
     static let maxConnections = 128
+    /// Most connections one user other than root and the daemon's own may
+    /// hold; all such users together leave `reserved` for those two, so
+    /// nobody can lock root out by holding connections open.
+    static let maxPerUser = 16
+    static let reserved = 16
+    /// A peer must send its request within this many seconds of connecting.
+    static let requestTimeout = 5
 
     /// Binds the socket at `path`; `shared` lets every local user connect
     /// (for allow_other mounts), otherwise only the daemon's user may.
@@ -121,19 +128,40 @@ public final class ControlServer: @unchecked Sendable {
                 close(listener)
                 return
             }
-            let admitted = state.withLock { s in
-                guard s.connections < ControlServer.maxConnections else { return false }
+            let uid = Connection.peerUID(fd)
+            let privileged = uid == 0 || uid == getuid()
+            let refusal: String? = state.withLock { s in
+                if s.connections >= ControlServer.maxConnections { return "too many connections to this mount's control socket" }
+                if !privileged, let uid {
+                    if s.perUser[uid, default: 0] >= ControlServer.maxPerUser {
+                        return "too many connections from this user (\(ControlServer.maxPerUser) at most)"
+                    }
+                    let others = s.perUser.filter { $0.key != 0 && $0.key != getuid() }.values.reduce(0, +)
+                    if others >= ControlServer.maxConnections - ControlServer.reserved {
+                        return "too many connections to this mount's control socket"
+                    }
+                }
                 s.connections += 1
-                return true
+                if let uid { s.perUser[uid, default: 0] += 1 }
+                return nil
             }
-            guard admitted else {
+            if let refusal {
                 let conn = Connection(fd: fd)
-                conn.write(["error": "too many connections to this mount's control socket", "errno": JSON(EAGAIN)])
+                conn.write(["error": JSON(refusal + "; try again later"), "errno": JSON(EAGAIN)])
                 continue
             }
+            // An idle or half-sent request must not hold its thread.
+            var limit = timeval(tv_sec: ControlServer.requestTimeout, tv_usec: 0)
+            _ = setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
             spawnThread("vanish-client") { [self] in
                 serve(Connection(fd: fd))
-                state.withLock { $0.connections -= 1 }
+                state.withLock { s in
+                    s.connections -= 1
+                    if let uid {
+                        s.perUser[uid, default: 1] -= 1
+                        if s.perUser[uid] == 0 { s.perUser[uid] = nil }
+                    }
+                }
             }
         }
     }
@@ -141,9 +169,13 @@ public final class ControlServer: @unchecked Sendable {
     private func serve(_ conn: Connection) {
         guard let peer = conn.peer() else { return }
         guard let request = conn.readRequest() else {
-            conn.write(["error": "expected one JSON object on one line", "errno": JSON(EINVAL)])
+            conn.write(["error": JSON("expected one JSON object on one line within \(ControlServer.requestTimeout) s"),
+                        "errno": JSON(EINVAL)])
             return
         }
+        // The request is in; an event stream then waits on the journal, not on reads.
+        var none = timeval(tv_sec: 0, tv_usec: 0)
+        _ = setsockopt(conn.fd, SOL_SOCKET, SO_RCVTIMEO, &none, socklen_t(MemoryLayout<timeval>.size))
         switch request["op"]?.string {
         case "trash-list":
             let entries = filesystem.trash(for: peer).map { e -> JSON in
@@ -290,6 +322,14 @@ final class Connection {
     let fd: Int32
     init(fd: Int32) { self.fd = fd }
     deinit { close(fd) }
+
+    /// The uid of the peer on `fd` (SO_PEERCRED), or nil.
+    static func peerUID(_ fd: Int32) -> uid_t? {
+        var cred: (pid: pid_t, uid: uid_t, gid: gid_t) = (0, 0, 0)
+        var len = socklen_t(MemoryLayout<(pid_t, uid_t, gid_t)>.size)
+        guard getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0, len == 12 else { return nil }
+        return cred.uid
+    }
 
     /// The peer's uid, gid and groups, as the kernel reports them.
     func peer() -> Credentials? {

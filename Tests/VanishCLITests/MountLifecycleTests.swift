@@ -202,6 +202,66 @@ struct ArgumentErrorTests {
         #expect(r.stderr.contains(mentions), "\(args): \(r.stderr)")
     }
 
+    @Test("another user cannot lock root out of the control socket: connections per user are bounded and idle ones time out")
+    func controlSocketBounded() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root to become nobody")
+        try withVanishMount(options: ["allow_other"]) { m in
+            let socket = try socketPath(m)
+            let out = m.base + "/holder.out", go = m.base + "/go"
+            #expect(mkfifo(go, 0o666) == 0)
+            chmod(go, 0o666)
+            #expect(FileManager.default.createFile(atPath: out, contents: nil, attributes: [.posixPermissions: 0o666]))
+            // nobody opens 128 idle connections and holds them until told to go on.
+            let script = """
+                import socket, sys
+                path, out, go = sys.argv[1:4]
+                # All at once, well inside the daemon's 5 s request timeout; then see who was turned away.
+                socks = []
+                for i in range(128):
+                    s = socket.socket(socket.AF_UNIX); s.connect(path); socks.append(s)
+                held, refused = [], 0
+                for s in socks:
+                    s.settimeout(0.05)
+                    try:
+                        if b"too many connections from this user" in s.recv(4096): refused += 1
+                        else: held.append(s)
+                    except socket.timeout: held.append(s)
+                open(out, "w").write(f"ready {refused} {len(held)}\\n")
+                open(go).read()
+                closed = 0
+                for s in held:
+                    s.settimeout(20)
+                    try:
+                        data = s.recv(4096)
+                        if b"within" in data or data == b"": closed += 1
+                    except OSError: pass
+                open(out, "a").write(f"closed {closed}\\n")
+                """
+            let holder = try spawn(["/bin/sh", "-c", "exec setpriv --reuid=nobody --regid=nogroup --clear-groups -- /usr/bin/python3 -c "
+                                    + shellQuote(script) + " " + [socket, out, go].map(shellQuote).joined(separator: " ")])
+            var reaped = false
+            defer {
+                if !reaped { kill(holder, SIGKILL); var st: Int32 = 0; waitpid(holder, &st, 0) }
+            }
+            try waitFor("nobody's connections", timeout: 60) {
+                if (try? String(contentsOfFile: out, encoding: .utf8))?.hasPrefix("ready") == true { return true }
+                var st: Int32 = 0
+                if waitpid(holder, &st, WNOHANG) == holder { reaped = true; throw TestFailure("the holder exited early") }
+                return false
+            }
+            #expect(try String(contentsOfFile: out, encoding: .utf8) == "ready 112 16\n")
+            // Root still gets answers.
+            let list = try run([vanishBinary, "trash", "list", m.mountpoint])
+            #expect(list.ok, "\(list.stderr)")
+            #expect(try sh("echo > \(shellQuote(go))").ok)
+            var status: Int32 = 0
+            try waitFor("the holder to finish", timeout: 60) { waitpid(holder, &status, WNOHANG) == holder }
+            reaped = true
+            // The held connections sent nothing: the daemon answered and closed each within its timeout.
+            #expect(try String(contentsOfFile: out, encoding: .utf8).hasSuffix("closed 16\n"))
+        }
+    }
+
     @Test("a killed daemon's control socket is removed by the next mount; live ones stay")
     func staleSocketsRemoved() throws {
         try withVanishMount { live in
