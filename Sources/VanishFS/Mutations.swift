@@ -160,7 +160,8 @@ extension PassthroughFilesystem {
         guard let reaper, reaper.policy.keep > 0 else { return nil }
         let type = st.st_mode & S_IFMT
         // A tree's size is unknown without walking it; a file's is its blocks.
-        let bytes: UInt64? = type == S_IFDIR && st.st_nlink > 2 ? nil : UInt64(st.st_blocks) * 512
+        // A directory's size is what it holds: unknown here, measured in the background (Reaper's warden).
+        let bytes: UInt64? = type == S_IFDIR ? nil : UInt64(st.st_blocks) * 512
         return TrashRecord(path: table.path(of: parent, appending: name), uid: caller.uid, gid: caller.gid,
                            bytes: bytes, kind: TrashRecord.Kind(mode: st.st_mode))
     }
@@ -229,9 +230,11 @@ extension PassthroughFilesystem {
         var entry: String?
         do {
             if wantEntry {
-                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record) { entry = String(cString: $0) })
+                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record) { entry = String(cString: $0) },
+                                  sizeUnknown: record != nil && record?.bytes == nil)
             } else {
-                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record))
+                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record),
+                                  sizeUnknown: record != nil && record?.bytes == nil)
             }
         } catch .improperLink {
             // On a filesystem mounted inside the source: its own graveyard, if

@@ -168,11 +168,12 @@ public final class Reaper: @unchecked Sendable {
     /// atomic load when it does not). `dueNow`: buried without a trash
     /// record (the disk was full), so not held by the undo window.
     @inline(__always)
-    public func noteBuried(shard: Int, dueNow: Bool = false) {
+    public func noteBuried(shard: Int, dueNow: Bool = false, sizeUnknown: Bool = false) {
         buried.wrappingAdd(1, ordering: .sequentiallyConsistent)
         // Inside an undo window nothing new is due yet; only the limits may be.
         if keeps && !dueNow {
             if let max = policy.keepMaxBytes, graveyard.restorableBytes > max { wardenWakeup.signal() }
+            if policy.keepMaxBytes != nil && sizeUnknown { wardenWakeup.signal() }
         } else {
             dirty.bitwiseOr(1 << UInt64(shard), ordering: .sequentiallyConsistent)
             wake(owner(of: shard))
@@ -539,7 +540,15 @@ public final class Reaper: @unchecked Sendable {
     /// the filesystem has keepMinFreePercent free.
     private func ward() {
         _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(vanish_gettid()), 19)
+        var unmeasurable: Set<String> = []
         while stopState.load(ordering: .relaxed) == Stop.running.rawValue {
+            // Trees are buried with their size unknown (measuring them in the
+            // request would walk them there): measure them here, so the byte
+            // limit counts what they hold.
+            for e in graveyard.restorable where e.record.bytes == nil && !unmeasurable.contains(e.id) {
+                if stopState.load(ordering: .relaxed) != Stop.running.rawValue { break }
+                if graveyard.measure(e) == nil { unmeasurable.insert(e.id) }
+            }
             // Entries already behind the horizon are on their way out, though
             // still restorable until a worker takes them: counted as kept, a
             // burst of deletions moved the horizon again each second, past

@@ -100,6 +100,19 @@ final class TrashIndex: @unchecked Sendable {
         knownBytes.wrappingSubtract(e.record.bytes ?? 0, ordering: .relaxed)
     }
 
+    /// Sets the size of an entry whose size was not known (a tree, once
+    /// measured); false if the entry is no longer in the index.
+    func setBytes(_ id: String, _ bytes: UInt64) -> TrashEntry? {
+        state.withLock { s -> TrashEntry? in
+            guard var e = s.entries[id] else { return nil }
+            let old = e.record.bytes ?? 0
+            e.record.bytes = bytes
+            s.entries[id] = e
+            knownBytes.wrappingAdd(bytes &- old, ordering: .relaxed)
+            return e
+        }
+    }
+
     /// For the reaper: false if a restore holds the entry; otherwise the
     /// entry is out of the index (if it was in) and the reaper owns it.
     /// Returns the record it had, if any, through `had`.
@@ -218,6 +231,48 @@ extension Graveyard {
         var name: [CChar] = [0x2E]
         name.append(contentsOf: UnsafeBufferPointer(start: id, count: strlen(id) + 1))
         _ = try? Sys.unlinkat(shardFD, name, 0)
+    }
+
+    /// Measures a restorable tree whose size is unknown (the bytes its
+    /// entries occupy, fd-relative, never following a symlink) and records
+    /// it, in memory and in its sidecar, so the byte limit and `trash list`
+    /// see it. nil if it could not be measured (gone, deeper than 256 levels).
+    @discardableResult
+    public func measure(_ e: TrashEntry) -> UInt64? {
+        let sfd = shardFDs[e.shard]
+        guard let st = try? Sys.lstatat(sfd, e.id) else { return nil }
+        var total = UInt64(st.st_blocks) * 512
+        if st.st_mode & S_IFMT == S_IFDIR {
+            guard let inside = Graveyard.treeBytes(sfd, e.id, depth: 0) else { return nil }
+            total += inside
+        }
+        guard let updated = trash.setBytes(e.id, total) else { return nil }
+        // A fresh sidecar (".ID") replaces the old one whole: a crash leaves either.
+        let temporary = ".measured-" + e.id
+        removeSidecar(sfd, temporary)
+        if (try? writeSidecar(sfd, temporary, updated.record)) != nil, renameat(sfd, "." + temporary, sfd, "." + e.id) != 0 {
+            removeSidecar(sfd, temporary)
+        }
+        return total
+    }
+
+    /// What the entries below the directory `name` in `dirFD` occupy.
+    private static func treeBytes(_ dirFD: Int32, _ name: UnsafePointer<CChar>, depth: Int) -> UInt64? {
+        guard depth < 256, let fd = try? Sys.openat(dirFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW),
+              let dir = fdopendir(fd) else { return nil }
+        defer { closedir(dir) }
+        var total: UInt64 = 0
+        while let d = readdir(dir) {
+            guard let child = vanish_dirent_name(d) else { continue }
+            if child[0] == 0x2E && (child[1] == 0 || (child[1] == 0x2E && child[2] == 0)) { continue }
+            guard let st = try? Sys.lstatat(dirfd(dir), child) else { continue }
+            total += UInt64(st.st_blocks) * 512
+            if st.st_mode & S_IFMT == S_IFDIR {
+                guard let inside = treeBytes(dirfd(dir), child, depth: depth + 1) else { return nil }
+                total += inside
+            }
+        }
+        return total
     }
 
     /// Entries that can be restored, oldest first.

@@ -164,6 +164,27 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("a tree removed with vanish rm counts what it holds toward keep_max_bytes, and trash list shows it")
+    func treesCountTowardTheLimit() throws {
+        try withVanishMount(options: ["keep=1h", "keep_max_bytes=10M"]) { m in
+            #expect(try sh("""
+                mkdir -p a/sub && head -c 3M /dev/urandom > a/f && head -c 3M /dev/urandom > a/sub/g && sync
+                \(shellQuote(vanishBinary)) rm -r a
+                """, cwd: m.mountpoint).ok)
+            // Measured in the background: 6 MiB, not the directory's own 4 KiB.
+            try waitFor("a's size", timeout: 60) {
+                try trashList(m).contains { $0["path"] as? String == "a" && ($0["bytes"] as? Int ?? 0) >= 6 << 20 }
+            }
+            #expect(try trashPaths(m) == ["a"])
+            // 40 MiB alone is over the limit: it goes, and the older tree before it.
+            #expect(try sh("""
+                mkdir -p b/sub && head -c 20M /dev/urandom > b/f && head -c 20M /dev/urandom > b/sub/g && sync
+                \(shellQuote(vanishBinary)) rm -r b
+                """, cwd: m.mountpoint).ok)
+            try waitFor("both trees to be freed", timeout: 60) { try trashPaths(m).isEmpty }
+        }
+    }
+
     @Test("when the filesystem runs short of space the window gives way, oldest first")
     func spacePressure() throws {
         try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
