@@ -65,6 +65,9 @@ public final class EventSubscription {
     private let client: ControlClient
     /// The position after the last event returned; save it to resume.
     public private(set) var cursor: String?
+    /// The daemon ended the stream itself (an `end` line: the mount is going
+    /// away). A connection that closes without one means the daemon died.
+    private var ended = false
 
     public init(mountpoint: String, since: String? = nil, paths: [String]? = nil, types: [String]? = nil,
                 snapshot: Bool = false) throws(ControlClient.Failure) {
@@ -77,11 +80,24 @@ public final class EventSubscription {
         try client.send(.object(request))
     }
 
-    /// The next event; nil when the mount went away.
+    /// The end of the connection: nil after the daemon's `end`, else a failure.
+    private func finished<T>() throws(ControlClient.Failure) -> T? {
+        guard ended else {
+            throw ControlClient.Failure("""
+                the daemon stopped without ending the stream (it crashed or was killed); \
+                resume from the last cursor once the mount is back
+                """)
+        }
+        return nil
+    }
+
+    /// The next event; nil when the mount went away (after its `end`).
+    /// Throws if the daemon died instead.
     public func next() throws(ControlClient.Failure) -> Event? {
-        guard let (object, line) = try client.receiveObject() else { return nil }
+        guard let (object, line) = try client.receiveObject() else { return try finished() }
         try ControlClient.Failure.check(object)
         let event = Event(object, line: line)
+        if event.type == "end" { ended = true }
         if let c = event.cursor, event.type != "exists" { cursor = c }
         return event
     }
@@ -92,7 +108,7 @@ public final class EventSubscription {
     /// with a burst. Other lines (snapshot, reset) also come decoded in
     /// `decoded`. nil when the mount went away.
     public func nextLines() throws(ControlClient.Failure) -> (lines: [UInt8], decoded: [Event])? {
-        guard let lines = try client.receiveLines() else { return nil }
+        guard let lines = try client.receiveLines() else { return try finished() }
         var decoded: [Event] = []
         var lastJournalLine: Range<Int>?
         var start = 0
@@ -106,6 +122,7 @@ public final class EventSubscription {
             }
             try ControlClient.Failure.check(object)
             let event = Event(object, line: line)
+            if event.type == "end" { ended = true }
             if let c = event.cursor, event.type != "exists" { cursor = c; lastJournalLine = nil }
             decoded.append(event)
         }

@@ -110,11 +110,14 @@ public final class ControlServer: @unchecked Sendable {
         spawnThread("vanish-control") { [self] in acceptLoop() }
     }
 
-    /// Stops accepting and removes the socket file.
+    /// Stops accepting and removes the socket file, then gives the peers
+    /// being served up to 2 s to finish: event streams, whose journal has
+    /// closed by now, still owe their subscribers the `end` line.
     public func stop() {
         state.withLock { $0.stopped = true }
         shutdown(listener, Int32(SHUT_RDWR))
         unlink(path)
+        for _ in 0..<200 where state.withLock({ $0.connections }) > 0 { usleep(10_000) }
     }
 
     private func acceptLoop() {
@@ -259,7 +262,12 @@ extension ControlServer {
         // the metadata benchmark with a subscriber attached).
         becomeBackgroundThread(nice: 5)
         while true {
-            guard var run = reader.readRun(timeout: 1) else { return }
+            guard var run = reader.readRun(timeout: 1) else {
+                // Said in so many words, so a subscriber tells this from a daemon that died.
+                conn.write(["type": "end", "instance": JSON(journal.instance),
+                            "reason": "the mount is going away: this stream ends here"])
+                return
+            }
             if let gap = reader.takeGap() {
                 let reset: JSON = ["type": "reset", "instance": JSON(journal.instance), "cursor": JSON(journal.cursor(gap.upperBound)),
                                    "reason": JSON("the subscriber fell behind: the journal dropped events before they were read"),

@@ -12,7 +12,9 @@ struct EventsCommand: ParsableCommand {
             --since INSTANCE:SEQ and nothing is lost or repeated. A cursor the journal no longer \
             holds, or one from an earlier mount, gets a single `reset` event: rescan (--snapshot). \
             So does a subscriber that falls further behind than the journal keeps \
-            (events_max_bytes): its reset says which seq range it missed.
+            (events_max_bytes): its reset says which seq range it missed. The stream ends with \
+            an `end` line when the mount goes away (exit 0); if the daemon dies instead, this \
+            says so and exits 1.
             """
     )
 

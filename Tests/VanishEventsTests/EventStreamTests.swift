@@ -47,7 +47,17 @@ final class Subscriber {
         try VanishTestSupport.waitFor(what, timeout: timeout) { events.contains(where: match) }
     }
 
+    /// Waits for the subscriber to exit by itself; its exit status.
+    func exitStatus(timeout: Double = 30) throws -> Int32 {
+        var status: Int32 = 0
+        try VanishTestSupport.waitFor("the subscriber to exit", timeout: timeout) { waitpid(pid, &status, WNOHANG) == pid }
+        exited = true
+        return (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+    }
+    private var exited = false
+
     func stop() {
+        guard !exited else { return }
         kill(pid, SIGTERM)
         var status: Int32 = 0
         waitpid(pid, &status, 0)
@@ -459,6 +469,29 @@ struct EventStreamTests {
             }
             #expect(silent == 0, "jumps in seq without a reset")
         }
+    }
+
+    @Test("a subscriber is told how its stream ended: an end line at an unmount (exit 0), an error when the daemon dies (exit 1)")
+    func streamEnd() throws {
+        let clean = try VanishMount()
+        defer { clean.close() }
+        let s = try Subscriber(clean, name: "clean")
+        defer { s.stop() }
+        try attach(s, clean)
+        #expect(try clean.unmount() == 0)
+        #expect(try s.exitStatus() == 0)
+        #expect(s.events.last?["type"] as? String == "end", "\(s.events.suffix(2))")
+
+        let crashed = try VanishMount()
+        defer { crashed.close() }
+        let c = try Subscriber(crashed, name: "crashed")
+        defer { c.stop() }
+        try attach(c, crashed)
+        kill(crashed.pid, SIGKILL)
+        _ = try crashed.waitForExit()
+        #expect(try c.exitStatus() == 1)
+        let said = try String(contentsOfFile: c.output, encoding: .utf8)
+        #expect(said.contains("crashed or was killed"), "\(said.suffix(300))")
     }
 
     @Test("names with newlines and invalid UTF-8 round-trip")
