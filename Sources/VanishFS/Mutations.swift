@@ -42,7 +42,8 @@ extension PassthroughFilesystem {
                 throw .notPermitted
             }
             return DeferredBurial(ticket: ticket, st: st, inPlace: freesNothing,
-                                  record: freesNothing ? nil : trashRecord(st, parent: parent, name: name, caller: caller))
+                                  record: freesNothing ? nil : trashRecord(st, parent: parent, name: name, caller: caller),
+                                  deleted: Sys.wallClockNow())
         } else if freesNothing {
             try Sys.unlinkat(parentFD, name, 0)
         } else {
@@ -59,6 +60,11 @@ extension PassthroughFilesystem {
         let inPlace: Bool
         /// Made when the unlink came, so it names the path the caller removed.
         let record: TrashRecord?
+        /// When the unlink came (wall clock, ns): the entry's deletion time.
+        /// Landings after the reply run on the handlers' threads and may
+        /// finish in another order than the unlinks came (the undo window's
+        /// byte limit then freed a newer file before an older one).
+        let deleted: UInt64
     }
 
     /// After the unlink's reply: queues the burial on its directory (see
@@ -98,7 +104,7 @@ extension PassthroughFilesystem {
                 return
             }
             do throws(Errno) {
-                try bury(parentFD, name, st: d.st, from: parent, caller: caller, record: d.record)
+                try bury(parentFD, name, st: d.st, from: parent, caller: caller, record: d.record, deletedAt: d.deleted)
             } catch where error != .noSuchFileOrDirectory {
                 log.warning("could not move an unlinked file into the graveyard; unlinking it in place",
                             metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
@@ -221,7 +227,7 @@ extension PassthroughFilesystem {
     @discardableResult
     func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, st: stat, from parent: Inode,
               caller: Caller, asName: UnsafePointer<CChar>? = nil, wantEntry: Bool = false,
-              record known: TrashRecord?? = nil) throws(Errno) -> String? {
+              record known: TrashRecord?? = nil, deletedAt: UInt64? = nil) throws(Errno) -> String? {
         guard let graveyard, let reaper else {
             try deleteNow(parentFD, name)
             return nil
@@ -230,10 +236,10 @@ extension PassthroughFilesystem {
         var entry: String?
         do {
             if wantEntry {
-                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record) { entry = String(cString: $0) },
+                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, time: deletedAt) { entry = String(cString: $0) },
                                   sizeUnknown: record != nil && record?.bytes == nil)
             } else {
-                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record),
+                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, time: deletedAt),
                                   sizeUnknown: record != nil && record?.bytes == nil)
             }
         } catch .improperLink {

@@ -107,10 +107,12 @@ public final class Graveyard: @unchecked Sendable {
     /// `unheld` marks an entry buried without its record while there is a
     /// window (the disk was full): it carries time 1, so the window does not
     /// keep it either, yet it is reported when freed, unlike a piece.
-    /// `named`, if given, gets the entry's name once it is in place.
+    /// `time` is when it was deleted (an unlink answered before its burial
+    /// landed), now if not given. `named`, if given, gets the entry's name
+    /// once it is in place.
     @inline(__always) @discardableResult
     public func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, record: TrashRecord? = nil,
-                     expired: Bool = false, unheld: Bool = false,
+                     expired: Bool = false, unheld: Bool = false, time: UInt64? = nil,
                      named: ((UnsafePointer<CChar>) -> Void)? = nil) throws(Errno) -> Int {
         let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
         // Runs of 64 deletions share a shard, so a reaper woken for a program
@@ -118,7 +120,7 @@ public final class Graveyard: @unchecked Sendable {
         // pieces of a tree being reaped are spread one by one, for parallel workers.
         let shard = Int((expired ? n : n >> 6) % UInt64(Graveyard.shardCount))
         let sfd = shardFDs[shard]
-        try withUniqueName(n, time: expired ? 0 : unheld ? 1 : Sys.wallClockNow()) { grave throws(Errno) in
+        try withUniqueName(n, time: expired ? 0 : unheld ? 1 : time ?? Sys.wallClockNow()) { grave throws(Errno) in
             guard let record else {
                 try Sys.renameNoReplace(parentFD, name, sfd, grave)
                 named?(grave)

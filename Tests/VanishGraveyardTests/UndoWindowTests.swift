@@ -157,7 +157,16 @@ struct UndoWindowTests {
                 // 10 MiB. Reached, and still so once the reaper has freed the rest (the bug:
                 // the next pass counted entries on their way out as kept and took more).
                 let expected = ["r\(round)f4", "r\(round)f5"]
-                try waitFor("round \(round) to settle at \(expected)", timeout: 60) { try trashPaths(m) == expected }
+                var seen: [String] = []
+                do {
+                    try waitFor("round \(round) to settle at \(expected)", timeout: 60) {
+                        seen = try trashPaths(m)
+                        return seen == expected
+                    }
+                } catch {
+                    Issue.record("round \(round): the trash held \(seen), expected \(expected)")
+                    throw error
+                }
                 try waitForReaper(m)
                 #expect(try trashPaths(m) == expected, "round \(round)")
             }
