@@ -32,7 +32,7 @@ struct StatusCommand: ParsableCommand {
                 let elapsed = Double(now - start) / 1e9
                 let average = elapsed > 0 ? Int(Double(status.freedFiles - firstFreed) / elapsed) : 0
                 let rate = status.filesPerSecond > 0 ? status.filesPerSecond : average
-                let line = "waiting: \(status.pending) graveyard entries; \(status.freedFiles) files and directories, "
+                let line = "waiting: \(status.pending) graveyard entries; \(status.freedFiles) files and \(status.freedDirectories) directories, "
                     + "\(bytes(status.freedBytes)) freed" + (rate >= 1 ? ", \(rate) files/s" : "")
                     + (status.eta.map { ", ~\($0) s left" } ?? "")
                 if terminal {
