@@ -298,19 +298,23 @@ class SeqRead(Workload):
 
 
 class RandRead(Workload):
+    """4 KiB random reads of a quarter of a file, with read(2) (psync) or
+    through a shared mapping (mmap)."""
     read_only = True
     data = True
 
-    def __init__(self, mib):
+    def __init__(self, mib, engine="psync"):
         self.mib = mib
-        self.name = f"4 KiB random reads, {mib // 4} MiB of a {mib} MiB file (fio psync)"
+        self.engine = engine
+        how = "" if engine == "psync" else " through mmap"
+        self.name = f"4 KiB random reads{how}, {mib // 4} MiB of a {mib} MiB file (fio {engine})"
 
     def prepare_source(self, src, cache):
         sh(f"dd if=/dev/urandom of={src}/rand bs=1M count={self.mib} status=none")
 
     def run(self, target):
         sh(["fio", "--name=r", f"--filename={target}/rand", "--rw=randread", "--bs=4k",
-            f"--size={self.mib}M", f"--io_size={self.mib // 4}M", "--ioengine=psync",
+            f"--size={self.mib}M", f"--io_size={self.mib // 4}M", f"--ioengine={self.engine}",
             "--randrepeat=1", "--output=/dev/null"])
 
 
@@ -325,23 +329,6 @@ class WarmRead(SeqRead):
 
     def prepare_mounted(self, target):
         self.run(target)
-
-
-class MmapRead(Workload):
-    read_only = True
-    data = True
-
-    def __init__(self, mib):
-        self.mib = mib
-        self.name = f"4 KiB random reads through mmap, {mib // 4} MiB of a {mib} MiB file (fio mmap)"
-
-    def prepare_source(self, src, cache):
-        sh(f"dd if=/dev/urandom of={src}/mapped bs=1M count={self.mib} status=none")
-
-    def run(self, target):
-        sh(["fio", "--name=m", f"--filename={target}/mapped", "--rw=randread", "--bs=4k",
-            f"--size={self.mib}M", f"--io_size={self.mib // 4}M", "--ioengine=mmap",
-            "--randrepeat=1", "--output=/dev/null"])
 
 
 class TarExtract(Workload):
@@ -716,7 +703,7 @@ def workloads(quick):
     return [
         Create(n), Walk(n, warm=False), Walk(n, warm=True), ListBigDir(n), ParallelStat(n),
         SeqWrite(mib), SeqRead(mib), WarmRead(mib), SeqWrite(mib, direct=True), SeqRead(mib, direct=True),
-        RandRead(mib), MmapRead(mib), TarExtract(), TarCreate(), GitStatus(repo), GitCheckout(repo),
+        RandRead(mib), RandRead(mib, engine="mmap"), TarExtract(), TarCreate(), GitStatus(repo), GitCheckout(repo),
         MetadataOps(n // 5 if not quick else n), RmRf(n), RemoveTreeOneStep(n), RemoveCachedTreeOneStep(n), RemoveTreeInProcess(n), ReaperDrain(n),
         LatencyWhileReaping(n), UnlinkBig(1 if quick else 10),
     ]

@@ -418,12 +418,7 @@ struct EventStreamTests {
     @Test("while the journal cannot be written (a full disk) the daemon's memory stays bounded, and subscribers get a reset for what was dropped")
     func fullDiskDropsWithReset() throws {
         try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
-        var tmpfs = ""
-        defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
-        try withVanishMount(prepare: { src in
-            tmpfs = src
-            guard try run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", src]).ok else { throw TestFailure("tmpfs") }
-        }) { m in
+        try withVanishMountOnTmpfs(size: "64m") { m in
             let s = try Subscriber(m, name: "full")
             defer { s.stop() }
             try attach(s, m)

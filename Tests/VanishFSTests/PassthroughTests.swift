@@ -93,14 +93,10 @@ struct PassthroughTests {
 
     @Test("a deleted file's space comes back after its last close: after rm, after vanish rm -r, after the unmount")
     func deletedOpenFilesGiveSpaceBack() throws {
-        var tmpfs = ""
-        defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
-        let m = try VanishMount(prepare: { src in
-            tmpfs = src
-            let r = try run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", src])
-            guard r.ok else { throw TestFailure(r.stderr) }
-        })
-        defer { m.close() }
+        try withVanishMountOnTmpfs(size: "256m") { m in try deletedOpenFilesGiveSpaceBack(m) }
+    }
+
+    private func deletedOpenFilesGiveSpaceBack(_ m: VanishMount) throws {
         try m.waitForLog("passthrough=on")
         /// Holds `path` open (through the mount) in another process until killed.
         func hold(_ path: String) throws -> pid_t {

@@ -38,13 +38,7 @@ struct GraveyardTests {
     @Test("unlink hides a file at once and the reaper gives its space back")
     func spaceComesBack() throws {
         try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
-        var tmpfs = ""
-        defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
-        try withVanishMount(prepare: { src in
-            tmpfs = src
-            let r = try run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", src])
-            guard r.ok else { throw TestFailure(r.stderr) }
-        }) { m in
+        try withVanishMountOnTmpfs(size: "256m") { m in
             let w = try sh("dd if=/dev/urandom of=big bs=1M count=64 status=none && sync", cwd: m.mountpoint)
             #expect(w.ok)
             let before = freeBytes(m.source)
@@ -128,12 +122,7 @@ struct GraveyardTests {
     @Test("vanish rm -r of a tree the kernel has cached: gone for every process at once, and its space comes back")
     func vanishRmOfACachedTree() throws {
         try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
-        var tmpfs = ""
-        defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
-        try withVanishMount(prepare: { src in
-            tmpfs = src
-            let r = try run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", src])
-            guard r.ok else { throw TestFailure(r.stderr) }
+        try withVanishMountOnTmpfs(size: "256m", prepare: { src in
             try makeTree(src + "/tree", files: 2_000, size: 16 << 10)
         }) { m in
             // Every entry and inode cached by the kernel, every file opened once through the daemon.

@@ -197,12 +197,7 @@ struct UndoWindowTests {
     @Test("when the filesystem runs short of space the window gives way, oldest first")
     func spacePressure() throws {
         try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
-        var tmpfs = ""
-        defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
-        try withVanishMount(options: ["keep=1h", "keep_min_free=25"], prepare: { src in
-            tmpfs = src
-            guard try run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", src]).ok else { throw TestFailure("tmpfs") }
-        }) { m in
+        try withVanishMountOnTmpfs(size: "64m", options: ["keep=1h", "keep_min_free=25"]) { m in
             #expect(try sh("head -c 20M /dev/zero > old && rm old", cwd: m.mountpoint).ok)
             #expect(try trashPaths(m) == ["old"])
             // 64 MiB - 20 kept - 30 new leaves less than the 25% floor.
@@ -215,12 +210,7 @@ struct UndoWindowTests {
     @Test("on a full filesystem rm -rf, rm of a linked file and vanish rm still delete, without a record")
     func fullFilesystem() throws {
         try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
-        var tmpfs = ""
-        defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
-        try withVanishMount(options: ["keep=1h"], prepare: { src in
-            tmpfs = src
-            guard try run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", src]).ok else { throw TestFailure("tmpfs") }
-        }) { m in
+        try withVanishMountOnTmpfs(size: "2m", options: ["keep=1h"]) { m in
             // A trash record is a file: with no space left it cannot be
             // written, and rmdir (which keeps the directory) failed ENOSPC.
             let r = try sh("""

@@ -278,6 +278,22 @@ public final class VanishMount {
     }
 }
 
+/// `withVanishMount` over a fresh tmpfs of `size` as the source (root
+/// only): for tests of space, which statfs must see apart from the rest of
+/// the machine. The tmpfs goes with the mount, also when the test fails.
+public func withVanishMountOnTmpfs<R>(size: String, options: [String] = [], arguments: [String] = [],
+                                      prepare: ((String) throws -> Void)? = nil,
+                                      _ body: (VanishMount) throws -> R) throws -> R {
+    var tmpfs = ""
+    defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
+    return try withVanishMount(options: options, arguments: arguments, prepare: { src in
+        tmpfs = src
+        let r = try run(["mount", "-t", "tmpfs", "-o", "size=\(size)", "tmpfs", src])
+        guard r.ok else { throw TestFailure("mounting a tmpfs source: \(r.stderr)") }
+        try prepare?(src)
+    }, body)
+}
+
 /// `vanish status --wait`: returns once the reaper has emptied the graveyard
 /// (a failure, not a hung suite, if it never does).
 public func waitForReaper(_ m: VanishMount, timeout: Int = 180) throws {
