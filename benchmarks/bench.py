@@ -546,25 +546,20 @@ class MetadataOps(Workload):
                 os.unlink(p + ".r")
 
 
-class ParallelStat(Workload):
-    """Four processes stat the names of one cold directory, each its own
+class ParallelStat(ListBigDir):
+    """Four processes stat the names of the same cold directory, each its own
     quarter: how far lookups in one directory run side by side
     (FUSE_PARALLEL_DIROPS; without it the kernel sends them one at a time)."""
-    read_only = True
 
     def __init__(self, files):
-        self.files = files
+        super().__init__(files)
         self.name = f"stat {files // 1000}k names of one directory from 4 processes, cold"
-
-    def prepare_source(self, src, cache):
-        os.mkdir(os.path.join(src, "flat"))
-        make_tree(os.path.join(src, "flat"), 1, self.files, size=0)
 
     def run(self, target):
         code = ("import os, sys\n"
                 "d, k, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])\n"
                 "for i in range(k, n, 4): os.stat(f'{d}/f{i:05}')\n")
-        procs = [subprocess.Popen([sys.executable, "-c", code, f"{target}/flat/d000", str(k), str(self.files)])
+        procs = [subprocess.Popen([sys.executable, "-c", code, f"{target}/big/d000", str(k), str(self.files)])
                  for k in range(4)]
         for p in procs:
             if p.wait() != 0:
