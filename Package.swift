@@ -106,7 +106,7 @@ let package = Package(
         ),
         .testTarget(
             name: "VanishGraveyardTests",
-            dependencies: ["VanishTestSupport", "CFuse", "vanish"],
+            dependencies: ["VanishTestSupport", "VanishGraveyard", "CFuse", "vanish"],
             swiftSettings: strict
         ),
         .testTarget(

@@ -2,6 +2,7 @@ import FUSEKit
 import Glibc
 import LinuxSyscalls
 import Synchronization
+import VanishGraveyard
 
 /// Unlinks answered before their rename into the graveyard has landed.
 ///
@@ -30,9 +31,11 @@ import Synchronization
 /// Names are tracked by a 64-bit hash of (directory, name): a collision only
 /// lands a burial early or makes someone wait for nothing.
 ///
-/// A crash before a burial lands leaves the file where it was: the unlink
-/// is lost (for at most `maxAgeNanoseconds`), not any data, as with an
-/// unlink a journaling filesystem had not committed yet.
+/// Each answered unlink is written to `intents` before its answer, so a
+/// daemon killed before the burial lands has it finished by the next mount
+/// (`PassthroughFilesystem.finishInterruptedUnlinks`); the log is emptied
+/// when nothing is pending. For the intents' paths to stay true, a
+/// directory is renamed only once no burial is pending (`rename`).
 final class DeferredBurials: @unchecked Sendable {
     struct Ticket {
         let nameHash: UInt64
@@ -74,6 +77,12 @@ final class DeferredBurials: @unchecked Sendable {
     /// Burials pending, readable without the lock: the fast path of every
     /// check is one load of this.
     private let outstanding = Atomic<Int>(0)
+    /// The log of answered unlinks, emptied here when none is pending.
+    let intents: UnlinkIntents?
+
+    init(intents: UnlinkIntents?) {
+        self.intents = intents
+    }
 
     /// Whether no burial is pending (the hot paths' check).
     @inline(__always)
@@ -241,7 +250,8 @@ final class DeferredBurials: @unchecked Sendable {
     private func release(_ ticket: Ticket) {
         Self.release(&names, ticket.nameHash)
         Self.release(&directories, ticket.directory)
-        outstanding.subtract(1, ordering: .releasing)
+        // Under the lock, so no unlink can begin (and write its intent) meanwhile.
+        if outstanding.subtract(1, ordering: .releasing).newValue == 0 { intents?.compactIfLarge() }
         if waiters > 0 { cond.broadcast() }
     }
 

@@ -151,6 +151,7 @@ extension PassthroughFilesystem {
         try checkChangeable(np, newName)
         burials.waitForName(p, name)
         burials.waitForName(np, newName)
+        if !burials.isEmpty { try landBeforeMovingDirectory(p, name, np, newName, flags: flags) }
         let caller = req.caller
         try fds.withFD(p) { pfd throws(Errno) in
             try fds.withFD(np) { npfd throws(Errno) in
@@ -192,6 +193,19 @@ extension PassthroughFilesystem {
         }
         req.replyOK()
         burials.landQueue(of: np)
+    }
+
+    /// Pending unlinks' intents name their files by path (see
+    /// `UnlinkIntents`): a directory moves only once every pending burial
+    /// has landed, so that none below it is left with a path that is gone.
+    private func landBeforeMovingDirectory(_ p: Inode, _ name: UnsafePointer<CChar>, _ np: Inode,
+                                           _ newName: UnsafePointer<CChar>, flags: UInt32) throws(Errno) {
+        func isDirectory(_ dir: Inode, _ name: UnsafePointer<CChar>) throws(Errno) -> Bool {
+            try fds.withFD(dir) { fd throws(Errno) in (try? Sys.lstatat(fd, name))?.st_mode ?? 0 } & S_IFMT == S_IFDIR
+        }
+        var moves = try isDirectory(p, name)
+        if !moves && flags & VANISH_RENAME_EXCHANGE != 0 { moves = try isDirectory(np, newName) }
+        if moves { burials.drain() }
     }
 
     public func create(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,

@@ -41,9 +41,16 @@ extension PassthroughFilesystem {
                 burials.end(ticket)
                 throw .notPermitted
             }
-            return DeferredBurial(ticket: ticket, st: st, inPlace: freesNothing,
-                                  record: freesNothing ? nil : trashRecord(st, parent: parent, name: name, caller: caller),
-                                  deleted: Sys.wallClockNow())
+            let deferred = DeferredBurial(ticket: ticket, st: st, inPlace: freesNothing,
+                                          record: freesNothing ? nil : trashRecord(st, parent: parent, name: name, caller: caller),
+                                          deleted: Sys.wallClockNow())
+            if recordIntent(deferred, parent: parent, name: name, caller: caller) { return deferred }
+            burials.end(ticket)
+            if freesNothing {
+                try Sys.unlinkat(parentFD, name, 0)
+            } else {
+                try bury(parentFD, name, st: st, from: parent, caller: caller)
+            }
         } else if freesNothing {
             try Sys.unlinkat(parentFD, name, 0)
         } else {

@@ -26,7 +26,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     let graveyard: Graveyard?
     public let reaper: Reaper?
     /// Unlinks answered before their rename into the graveyard landed.
-    let burials = DeferredBurials()
+    let burials: DeferredBurials
     /// Whether unlinks are answered before their rename (see `DeferredBurials`).
     let defersUnlink: Bool
     /// Graveyards of filesystems mounted inside the source, made as needed.
@@ -73,7 +73,19 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
                    policy: options.reaping)
         }
         sourcePath = source
-        defersUnlink = grave != nil && options.deferUnlink && options.cache != .never
+        // Answering unlinks before their burial needs the log that lets the
+        // next mount finish them if this daemon dies first.
+        var intents: UnlinkIntents?
+        if let grave {
+            do {
+                intents = try UnlinkIntents(stateFD: grave.stateFD)
+            } catch {
+                logger.warning("cannot keep the log of answered unlinks: unlinks wait for their burial",
+                               metadata: ["error": "\(error)"])
+            }
+        }
+        defersUnlink = intents != nil && options.deferUnlink && options.cache != .never
+        burials = DeferredBurials(intents: defersUnlink ? intents : nil)
         let root = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, generation: 0,
                          parent: nil, name: "")
         root.fd = fd
@@ -87,6 +99,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         fds = FDCache(limit: options.fdCacheLimit ?? FileLimits.defaultCacheLimit(), table: table)
         actsForOthers = geteuid() == 0
         devices = DeviceMap(rootDevice: st.st_dev)
+        if let intents { finishInterruptedUnlinks(intents) }
     }
 
     deinit { Sys.close(rootFD) }

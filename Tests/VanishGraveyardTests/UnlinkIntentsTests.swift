@@ -1,0 +1,89 @@
+import Glibc
+import Testing
+import VanishGraveyard
+import VanishTestSupport
+
+/// The log of answered unlinks, in-process on a scratch directory.
+@Suite("unlink intents log")
+struct UnlinkIntentsTests {
+    /// A fresh state directory and a file's stat to write intents for.
+    private func withLog(_ body: (UnlinkIntents, Int32, stat) throws -> Void) throws {
+        let dir = try makeTempDirectory()
+        defer { removeTree(dir) }
+        let fd = open(dir, O_RDONLY | O_DIRECTORY)
+        defer { close(fd) }
+        close(open(dir + "/file", O_CREAT | O_WRONLY, 0o644))
+        var st = stat()
+        #expect(lstat(dir + "/file", &st) == 0)
+        try body(try UnlinkIntents(stateFD: fd), fd, st)
+    }
+
+    private func record(_ log: UnlinkIntents, _ st: stat, _ path: String, inPlace: Bool = false) throws {
+        try Array(path.utf8).withUnsafeBufferPointer {
+            try log.record(st, deleted: 42, uid: 1000, gid: 100, inPlace: inPlace, path: $0)
+        }
+    }
+
+    @Test("intents read back in order, with every field, any bytes in the path")
+    func roundTrip() throws {
+        try withLog { log, _, st in
+            try record(log, st, "a/b")
+            try record(log, st, "dir/new\nline \u{FF}", inPlace: true)
+            let read = log.intents()
+            #expect(read.count == 2)
+            #expect(read.first?.path == Array("a/b".utf8))
+            #expect(read.last?.path == Array("dir/new\nline \u{FF}".utf8))
+            #expect(read.first?.inPlace == false && read.last?.inPlace == true)
+            #expect(read.first?.deleted == 42 && read.first?.uid == 1000 && read.first?.gid == 100)
+            #expect(read.allSatisfy { $0.matches(st) })
+        }
+    }
+
+    @Test("a file changed since its intent (renamed, re-created) does not match it")
+    func identity() throws {
+        try withLog { log, fd, st in
+            try record(log, st, "file")
+            usleep(10_000)
+            #expect(renameat(fd, "file", fd, "moved") == 0 && renameat(fd, "moved", fd, "file") == 0)
+            var now = stat()
+            #expect(fstatat(fd, "file", &now, AT_SYMLINK_NOFOLLOW) == 0)
+            #expect(log.intents().first?.matches(now) == false)
+        }
+    }
+
+    @Test("a torn or foreign tail ends the replay; what came before it stays")
+    func tornTail() throws {
+        try withLog { log, fd, st in
+            try record(log, st, "one")
+            try record(log, st, "two")
+            let file = openat(fd, UnlinkIntents.fileName, O_WRONLY | O_APPEND)
+            defer { close(file) }
+            // Half a record, as a power cut could leave.
+            let garbage: [UInt8] = [0x31, 0x4E, 0x55, 0x56, 9, 0, 0, 0, 1, 2, 3]
+            #expect(write(file, garbage, garbage.count) == garbage.count)
+            #expect(log.intents().map { String(decoding: $0.path, as: UTF8.self) } == ["one", "two"])
+            // A corrupted byte inside a record ends the replay there too
+            // (the second record starts at 56 + 3: a header and "one").
+            let patch = openat(fd, UnlinkIntents.fileName, O_WRONLY)
+            defer { close(patch) }
+            #expect(pwrite(patch, [0xFF], 1, 59 + 20) == 1)
+            #expect(log.intents().map { String(decoding: $0.path, as: UTF8.self) } == ["one"])
+        }
+    }
+
+    @Test("emptied on request, and when idle once it has grown")
+    func compaction() throws {
+        try withLog { log, _, st in
+            try record(log, st, "x")
+            log.compactIfLarge()
+            #expect(log.intents().count == 1, "a small log is left alone")
+            for i in 0..<2_000 { try record(log, st, "some/longer/path/\(i)") }
+            log.compactIfLarge()
+            #expect(log.intents().isEmpty)
+            try record(log, st, "y")
+            #expect(log.intents().count == 1)
+            log.clear()
+            #expect(log.intents().isEmpty)
+        }
+    }
+}
