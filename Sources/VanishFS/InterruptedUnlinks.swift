@@ -31,9 +31,9 @@ extension PassthroughFilesystem {
     /// with its trash record and deletion time. Runs before the mount serves.
     func finishInterruptedUnlinks(_ intents: UnlinkIntents) {
         let pending = intents.intents()
-        guard !pending.isEmpty else { return }
         var finished = 0
         for intent in pending where finish(intent) { finished += 1 }
+        // Also opens the log for this session's records.
         intents.clear()
         if finished > 0 {
             log.notice("finished unlinks answered by the last session but not yet done when it ended",

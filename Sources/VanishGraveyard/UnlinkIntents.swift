@@ -16,12 +16,22 @@ import SystemPackage
 /// An intent whose file has landed (or was restored, or re-created under
 /// the same name) therefore matches nothing, so the log need not record
 /// landings: it is emptied whenever no unlink is pending and it has grown
-/// past `compactBytes`. Records carry a checksum, so a record torn by a
-/// power cut ends the replay instead of being misread.
+/// past `compactBytes`.
+///
+/// Writing one costs a `pwritev` into space allocated ahead, at an offset
+/// reserved with one atomic add, so concurrent unlinks neither wait for each
+/// other nor change the file's size (an O_APPEND write did both and made
+/// `rm -rf` through the mount a fifth slower). Emptying the log bumps the
+/// generation in its first 8 bytes; only records of the current generation
+/// count, found by their magic and checksum at 8-byte steps, so a record
+/// torn by a power cut, or a slot a killed writer never filled, skips
+/// nothing after it.
 public final class UnlinkIntents: Sendable {
     public static let fileName = "unlinks"
     /// The log is emptied when nothing is pending and it is this large.
     static let compactBytes = 64 << 10
+    /// Space is allocated this much at a time.
+    static let allocationStep = 1 << 20
 
     public struct Intent: Sendable, Equatable {
         public var ino: UInt64
@@ -55,7 +65,8 @@ public final class UnlinkIntents: Sendable {
         }
     }
 
-    /// The fixed part of a record; the path's bytes follow it.
+    /// The fixed part of a record; the path's bytes follow it, then zeros
+    /// up to a multiple of 8 bytes.
     private struct Header {
         var magic: UInt32 = Header.expectedMagic
         var pathLength: UInt32 = 0
@@ -66,28 +77,49 @@ public final class UnlinkIntents: Sendable {
         var uid: UInt32 = 0
         var gid: UInt32 = 0
         var flags: UInt32 = 0
+        var generation: UInt32 = 0
+        var reserved: UInt32 = 0
         /// FNV-1a of the header (with this field 0) and the path.
         var checksum: UInt32 = 0
-        static let expectedMagic: UInt32 = 0x5655_4E31  // "VUN1"
+        static let expectedMagic: UInt32 = 0x5655_4E32  // "2NUV"
         static let inPlaceFlag: UInt32 = 1
     }
+    /// The log's first 8 bytes: a magic and the current generation.
+    private static let fileMagic: UInt32 = 0x474F_4C55  // "ULOG"
+    private static let firstRecord = 8
 
     private let fd: Int32
-    /// Bytes appended since the log was last emptied.
-    private let written = Atomic<Int>(0)
+    /// Where the next record goes.
+    private let next = Atomic<Int>(UnlinkIntents.firstRecord)
+    private let generation = Atomic<UInt32>(0)
+    /// Bytes allocated to the file; growing it is serialized by `growth`.
+    private let allocated = Atomic<Int>(0)
+    private let growth = Mutex<Void>(())
+    /// A growth failed (a full disk): no record is written until the log is emptied,
+    /// so that none lies beyond a gap.
+    private let broken = Atomic<Bool>(false)
 
-    /// Opens (or makes) the log in the state directory `stateFD`.
+    /// Opens (or makes) the log in the state directory `stateFD`. Its
+    /// records stay for `intents()` until `clear()`.
     public init(stateFD: Int32) throws(Errno) {
-        fd = try Sys.openat(stateFD, UnlinkIntents.fileName, O_RDWR | O_CREAT | O_APPEND | O_NOFOLLOW, 0o600)
-        if let st = try? Sys.fstat(fd) { written.store(Int(st.st_size), ordering: .relaxed) }
+        fd = try Sys.openat(stateFD, UnlinkIntents.fileName, O_RDWR | O_CREAT | O_NOFOLLOW, 0o600)
+        let st: stat
+        do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
+        allocated.store(Int(st.st_size), ordering: .relaxed)
+        let (gen, _) = Self.readHeader(fd)
+        generation.store(gen, ordering: .relaxed)
+        // Nothing is written before `clear()`, which a mount calls once it
+        // has read what is here: until then new records would mix with old.
+        broken.store(true, ordering: .relaxed)
     }
 
     deinit { Sys.close(fd) }
 
-    /// Appends one intent with a single write, before the unlink is answered.
-    /// `path` is the file's path from the mount's root.
+    /// Writes one intent, before the unlink is answered. `path` is the
+    /// file's path from the mount's root.
     public func record(_ st: stat, deleted: UInt64, uid: UInt32, gid: UInt32, inPlace: Bool,
                        path: UnsafeBufferPointer<UInt8>) throws(Errno) {
+        if broken.load(ordering: .relaxed) { throw .noSpace }
         var h = Header()
         h.pathLength = UInt32(path.count)
         h.ino = UInt64(st.st_ino)
@@ -97,52 +129,93 @@ public final class UnlinkIntents: Sendable {
         h.uid = uid
         h.gid = gid
         h.flags = inPlace ? Header.inPlaceFlag : 0
+        h.generation = generation.load(ordering: .relaxed)
         h.checksum = Self.checksum(h, path)
-        let total = MemoryLayout<Header>.size + path.count
+        let length = MemoryLayout<Header>.size + path.count
+        let total = (length + 7) & ~7
+        let offset = next.wrappingAdd(total, ordering: .relaxed).oldValue
+        if offset + total > allocated.load(ordering: .acquiring) { try grow(to: offset + total) }
+        var padding: UInt64 = 0
         let n = withUnsafeMutableBytes(of: &h) { head -> Int in
-            var iov = (iovec(iov_base: head.baseAddress, iov_len: head.count),
-                       iovec(iov_base: UnsafeMutableRawPointer(mutating: path.baseAddress), iov_len: path.count))
-            return withUnsafePointer(to: &iov) {
-                $0.withMemoryRebound(to: iovec.self, capacity: 2) { writev(fd, $0, 2) }
+            withUnsafeMutableBytes(of: &padding) { pad -> Int in
+                var iov = (iovec(iov_base: head.baseAddress, iov_len: head.count),
+                           iovec(iov_base: UnsafeMutableRawPointer(mutating: path.baseAddress), iov_len: path.count),
+                           iovec(iov_base: pad.baseAddress, iov_len: total - length))
+                return withUnsafePointer(to: &iov) {
+                    $0.withMemoryRebound(to: iovec.self, capacity: 3) { pwritev(fd, $0, 3, off_t(offset)) }
+                }
             }
         }
-        if n != total {
-            let why = n < 0 ? Errno(rawValue: errno) : Errno.noSpace
-            // A short write leaves a torn tail that would end a replay early: cut it off.
-            if n > 0, let st = try? Sys.fstat(fd) { _ = try? Sys.ftruncate(fd, st.st_size - off_t(n)) }
-            throw why
+        if n != total { throw n < 0 ? Errno(rawValue: errno) : .noSpace }
+    }
+
+    /// Allocates space up to at least `size` bytes.
+    private func grow(to size: Int) throws(Errno) {
+        let failure: Errno? = growth.withLock { _ -> Errno? in
+            let have = allocated.load(ordering: .relaxed)
+            guard size > have else { return nil }
+            let want = (size / Self.allocationStep + 1) * Self.allocationStep
+            do throws(Errno) {
+                try Sys.fallocate(fd, 0, off_t(have), off_t(want - have))
+            } catch .notSupported {
+                // A filesystem without fallocate: set the size; writes fill it as they come.
+                do throws(Errno) { try Sys.ftruncate(fd, off_t(want)) } catch { return error }
+            } catch {
+                return error
+            }
+            allocated.store(want, ordering: .releasing)
+            return nil
         }
-        written.wrappingAdd(total, ordering: .relaxed)
+        if let failure {
+            broken.store(true, ordering: .relaxed)
+            throw failure
+        }
     }
 
     /// Empties the log if it has grown; call only while no unlink is pending
     /// and none can begin (the caller's lock), since its intent would go too.
     public func compactIfLarge() {
-        guard written.load(ordering: .relaxed) >= Self.compactBytes else { return }
+        guard next.load(ordering: .relaxed) >= Self.compactBytes || broken.load(ordering: .relaxed) else { return }
         clear()
     }
 
-    /// Empties the log.
+    /// Empties the log: a new generation, so every record written so far
+    /// stops counting. Same condition as `compactIfLarge`.
     public func clear() {
-        if (try? Sys.ftruncate(fd, 0)) != nil { written.store(0, ordering: .relaxed) }
+        let gen = generation.load(ordering: .relaxed) &+ 1
+        var head: (UInt32, UInt32) = (Self.fileMagic, gen)
+        guard pwrite(fd, &head, 8, 0) == 8 else { return }
+        generation.store(gen, ordering: .relaxed)
+        next.store(Self.firstRecord, ordering: .relaxed)
+        if allocated.load(ordering: .relaxed) < Self.firstRecord { allocated.store(Self.firstRecord, ordering: .relaxed) }
+        broken.store(false, ordering: .relaxed)
     }
 
-    /// The intents in the log, in the order they were written, up to the
-    /// first record that is torn or not one.
+    /// The log's generation, and whether the file has a valid header.
+    private static func readHeader(_ fd: Int32) -> (UInt32, Bool) {
+        var head: (UInt32, UInt32) = (0, 0)
+        guard pread(fd, &head, 8, 0) == 8, head.0 == fileMagic else { return (0, false) }
+        return (head.1, true)
+    }
+
+    /// The intents of the current generation, in the order of their places in the log.
     public func intents() -> [Intent] {
+        let (gen, valid) = Self.readHeader(fd)
+        guard valid else { return [] }
         var data: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 1 << 16)
-        var offset: off_t = 0
+        var offset = off_t(Self.firstRecord)
         while true {
             let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, offset) }
             if n <= 0 { break }
             data += buffer[..<n]
             offset += off_t(n)
         }
-        return Self.decode(data)
+        return Self.decode(data, generation: gen)
     }
 
-    static func decode(_ data: [UInt8]) -> [Intent] {
+    /// The valid records of `generation` in `data`, looked for at every 8-byte step.
+    static func decode(_ data: [UInt8], generation: UInt32) -> [Intent] {
         var out: [Intent] = []
         let headerSize = MemoryLayout<Header>.size
         var at = 0
@@ -150,13 +223,14 @@ public final class UnlinkIntents: Sendable {
             while data.count - at >= headerSize {
                 let h = raw.loadUnaligned(fromByteOffset: at, as: Header.self)
                 let length = Int(h.pathLength)
-                guard h.magic == Header.expectedMagic, length <= data.count - at - headerSize else { return }
+                guard h.magic == Header.expectedMagic, h.generation == generation, length <= data.count - at - headerSize
+                else { at += 8; continue }
                 let path = UnsafeRawBufferPointer(rebasing: raw[(at + headerSize)..<(at + headerSize + length)])
-                guard h.checksum == checksum(h, path.assumingMemoryBound(to: UInt8.self)) else { return }
+                guard h.checksum == checksum(h, path.assumingMemoryBound(to: UInt8.self)) else { at += 8; continue }
                 out.append(Intent(ino: h.ino, ctimeSeconds: h.ctimeSeconds, ctimeNanoseconds: h.ctimeNanoseconds,
                                   deleted: h.deleted, uid: h.uid, gid: h.gid,
                                   inPlace: h.flags & Header.inPlaceFlag != 0, path: Array(path)))
-                at += headerSize + length
+                at += (headerSize + length + 7) & ~7
             }
         }
         return out
