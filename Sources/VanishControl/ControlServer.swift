@@ -15,8 +15,11 @@ public final class ControlServer: @unchecked Sendable {
     private let filesystem: PassthroughFilesystem
     private let log: Logger
     private let listener: Int32
+    /// `stop` writes to this pipe to wake the control thread's poll.
+    private let wakeReader: Int32
+    private let wakeWriter: Int32
     private let state = Mutex<(connections: Int, perUser: [uid_t: Int], stopped: Bool)>((0, [:], false))
-    /// More peers than this at once are turned away (each holds a thread).
+    /// More peers than this at once are turned away.
     static let maxConnections = 128
     /// Most connections one user other than root and the daemon's own may
     /// hold; all such users together leave `reserved` for those two, so
@@ -52,7 +55,15 @@ public final class ControlServer: @unchecked Sendable {
             unlink(binding)
             throw ControlClient.Failure("cannot listen on \(path): \(String(cString: strerror(e)))")
         }
+        var pipeFDs: [Int32] = [-1, -1]
+        guard pipe(&pipeFDs) == 0 else {
+            close(fd)
+            unlink(path)
+            throw ControlClient.Failure("cannot make the control socket's wake-up pipe: \(String(cString: strerror(errno)))")
+        }
+        for end in pipeFDs { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
         listener = fd
+        (wakeReader, wakeWriter) = (pipeFDs[0], pipeFDs[1])
     }
 
     /// A directory for control sockets: /run/vanish for root, the user's
@@ -105,9 +116,11 @@ public final class ControlServer: @unchecked Sendable {
         return removed
     }
 
+    deinit { close(wakeWriter) }
+
     /// Starts accepting (after any fork: threads don't survive it).
     public func start() {
-        spawnThread("vanish-control") { [self] in acceptLoop() }
+        spawnThread("vanish-control") { [self] in serveLoop() }
     }
 
     /// Stops accepting and removes the socket file, then gives the peers
@@ -115,70 +128,164 @@ public final class ControlServer: @unchecked Sendable {
     /// closed by now, still owe their subscribers the `end` line.
     public func stop() {
         state.withLock { $0.stopped = true }
-        shutdown(listener, Int32(SHUT_RDWR))
+        var byte: UInt8 = 1
+        _ = Glibc.write(wakeWriter, &byte, 1)
         unlink(path)
         for _ in 0..<200 where state.withLock({ $0.connections }) > 0 { usleep(10_000) }
     }
 
-    private func acceptLoop() {
-        while true {
-            let fd = accept(listener, nil, nil)
-            if fd >= 0 { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
-            if fd < 0 {
-                if errno == EINTR || errno == ECONNABORTED { continue }
-                let done = state.withLock { $0.stopped }
-                if !done { log.error("control socket stopped accepting", metadata: ["errno": "\(errno)"]) }
-                close(listener)
+    /// A peer the control thread serves: reading its request, then writing
+    /// the answer (an event stream moves to a thread of its own instead).
+    private struct Peer {
+        let conn: Connection
+        let uid: uid_t?
+        var input: [UInt8] = []
+        var output: [UInt8] = []
+        var sent = 0
+        /// It is dropped at this time (`Condition.now()` ns) if not done.
+        var deadline: UInt64
+        var answering: Bool { !output.isEmpty }
+    }
+
+    /// The control thread: one poll loop accepts peers, reads their
+    /// requests, answers them and writes the answers, all without blocking,
+    /// so idle or slow peers hold no thread; each has `requestTimeout`
+    /// seconds to send its request and as long again to read the answer.
+    /// Only an event stream, which lasts, gets a thread.
+    private func serveLoop() {
+        var peers: [Peer] = []
+        defer {
+            for p in peers { finished(p.uid) }
+            close(listener)
+            close(wakeReader)
+        }
+        while !state.withLock({ $0.stopped }) {
+            var fds = [pollfd(fd: listener, events: Int16(POLLIN), revents: 0),
+                       pollfd(fd: wakeReader, events: Int16(POLLIN), revents: 0)]
+            for p in peers { fds.append(pollfd(fd: p.conn.fd, events: Int16(p.answering ? POLLOUT : POLLIN), revents: 0)) }
+            let now = Condition.now()
+            let next = peers.map(\.deadline).min().map { Int32(clamping: ($0 > now ? $0 - now : 0) / 1_000_000 + 1) } ?? -1
+            let n = poll(&fds, nfds_t(fds.count), next)
+            if n < 0 && errno != EINTR {
+                log.error("control socket stopped serving", metadata: ["errno": "\(errno)"])
                 return
             }
-            let uid = Connection.peerUID(fd)
-            let privileged = uid == 0 || uid == getuid()
-            let refusal: String? = state.withLock { s in
-                if s.connections >= ControlServer.maxConnections { return "too many connections to this mount's control socket" }
-                if !privileged, let uid {
-                    if s.perUser[uid, default: 0] >= ControlServer.maxPerUser {
-                        return "too many connections from this user (\(ControlServer.maxPerUser) at most)"
-                    }
-                    let others = s.perUser.filter { $0.key != 0 && $0.key != getuid() }.values.reduce(0, +)
-                    if others >= ControlServer.maxConnections - ControlServer.reserved {
-                        return "too many connections to this mount's control socket"
-                    }
+            let at = Condition.now()
+            var kept: [Peer] = []
+            for (i, var p) in peers.enumerated() {
+                // Each branch either keeps the peer or lets it go (and counts it gone) once.
+                if fds[i + 2].revents != 0 {
+                    if p.answering ? writeSome(&p) : readSome(&p) { kept.append(p) }
+                } else if at < p.deadline {
+                    kept.append(p)
+                } else if p.answering {
+                    finished(p.uid)
+                } else {
+                    refuse(p, "expected one JSON object on one line within \(ControlServer.requestTimeout) s", EINVAL)
                 }
-                s.connections += 1
-                if let uid { s.perUser[uid, default: 0] += 1 }
-                return nil
             }
-            if let refusal {
-                let conn = Connection(fd: fd)
-                conn.write(["error": JSON(refusal + "; try again later"), "errno": JSON(EAGAIN)])
-                continue
-            }
-            // An idle or half-sent request must not hold its thread.
-            var limit = timeval(tv_sec: ControlServer.requestTimeout, tv_usec: 0)
-            _ = setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
-            spawnThread("vanish-client") { [self] in
-                serve(Connection(fd: fd))
-                state.withLock { s in
-                    s.connections -= 1
-                    if let uid {
-                        s.perUser[uid, default: 1] -= 1
-                        if s.perUser[uid] == 0 { s.perUser[uid] = nil }
-                    }
+            peers = kept
+            if fds[0].revents & Int16(POLLIN) != 0, let p = acceptPeer() { peers.append(p) }
+        }
+    }
+
+    /// Accepts one peer, or turns it away when it would pass a limit.
+    private func acceptPeer() -> Peer? {
+        let fd = accept(listener, nil, nil)
+        guard fd >= 0 else { return nil }
+        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+        let uid = Connection.peerUID(fd)
+        let privileged = uid == 0 || uid == getuid()
+        let refusal: String? = state.withLock { s in
+            if s.connections >= ControlServer.maxConnections { return "too many connections to this mount's control socket" }
+            if !privileged, let uid {
+                if s.perUser[uid, default: 0] >= ControlServer.maxPerUser {
+                    return "too many connections from this user (\(ControlServer.maxPerUser) at most)"
                 }
+                let others = s.perUser.filter { $0.key != 0 && $0.key != getuid() }.values.reduce(0, +)
+                if others >= ControlServer.maxConnections - ControlServer.reserved {
+                    return "too many connections to this mount's control socket"
+                }
+            }
+            s.connections += 1
+            if let uid { s.perUser[uid, default: 0] += 1 }
+            return nil
+        }
+        let conn = Connection(fd: fd)
+        if let refusal {
+            // A fresh socket's buffer always takes one short line.
+            conn.write(["error": JSON(refusal + "; try again later"), "errno": JSON(EAGAIN)])
+            return nil
+        }
+        return Peer(conn: conn, uid: uid, deadline: Condition.now() + UInt64(ControlServer.requestTimeout) * 1_000_000_000)
+    }
+
+    /// Reads what `p` sent; once its request is in, answers it. False when it is done with.
+    private func readSome(_ p: inout Peer) -> Bool {
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        let n = chunk.withUnsafeMutableBytes { recv(p.conn.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+        if n < 0 && (errno == EAGAIN || errno == EINTR) { return true }
+        if n > 0 { p.input += chunk[..<n] }
+        let line = p.input.firstIndex(of: 0x0A).map { Array(p.input[..<$0]) }
+        guard line != nil || n <= 0 || p.input.count >= 65536 else { return true }
+        let request = JSON.parse(line ?? p.input).flatMap { $0.object != nil ? $0 : nil }
+        guard let request, let peer = p.conn.peer() else {
+            refuse(p, "expected one JSON object on one line within \(ControlServer.requestTimeout) s", EINVAL)
+            return false
+        }
+        if request["op"]?.string == "events" {
+            // A stream lasts: it gets a thread, and blocking writes to its subscriber.
+            let (conn, uid) = (p.conn, p.uid)
+            _ = fcntl(conn.fd, F_SETFL, fcntl(conn.fd, F_GETFL) & ~O_NONBLOCK)
+            spawnThread("vanish-events") { [self] in
+                streamEvents(conn, request, peer)
+                finished(uid)
+            }
+            return false
+        }
+        p.output = Array((answer(request, peer).serialized + "\n").utf8)
+        p.deadline = Condition.now() + UInt64(ControlServer.requestTimeout) * 1_000_000_000
+        return writeSome(&p)
+    }
+
+    /// Writes what the socket takes of `p`'s answer. False once all is sent or the peer is gone.
+    private func writeSome(_ p: inout Peer) -> Bool {
+        while p.sent < p.output.count {
+            let n = p.output[p.sent...].withUnsafeBytes {
+                Glibc.send(p.conn.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT))
+            }
+            if n < 0 {
+                if errno == EINTR { continue }
+                if errno == EAGAIN { return true }
+                break
+            }
+            p.sent += n
+        }
+        finished(p.uid)
+        return false
+    }
+
+    /// Tells a peer why it is dropped (if its socket takes it) and lets it go.
+    private func refuse(_ p: Peer, _ why: String, _ errno: Int32) {
+        let line: JSON = ["error": JSON(why), "errno": JSON(errno)]
+        _ = p.conn.send(Array((line.serialized + "\n").utf8), wait: false)
+        finished(p.uid)
+    }
+
+    /// A peer that counted against the limits is gone.
+    private func finished(_ uid: uid_t?) {
+        state.withLock { s in
+            s.connections -= 1
+            if let uid {
+                s.perUser[uid, default: 1] -= 1
+                if s.perUser[uid] == 0 { s.perUser[uid] = nil }
             }
         }
     }
 
-    private func serve(_ conn: Connection) {
-        guard let peer = conn.peer() else { return }
-        guard let request = conn.readRequest() else {
-            conn.write(["error": JSON("expected one JSON object on one line within \(ControlServer.requestTimeout) s"),
-                        "errno": JSON(EINVAL)])
-            return
-        }
-        // The request is in; an event stream then waits on the journal, not on reads.
-        var none = timeval(tv_sec: 0, tv_usec: 0)
-        _ = setsockopt(conn.fd, SOL_SOCKET, SO_RCVTIMEO, &none, socklen_t(MemoryLayout<timeval>.size))
+    /// The answer to a request other than `events`.
+    private func answer(_ request: JSON, _ peer: Credentials) -> JSON {
         switch request["op"]?.string {
         case "trash-list":
             let entries = filesystem.trash(for: peer).map { e -> JSON in
@@ -188,26 +295,24 @@ public final class ControlServer: @unchecked Sendable {
                 PathBytes(e.record.path).put(into: &o, key: "path")
                 return .object(o)
             }
-            conn.write(["ok": true, "entries": .array(entries)])
+            return ["ok": true, "entries": .array(entries)]
         case "restore":
             let id = request["id"]?.string
             let path = PathBytes.get(request, key: "path")
             let to = PathBytes.get(request, key: "to")
             do {
                 let restored = try filesystem.restore(id: id, path: path?.bytes, to: to?.bytes, as: peer)
-                conn.write(["ok": true, "restored": .array(restored.map { p -> JSON in
+                log.info("restored", metadata: ["uid": "\(peer.uid)", "entries": "\(restored.count)"])
+                return ["ok": true, "restored": .array(restored.map { p -> JSON in
                     var o: [String: JSON] = [:]
                     PathBytes(p).put(into: &o, key: "path")
                     return .object(o)
-                })])
-                log.info("restored", metadata: ["uid": "\(peer.uid)", "entries": "\(restored.count)"])
+                })]
             } catch {
-                conn.write(["error": JSON(error.description), "errno": JSON(error.errno)])
+                return ["error": JSON(error.description), "errno": JSON(error.errno)]
             }
-        case "events":
-            streamEvents(conn, request, peer)
         default:
-            conn.write(["error": "unknown request; this daemon knows: trash-list, restore, events", "errno": JSON(EINVAL)])
+            return ["error": "unknown request; this daemon knows: trash-list, restore, events", "errno": JSON(EINVAL)]
         }
     }
 }
@@ -326,7 +431,7 @@ extension ControlServer {
 }
 
 /// One accepted peer.
-final class Connection {
+final class Connection: Sendable {
     let fd: Int32
     init(fd: Int32) { self.fd = fd }
     deinit { close(fd) }
@@ -364,20 +469,6 @@ final class Connection {
         return []
     }
 
-    /// Reads the request line (at most 64 KiB).
-    func readRequest() -> JSON? {
-        var data: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 4096)
-        while data.count < 65536 {
-            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if n < 0 && errno == EINTR { continue }
-            if n <= 0 { break }
-            data += chunk[..<n]
-            if let nl = data.firstIndex(of: 0x0A) { return JSON.parse(data[..<nl]).flatMap { $0.object != nil ? $0 : nil } }
-        }
-        return data.isEmpty ? nil : JSON.parse(data).flatMap { $0.object != nil ? $0 : nil }
-    }
-
     /// True once the peer hung up (checked while no events flow).
     func peerClosed() -> Bool {
         var p = pollfd(fd: fd, events: Int16(POLLIN) | Int16(0x2000), revents: 0)  // POLLRDHUP
@@ -393,10 +484,12 @@ final class Connection {
         send(Array((object.serialized + "\n").utf8))
     }
 
-    func send(_ bytes: [UInt8]) -> Bool {
+    /// Sends all of `bytes` (`wait`: blocking until the socket takes them); false once the peer is gone.
+    func send(_ bytes: [UInt8], wait: Bool = true) -> Bool {
         var sent = 0
+        let flags = Int32(MSG_NOSIGNAL) | (wait ? 0 : Int32(MSG_DONTWAIT))
         while sent < bytes.count {
-            let n = bytes[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            let n = bytes[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, flags) }
             if n < 0 {
                 if errno == EINTR { continue }
                 return false

@@ -237,6 +237,12 @@ struct ArgumentErrorTests {
                     except OSError: pass
                 open(out, "a").write(f"closed {closed}\\n")
                 """
+            func threadNames() throws -> [String] {
+                try FileManager.default.contentsOfDirectory(atPath: "/proc/\(m.pid)/task").map {
+                    (try? String(contentsOfFile: "/proc/\(m.pid)/task/\($0)/comm", encoding: .utf8)) ?? ""
+                }
+            }
+            let threadsBefore = try threadNames().count
             let holder = try spawn(["/bin/sh", "-c", "exec setpriv --reuid=nobody --regid=nogroup --clear-groups -- /usr/bin/python3 -c "
                                     + shellQuote(script) + " " + [socket, out, go].map(shellQuote).joined(separator: " ")])
             var reaped = false
@@ -250,6 +256,10 @@ struct ArgumentErrorTests {
                 return false
             }
             #expect(try String(contentsOfFile: out, encoding: .utf8) == "ready 112 16\n")
+            // The held peers cost the daemon no thread each: one thread polls them all.
+            let names = try threadNames()
+            #expect(names.filter { $0 == "vanish-control\n" }.count == 1, "\(names)")
+            #expect(names.count < threadsBefore + 8, "\(names)")
             // Root still gets answers.
             let list = try run([vanishBinary, "trash", "list", m.mountpoint])
             #expect(list.ok, "\(list.stderr)")
