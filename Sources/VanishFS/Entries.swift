@@ -235,7 +235,7 @@ extension PassthroughFilesystem {
         }
         let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi)
         var e = entry(node, st)
-        if req.reply(created: &e, fi, backing: backing) == -ENOENT { closeHandle(node, fi.pointee.fh) }
+        if req.reply(created: &e, fi, backing: backing) == -ENOENT { abandonHandle(node, fi) }
         burials.landQueue(of: p)
     }
 

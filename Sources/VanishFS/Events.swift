@@ -7,20 +7,41 @@ import SystemPackage
 import VanishEvents
 import VanishGraveyard
 
-/// Handles that wrote since they were opened: their release is the
-/// `written` event ("finished copying"), one per writing session.
-final class WritingHandles: @unchecked Sendable {
-    struct Session {
+/// Writing sessions, for the `written` event ("finished copying"): one per
+/// inode, reported when its last writable handle is released, if any of
+/// them wrote. A program's close() is not enough: another copy of the fd
+/// (dup, fork) or another open may still be writing, so the kernel's
+/// RELEASE, sent once the last reference is gone, ends the session. The
+/// kernel queues it before close() returns, so it comes ahead of the
+/// program's next request, though another thread of the daemon may report
+/// a request handled at the same moment first.
+///
+/// Lock order: `state` is a leaf lock (nothing is called while it is held).
+final class WritingHandles: Sendable {
+    /// One writable handle, by its backing fd.
+    struct Handle {
         var caller: Caller
         /// Set when the data came from another file in the mount (copy_file_range).
         var source: (path: [UInt8], id: String)?
         /// For a passthrough handle, whose writes the daemon never sees: the
-        /// file's mtime and size when it was opened or last reported.
+        /// file's mtime and size when it was opened or last rebased.
         var unseenSince: Stamp?
         /// A write came through the daemon.
-        var wrote = true
-        /// The inode of a passthrough handle, for `attributesChanging`.
-        var node: ObjectIdentifier?
+        var wrote: Bool
+    }
+
+    /// The writable handles of one inode and what the released ones did.
+    struct Session {
+        var open = 0
+        var handles: [Int32: Handle] = [:]
+        var wrote = false
+        /// The last writer's caller and copy source, for the event.
+        var caller: Caller?
+        var source: (path: [UInt8], id: String)?
+        /// The process that opened the file for writing, while only one did,
+        /// and the file it had open for reading then (see `ReadingHandles`).
+        var writer: pid_t?
+        var copyCandidate: Inode?
     }
 
     /// What a write changes: mtime and size (not ctime, which chmod moves too).
@@ -34,72 +55,90 @@ final class WritingHandles: @unchecked Sendable {
     }
 
     // Sized at mount: see `InodeTable.lock`.
-    private let map = Mutex<[Int32: Session]>(Dictionary(minimumCapacity: 64))
+    private let state = Mutex<[ObjectIdentifier: Session]>(Dictionary(minimumCapacity: 64))
+    /// Passthrough handles open now: a setattr needs to look for them only when any are.
+    private let following = Atomic<Int>(0)
 
-    /// Notes a write by `caller` on `fd`; cheap after the first.
+    /// A writable handle of `node` was opened; `stamp` (the file's stat now)
+    /// for a passthrough handle, whose writes show only in the file.
+    /// `candidate`: the file the caller has open for reading, if any.
+    func opened(_ fd: Int32, _ node: Inode, _ caller: Caller, passthroughStamp stamp: Stamp?, copyCandidate candidate: Inode?) {
+        state.withLock { m in
+            var s = m[ObjectIdentifier(node)] ?? Session(writer: caller.pid, copyCandidate: candidate)
+            // A second writing process: the file is not one process's copy.
+            if s.writer != caller.pid { s.writer = nil; s.copyCandidate = nil }
+            s.open += 1
+            if let stamp { s.handles[fd] = Handle(caller: caller, unseenSince: stamp, wrote: false) }
+            m[ObjectIdentifier(node)] = s
+        }
+        if stamp != nil { following.add(1, ordering: .relaxed) }
+    }
+
+    /// Notes a write by `caller` through the daemon on `fd`; cheap after the first.
     @inline(__always)
-    func wrote(_ fd: Int32, _ caller: Caller, source: (path: [UInt8], id: String)? = nil) {
-        map.withLock { m in
-            if var s = m[fd] {
-                guard !s.wrote || source != nil else { return }
-                s.wrote = true
-                if source != nil { s.source = source }
-                m[fd] = s
+    func wrote(_ fd: Int32, _ node: Inode, _ caller: Caller, source: (path: [UInt8], id: String)? = nil) {
+        state.withLock { m in
+            let key = ObjectIdentifier(node)
+            guard m[key] != nil else { return }  // not opened for writing (cannot happen) or not observed then
+            if var h = m[key]!.handles[fd] {
+                guard !h.wrote || source != nil else { return }
+                h.wrote = true
+                if source != nil { h.source = source }
+                m[key]!.handles[fd] = h
             } else {
-                m[fd] = Session(caller: caller, source: source)
+                m[key]!.handles[fd] = Handle(caller: caller, source: source, wrote: true)
             }
         }
     }
 
-    /// Passthrough sessions open now: a setattr needs to look for them only when any are.
-    private let following = Atomic<Int>(0)
-
-    /// A writable passthrough handle of `node`: whether it wrote shows in the file.
-    func opened(_ fd: Int32, _ caller: Caller, _ stamp: Stamp, node: Inode) {
-        let replaced = map.withLock { m in
-            m.updateValue(Session(caller: caller, unseenSince: stamp, wrote: false, node: ObjectIdentifier(node)), forKey: fd)
+    /// A writable handle of `node` is released; `st` is the file's stat now.
+    /// Returns the session to report when it was the last one and any wrote.
+    func released(_ fd: Int32, _ node: Inode, _ st: stat?) -> Session? {
+        let key = ObjectIdentifier(node)
+        let (session, passthrough): (Session?, Bool) = state.withLock { m in
+            guard var s = m[key] else { return (nil, false) }
+            let h = s.handles.removeValue(forKey: fd)
+            if let h {
+                var wrote = h.wrote
+                if let since = h.unseenSince, let st, Stamp(st) != since { wrote = true }
+                if wrote {
+                    s.wrote = true
+                    s.caller = h.caller
+                    if h.source != nil { s.source = h.source }
+                }
+            }
+            s.open -= 1
+            if s.open > 0 {
+                m[key] = s
+                return (nil, h?.unseenSince != nil)
+            }
+            m[key] = nil
+            return (s.wrote ? s : nil, h?.unseenSince != nil)
         }
-        if replaced?.node == nil { following.add(1, ordering: .relaxed) }
-    }
-
-    func take(_ fd: Int32) -> Session? {
-        let s = map.withLock { $0.removeValue(forKey: fd) }
-        if s?.node != nil { following.subtract(1, ordering: .relaxed) }
-        return s
+        if passthrough { following.subtract(1, ordering: .relaxed) }
+        return session
     }
 
     /// Whether passthrough handles of `node` are being followed.
     func follows(_ node: Inode) -> Bool {
         guard following.load(ordering: .relaxed) > 0 else { return false }
-        let id = ObjectIdentifier(node)
-        return map.withLock { $0.values.contains { $0.node == id } }
-    }
-
-    /// A `written` event reported `node` as it is at `now`: its other
-    /// passthrough sessions follow it from there, so one change is one event.
-    func reported(_ node: Inode, at now: Stamp) {
-        guard following.load(ordering: .relaxed) > 0 else { return }
-        let id = ObjectIdentifier(node)
-        map.withLock { m in
-            for (fd, var s) in m where s.node == id && s.unseenSince != nil {
-                s.unseenSince = now
-                m[fd] = s
-            }
-        }
+        return state.withLock { $0[ObjectIdentifier(node)]?.handles.values.contains { $0.unseenSince != nil } ?? false }
     }
 
     /// A setattr through the daemon moves mtime or size without writing:
-    /// what changed before it (`before`) was written; the sessions of
-    /// `node` then follow the file from `after`.
+    /// what changed before it (`before`) was written; the passthrough
+    /// handles of `node` then follow the file from `after`.
     func attributesChanged(_ node: Inode, before: stat, after: stat) {
-        let id = ObjectIdentifier(node)
         let (was, now) = (Stamp(before), Stamp(after))
-        map.withLock { m in
-            for (fd, var s) in m where s.node == id {
-                if let since = s.unseenSince, since != was { s.wrote = true }
-                s.unseenSince = now
-                m[fd] = s
+        state.withLock { m in
+            guard var s = m[ObjectIdentifier(node)] else { return }
+            for (fd, var h) in s.handles {
+                guard let since = h.unseenSince else { continue }
+                if since != was { h.wrote = true }
+                h.unseenSince = now
+                s.handles[fd] = h
             }
+            m[ObjectIdentifier(node)] = s
         }
     }
 }
@@ -230,25 +269,25 @@ extension PassthroughFilesystem {
         }
     }
 
-    /// A handle that wrote is being closed (`last`: released; else a
-    /// close() of it, after which a passthrough handle is followed further).
-    func emitWritten(_ node: Inode, fd: Int32, last: Bool = false) {
-        guard observing, let session = writing.take(fd) else { return }
+    /// A writable handle is released: the `written` event when it was the
+    /// inode's last and any of them wrote, unless the file is gone (its
+    /// `deleted` came already).
+    func emitWritten(_ node: Inode, fd: Int32) {
         let st = try? Sys.fstat(fd)
-        if let since = session.unseenSince {
-            let now = st.map(WritingHandles.Stamp.init) ?? since
-            if !last { writing.opened(fd, session.caller, now, node: node) }
-            if !session.wrote && now == since { return }
-            writing.reported(node, at: now)
-        }
-        let size = st?.st_size ?? 0
+        guard let session = writing.released(fd, node, st), let caller = session.caller,
+              (st?.st_nlink ?? 0) > 0, !table.isBuried(node) else { return }
         let id = fileID(of: node, fd: fd)
-        emit(.written, session.caller) { e in
+        var source = session.source
+        if source == nil, let candidate = session.copyCandidate, let st,
+           sameContent(node, size: st.st_size, as: candidate) {
+            source = (path(of: candidate), fileID(of: candidate))
+        }
+        emit(.written, caller) { e in
             e.path("path", of: node, in: table)
             e.string("kind", "file")
             e.string("id", id)
-            e.int("size", size)
-            if let source = session.source {
+            e.int("size", st?.st_size ?? 0)
+            if let source {
                 e.path("copied_from", source.path)
                 e.string("copied_from_id", source.id)
             }

@@ -19,7 +19,7 @@ extension PassthroughFilesystem {
         }
         let caller = req.caller
         let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: nil, fi)
-        if req.reply(open: fi, backing: backing) == -ENOENT { closeHandle(node, fi.pointee.fh) }
+        if req.reply(open: fi, backing: backing) == -ENOENT { abandonHandle(node, fi) }
     }
 
     /// Decides how a new handle of `node` is served, fills in `fi` and
@@ -33,10 +33,13 @@ extension PassthroughFilesystem {
         fi.pointee.fh = FileHandle.make(fd: fd, kind: kind, killsPrivileges: kills)
         configure(fi, kind)
         fds.opened(node)
-        // The kernel writes a passthrough file without us: the writing
-        // session is told by the file's change since the open.
-        if kind == .passthrough, observing, flags & O_ACCMODE != O_RDONLY, let st = known ?? (try? Sys.fstat(fd)) {
-            writing.opened(fd, caller, WritingHandles.Stamp(st), node: node)
+        if observing && writesData(node, fi) {
+            // The kernel writes a passthrough file without us: the writing
+            // session is told by the file's change since the open.
+            let stamp = kind == .passthrough ? (known ?? (try? Sys.fstat(fd))).map(WritingHandles.Stamp.init) : nil
+            writing.opened(fd, node, caller, passthroughStamp: stamp, copyCandidate: reading.newest(of: caller.pid))
+        } else if observing && node.type == S_IFREG {
+            reading.opened(fd, node, by: caller.pid)
         }
         return backing
     }
@@ -52,7 +55,7 @@ extension PassthroughFilesystem {
         let n = vanish_write_buf_to_fd(buf, fd, offset)
         if n < 0 { throw Errno(rawValue: Int32(-n)) }
         if FileHandle.killsPrivileges(fi.pointee.fh) { clearPrivileges(fd) }
-        if observing { writing.wrote(fd, req.caller) }
+        if observing { writing.wrote(fd, inode(ino), req.caller) }
         req.reply(written: n)
     }
 
@@ -62,17 +65,33 @@ extension PassthroughFilesystem {
         let fd = FileHandle.fd(fi.pointee.fh)
         let dup = try Sys.dup(fd)
         if Glibc.close(dup) < 0 { throw Errno(rawValue: errno) }
-        // flush comes with the program's close(); release may come later, after
-        // the program has moved on (renamed the file, say): report it here.
-        if observing { emitWritten(inode(ino), fd: fd) }
         req.replyOK()
     }
 
     public func release(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let node = inode(ino)
-        if observing { emitWritten(node, fd: FileHandle.fd(fi.pointee.fh), last: true) }
+        if observing {
+            let fd = FileHandle.fd(fi.pointee.fh)
+            if writesData(node, fi) { emitWritten(node, fd: fd) } else if node.type == S_IFREG { reading.released(fd) }
+        }
         closeHandle(node, fi.pointee.fh)
         req.replyOK()
+    }
+
+    /// Whether a handle of `node` opened with `fi`'s flags can write its data
+    /// (and so belongs to the inode's writing session).
+    @inline(__always)
+    func writesData(_ node: Inode, _ fi: UnsafeMutablePointer<fuse_file_info>) -> Bool {
+        node.type == S_IFREG && fi.pointee.flags & O_ACCMODE != O_RDONLY
+    }
+
+    /// Lets go of a handle whose open could not be answered (the caller was interrupted).
+    func abandonHandle(_ node: Inode, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+        if observing {
+            let fd = FileHandle.fd(fi.pointee.fh)
+            if writesData(node, fi) { _ = writing.released(fd, node, nil) } else if node.type == S_IFREG { reading.released(fd) }
+        }
+        closeHandle(node, fi.pointee.fh)
     }
 
     /// Lets go of a handle: its fd, its share of the inode's backing id.
@@ -97,7 +116,7 @@ extension PassthroughFilesystem {
         let fd = FileHandle.fd(fi.pointee.fh)
         try Sys.fallocate(fd, mode, offset, length)
         if FileHandle.killsPrivileges(fi.pointee.fh) { clearPrivileges(fd) }
-        if observing { writing.wrote(fd, req.caller) }
+        if observing { writing.wrote(fd, inode(ino), req.caller) }
         req.replyOK()
     }
 
@@ -110,7 +129,9 @@ extension PassthroughFilesystem {
         let n = try Sys.copyFileRange(inFD, inputOffset, outFD, outputOffset, length, UInt32(bitPattern: flags))
         if FileHandle.killsPrivileges(fiOut.pointee.fh) { clearPrivileges(outFD) }
         // The new file's data comes from another file in the mount: say which.
-        if observing { writing.wrote(outFD, req.caller, source: (path(of: inode(input)), fileID(of: inode(input), fd: inFD))) }
+        if observing {
+            writing.wrote(outFD, inode(output), req.caller, source: (path(of: inode(input)), fileID(of: inode(input), fd: inFD)))
+        }
         req.reply(written: n)
     }
 

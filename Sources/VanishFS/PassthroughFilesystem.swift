@@ -39,6 +39,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// The event journal, when observing (set before mounting).
     var events: Journal?
     let writing = WritingHandles()
+    /// Read-only handles by process, for telling copies (`copied_from`).
+    let reading = ReadingHandles()
     /// Backing ids of files opened in passthrough mode.
     let passthrough: PassthroughFiles
     /// The session's device for registering backing files; set after

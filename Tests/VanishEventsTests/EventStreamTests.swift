@@ -107,7 +107,7 @@ struct EventStreamTests {
                 "renamed other <- dst/sub/f",
                 "created t", "written t", "created n", "written n", "renamed t <- n",
                 "attributes t", "attributes t", "attributes t", "attributes t", "linked t2 <- t",
-                "created w", "written w", "written w",
+                "created w", "written w",
                 "deleted src/sub/f", "deleted src/sub", "deleted src",
             ]
             #expect(changes(s) == expected)
@@ -191,6 +191,45 @@ struct EventStreamTests {
         }
     }
 
+    /// Issue 22, item 3: `written` fired at the close of one copy of a dup'ed fd.
+    @Test("written comes once, after the file's last writable handle is released (dup, a second open)",
+          arguments: [[], ["passthrough=off"]])
+    func writtenAfterLastWriter(options: [String]) throws {
+        try withVanishMount(options: options) { m in
+            let s = try Subscriber(m)
+            defer { s.stop() }
+            try attach(s, m)
+            // Each step leaves a marker file, so the stream shows what came before it.
+            let script = """
+                import os
+                def mark(n): os.close(os.open(f"mark{n}", os.O_CREAT | os.O_WRONLY))
+                fd = os.open("f", os.O_CREAT | os.O_WRONLY, 0o644)
+                copy = os.dup(fd)
+                os.write(fd, b"one")
+                os.close(fd)
+                mark(1)
+                other = os.open("f", os.O_WRONLY | os.O_APPEND)
+                os.write(copy, b"two")
+                os.close(copy)
+                mark(2)
+                os.write(other, b"three")
+                os.close(other)
+                mark(3)
+                """
+            let r = try run(["python3", "-c", script], cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            try s.waitFor("the last marker") { $0["path"] as? String == "mark3" }
+            try s.waitFor("the written event") { $0["type"] as? String == "written" && $0["path"] as? String == "f" }
+            let seen = changes(s).filter { !$0.hasPrefix("written mark") }
+            // The writing session ends with the last writer: mark2 comes before it.
+            let f = seen.firstIndex(of: "written f"), mark2 = seen.firstIndex(of: "created mark2")
+            #expect(seen.filter { $0 == "written f" }.count == 1, "\(seen)")
+            #expect(f != nil && mark2 != nil && f! > mark2!, "\(seen)")
+            let event = try #require(s.events.first { $0["type"] as? String == "written" })
+            #expect(event["size"] as? Int == 11)
+        }
+    }
+
     @Test("passthrough writes are written events; a reader, an unused writable open or a touch is none")
     func passthroughWrites() throws {
         try withVanishMount { m in
@@ -241,6 +280,38 @@ struct EventStreamTests {
             #expect(copy["copied_from"] as? String == "orig")
             #expect(copy["copied_from_id"] as? String == orig["id"] as? String)
             #expect(copy["id"] as? String != orig["id"] as? String)
+        }
+    }
+
+    /// Issue 22, item 4: only copy_file_range was recognized.
+    @Test("read-then-write copies name their source; a changed copy, a pipe or a second writer does not",
+          arguments: [[], ["passthrough=off"]])
+    func readWriteCopies(options: [String]) throws {
+        try withVanishMount(options: options) { m in
+            let s = try Subscriber(m)
+            defer { s.stop() }
+            try attach(s, m)
+            let r = try sh("""
+                set -e
+                head -c 3000000 /dev/urandom > orig
+                cp --reflink=never orig plain
+                dd if=orig of=dd bs=64k status=none
+                python3 -c "import shutil; shutil.copyfileobj(open('orig','rb'), open('py','wb'))"
+                python3 -c "d = open('orig','rb').read(); open('changed','wb').write(d[:-1] + b'!')"
+                cat orig | cat > piped
+                : > end
+                """, cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            try s.waitFor("end") { $0["path"] as? String == "end" }
+            try s.waitFor("the last copy") { $0["type"] as? String == "written" && $0["path"] as? String == "piped" }
+            func source(_ path: String) -> String? {
+                s.events.last { $0["type"] as? String == "written" && $0["path"] as? String == path }?["copied_from"] as? String
+            }
+            #expect(source("plain") == "orig")
+            #expect(source("py") == "orig")
+            #expect(source("dd") == "orig")
+            #expect(source("changed") == nil)
+            #expect(source("piped") == nil)
         }
     }
 

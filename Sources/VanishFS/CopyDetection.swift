@@ -1,0 +1,99 @@
+import FUSEKit
+import Glibc
+import LinuxSyscalls
+import Synchronization
+import SystemPackage
+
+/// Files open for reading, by the process that opened them: where a copy's
+/// data may come from.
+///
+/// A `written` event says `copied_from` only when it is exact:
+/// - the file was written with `copy_file_range` from a file in the mount
+///   (the kernel names the source), or
+/// - one process wrote the file while it had another file of the mount open
+///   for reading (the newest such when it opened the file for writing), and
+///   when the writing ends the two hold the same bytes, compared in full.
+///   That covers `cp --reflink=never`, `rsync`, `install`, editors' "save as"
+///   and any read-then-write copy, with or without passthrough (the daemon
+///   sees neither reads nor writes then, only the opens).
+/// Not recognized: a copy whose data went through another process (a pipe,
+/// `cat a | cat > b`; a local `rsync`, whose sender and receiver are two
+/// processes), a source outside the mount,
+/// a copy changed before it was closed, and files over `compareLimit` bytes
+/// or empty ones, which are not compared.
+///
+/// Lock order: `state` is a leaf lock.
+final class ReadingHandles: Sendable {
+    /// Files over this size are not compared (reading both back would cost the
+    /// copy's own time again).
+    static let compareLimit: off_t = 256 << 20
+
+    private struct State {
+        /// Read-only handles by process, newest last.
+        var byProcess: [pid_t: [(fd: Int32, node: Inode)]] = [:]
+        var processOf: [Int32: pid_t] = [:]
+    }
+    private let state = Mutex(State())
+
+    /// A read-only handle of a regular file was opened by `pid`.
+    func opened(_ fd: Int32, _ node: Inode, by pid: pid_t) {
+        state.withLock { s in
+            s.byProcess[pid, default: []].append((fd, node))
+            s.processOf[fd] = pid
+        }
+    }
+
+    func released(_ fd: Int32) {
+        state.withLock { s in
+            guard let pid = s.processOf.removeValue(forKey: fd), var list = s.byProcess[pid] else { return }
+            list.removeAll { $0.fd == fd }
+            s.byProcess[pid] = list.isEmpty ? nil : list
+        }
+    }
+
+    /// The file `pid` opened for reading most recently and still has open.
+    func newest(of pid: pid_t) -> Inode? {
+        state.withLock { $0.byProcess[pid]?.last?.node }
+    }
+}
+
+extension PassthroughFilesystem {
+    /// Whether `node` (`size` bytes now) holds the same bytes as `candidate`,
+    /// compared in full; false for an empty file or one over the limit.
+    func sameContent(_ node: Inode, size: off_t, as candidate: Inode) -> Bool {
+        guard size > 0, size <= ReadingHandles.compareLimit, node !== candidate,
+              let a = openForComparing(node) else { return false }
+        defer { Sys.close(a) }
+        guard let b = openForComparing(candidate) else { return false }
+        defer { Sys.close(b) }
+        guard (try? Sys.fstat(b))?.st_size == size else { return false }
+        let chunk = 1 << 20
+        let buffer = UnsafeMutableRawPointer.allocate(byteCount: 2 * chunk, alignment: 4096)
+        defer { buffer.deallocate() }
+        var offset: off_t = 0
+        while offset < size {
+            let want = min(chunk, Int(size - offset))
+            guard readFully(a, buffer, want, at: offset), readFully(b, buffer + chunk, want, at: offset),
+                  memcmp(buffer, buffer + chunk, want) == 0 else { return false }
+            offset += off_t(want)
+        }
+        return true
+    }
+
+    private func openForComparing(_ node: Inode) -> Int32? {
+        try? fds.withFD(node) { pathFD throws(Errno) in
+            try Sys.withProcPath(pathFD) { path throws(Errno) in try Sys.open(path, O_RDONLY) }
+        }
+    }
+
+    private func readFully(_ fd: Int32, _ into: UnsafeMutableRawPointer, _ count: Int, at offset: off_t) -> Bool {
+        var done = 0
+        while done < count {
+            let n = pread(fd, into + done, count - done, offset + off_t(done))
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 { return false }
+            done += n
+        }
+        return true
+    }
+}
