@@ -19,7 +19,8 @@ struct PermissionsTests {
                     'mkdir newdir' 'rm public' 'mv public moved' 'ls locked' 'cat locked/f' \
                     'touch open/mine' 'rm open/theirs' 'rm open/mine' 'chmod 777 public' 'chown nobody public' \
                     'ln public open/hard' 'setfattr -n user.x -v 1 public' 'truncate -s 0 public' \
-                    'cat acl-denied' 'cat acl-granted' 'touch acl-dir/mine' 'ls acl-dir'; do
+                    'cat acl-denied' 'cat acl-granted' 'touch acl-dir/mine' 'ls acl-dir' \
+                    'mv shared/sub shared/renamed' 'mv shared/renamed shared/sub' 'mv shared/sub open/sub'; do
           if sh -c "$step" 2>/dev/null; then echo "$step: ok"; else echo "$step: denied"; fi
         done
         """
@@ -35,6 +36,7 @@ struct PermissionsTests {
             echo no > acl-denied && chmod 644 acl-denied && setfacl -m u:nobody:--- acl-denied
             echo yes > acl-granted && chmod 600 acl-granted && setfacl -m u:nobody:r-- acl-granted
             mkdir acl-dir && chmod 700 acl-dir && setfacl -m u:nobody:rwx acl-dir
+            mkdir shared && chmod 777 shared && mkdir shared/sub && chmod 700 shared/sub
             chmod 755 .
             """, cwd: dir)
         guard r.ok else { throw TestFailure(r.stderr) }
@@ -56,6 +58,10 @@ struct PermissionsTests {
             #expect(expected.stdout.contains("cat acl-denied: denied"))
             #expect(expected.stdout.contains("cat acl-granted: ok"))
             #expect(expected.stdout.contains("touch acl-dir/mine: ok"))
+            // Issue 22, item 18: another user's 0700 directory renamed within a 0777 one
+            // (allowed), and moved to another directory (its '..' changes: refused).
+            #expect(expected.stdout.contains("mv shared/sub shared/renamed: ok"))
+            #expect(expected.stdout.contains("mv shared/sub open/sub: denied"))
         }
     }
 
