@@ -26,6 +26,13 @@ let package = Package(
             pkgConfig: "fuse3",
             providers: [.apt(["libfuse3-dev"])]
         ),
+        // The Linux calls and constants Swift's Glibc module does not import,
+        // exported from the system headers by C compiled with _GNU_SOURCE.
+        .target(
+            name: "CLinux",
+            path: "CShims/CLinux",
+            cSettings: [.define("_GNU_SOURCE")]
+        ),
         // The layer between libfuse and /dev/fuse that negotiates what libfuse 3.14
         // does not know (passthrough, parallel dirops, killpriv v2).
         .target(
@@ -37,19 +44,19 @@ let package = Package(
         // Typed wrappers over the Linux system calls the filesystem makes.
         .target(
             name: "LinuxSyscalls",
-            dependencies: ["CFuse", .product(name: "SystemPackage", package: "swift-system")],
+            dependencies: ["CLinux", .product(name: "SystemPackage", package: "swift-system")],
             swiftSettings: strict
         ),
         // The Swift face of libfuse's session, request and reply API.
         .target(
             name: "FUSEKit",
-            dependencies: ["CFuse", "CFuseTransport", "LinuxSyscalls"],
+            dependencies: ["CFuse", "CFuseTransport", "CLinux", "LinuxSyscalls"],
             swiftSettings: strict
         ),
         // Instant delete: the graveyard on the backing filesystem and the reaper that empties it.
         .target(
             name: "VanishGraveyard",
-            dependencies: ["CFuse", "LinuxSyscalls"],
+            dependencies: ["CLinux", "LinuxSyscalls"],
             swiftSettings: strict
         ),
         // Change events: the journal request handlers append to and subscribers follow.
@@ -62,7 +69,7 @@ let package = Package(
         .target(
             name: "VanishFS",
             dependencies: [
-                "CFuse", "FUSEKit", "LinuxSyscalls", "VanishGraveyard", "VanishEvents",
+                "CFuse", "CLinux", "FUSEKit", "LinuxSyscalls", "VanishGraveyard", "VanishEvents",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict
@@ -78,7 +85,7 @@ let package = Package(
         .target(
             name: "VanishControl",
             dependencies: [
-                "VanishFS", "VanishClient", "VanishEvents",
+                "CLinux", "VanishFS", "VanishClient", "VanishEvents",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict
@@ -86,7 +93,7 @@ let package = Package(
         .executableTarget(
             name: "vanish",
             dependencies: [
-                "CFuse", "VanishFS", "FUSEKit", "LinuxSyscalls", "VanishGraveyard", "VanishClient", "VanishControl", "VanishEvents",
+                "CLinux", "VanishFS", "FUSEKit", "LinuxSyscalls", "VanishGraveyard", "VanishClient", "VanishControl", "VanishEvents",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -94,19 +101,19 @@ let package = Package(
         ),
         .target(
             name: "VanishTestSupport",
-            dependencies: ["LinuxSyscalls", "CFuse"],
+            dependencies: ["LinuxSyscalls", "CLinux"],
             path: "Tests/VanishTestSupport",
             swiftSettings: strict
         ),
         .testTarget(
             name: "VanishFSTests",
-            dependencies: ["VanishTestSupport", "LinuxSyscalls", "CFuse", "vanish"],
+            dependencies: ["VanishTestSupport", "LinuxSyscalls", "CFuse", "CLinux", "vanish"],
             exclude: ["concurrent_model.py"],
             swiftSettings: strict
         ),
         .testTarget(
             name: "VanishGraveyardTests",
-            dependencies: ["VanishTestSupport", "VanishGraveyard", "CFuse", "vanish"],
+            dependencies: ["VanishTestSupport", "VanishGraveyard", "CLinux", "vanish"],
             swiftSettings: strict
         ),
         .testTarget(

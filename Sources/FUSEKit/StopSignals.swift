@@ -1,4 +1,5 @@
 import CFuse
+import CLinux
 import Glibc
 import LinuxSyscalls
 

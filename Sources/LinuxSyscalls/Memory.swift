@@ -1,4 +1,4 @@
-import CFuse
+import CLinux
 
 /// glibc's allocator settings a long-running daemon needs.
 public enum Heap {

@@ -1,4 +1,4 @@
-import CFuse
+import CLinux
 import Glibc
 import Synchronization
 import SystemPackage
@@ -71,7 +71,7 @@ extension Sys {
         var attributes: UInt64 = 0
         let flags = AT_SYMLINK_NOFOLLOW | (name.pointee == 0 ? VANISH_AT_EMPTY_PATH : 0)
         _ = try check(vanish_statx_stat(dirfd, name, flags, &st, nil, &attributes))
-        return (st, attributes & 0x30 != 0)
+        return (st, vanish_attributes_protected(attributes) != 0)
     }
 
     /// `statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)`, as `lstatatWithBirth`.
@@ -268,7 +268,7 @@ extension Sys {
     public static func getxattr(pathFD fd: Int32, _ name: UnsafePointer<CChar>,
                                 _ buffer: UnsafeMutableRawBufferPointer?) throws(Errno) -> Int {
         try withProcPath(fd) { path throws(Errno) in
-            try check(CFuse.getxattr(path, name, buffer?.baseAddress, buffer?.count ?? 0))
+            try check(CLinux.getxattr(path, name, buffer?.baseAddress, buffer?.count ?? 0))
         }
     }
 
@@ -277,7 +277,7 @@ extension Sys {
     public static func setxattr(pathFD fd: Int32, _ name: UnsafePointer<CChar>, _ value: UnsafeRawPointer?,
                                 _ size: Int, _ flags: Int32) throws(Errno) {
         try withProcPath(fd) { path throws(Errno) in
-            _ = try check(CFuse.setxattr(path, name, value, size, flags))
+            _ = try check(CLinux.setxattr(path, name, value, size, flags))
         }
     }
 
@@ -285,7 +285,7 @@ extension Sys {
     @inlinable
     public static func listxattr(pathFD fd: Int32, _ buffer: UnsafeMutableRawBufferPointer?) throws(Errno) -> Int {
         try withProcPath(fd) { path throws(Errno) in
-            try check(CFuse.listxattr(path, buffer?.baseAddress?.assumingMemoryBound(to: CChar.self),
+            try check(CLinux.listxattr(path, buffer?.baseAddress?.assumingMemoryBound(to: CChar.self),
                                       buffer?.count ?? 0))
         }
     }
@@ -309,7 +309,7 @@ extension Sys {
     /// `removexattr("/proc/self/fd/N", …)`.
     @inlinable
     public static func removexattr(pathFD fd: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
-        try withProcPath(fd) { path throws(Errno) in _ = try check(CFuse.removexattr(path, name)) }
+        try withProcPath(fd) { path throws(Errno) in _ = try check(CLinux.removexattr(path, name)) }
     }
 }
 

@@ -1,4 +1,4 @@
-import CFuse
+import CLinux
 import Glibc
 
 /// Starts a detached POSIX thread running `body` (no Foundation `Thread`:

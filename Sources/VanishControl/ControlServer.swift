@@ -1,3 +1,4 @@
+import CLinux
 import Glibc
 import LinuxSyscalls
 import Logging
@@ -471,9 +472,9 @@ final class Connection: Sendable {
 
     /// True once the peer hung up (checked while no events flow).
     func peerClosed() -> Bool {
-        var p = pollfd(fd: fd, events: Int16(POLLIN) | Int16(0x2000), revents: 0)  // POLLRDHUP
+        var p = pollfd(fd: fd, events: Int16(POLLIN) | VANISH_POLLRDHUP, revents: 0)
         guard poll(&p, 1, 0) > 0 else { return false }
-        if p.revents & (Int16(POLLHUP) | Int16(0x2000) | Int16(POLLERR)) != 0 { return true }
+        if p.revents & (Int16(POLLHUP) | VANISH_POLLRDHUP | Int16(POLLERR)) != 0 { return true }
         var byte: UInt8 = 0
         return recv(fd, &byte, 1, Int32(MSG_PEEK) | Int32(MSG_DONTWAIT)) == 0
     }

@@ -1,4 +1,5 @@
 import CFuse
+import CLinux
 import FUSEKit
 import Glibc
 import LinuxSyscalls

@@ -1,4 +1,5 @@
 import CFuse
+import CLinux
 import FUSEKit
 import Glibc
 import LinuxSyscalls
@@ -176,7 +177,7 @@ extension PassthroughFilesystem {
         }
         if pathFD {
             // The magic link names the inode itself; nothing is resolved by name.
-            _ = try? Sys.withProcPath(fd) { path throws(Errno) in _ = CFuse.removexattr(path, "security.capability") }
+            _ = try? Sys.withProcPath(fd) { path throws(Errno) in _ = CLinux.removexattr(path, "security.capability") }
         } else {
             _ = fremovexattr(fd, "security.capability")
         }

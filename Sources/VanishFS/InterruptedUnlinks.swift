@@ -1,4 +1,4 @@
-import CFuse
+import CLinux
 import FUSEKit
 import Glibc
 import LinuxSyscalls

@@ -1,5 +1,5 @@
 import FUSEKit
-import CFuse
+import CLinux
 import Glibc
 import Synchronization
 import LinuxSyscalls

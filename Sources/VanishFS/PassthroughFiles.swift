@@ -1,4 +1,3 @@
-import CFuse
 import FUSEKit
 import Glibc
 import LinuxSyscalls

@@ -1,4 +1,4 @@
-import CFuse
+import CLinux
 import Glibc
 import LinuxSyscalls
 import SystemPackage

@@ -1,4 +1,4 @@
-import CFuse
+import CLinux
 import Dispatch
 import Glibc
 import LinuxSyscalls

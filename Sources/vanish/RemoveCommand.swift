@@ -1,5 +1,5 @@
 import ArgumentParser
-import CFuse
+import CLinux
 import Glibc
 
 struct RemoveCommand: ParsableCommand {

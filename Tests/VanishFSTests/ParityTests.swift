@@ -1,4 +1,5 @@
 import CFuse
+import CLinux
 import Foundation
 import Glibc
 import Testing

@@ -1,4 +1,4 @@
-import CFuse
+import CLinux
 import Foundation
 import Glibc
 import Testing

@@ -1,0 +1,107 @@
+// The Linux calls and constants Swift's Glibc module does not import: it is
+// built without _GNU_SOURCE, so O_PATH, renameat2, statx, struct
+// file_handle and their kin are invisible to Swift. linux.c is compiled
+// with _GNU_SOURCE and exports them from the system headers, as swift-nio's
+// CNIOLinux does; nothing here is a value typed by hand. This header itself
+// needs no feature macro, so Swift can import it next to Glibc.
+#ifndef VANISH_CLINUX_H
+#define VANISH_CLINUX_H
+
+#include <dirent.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/xattr.h>
+#include <linux/falloc.h>
+
+// Flags and values hidden behind _GNU_SOURCE.
+extern const int VANISH_O_PATH;
+extern const int VANISH_O_DIRECT;
+extern const int VANISH_AT_EMPTY_PATH;
+extern const unsigned int VANISH_RENAME_NOREPLACE;
+extern const unsigned int VANISH_RENAME_EXCHANGE;
+extern const unsigned int VANISH_RENAME_WHITEOUT;
+extern const int VANISH_SEEK_DATA;
+extern const int VANISH_SEEK_HOLE;
+extern const long VANISH_UTIME_NOW;
+extern const long VANISH_UTIME_OMIT;
+extern const short VANISH_POLLRDHUP;
+extern const long VANISH_FUSE_SUPER_MAGIC;
+extern const long VANISH_OVERLAYFS_SUPER_MAGIC;
+
+int vanish_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);
+
+/// statx(2) into a struct stat, with the inode's birth time in nanoseconds
+/// (0 where the filesystem keeps none): unlike its number, which a new
+/// file gets as soon as the old one is freed, it tells two inodes apart.
+/// `attributes`, if not NULL, gets stx_attributes masked by what the
+/// filesystem supports (STATX_ATTR_IMMUTABLE, STATX_ATTR_APPEND, ...).
+int vanish_statx_stat(int dirfd, const char *path, int flags, struct stat *st, uint64_t *birth, uint64_t *attributes);
+int vanish_stat_birth(int dirfd, const char *path, int flags, struct stat *st, uint64_t *birth);
+/// Whether stx_attributes says immutable or append-only.
+int vanish_attributes_protected(uint64_t attributes);
+
+/// fchmodat2 (Linux 6.6): chmod of the inode behind an O_PATH fd with AT_EMPTY_PATH.
+int vanish_fchmodat2(int dirfd, const char *path, mode_t mode, int flags);
+int vanish_faccessat2(int dirfd, const char *path, int mode, int flags);
+ssize_t vanish_copy_file_range(int fd_in, off_t *off_in, int fd_out, off_t *off_out, size_t len, unsigned int flags);
+int vanish_fallocate(int fd, int mode, off_t offset, off_t len);
+
+/// fstatfs(2)'s f_type (the filesystem's magic number), or -1.
+long vanish_filesystem_type(int fd);
+/// statfs(2)'s f_type for a path, or -1.
+long vanish_filesystem_type_at(const char *path);
+
+// getxattrat/listxattrat (Linux 6.13): xattrs of a name relative to a
+// directory fd, without opening the file.
+ssize_t vanish_getxattrat(int dirfd, const char *path, const char *name, void *value, size_t size);
+ssize_t vanish_listxattrat(int dirfd, const char *path, char *list, size_t size);
+
+/// prctl(PR_SET_NAME): the calling thread's name (15 bytes kept). prctl is
+/// variadic, which Swift cannot call.
+int vanish_set_thread_name(const char *name);
+/// ioprio_set(IOPRIO_WHO_PROCESS, tid (0 = this thread), IOPRIO_PRIO_VALUE(class, data)).
+int vanish_ioprio_set_thread(int tid, int ioprio_class, int data);
+pid_t vanish_gettid(void);
+/// A handler that does nothing but break the blocking call of the one
+/// thread a signal is sent to (pthread_kill): installed without
+/// SA_RESTART, so that call returns EINTR and its caller looks again.
+int vanish_install_wake_handler(int sig);
+
+/// pipe2(O_CLOEXEC).
+int vanish_pipe_cloexec(int fds[2]);
+/// fcntl(F_SETPIPE_SZ): resizes a pipe; returns its new capacity or -1.
+int vanish_pipe_resize(int fd, int bytes);
+
+const char *vanish_dirent_name(const struct dirent *d);
+
+/// name_to_handle_at(2) into a caller's buffer: writes the handle type (4
+/// bytes) and the handle into `out` and returns its length, or -1 with errno.
+/// The handle names the inode and its generation, so it survives renames
+/// and remounts and is not reused for another file: Vanish's file id.
+int vanish_file_handle(int dirfd, const char *name, int flags, unsigned char *out, int capacity);
+
+/// posix_spawn_file_actions_addclosefrom_np (glibc 2.34): a spawned child
+/// gets no descriptor above `from`, so it cannot hold open files of a mount
+/// it knows nothing about.
+int vanish_spawn_closefrom(posix_spawn_file_actions_t *actions, int from);
+
+/// A netlink socket on the kernel's process events connector, subscribed:
+/// it hears of every fork, exec, rename (PR_SET_NAME) and exit on the
+/// machine. -1 with errno where that is not allowed (it needs CAP_NET_ADMIN).
+/// `rcvbuf`: the socket's queue in bytes (SO_RCVBUFFORCE, root only).
+int vanish_proc_events_open(int rcvbuf);
+/// From `len` bytes that recv gave on that socket: the thread ids whose
+/// /proc/PID/comm may now show another name (exec, PR_SET_NAME) or that
+/// no longer name the same thread (exit). Returns the count, or -1 if
+/// there were more than `cap`.
+int vanish_proc_events_changed(const void *buf, int len, pid_t *out, int cap);
+
+/// mallopt(M_MMAP_THRESHOLD): blocks of `bytes` and more get pages of their
+/// own, given back when freed (and glibc stops raising the threshold).
+int vanish_set_mmap_threshold(int bytes);
+/// malloc_trim(0): hands the free pages of every malloc arena back to the kernel.
+int vanish_malloc_trim(void);
+
+#endif

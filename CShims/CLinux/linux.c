@@ -1,0 +1,226 @@
+// Compiled with _GNU_SOURCE (Package.swift): every constant comes from the
+// system headers, and the layouts Vanish relies on are checked here.
+#include "CLinux.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/connector.h>
+#include <linux/cn_proc.h>
+#include <linux/ioprio.h>
+#include <linux/magic.h>
+#include <linux/netlink.h>
+#include <malloc.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#ifndef _GNU_SOURCE
+#error "CLinux must be compiled with _GNU_SOURCE"
+#endif
+
+const int VANISH_O_PATH = O_PATH;
+const int VANISH_O_DIRECT = O_DIRECT;
+const int VANISH_AT_EMPTY_PATH = AT_EMPTY_PATH;
+const unsigned int VANISH_RENAME_NOREPLACE = RENAME_NOREPLACE;
+const unsigned int VANISH_RENAME_EXCHANGE = RENAME_EXCHANGE;
+const unsigned int VANISH_RENAME_WHITEOUT = RENAME_WHITEOUT;
+const int VANISH_SEEK_DATA = SEEK_DATA;
+const int VANISH_SEEK_HOLE = SEEK_HOLE;
+const long VANISH_UTIME_NOW = UTIME_NOW;
+const long VANISH_UTIME_OMIT = UTIME_OMIT;
+const short VANISH_POLLRDHUP = POLLRDHUP;
+const long VANISH_FUSE_SUPER_MAGIC = FUSE_SUPER_MAGIC;
+const long VANISH_OVERLAYFS_SUPER_MAGIC = OVERLAYFS_SUPER_MAGIC;
+
+// Kernel ABI facts the Swift side depends on.
+_Static_assert(sizeof(struct statx) == 256, "struct statx is 256 bytes");
+_Static_assert(sizeof(dev_t) == 8, "dev_t is 64-bit");
+
+// Newer than Debian 12's kernel headers (6.1): numbers from the kernel's
+// unified syscall table, the same on every architecture.
+#ifndef SYS_fchmodat2
+#define SYS_fchmodat2 452
+#endif
+#ifndef SYS_getxattrat
+#define SYS_getxattrat 464
+#endif
+#ifndef SYS_listxattrat
+#define SYS_listxattrat 465
+#endif
+
+int vanish_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags) {
+    return renameat2(olddirfd, oldpath, newdirfd, newpath, flags);
+}
+
+int vanish_statx_stat(int dirfd, const char *path, int flags, struct stat *st, uint64_t *birth, uint64_t *attributes) {
+    struct statx x;
+    if (statx(dirfd, path, flags, STATX_BASIC_STATS | STATX_BTIME, &x) != 0) return -1;
+    if (attributes) *attributes = x.stx_attributes & x.stx_attributes_mask;
+    memset(st, 0, sizeof *st);
+    st->st_dev = makedev(x.stx_dev_major, x.stx_dev_minor);
+    st->st_ino = x.stx_ino;
+    st->st_nlink = x.stx_nlink;
+    st->st_mode = x.stx_mode;
+    st->st_uid = x.stx_uid;
+    st->st_gid = x.stx_gid;
+    st->st_rdev = makedev(x.stx_rdev_major, x.stx_rdev_minor);
+    st->st_size = (off_t)x.stx_size;
+    st->st_blksize = x.stx_blksize;
+    st->st_blocks = (blkcnt_t)x.stx_blocks;
+    st->st_atim.tv_sec = x.stx_atime.tv_sec; st->st_atim.tv_nsec = x.stx_atime.tv_nsec;
+    st->st_mtim.tv_sec = x.stx_mtime.tv_sec; st->st_mtim.tv_nsec = x.stx_mtime.tv_nsec;
+    st->st_ctim.tv_sec = x.stx_ctime.tv_sec; st->st_ctim.tv_nsec = x.stx_ctime.tv_nsec;
+    if (birth) *birth = (x.stx_mask & STATX_BTIME) ? (uint64_t)x.stx_btime.tv_sec * 1000000000u + x.stx_btime.tv_nsec : 0;
+    return 0;
+}
+
+int vanish_stat_birth(int dirfd, const char *path, int flags, struct stat *st, uint64_t *birth) {
+    return vanish_statx_stat(dirfd, path, flags, st, birth, NULL);
+}
+
+int vanish_attributes_protected(uint64_t attributes) {
+    return (attributes & (STATX_ATTR_IMMUTABLE | STATX_ATTR_APPEND)) != 0;
+}
+
+int vanish_fchmodat2(int dirfd, const char *path, mode_t mode, int flags) {
+    return (int)syscall(SYS_fchmodat2, dirfd, path, mode, flags);
+}
+
+int vanish_faccessat2(int dirfd, const char *path, int mode, int flags) {
+    return (int)syscall(SYS_faccessat2, dirfd, path, mode, flags);
+}
+
+ssize_t vanish_copy_file_range(int fd_in, off_t *off_in, int fd_out, off_t *off_out, size_t len, unsigned int flags) {
+    return copy_file_range(fd_in, off_in, fd_out, off_out, len, flags);
+}
+
+int vanish_fallocate(int fd, int mode, off_t offset, off_t len) {
+    return fallocate(fd, mode, offset, len);
+}
+
+long vanish_filesystem_type(int fd) {
+    struct statfs fs;
+    return fstatfs(fd, &fs) == 0 ? (long)fs.f_type : -1;
+}
+
+long vanish_filesystem_type_at(const char *path) {
+    struct statfs fs;
+    return statfs(path, &fs) == 0 ? (long)fs.f_type : -1;
+}
+
+// struct xattr_args of Linux 6.13 (not in Debian 12's headers).
+struct vanish_xattr_args { uint64_t value; uint32_t size; uint32_t flags; };
+
+ssize_t vanish_getxattrat(int dirfd, const char *path, const char *name, void *value, size_t size) {
+    struct vanish_xattr_args args = { (uint64_t)(uintptr_t)value, (uint32_t)size, 0 };
+    return (ssize_t)syscall(SYS_getxattrat, dirfd, path, AT_SYMLINK_NOFOLLOW, name, &args, sizeof(args));
+}
+
+ssize_t vanish_listxattrat(int dirfd, const char *path, char *list, size_t size) {
+    return (ssize_t)syscall(SYS_listxattrat, dirfd, path, AT_SYMLINK_NOFOLLOW, list, size);
+}
+
+int vanish_set_thread_name(const char *name) {
+    return prctl(PR_SET_NAME, (unsigned long)name, 0ul, 0ul, 0ul);
+}
+
+int vanish_ioprio_set_thread(int tid, int ioprio_class, int data) {
+    return (int)syscall(SYS_ioprio_set, IOPRIO_WHO_PROCESS, tid, IOPRIO_PRIO_VALUE(ioprio_class, data));
+}
+
+pid_t vanish_gettid(void) { return gettid(); }
+
+static void vanish_wake_handler(int sig) { (void)sig; }
+
+int vanish_install_wake_handler(int sig) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = vanish_wake_handler;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(sig, &sa, NULL);
+}
+
+int vanish_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
+
+int vanish_pipe_resize(int fd, int bytes) { return fcntl(fd, F_SETPIPE_SZ, bytes); }
+
+const char *vanish_dirent_name(const struct dirent *d) { return d->d_name; }
+
+int vanish_file_handle(int dirfd, const char *name, int flags, unsigned char *out, int capacity) {
+    struct { struct file_handle h; unsigned char data[MAX_HANDLE_SZ]; } h;
+    int mount_id;
+    h.h.handle_bytes = MAX_HANDLE_SZ;
+    if (name_to_handle_at(dirfd, name, &h.h, &mount_id, flags) != 0) return -1;
+    if ((int)h.h.handle_bytes + 4 > capacity) { errno = EOVERFLOW; return -1; }
+    memcpy(out, &h.h.handle_type, 4);
+    memcpy(out + 4, h.h.f_handle, h.h.handle_bytes);
+    return (int)h.h.handle_bytes + 4;
+}
+
+int vanish_spawn_closefrom(posix_spawn_file_actions_t *actions, int from) {
+    return posix_spawn_file_actions_addclosefrom_np(actions, from);
+}
+
+int vanish_proc_events_open(int rcvbuf) {
+    int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_CONNECTOR);
+    if (fd < 0) return -1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof rcvbuf);
+    struct sockaddr_nl addr = { .nl_family = AF_NETLINK, .nl_groups = CN_IDX_PROC };
+    // nlmsghdr, cn_msg, then the operation, as one netlink message.
+    char message[NLMSG_SPACE(sizeof(struct cn_msg) + sizeof(enum proc_cn_mcast_op))] __attribute__((aligned(NLMSG_ALIGNTO)));
+    memset(message, 0, sizeof message);
+    struct nlmsghdr *nl = (struct nlmsghdr *)message;
+    struct cn_msg *cn = NLMSG_DATA(nl);
+    nl->nlmsg_len = NLMSG_LENGTH(sizeof(struct cn_msg) + sizeof(enum proc_cn_mcast_op));
+    nl->nlmsg_type = NLMSG_DONE;
+    cn->id.idx = CN_IDX_PROC;
+    cn->id.val = CN_VAL_PROC;
+    cn->len = sizeof(enum proc_cn_mcast_op);
+    enum proc_cn_mcast_op op = PROC_CN_MCAST_LISTEN;
+    memcpy(cn->data, &op, sizeof op);
+    if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || send(fd, nl, nl->nlmsg_len, 0) < 0) {
+        int saved = errno;
+        close(fd);
+        errno = saved;
+        return -1;
+    }
+    return fd;
+}
+
+int vanish_proc_events_changed(const void *buf, int len, pid_t *out, int cap) {
+    int n = 0;
+    for (const struct nlmsghdr *nh = buf; NLMSG_OK(nh, len); nh = NLMSG_NEXT(nh, len)) {
+        if (n + 2 > cap) return -1;
+        if (nh->nlmsg_type != NLMSG_DONE) continue;
+        const struct cn_msg *cn = NLMSG_DATA(nh);
+        if (cn->id.idx != CN_IDX_PROC || cn->id.val != CN_VAL_PROC) continue;
+        const struct proc_event *ev = (const void *)cn->data;
+        switch (ev->what) {
+        case PROC_EVENT_EXEC:
+            // The thread that exec'd becomes its group's leader.
+            out[n++] = ev->event_data.exec.process_pid;
+            out[n++] = ev->event_data.exec.process_tgid;
+            break;
+        case PROC_EVENT_COMM:
+            out[n++] = ev->event_data.comm.process_pid;
+            break;
+        case PROC_EVENT_EXIT:
+            out[n++] = ev->event_data.exit.process_pid;
+            break;
+        default:
+            break;
+        }
+    }
+    return n;
+}
+
+int vanish_set_mmap_threshold(int bytes) { return mallopt(M_MMAP_THRESHOLD, bytes); }
+
+int vanish_malloc_trim(void) { return malloc_trim(0); }
