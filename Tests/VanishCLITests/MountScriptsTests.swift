@@ -63,6 +63,30 @@ struct MountScriptsTests {
         }
     }
 
+    @Test("manual pages and shell completions are generated from the command-line definitions")
+    func manualsAndCompletions() throws {
+        let out = try makeTempDirectory()
+        defer { removeTree(out) }
+        let r = try run([Self.repo + "/mount-scripts/manuals", vanishBinary, out])
+        #expect(r.ok, "\(r.stderr)")
+        let pages = try FileManager.default.contentsOfDirectory(atPath: out + "/man1").sorted()
+        for command in ["vanish", "vanish.mount", "vanish.rm", "vanish.events", "vanish.trash.list"] {
+            #expect(pages.contains(command + ".1"), "\(pages)")
+        }
+        // A page documents its options, taken from the same definitions as --help.
+        let rm = try String(contentsOfFile: out + "/man1/vanish.rm.1", encoding: .utf8)
+        #expect(rm.contains("recursive") && rm.contains("graveyard"))
+        #expect(try run(["bash", "-n", out + "/completions/vanish.bash"]).ok)
+        let words = try run(["bash", "-c", """
+            source \(shellQuote(out + "/completions/vanish.bash"))
+            COMP_WORDS=(vanish ""); COMP_CWORD=1; COMP_LINE="vanish "; COMP_POINT=7
+            _vanish; echo "${COMPREPLY[@]}"
+            """], environment: ["PATH": (vanishBinary as NSString).deletingLastPathComponent + ":/usr/bin:/bin"])
+        #expect(words.stdout.contains("mount") && words.stdout.contains("rm") && words.stdout.contains("events"), "\(words)")
+        let zsh = try String(contentsOfFile: out + "/completions/_vanish", encoding: .utf8)
+        #expect(zsh.hasPrefix("#compdef vanish"))
+    }
+
     @Test("the helper rejects arguments it does not know")
     func badHelperArguments() throws {
         let r = try run([Self.repo + "/mount-scripts/mount.vanish", "/a", "/b", "--bogus"])
