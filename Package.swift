@@ -85,7 +85,7 @@ let package = Package(
         .target(
             name: "VanishControl",
             dependencies: [
-                "CLinux", "VanishFS", "VanishClient", "VanishEvents",
+                "CLinux", "FUSEKit", "LinuxSyscalls", "VanishFS", "VanishClient", "VanishEvents",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict
@@ -107,7 +107,8 @@ let package = Package(
         ),
         .testTarget(
             name: "VanishFSTests",
-            dependencies: ["VanishTestSupport", "LinuxSyscalls", "CFuse", "CLinux", "vanish"],
+            dependencies: ["VanishTestSupport", "LinuxSyscalls", "CFuse", "CLinux", "FUSEKit", "VanishFS", "vanish",
+                           .product(name: "SystemPackage", package: "swift-system")],
             exclude: ["concurrent_model.py"],
             swiftSettings: strict
         ),

@@ -11,12 +11,11 @@ extension PassthroughFilesystem {
     public func getattr(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
         let node = inode(ino)
         // A directory's mtime and size must already show its unlinks.
-        if node.isDirectory { burials.waitForDirectory(node.key) }
         // Prefer the open handle: it still works after the name was unlinked.
         var st = if let fi, !node.isDirectory {
             try Sys.fstat(Int32(truncatingIfNeeded: fi.pointee.fh))
         } else {
-            try fds.withFD(node) { fd throws(Errno) in try Sys.fstat(fd) }
+            try namespace.withFD(node) { fd throws(Errno) in try Sys.fstat(fd) }
         }
         st = devices.present(st)
         req.reply(attr: &st, timeout: options.attrTimeout)
@@ -58,9 +57,9 @@ extension PassthroughFilesystem {
         // Passthrough writers' sessions tell writes by mtime and size, which
         // this may move: what changed before it was written.
         let before: stat? = observing && toSet & (FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW) != 0
-            && writing.follows(node) ? (try? openFD.map(Sys.fstat) ?? fds.withFD(node) { fd throws(Errno) in try Sys.fstat(fd) }) : nil
+            && writing.follows(node) ? (try? openFD.map(Sys.fstat) ?? namespace.withFD(node) { fd throws(Errno) in try Sys.fstat(fd) }) : nil
         // An open handle reaches the file even after its name is gone.
-        var st = if let openFD { try apply(openFD) } else { try fds.withFD(node, apply) }
+        var st = if let openFD { try apply(openFD) } else { try namespace.withFD(node, apply) }
         if let before { writing.attributesChanged(node, before: before, after: st) }
         if observing { emitAttributes(req.caller, node, toSet: toSet, st: st, xattr: nil) }
         st = devices.present(st)
@@ -71,7 +70,7 @@ extension PassthroughFilesystem {
         let node = inode(ino)
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(PATH_MAX) + 1, alignment: 1)
         defer { buffer.deallocate() }
-        let n = try fds.withFD(node) { fd throws(Errno) in
+        let n = try namespace.withFD(node) { fd throws(Errno) in
             try Sys.readlink(fd, into: UnsafeMutableRawBufferPointer(rebasing: buffer[..<Int(PATH_MAX)]))
         }
         buffer[n] = 0
@@ -79,12 +78,12 @@ extension PassthroughFilesystem {
     }
 
     public func statfs(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
-        var st = try fds.withFD(inode(ino)) { fd throws(Errno) in try Sys.fstatvfs(fd) }
+        var st = try namespace.withFD(inode(ino)) { fd throws(Errno) in try Sys.fstatvfs(fd) }
         req.reply(statfs: &st)
     }
 
     public func access(_ req: Request, _ ino: fuse_ino_t, mask: Int32) throws(Errno) {
-        try fds.withFD(inode(ino)) { fd throws(Errno) in try Sys.access(fd, mask) }
+        try namespace.withFD(inode(ino)) { fd throws(Errno) in try Sys.access(fd, mask) }
         req.replyOK()
     }
 
@@ -97,7 +96,7 @@ extension PassthroughFilesystem {
         }
         // The status name answers reads only; stored, it would shadow nothing and mislead.
         if isControlName(name) { throw .notPermitted }
-        try fds.withFD(inode(ino)) { fd throws(Errno) in try Sys.setxattr(pathFD: fd, name, value, size, flags) }
+        try namespace.withFD(inode(ino)) { fd throws(Errno) in try Sys.setxattr(pathFD: fd, name, value, size, flags) }
         if observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: name) }
         req.replyOK()
     }
@@ -140,35 +139,35 @@ extension PassthroughFilesystem {
     /// instead of opening, verifying and going through /proc (three).
     private func readXattr(_ node: Inode, _ name: UnsafePointer<CChar>,
                            _ buffer: UnsafeMutableRawBufferPointer?) throws(Errno) -> Int {
-        if XattrAt.usable, !fds.isCached(node), let (parent, entry) = table.location(of: node) {
+        if XattrAt.usable, !namespace.isCached(node), let (parent, entry) = table.location(of: node) {
             do {
-                return try fds.withFD(parent) { pfd throws(Errno) in
-                    try entry.withUnsafeBufferPointer { e throws(Errno) in try Sys.getxattrat(pfd, e.baseAddress!, name, buffer) }
+                return try entry.withUnsafeBufferPointer { e throws(Errno) in
+                    try namespace.atName(parent, e.baseAddress!) { pfd throws(Errno) in try Sys.getxattrat(pfd, e.baseAddress!, name, buffer) }
                 }
             } catch .noFunction {
                 XattrAt.usable = false
             }
         }
-        return try fds.withFD(node) { fd throws(Errno) in try Sys.getxattr(pathFD: fd, name, buffer) }
+        return try namespace.withFD(node) { fd throws(Errno) in try Sys.getxattr(pathFD: fd, name, buffer) }
     }
 
     /// listxattr of `node`, by the same route as `readXattr`.
     private func listXattrs(_ node: Inode, _ buffer: UnsafeMutableRawBufferPointer?) throws(Errno) -> Int {
-        if XattrAt.usable, !fds.isCached(node), let (parent, entry) = table.location(of: node) {
+        if XattrAt.usable, !namespace.isCached(node), let (parent, entry) = table.location(of: node) {
             do {
-                return try fds.withFD(parent) { pfd throws(Errno) in
-                    try entry.withUnsafeBufferPointer { e throws(Errno) in try Sys.listxattrat(pfd, e.baseAddress!, buffer) }
+                return try entry.withUnsafeBufferPointer { e throws(Errno) in
+                    try namespace.atName(parent, e.baseAddress!) { pfd throws(Errno) in try Sys.listxattrat(pfd, e.baseAddress!, buffer) }
                 }
             } catch .noFunction {
                 XattrAt.usable = false
             }
         }
-        return try fds.withFD(node) { fd throws(Errno) in try Sys.listxattr(pathFD: fd, buffer) }
+        return try namespace.withFD(node) { fd throws(Errno) in try Sys.listxattr(pathFD: fd, buffer) }
     }
 
     public func removexattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         if isControlName(name) { throw .notPermitted }
-        try fds.withFD(inode(ino)) { fd throws(Errno) in try Sys.removexattr(pathFD: fd, name) }
+        try namespace.withFD(inode(ino)) { fd throws(Errno) in try Sys.removexattr(pathFD: fd, name) }
         if observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: name) }
         req.replyOK()
     }

@@ -43,8 +43,8 @@ extension PassthroughFilesystem {
         guard node !== table.root else { throw .resourceBusy }
         guard let (parent, name) = table.location(of: node) else { throw .noSuchFileOrDirectory }
         let caller = req.caller
-        try fds.withFD(parent) { pfd throws(Errno) in
-            try name.withUnsafeBufferPointer { n throws(Errno) in
+        try name.withUnsafeBufferPointer { n throws(Errno) in
+            try namespace.removing(parent, n.baseAddress!) { pfd throws(Errno) in
                 let entry = try Sys.lstatat(pfd, n.baseAddress!)
                 guard entry.st_dev == node.key.dev, entry.st_ino == node.key.ino else { throw .noSuchFileOrDirectory }
                 if caller.uid != 0 {
@@ -135,7 +135,7 @@ extension PassthroughFilesystem {
             "buried_entries":\(s.buried),"reaper_workers":\(reaper?.workerCount ?? 0),"free_bytes":\(free),\
             "restorable_entries":\(restorable),"stuck_entries":\(stuck),"restorable_bytes":\(restorableBytes),\
             "keep_seconds":\(Double(reaper?.policy.keep ?? 0) / 1e9),"socket":"\(jsonEscape(controlSocket))",\
-            "known_inodes":\(table.count),"cached_fds":\(fds.openCount),"fd_cache_limit":\(fds.limit),\
+            "known_inodes":\(table.count),"cached_fds":\(namespace.cachedFDs),"fd_cache_limit":\(namespace.fdLimit),\
             "kernel_features":"\(KernelFeatures.granted)","passthrough":"\(jsonEscape(passthroughState))"}
             """
     }

@@ -81,7 +81,7 @@ extension PassthroughFilesystem {
     }
 
     private func openForComparing(_ node: Inode) -> Int32? {
-        try? fds.withFD(node) { pathFD throws(Errno) in
+        try? namespace.withFD(node) { pathFD throws(Errno) in
             try Sys.withProcPath(pathFD) { path throws(Errno) in try Sys.open(path, O_RDONLY) }
         }
     }

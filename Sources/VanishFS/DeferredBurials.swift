@@ -19,15 +19,10 @@ import VanishGraveyard
 /// A queued burial lands on its own once its directory has been quiet for
 /// `quietNanoseconds` or it has waited `maxAgeNanoseconds`, sent by one
 /// flusher thread; when an entry is made in its directory (`landQueue`);
-/// and at once when anything needs it. Nobody may see a
-/// name whose burial is pending, so every request that could observe one
-/// lands it first (or, if another thread is landing it, waits):
-/// - by name (`waitForName`): lookup, and every request that makes,
-///   links or renames a name (the kernel looks names up before unlink, rmdir
-///   and rename, so a pending name answers ENOENT as it should);
-/// - by directory (`waitForDirectory`): readdir, getattr and fsyncdir of
-///   the directory, and a rename onto it;
-/// - all (`drain`): trash listings, restores, event replay, the session's end.
+/// and at once when anything needs it. Nobody may see a name whose burial
+/// is pending: `BackingNamespace`, the only owner of this type, lands or
+/// waits for them on every way a handler reaches the backing directory
+/// (by name, by directory, all).
 /// Names are tracked by a 64-bit hash of (directory, name): a collision only
 /// lands a burial early or makes someone wait for nothing.
 ///
@@ -35,7 +30,7 @@ import VanishGraveyard
 /// daemon killed before the burial lands has it finished by the next mount
 /// (`PassthroughFilesystem.finishInterruptedUnlinks`); the log is emptied
 /// when nothing is pending. For the intents' paths to stay true, a
-/// directory is renamed only once no burial is pending (`rename`).
+/// directory is renamed only once no burial is pending (`BackingNamespace.atNames`).
 final class DeferredBurials: @unchecked Sendable {
     struct Ticket {
         let nameHash: UInt64

@@ -27,8 +27,8 @@ final class DirectoryHandle {
 extension PassthroughFilesystem {
     public func opendir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let node = inode(ino)
-        let fd = try fds.withFD(node) { pathFD throws(Errno) in
-            try fds.retryingOnFDExhaustion { () throws(Errno) in
+        let fd = try namespace.withFD(node) { pathFD throws(Errno) in
+            try namespace.retryingOnFDExhaustion { () throws(Errno) in
                 try Sys.openat(pathFD, ".", O_RDONLY | O_DIRECTORY)
             }
         }
@@ -50,9 +50,9 @@ extension PassthroughFilesystem {
 
     public func fsyncdir(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool,
                          _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        let h = DirectoryHandle.from(fi)
-        burials.waitForDirectory(h.inode.key)
-        try Sys.fsync(dirfd(h.stream), dataOnly: dataOnly)
+        try namespace.reading(DirectoryHandle.from(fi)) { stream throws(Errno) in
+            try Sys.fsync(dirfd(stream), dataOnly: dataOnly)
+        }
         req.replyOK()
     }
 
@@ -61,51 +61,53 @@ extension PassthroughFilesystem {
     public func readdir(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
                         _ fi: UnsafeMutablePointer<fuse_file_info>, plus: Bool) throws(Errno) {
         let h = DirectoryHandle.from(fi)
-        burials.waitForDirectory(h.inode.key)
-        if offset != h.offset {
-            seekdir(h.stream, offset)
-            h.offset = offset
-        }
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 8)
         defer { buffer.deallocate() }
-        let base = buffer.baseAddress!.assumingMemoryBound(to: CChar.self)
-        let dfd = dirfd(h.stream)
-        var used = 0
-        while true {
-            errno = 0
-            guard let d = Glibc.readdir(h.stream) else {
-                if errno != 0 && used == 0 { throw Errno(rawValue: errno) }
-                break
+        let used = try namespace.reading(h) { stream throws(Errno) -> Int in
+            if offset != h.offset {
+                seekdir(stream, offset)
+                h.offset = offset
             }
-            let name = vanish_dirent_name(d)!
-            let next = d.pointee.d_off
-            if isHidden(h.inode, name) { h.offset = next; continue }
-            let room = size - used
-            var added: Int
-            if plus {
-                let needed = fuse_add_direntry_plus(req.raw, nil, 0, name, nil, 0)
-                if needed > room { seekdir(h.stream, h.offset); break }
-                var e = fuse_entry_param()
-                if isDotOrDotDot(name) {
-                    // No lookup for . and ..: node id 0 tells the kernel to
-                    // take only the name and type.
-                    e.attr.st_ino = d.pointee.d_ino
-                    e.attr.st_mode = mode_t(d.pointee.d_type) << 12
-                } else {
-                    guard let (st, birth) = try? Sys.lstatatWithBirth(dfd, name) else { h.offset = next; continue }
-                    let node = table.remember(st, birth: birth, parent: h.inode, name: name)
-                    e = entry(node, st)
+            let base = buffer.baseAddress!.assumingMemoryBound(to: CChar.self)
+            let dfd = dirfd(stream)
+            var used = 0
+            while true {
+                errno = 0
+                guard let d = Glibc.readdir(stream) else {
+                    if errno != 0 && used == 0 { throw Errno(rawValue: errno) }
+                    break
                 }
-                added = fuse_add_direntry_plus(req.raw, base + used, room, name, &e, next)
-            } else {
-                var st = stat()
-                st.st_ino = d.pointee.d_ino
-                st.st_mode = mode_t(d.pointee.d_type) << 12
-                added = fuse_add_direntry(req.raw, base + used, room, name, &st, next)
-                if added > room { seekdir(h.stream, h.offset); break }
+                let name = vanish_dirent_name(d)!
+                let next = d.pointee.d_off
+                if isHidden(h.inode, name) { h.offset = next; continue }
+                let room = size - used
+                var added: Int
+                if plus {
+                    let needed = fuse_add_direntry_plus(req.raw, nil, 0, name, nil, 0)
+                    if needed > room { seekdir(stream, h.offset); break }
+                    var e = fuse_entry_param()
+                    if isDotOrDotDot(name) {
+                        // No lookup for . and ..: node id 0 tells the kernel to
+                        // take only the name and type.
+                        e.attr.st_ino = d.pointee.d_ino
+                        e.attr.st_mode = mode_t(d.pointee.d_type) << 12
+                    } else {
+                        guard let (st, birth) = try? Sys.lstatatWithBirth(dfd, name) else { h.offset = next; continue }
+                        let node = table.remember(st, birth: birth, parent: h.inode, name: name)
+                        e = entry(node, st)
+                    }
+                    added = fuse_add_direntry_plus(req.raw, base + used, room, name, &e, next)
+                } else {
+                    var st = stat()
+                    st.st_ino = d.pointee.d_ino
+                    st.st_mode = mode_t(d.pointee.d_type) << 12
+                    added = fuse_add_direntry(req.raw, base + used, room, name, &st, next)
+                    if added > room { seekdir(stream, h.offset); break }
+                }
+                used += added
+                h.offset = next
             }
-            used += added
-            h.offset = next
+            return used
         }
         req.reply(bytes: UnsafeRawBufferPointer(start: buffer.baseAddress, count: used))
     }

@@ -13,8 +13,7 @@ extension PassthroughFilesystem {
         do throws(Errno) {
             // The state directory does not exist as far as the mount is concerned.
             if isReserved(p, name) { throw Errno.noSuchFileOrDirectory }
-            burials.waitForName(p, name)
-            (st, birth) = try fds.withFD(p) { pfd throws(Errno) in try Sys.lstatatWithBirth(pfd, name) }
+            (st, birth) = try namespace.atName(p, name) { pfd throws(Errno) in try Sys.lstatatWithBirth(pfd, name) }
         } catch .noSuchFileOrDirectory where options.negativeTimeout > 0 {
             // A negative entry: the kernel remembers the name is absent, which
             // spares compilers and shells a round trip per failed probe.
@@ -31,7 +30,7 @@ extension PassthroughFilesystem {
 
     public func forget(_ ino: fuse_ino_t, count: UInt64) {
         let node = inode(ino)
-        if table.forget(node, count: count) { fds.drop(node) }
+        if table.forget(node, count: count) { namespace.drop(node) }
     }
 
     public func mkdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t) throws(Errno) {
@@ -59,10 +58,9 @@ extension PassthroughFilesystem {
                            _ make: (Int32) throws(Errno) -> Void) throws(Errno) {
         let p = inode(parent)
         try checkChangeable(p, name)
-        burials.waitForName(p, name)
-        let (node, st) = try fds.withFD(p) { pfd throws(Errno) -> (Inode, stat) in
+        let (node, st) = try namespace.atName(p, name) { pfd throws(Errno) -> (Inode, stat) in
             try make(pfd)
-            let fd = try fds.retryingOnFDExhaustion { () throws(Errno) in
+            let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in
                 try Sys.openat(pfd, name, VANISH_O_PATH | O_NOFOLLOW)
             }
             do throws(Errno) {
@@ -72,7 +70,7 @@ extension PassthroughFilesystem {
                 }
                 let node = table.remember(st, birth: birth, parent: p, name: name)
                 emitCreated(req.caller, parent: p, name: name, node: node, st: st, fd: fd)
-                fds.adopt(node, fd: fd)
+                namespace.adopt(node, fd: fd)
                 return (node, st)
             } catch {
                 Sys.close(fd)
@@ -81,7 +79,7 @@ extension PassthroughFilesystem {
         }
         var e = entry(node, st)
         req.reply(entry: &e)
-        burials.landQueue(of: p)
+        namespace.madeEntry(in: p)
     }
 
     public func link(_ req: Request, _ ino: fuse_ino_t, newParent: fuse_ino_t,
@@ -89,15 +87,14 @@ extension PassthroughFilesystem {
         let node = inode(ino)
         let np = inode(newParent)
         try checkChangeable(np, newName)
-        burials.waitForName(np, newName)
-        let (st, birth) = try fds.withFD(np) { npfd throws(Errno) -> (stat, UInt64) in
-            try fds.withFD(node) { fd throws(Errno) in try Sys.link(fd: fd, npfd, newName) }
+        let (st, birth) = try namespace.atName(np, newName) { npfd throws(Errno) -> (stat, UInt64) in
+            try namespace.withFD(node) { fd throws(Errno) in try Sys.link(fd: fd, npfd, newName) }
             return try Sys.lstatatWithBirth(npfd, newName)
         }
         let target = observing ? path(of: node) : []
         let linked = table.remember(st, birth: birth, parent: np, name: newName)
         if observing {
-            let id = fds.withFDIfPossible(np) { fileID($0, newName) } ?? ""
+            let id = (try? namespace.atName(np, newName) { fileID($0, newName) }) ?? ""
             emit(.linked, req.caller) { e in
                 e.path("path", of: np, appending: newName, in: table)
                 e.path("target", target)
@@ -108,14 +105,14 @@ extension PassthroughFilesystem {
         }
         var e = entry(linked, st)
         req.reply(entry: &e)
-        burials.landQueue(of: np)
+        namespace.madeEntry(in: np)
     }
 
     public func unlink(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let p = inode(parent)
         try checkChangeable(p, name)
         let caller = req.caller
-        try fds.withFD(p) { pfd throws(Errno) in
+        try namespace.removing(p, name) { pfd throws(Errno) in
             let (st, protected) = try Sys.lstatatProtected(pfd, name)
             // Checked here, not left to the rename: that may come after the reply.
             if protected { throw .notPermitted }
@@ -132,7 +129,7 @@ extension PassthroughFilesystem {
         let p = inode(parent)
         try checkChangeable(p, name)
         let caller = req.caller
-        try fds.withFD(p) { pfd throws(Errno) in
+        try namespace.removing(p, name) { pfd throws(Errno) in
             guard observing else {
                 try removeDirectory(parent: p, parentFD: pfd, name: name, caller: caller)
                 return
@@ -150,75 +147,52 @@ extension PassthroughFilesystem {
         let np = inode(newParent)
         try checkChangeable(p, name)
         try checkChangeable(np, newName)
-        burials.waitForName(p, name)
-        burials.waitForName(np, newName)
-        if !burials.isEmpty { try landBeforeMovingDirectory(p, name, np, newName, flags: flags) }
         let caller = req.caller
-        try fds.withFD(p) { pfd throws(Errno) in
-            try fds.withFD(np) { npfd throws(Errno) in
-                // Most renames replace nothing: try that first, which spares
-                // them the lstat of the new name.
-                var target: stat? = nil
-                if try !renameIfFree(pfd, name, npfd, newName, flags: flags) {
-                    // What the new name holds now: a file it replaces goes to the
-                    // graveyard, the event says it was replaced, and a directory
-                    // renamed over must be empty, which it is not while burials
-                    // from it are pending.
-                    target = flags & VANISH_RENAME_EXCHANGE == 0 ? try? Sys.lstatat(npfd, newName) : nil
-                    if let target, target.st_mode & S_IFMT == S_IFDIR {
-                        burials.waitForDirectory(InodeKey(dev: target.st_dev, ino: target.st_ino))
-                    }
-                    try renameEntry(pfd, name, npfd, newName, target: target, flags: flags, newParent: np, caller: caller)
-                }
-                let replaced = observing && target != nil
-                // Keep the moved inode reachable under its new name (and the
-                // other one, for an exchange) so its fd can be reopened later.
-                let st = try? Sys.lstatat(npfd, newName)
-                let moved = st.flatMap { table.moved($0, to: np, name: newName) }
-                if flags & VANISH_RENAME_EXCHANGE != 0, let st = try? Sys.lstatat(pfd, name) {
-                    table.moved(st, to: p, name: name)
-                }
-                if observing {
-                    let id = moved.map { fileID(of: $0) } ?? fileID(npfd, newName)
-                    let kind = st.map { kindName($0.st_mode) } ?? ""
-                    emit(.renamed, caller) { e in
-                        e.path("path", of: np, appending: newName, in: table)
-                        e.path("from", of: p, appending: name, in: table)
-                        e.string("kind", kind)
-                        e.string("id", id)
-                        if flags & VANISH_RENAME_EXCHANGE != 0 { e.bool("exchange", true) }
-                        if replaced { e.bool("replaced", true) }
-                    }
+        let exchange = flags & VANISH_RENAME_EXCHANGE != 0
+        try namespace.atNames(p, name, np, newName, exchange: exchange) { pfd, npfd throws(Errno) in
+            // Most renames replace nothing: try that first, which spares
+            // them the lstat of the new name.
+            var target: stat? = nil
+            if try !renameIfFree(pfd, name, npfd, newName, flags: flags) {
+                // What the new name holds now: a file it replaces goes to the
+                // graveyard, and the event says it was replaced.
+                target = exchange ? nil : try? Sys.lstatat(npfd, newName)
+                try renameEntry(pfd, name, npfd, newName, target: target, flags: flags, newParent: np, caller: caller)
+            }
+            let replaced = observing && target != nil
+            // Keep the moved inode reachable under its new name (and the
+            // other one, for an exchange) so its fd can be reopened later.
+            let st = try? Sys.lstatat(npfd, newName)
+            let moved = st.flatMap { table.moved($0, to: np, name: newName) }
+            if flags & VANISH_RENAME_EXCHANGE != 0, let st = try? Sys.lstatat(pfd, name) {
+                table.moved(st, to: p, name: name)
+            }
+            if observing {
+                let id = moved.map { fileID(of: $0) } ?? fileID(npfd, newName)
+                let kind = st.map { kindName($0.st_mode) } ?? ""
+                emit(.renamed, caller) { e in
+                    e.path("path", of: np, appending: newName, in: table)
+                    e.path("from", of: p, appending: name, in: table)
+                    e.string("kind", kind)
+                    e.string("id", id)
+                    if flags & VANISH_RENAME_EXCHANGE != 0 { e.bool("exchange", true) }
+                    if replaced { e.bool("replaced", true) }
                 }
             }
         }
         req.replyOK()
-        burials.landQueue(of: np)
-    }
-
-    /// Pending unlinks' intents name their files by path (see
-    /// `UnlinkIntents`): a directory moves only once every pending burial
-    /// has landed, so that none below it is left with a path that is gone.
-    private func landBeforeMovingDirectory(_ p: Inode, _ name: UnsafePointer<CChar>, _ np: Inode,
-                                           _ newName: UnsafePointer<CChar>, flags: UInt32) throws(Errno) {
-        func isDirectory(_ dir: Inode, _ name: UnsafePointer<CChar>) throws(Errno) -> Bool {
-            try fds.withFD(dir) { fd throws(Errno) in (try? Sys.lstatat(fd, name))?.st_mode ?? 0 } & S_IFMT == S_IFDIR
-        }
-        var moves = try isDirectory(p, name)
-        if !moves && flags & VANISH_RENAME_EXCHANGE != 0 { moves = try isDirectory(np, newName) }
-        if moves { burials.drain() }
+        namespace.madeEntry(in: np)
     }
 
     public func create(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
                        _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let p = inode(parent)
         try checkChangeable(p, name)
-        burials.waitForName(p, name)
         let flags = backingOpenFlags(fi.pointee.flags)
         let caller = req.caller
-        let (fd, node, st) = try fds.withFD(p) { pfd throws(Errno) -> (Int32, Inode, stat) in
+        let (fd, node, st) = try namespace.atName(p, name) { pfd throws(Errno) -> (Int32, Inode, stat) in
             // O_NOFOLLOW: a symlink raced into place is refused, never followed.
-            let fd = try fds.retryingOnFDExhaustion { () throws(Errno) in
+            let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in
                 try Sys.openat(pfd, name, flags | O_CREAT | O_NOFOLLOW, mode)
             }
             do throws(Errno) {
@@ -237,7 +211,7 @@ extension PassthroughFilesystem {
         let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi)
         var e = entry(node, st)
         if req.reply(created: &e, fi, backing: backing) == -ENOENT { abandonHandle(node, fi) }
-        burials.landQueue(of: p)
+        namespace.madeEntry(in: p)
     }
 
     /// Logs the first crossing into each filesystem mounted inside the source.

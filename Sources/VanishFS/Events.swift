@@ -237,7 +237,7 @@ extension PassthroughFilesystem {
     func fileID(of node: Inode, fd: Int32? = nil) -> String {
         table.fileID(of: node) {
             if let fd { return fileID(fd, nil) }
-            return fds.withFDIfPossible(node) { fileID($0, nil) } ?? ""
+            return namespace.withFDIfPossible(node) { fileID($0, nil) } ?? ""
         }
     }
 
@@ -368,7 +368,7 @@ extension PassthroughFilesystem {
     /// or leave a nested filesystem's tree unvisited. `visit` returns false to stop.
     public func walk(_ visit: (_ path: [UInt8], _ st: stat, _ id: String) -> Bool) {
         // An unlink already in the journal must not show up as existing.
-        burials.drain()
+        namespace.settle()
         var stop = false
         // `top`: a root whose `.vanish` is a graveyard (the source's, or a nested filesystem's).
         func descend(_ dirFD: Int32, _ prefix: [UInt8], top: Bool) {

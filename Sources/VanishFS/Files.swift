@@ -13,8 +13,8 @@ extension PassthroughFilesystem {
     public func open(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let node = inode(ino)
         let flags = backingOpenFlags(fi.pointee.flags)
-        let fd = try fds.withFD(node) { pathFD throws(Errno) in
-            try fds.retryingOnFDExhaustion { () throws(Errno) in
+        let fd = try namespace.withFD(node) { pathFD throws(Errno) in
+            try namespace.retryingOnFDExhaustion { () throws(Errno) in
                 try Sys.withProcPath(pathFD) { path throws(Errno) in try Sys.open(path, flags) }
             }
         }
@@ -33,7 +33,7 @@ extension PassthroughFilesystem {
             ? passthrough.open(node, fd: fd, throughDaemon: kills) : (OpenKind.daemon, Int32(0))
         fi.pointee.fh = FileHandle.make(fd: fd, kind: kind, killsPrivileges: kills)
         configure(fi, kind)
-        fds.opened(node)
+        namespace.opened(node)
         if observing && writesData(node, fi) {
             // The kernel writes a passthrough file without us: the writing
             // session is told by the file's change since the open.
@@ -103,7 +103,7 @@ extension PassthroughFilesystem {
     func closeHandle(_ node: Inode, _ fh: UInt64) {
         Sys.close(FileHandle.fd(fh))
         passthrough.release(node, kind: FileHandle.kind(fh))
-        if fds.closed(node) && table.isBuried(node) { fds.drop(node) }
+        if namespace.closed(node) && table.isBuried(node) { namespace.drop(node) }
     }
 
     public func fsync(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool,

@@ -31,21 +31,21 @@ extension PassthroughFilesystem {
         if st.st_nlink > 1 || holdIfOpen(st) {
             try Sys.unlinkat(parentFD, name, 0)
         } else if defersUnlink, let graveyard, st.st_dev == graveyard.device {
-            let ticket = burials.begin(parent, name)
+            let ticket = namespace.beginBurial(parent, name)
             // An immutable or append-only directory would refuse the rename
             // after the reply. Asked when its queue starts, not for every
             // file: `rm -rf` pays one statx a directory, and a chattr in the
             // queue's lifetime (a second at most) is no different from one
             // just after the rename.
             if ticket.first, (try? Sys.lstatatProtected(parentFD, ""))?.protected == true {
-                burials.end(ticket)
+                namespace.endBurial(ticket)
                 throw .notPermitted
             }
             let deferred = DeferredBurial(ticket: ticket, st: st, inPlace: freesNothing,
                                           record: freesNothing ? nil : trashRecord(st, parent: parent, name: name, caller: caller),
                                           deleted: Sys.wallClockNow())
             if recordIntent(deferred, parent: parent, name: name, caller: caller) { return deferred }
-            burials.end(ticket)
+            namespace.endBurial(ticket)
             if freesNothing {
                 try Sys.unlinkat(parentFD, name, 0)
             } else {
@@ -80,23 +80,16 @@ extension PassthroughFilesystem {
     func afterReply(_ d: DeferredBurial, parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>,
                     caller: Caller) {
         // A trash record is for one file, restorable on its own: it may not go with its directory.
-        if d.record == nil, burials.queue(d, in: parent, name: name, caller: caller) { return }
+        if d.record == nil, namespace.queueBurial(d, in: parent, name: name, caller: caller) { return }
         landBurial(d, parent: parent, parentFD: parentFD, name: name, caller: caller)
-        burials.end(d.ticket)
+        namespace.endBurial(d.ticket)
     }
 
-    /// Lands a queued burial (for `DeferredBurials`, which ends its ticket).
-    func landQueued(_ q: DeferredBurials.Queued) {
-        do throws(Errno) {
-            try fds.withFD(q.directory) { pfd throws(Errno) in
-                q.name.withUnsafeBufferPointer {
-                    landBurial(q.burial, parent: q.directory, parentFD: pfd, name: $0.baseAddress!, caller: q.caller)
-                }
-            }
-        } catch {
-            // The directory is no longer where it was: it went to the
-            // graveyard whole (`vanish rm` of it or above), with the file.
-            log.debug("a queued burial's directory is gone", metadata: ["error": "\(error)"])
+    /// Lands a queued burial (for `DeferredBurials`, which ends its ticket);
+    /// `parentFD` is its directory's.
+    func landQueued(_ q: DeferredBurials.Queued, parentFD: Int32) {
+        q.name.withUnsafeBufferPointer {
+            landBurial(q.burial, parent: q.directory, parentFD: parentFD, name: $0.baseAddress!, caller: q.caller)
         }
     }
 
@@ -138,23 +131,23 @@ extension PassthroughFilesystem {
     func removeDirectory(parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>, caller: Caller,
                          known: stat? = nil) throws(Errno) {
         guard let reaper, reaper.policy.keep > 0 else {
-            if !burials.isEmpty {
+            if !namespace.noBurialsPending {
                 let st = try lstatUnlessKnown(known, parentFD, name)
-                let taken = burials.takeDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
+                let taken = namespace.takeQueued(in: InodeKey(dev: st.st_dev, ino: st.st_ino))
                 if !taken.isEmpty {
                     if st.st_mode & S_IFMT == S_IFDIR, holdsOnly(taken, parentFD, name) {
                         do throws(Errno) {
                             // The kernel holds the directory's lock for the rmdir:
                             // nothing can be made in it through the mount meanwhile.
                             try bury(parentFD, name, st: st, from: parent, caller: caller)
-                            burials.end(taken)
+                            namespace.buriedWithDirectory(taken)
                             return
                         } catch {
                             log.debug("an emptied directory could not go whole", metadata: ["error": "\(error)"])
                         }
                     }
                     // Its files' burials must land first, or it is not empty yet.
-                    burials.land(taken)
+                    namespace.land(taken)
                 }
             }
             try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
@@ -162,7 +155,7 @@ extension PassthroughFilesystem {
         }
         let st = try lstatUnlessKnown(known, parentFD, name)
         guard st.st_mode & S_IFMT == S_IFDIR else { throw .notDirectory }
-        burials.waitForDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
+        namespace.settleDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
         try requireEmptyDirectory(parentFD, name)
         try bury(parentFD, name, st: st, from: parent, caller: caller)
     }
@@ -332,8 +325,8 @@ extension PassthroughFilesystem {
     /// have it open; returns whether any do.
     @discardableResult
     func holdIfOpen(_ st: stat) -> Bool {
-        guard fds.anyOpen, st.st_mode & S_IFMT == S_IFREG, let node = table.known(st) else { return false }
-        return fds.holdIfOpen(node)
+        guard namespace.anyOpen, st.st_mode & S_IFMT == S_IFREG, let node = table.known(st) else { return false }
+        return namespace.holdIfOpen(node)
     }
 
     /// A plain rename done as renameat2(RENAME_NOREPLACE): true if it
@@ -358,6 +351,10 @@ extension PassthroughFilesystem {
     /// `target`: what `newName` held just before (nil: nothing, or an exchange).
     func renameEntry(_ pfd: Int32, _ name: UnsafePointer<CChar>, _ npfd: Int32, _ newName: UnsafePointer<CChar>,
                      target: stat?, flags: UInt32, newParent: Inode, caller: Caller) throws(Errno) {
+        // A directory renamed over must be empty, which it is not while burials from it are pending.
+        if let target, target.st_mode & S_IFMT == S_IFDIR {
+            namespace.settleDirectory(InodeKey(dev: target.st_dev, ino: target.st_ino))
+        }
         if flags == 0, let target, target.st_mode & S_IFMT != S_IFDIR, target.st_nlink == 1, !holdIfOpen(target),
            let source = try? Sys.lstatat(pfd, name), source.st_mode & S_IFMT != S_IFDIR,
            source.st_ino != target.st_ino || source.st_dev != target.st_dev {

@@ -58,7 +58,7 @@ extension PassthroughFilesystem {
             let place = "/" + String(decoding: table.path(of: top, appending: nil), as: UTF8.self)
             let opened: Result<Graveyard, GraveyardError>
             do throws(Errno) {
-                opened = try fds.withFD(top) { fd in Result { () throws(GraveyardError) in try Graveyard(rootFD: fd) } }
+                opened = try namespace.withFD(top) { fd in Result { () throws(GraveyardError) in try Graveyard(rootFD: fd) } }
             } catch {
                 opened = .failure(.cannotCreate(error))
             }
@@ -86,7 +86,7 @@ extension PassthroughFilesystem {
         let site = nested.site(parent.key.dev) {
             let top = table.topmostOnDevice(from: parent)
             guard top === parent else { return nil }
-            let found = try? fds.withFD(top) { fd in
+            let found = try? namespace.withFD(top) { fd in
                 Result { () throws(GraveyardError) in try Graveyard(rootFD: fd, create: false) }
             }
             switch found {

@@ -13,7 +13,9 @@ import VanishGraveyard
 /// directory, through fds relative to it, with its errno passed back unchanged.
 public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendable {
     let table: InodeTable
-    let fds: FDCache
+    /// The inodes, their fds and the pending burials: every handler reaches
+    /// the backing directory through it (see `BackingNamespace`).
+    let namespace: BackingNamespace
     let options: FilesystemOptions
     let log: Logger
     /// The backing root, opened before mounting (so an in-place mount still reaches it).
@@ -26,8 +28,6 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// cannot hold a graveyard (read-only), and deletes are then done in the request.
     let graveyard: Graveyard?
     public let reaper: Reaper?
-    /// Unlinks answered before their rename into the graveyard landed.
-    let burials: DeferredBurials
     /// Whether unlinks are answered before their rename (see `DeferredBurials`).
     let defersUnlink: Bool
     /// Graveyards of filesystems mounted inside the source, made as needed.
@@ -88,7 +88,6 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
             }
         }
         defersUnlink = intents != nil && options.deferUnlink && options.cache != .never
-        burials = DeferredBurials(intents: defersUnlink ? intents : nil)
         let root = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, generation: 0,
                          parent: nil, name: "")
         root.fd = fd
@@ -99,7 +98,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         log = logger
         passthrough = PassthroughFiles(log: logger)
         reaper?.onStuck = Self.logStuck(logger)
-        fds = FDCache(limit: options.fdCacheLimit ?? FileLimits.defaultCacheLimit(), table: table)
+        namespace = BackingNamespace(table: table, fdLimit: options.fdCacheLimit ?? FileLimits.defaultCacheLimit(),
+                                     intents: defersUnlink ? intents : nil)
         actsForOthers = geteuid() == 0
         devices = DeviceMap(rootDevice: st.st_dev)
         if let intents { finishInterruptedUnlinks(intents) }
@@ -107,7 +107,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
 
     deinit { Sys.close(rootFD) }
 
-    public var fdCacheLimit: Int { fds.limit }
+    public var fdCacheLimit: Int { namespace.fdLimit }
 
     public func initialize(_ conn: UnsafeMutablePointer<fuse_conn_info>) {
         let capable = conn.pointee.capable
@@ -135,11 +135,17 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         // Threads start here, after daemonizing (a fork keeps only the forking thread).
         reaper?.start()
         invalidations.start()
-        if defersUnlink { burials.start { [unowned self] in landQueued($0) } }
+        if defersUnlink {
+            namespace.startBurials(land: { [unowned self] in landQueued($0, parentFD: $1) }, gone: { [log] error in
+                // The directory is no longer where it was: it went to the
+                // graveyard whole (`vanish rm` of it or above), with the file.
+                log.debug("a queued burial's directory is gone", metadata: ["error": "\(error)"])
+            })
+        }
         // Events name their callers: whether those names can be remembered
         // (process notices) or are read for every event.
         let names = observing ? (CommandNames.shared.remembers ? "remembered" : "read each time") : "-"
-        log.info("session started", metadata: ["fd_cache": "\(fds.limit)", "cache": "\(options.cache.rawValue)",
+        log.info("session started", metadata: ["fd_cache": "\(namespace.fdLimit)", "cache": "\(options.cache.rawValue)",
                                                 "reapers": "\(reaper?.workerCount ?? 0)", "caller_names": "\(names)",
                                                 "passthrough": "\(passthrough.active ? "on" : "off")"])
         if graveyard != nil, vanish_filesystem_type(rootFD) == VANISH_OVERLAYFS_SUPER_MAGIC {
@@ -191,7 +197,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// unmount) or stop at once (after a signal, leaving the rest for the next start).
     public func stopReaping(finish: Bool) {
         // Unlinks already answered are owed their rename, whatever the signal.
-        burials.stop()
+        namespace.stopBurials()
         let reapers = allReapers
         for r in reapers { r.stop(finish ? .whenEmpty : .now) }
         for r in reapers { r.join() }
@@ -231,10 +237,10 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
 
     /// Entries waiting in every graveyard, and unlinks on their way there
     /// (directory scans: not for the hot path).
-    public var pendingEntries: Int { burials.count + allReapers.reduce(0) { $0 + $1.pendingEntries() } }
+    public var pendingEntries: Int { namespace.pendingBurials + allReapers.reduce(0) { $0 + $1.pendingEntries() } }
 
     /// Whether every reaper is asleep with nothing left to do.
-    public var reapersIdle: Bool { burials.isEmpty && allReapers.allSatisfy(\.isIdle) }
+    public var reapersIdle: Bool { namespace.noBurialsPending && allReapers.allSatisfy(\.isIdle) }
 
     public func destroy() {
         log.info("session ending", metadata: ["inodes": "\(table.count)"])

@@ -103,7 +103,7 @@ extension PassthroughFilesystem {
     public func trash(for who: Credentials) -> [TrashEntry] {
         guard let graveyard else { return [] }
         // Entries unlinked a moment ago are listed too.
-        burials.drain()
+        namespace.settle()
         return graveyard.restorable.filter { who.uid == 0 || $0.record.uid == who.uid }
     }
 
@@ -115,7 +115,7 @@ extension PassthroughFilesystem {
                         as who: Credentials) throws(RestoreError) -> [[UInt8]] {
         guard let graveyard else { throw .noSuchEntry("anything (this mount has no graveyard)") }
         // A name whose burial is pending is free, not taken.
-        burials.drain()
+        namespace.settle()
         let visible = trash(for: who)
         var plan: [TrashEntry] = []
         if let id {

@@ -1,0 +1,162 @@
+import CLinux
+import FUSEKit
+import Glibc
+import LinuxSyscalls
+import SystemPackage
+import VanishGraveyard
+
+/// The backing directory as the request handlers reach it: the inode table,
+/// the fds of its inodes, and the unlinks answered before their rename into
+/// the graveyard has landed (`DeferredBurials`).
+///
+/// Its invariant: nobody sees a name whose burial is pending. It holds by
+/// construction, because the fd cache and the pending burials are private
+/// here and every way to a directory's fd settles what that use could see:
+/// - `atName`: a request about one name (lookup, making, linking or renaming
+///   it, reading its xattrs through its parent) lands that name's burial first;
+/// - `withFD` and `reading`: a directory's own fd (listing it, its attributes,
+///   fsyncdir, opening it) lands every burial queued in it first;
+/// - `removing`: unlink and rmdir of a name the kernel has just looked up
+///   (which settled it) wait for nothing, so `rm -rf` leaves a directory's
+///   burials queued until the directory itself goes, with them, in one rename;
+/// - `settle`: everything lands (trash listings, restores, snapshots, the end).
+/// Landing a burial is the graveyard's business (`startBurials`' closure); it
+/// gets the directory's fd from here without waiting, since it is what others wait for.
+///
+/// Lock order: InodeTable's lock, FDCache's lock and DeferredBurials' condition
+/// are leaves: none is held while another is taken. DeferredBurials releases
+/// its condition while a burial lands, so landing may use the other two.
+final class BackingNamespace: Sendable {
+    let table: InodeTable
+    private let fds: FDCache
+    private let burials: DeferredBurials
+
+    init(table: InodeTable, fdLimit: Int, intents: UnlinkIntents?) {
+        self.table = table
+        fds = FDCache(limit: fdLimit, table: table)
+        burials = DeferredBurials(intents: intents)
+    }
+
+    // MARK: Reaching the backing directory
+
+    /// `body` with the fd of `dir`, once `name` in it has no burial pending.
+    @inline(__always)
+    func atName<R>(_ dir: Inode, _ name: UnsafePointer<CChar>, _ body: (Int32) throws(Errno) -> R) throws(Errno) -> R {
+        burials.waitForName(dir, name)
+        return try fds.withFD(dir, body)
+    }
+
+    /// For a rename of `name` in `dir` to `newName` in `newDir`: both names
+    /// settle, and a directory about to move (the source, or the other side
+    /// of an exchange) first lets every pending burial land, since the log of
+    /// answered unlinks names their files by path (`UnlinkIntents`).
+    func atNames<R>(_ dir: Inode, _ name: UnsafePointer<CChar>, _ newDir: Inode, _ newName: UnsafePointer<CChar>,
+                    exchange: Bool, _ body: (Int32, Int32) throws(Errno) -> R) throws(Errno) -> R {
+        burials.waitForName(dir, name)
+        burials.waitForName(newDir, newName)
+        return try fds.withFD(dir) { pfd throws(Errno) -> R in
+            try fds.withFD(newDir) { npfd throws(Errno) -> R in
+                if !burials.isEmpty {
+                    func isDirectory(_ fd: Int32, _ n: UnsafePointer<CChar>) -> Bool {
+                        (try? Sys.lstatat(fd, n)).map { $0.st_mode & S_IFMT == S_IFDIR } ?? false
+                    }
+                    if isDirectory(pfd, name) || (exchange && isDirectory(npfd, newName)) { burials.drain() }
+                }
+                return try body(pfd, npfd)
+            }
+        }
+    }
+
+    /// `body` with the fd of `dir`, to unlink or rmdir `name` in it: the kernel
+    /// looked the name up first, which settled it, and the directory's other
+    /// burials may stay queued.
+    @inline(__always)
+    func removing<R>(_ dir: Inode, _ name: UnsafePointer<CChar>, _ body: (Int32) throws(Errno) -> R) throws(Errno) -> R {
+        try fds.withFD(dir, body)
+    }
+
+    /// `body` with an O_PATH fd of `node`; a directory's queued burials land first.
+    @inline(__always)
+    func withFD<R>(_ node: Inode, _ body: (Int32) throws(Errno) -> R) throws(Errno) -> R {
+        if node.isDirectory { burials.waitForDirectory(node.key) }
+        return try fds.withFD(node, body)
+    }
+
+    /// As `withFD`, nil if the inode cannot be reopened.
+    func withFDIfPossible<R>(_ node: Inode, _ body: (Int32) -> R) -> R? {
+        if node.isDirectory { burials.waitForDirectory(node.key) }
+        return fds.withFDIfPossible(node, body)
+    }
+
+    /// `body` with an open directory's stream, once no burial in it is pending.
+    @inline(__always)
+    func reading<R>(_ handle: DirectoryHandle, _ body: (OpaquePointer) throws(Errno) -> R) throws(Errno) -> R {
+        burials.waitForDirectory(handle.inode.key)
+        return try body(handle.stream)
+    }
+
+    /// Lets every pending burial land: a trash listing, a restore or a
+    /// snapshot must see each answered unlink in place.
+    func settle() { burials.drain() }
+
+    /// Lets the burials queued in the directory `key` land (a directory about
+    /// to be removed or replaced must be empty for real).
+    func settleDirectory(_ key: InodeKey) { burials.waitForDirectory(key) }
+
+    /// After an entry was made in `dir` and the reply sent: the directory is
+    /// in use, not being emptied by `rm -rf`, so what is queued in it lands
+    /// now rather than keep names every lookup in it must search past.
+    /// (A matter of speed, not of the invariant.)
+    func madeEntry(in dir: Inode) { burials.landQueue(of: dir) }
+
+    // MARK: Pending burials, for the removal logic (`Mutations`)
+
+    var intents: UnlinkIntents? { burials.intents }
+    var noBurialsPending: Bool { burials.isEmpty }
+    var pendingBurials: Int { burials.count }
+
+    func beginBurial(_ dir: Inode, _ name: UnsafePointer<CChar>) -> DeferredBurials.Ticket { burials.begin(dir, name) }
+    func endBurial(_ ticket: DeferredBurials.Ticket) { burials.end(ticket) }
+    func queueBurial(_ burial: PassthroughFilesystem.DeferredBurial, in dir: Inode, name: UnsafePointer<CChar>,
+                     caller: Caller) -> Bool {
+        burials.queue(burial, in: dir, name: name, caller: caller)
+    }
+    /// The burials queued in the directory `key`, taken to bury with it or land.
+    func takeQueued(in key: InodeKey) -> [DeferredBurials.Queued] { burials.takeDirectory(key) }
+    func land(_ taken: [DeferredBurials.Queued]) { burials.land(taken) }
+    /// Ends burials whose files left with their directory.
+    func buriedWithDirectory(_ taken: [DeferredBurials.Queued]) { burials.end(taken) }
+
+    /// Starts landing queued burials in the background: `land` renames one,
+    /// given its directory's fd; a directory that is gone (it went to the
+    /// graveyard whole, with the file) is passed to `gone`.
+    func startBurials(land: @escaping @Sendable (DeferredBurials.Queued, Int32) -> Void,
+                      gone: @escaping @Sendable (Errno) -> Void) {
+        burials.start { [fds] q in
+            do throws(Errno) {
+                try fds.withFD(q.directory) { pfd in land(q, pfd) }
+            } catch {
+                gone(error)
+            }
+        }
+    }
+
+    /// Lands everything and stops the background landing.
+    func stopBurials() { burials.stop() }
+
+    // MARK: The fd cache's bookkeeping
+
+    var fdLimit: Int { fds.limit }
+    var cachedFDs: Int { fds.openCount }
+    var anyOpen: Bool { fds.anyOpen }
+    func isCached(_ node: Inode) -> Bool { fds.isCached(node) }
+    func adopt(_ node: Inode, fd: Int32) { fds.adopt(node, fd: fd) }
+    func drop(_ node: Inode) { fds.drop(node) }
+    func opened(_ node: Inode) { fds.opened(node) }
+    func closed(_ node: Inode) -> Bool { fds.closed(node) }
+    func holdIfOpen(_ node: Inode) -> Bool { fds.holdIfOpen(node) }
+    func shrink() { fds.shrink() }
+    func retryingOnFDExhaustion(_ open: () throws(Errno) -> Int32) throws(Errno) -> Int32 {
+        try fds.retryingOnFDExhaustion(open)
+    }
+}

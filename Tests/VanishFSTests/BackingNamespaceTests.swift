@@ -1,0 +1,189 @@
+import CLinux
+import FUSEKit
+import Glibc
+import LinuxSyscalls
+import Synchronization
+import SystemPackage
+import Testing
+import VanishTestSupport
+@testable import VanishFS
+
+/// The namespace's invariant, in-process on a scratch directory: no name
+/// whose burial is pending can be seen through it, however the handlers
+/// reach the backing directory, and concurrent use keeps it.
+@Suite("backing namespace")
+struct BackingNamespaceTests {
+    /// A namespace over a fresh directory holding `dir/` and a `grave/`
+    /// that queued burials land in (by rename, as the graveyard does).
+    final class Fixture: @unchecked Sendable {
+        let base: String
+        let namespace: BackingNamespace
+        let dir: VanishFS.Inode
+        let graveFD: Int32
+        let landed = Atomic<Int>(0)
+        private let counter = Atomic<Int>(0)
+
+        init() throws {
+            base = try makeTempDirectory()
+            mkdir(base + "/dir", 0o755)
+            mkdir(base + "/grave", 0o755)
+            let rootFD = try Sys.open(base, VANISH_O_PATH | O_DIRECTORY)
+            let rootStat = try Sys.fstat(rootFD)
+            let root = VanishFS.Inode(key: InodeKey(dev: rootStat.st_dev, ino: rootStat.st_ino), type: S_IFDIR, generation: 0,
+                             parent: nil, name: "")
+            root.fd = rootFD
+            root.lookups = 1
+            let table = InodeTable(root: root)
+            namespace = BackingNamespace(table: table, fdLimit: 64, intents: nil)
+            let st = try Sys.lstatat(rootFD, "dir")
+            dir = table.remember(st, birth: 0, parent: root, name: "dir")
+            graveFD = try Sys.open(base + "/grave", O_RDONLY | O_DIRECTORY)
+            namespace.startBurials(land: { [self] q, pfd in
+                let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
+                _ = q.name.withUnsafeBufferPointer { renameat(pfd, $0.baseAddress!, graveFD, "g\(n)") }
+                landed.wrappingAdd(1, ordering: .relaxed)
+            }, gone: { _ in })
+        }
+
+        deinit {
+            namespace.stopBurials()
+            close(graveFD)
+            removeTree(base)
+        }
+
+        func make(_ name: String) {
+            close(open(base + "/dir/" + name, O_CREAT | O_WRONLY, 0o644))
+        }
+
+        func onDisk(_ name: String) -> Bool { access(base + "/dir/" + name, F_OK) == 0 }
+
+        /// What unlink does after its checks: a burial begun and queued on its
+        /// directory. False if it could not be queued.
+        @discardableResult
+        func queueBurial(_ name: String) throws -> Bool {
+            let st = try Sys.lstatat(AT_FDCWD, base + "/dir/" + name)
+            let ticket = namespace.beginBurial(dir, name)
+            let burial = PassthroughFilesystem.DeferredBurial(ticket: ticket, st: st, inPlace: false, record: nil, deleted: 0)
+            guard namespace.queueBurial(burial, in: dir, name: name, caller: Caller(uid: 0, gid: 0, pid: 1, umask: 0)) else {
+                namespace.endBurial(ticket)
+                return false
+            }
+            return true
+        }
+
+        /// A lookup as the handler makes it.
+        func lookup(_ name: String) -> Bool {
+            (try? namespace.atName(dir, name) { pfd throws(Errno) in try Sys.lstatat(pfd, name) }) != nil
+        }
+    }
+
+    @Test("a queued burial stays on disk until something could see its name, then lands first")
+    func nameSettles() throws {
+        let f = try Fixture()
+        f.make("a")
+        #expect(try f.queueBurial("a"))
+        #expect(f.onDisk("a"), "queued, not landed yet")
+        #expect(!f.lookup("a"), "a lookup never sees a name whose burial is pending")
+        #expect(!f.onDisk("a"))
+        #expect(f.namespace.pendingBurials == 0)
+    }
+
+    @Test("removing a sibling waits for nothing; the directory's own fd lands its whole queue")
+    func directorySettles() throws {
+        let f = try Fixture()
+        for n in ["a", "b", "c"] { f.make(n) }
+        try f.queueBurial("a")
+        try f.queueBurial("b")
+        // unlink of c, as rm -rf sends it: a and b stay queued for their directory.
+        try f.namespace.removing(f.dir, "c") { pfd throws(Errno) in try Sys.unlinkat(pfd, "c", 0) }
+        #expect(f.onDisk("a") && f.onDisk("b"))
+        // A listing (or its attributes) through the directory's fd sees neither.
+        let names = try f.namespace.withFD(f.dir) { fd throws(Errno) -> [String] in
+            let d = fdopendir(try Sys.openat(fd, ".", O_RDONLY | O_DIRECTORY))!
+            defer { closedir(d) }
+            var out: [String] = []
+            while let e = readdir(d) { out.append(String(cString: vanish_dirent_name(e))) }
+            return out.filter { $0 != "." && $0 != ".." }
+        }
+        #expect(names.isEmpty, "\(names)")
+        #expect(f.landed.load(ordering: .relaxed) == 2)
+    }
+
+    @Test("rmdir takes the directory's queue to bury with it; nothing stays pending")
+    func directoryRemovalTakesQueue() throws {
+        let f = try Fixture()
+        for n in ["a", "b"] { f.make(n) }
+        try f.queueBurial("a")
+        try f.queueBurial("b")
+        let taken = f.namespace.takeQueued(in: f.dir.key)
+        #expect(taken.count == 2)
+        #expect(rename(f.base + "/dir", f.base + "/grave/dir") == 0)
+        f.namespace.buriedWithDirectory(taken)
+        #expect(f.namespace.pendingBurials == 0)
+        #expect(f.landed.load(ordering: .relaxed) == 0, "they went with their directory, not one by one")
+    }
+
+    @Test("a directory about to be renamed lets every pending burial land first")
+    func renameSettles() throws {
+        let f = try Fixture()
+        mkdir(f.base + "/dir/sub", 0o755)
+        f.make("a")
+        try f.queueBurial("a")
+        try f.namespace.atNames(f.dir, "sub", f.dir, "moved", exchange: false) { pfd, npfd throws(Errno) in
+            try Sys.renameat2(pfd, "sub", npfd, "moved", 0)
+        }
+        #expect(!f.onDisk("a"))
+        #expect(f.namespace.pendingBurials == 0)
+    }
+
+    @Test("threads making, burying and looking up names in one directory, beside a lister, never see a pending one")
+    func concurrentNames() throws {
+        let f = try Fixture()
+        let failures = Atomic<Int>(0)
+        let done = Atomic<Int>(0)
+        let threads = 4, rounds = 400
+        for t in 0..<threads {
+            spawnThread("ns-test") {
+                for r in 0..<rounds {
+                    // Names come back: each make must first land the name's earlier burial.
+                    let name = "t\(t)-\(r % 7)"
+                    let made = (try? f.namespace.atName(f.dir, name) { pfd throws(Errno) in
+                        Sys.close(try Sys.openat(pfd, name, O_CREAT | O_EXCL | O_WRONLY, 0o644))
+                    }) != nil
+                    // Queued, not landed: the lookup right after must not find it.
+                    if !made || (try? f.queueBurial(name)) != true || f.lookup(name) {
+                        failures.wrappingAdd(1, ordering: .relaxed)
+                    }
+                }
+                done.wrappingAdd(1, ordering: .relaxed)
+            }
+        }
+        // Meanwhile listings land whole queues under the threads' feet.
+        var listings = 0
+        while done.load(ordering: .relaxed) < threads {
+            _ = try f.namespace.withFD(f.dir) { fd throws(Errno) in try Sys.fstat(fd) }
+            listings += 1
+            sched_yield()
+        }
+        f.namespace.settle()
+        #expect(failures.load(ordering: .relaxed) == 0)
+        #expect(f.namespace.pendingBurials == 0)
+        #expect(try FileManagerless.list(f.base + "/dir").isEmpty)
+        #expect(try FileManagerless.list(f.base + "/grave").count == threads * rounds)
+        #expect(listings > 0)
+    }
+}
+
+/// Directory listing without Foundation.
+enum FileManagerless {
+    static func list(_ path: String) throws -> [String] {
+        guard let d = opendir(path) else { throw TestFailure("opendir \(path)") }
+        defer { closedir(d) }
+        var out: [String] = []
+        while let e = readdir(d) {
+            let n = String(cString: vanish_dirent_name(e))
+            if n != "." && n != ".." { out.append(n) }
+        }
+        return out
+    }
+}
