@@ -36,8 +36,8 @@ struct EventsCommand: ParsableCommand {
     @Flag(help: "Stop after the snapshot instead of following.")
     var once = false
 
-    @Argument(help: "The mountpoint.")
-    var mountpoint: String
+    @OptionGroup var target: MountpointArgument
+    var mountpoint: String { target.mountpoint }
 
     func validate() throws {
         if let since, since.split(separator: ":").count != 2 {

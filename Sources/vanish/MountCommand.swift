@@ -3,9 +3,7 @@ import FUSEKit
 import Glibc
 import LinuxSyscalls
 import Logging
-import Synchronization
 import VanishControl
-import VanishEvents
 import VanishFS
 
 struct MountCommand: ParsableCommand {
@@ -36,8 +34,8 @@ struct MountCommand: ParsableCommand {
     @Option(name: .short, help: ArgumentHelp("Mount options, comma-separated; may repeat.", valueName: "opt[,opt...]"))
     var options: [String] = []
 
-    @Option(help: "How the kernel caches entries, attributes and data: auto, always or never.")
-    var cache: String?
+    @Option(help: "How the kernel caches entries, attributes and data.")
+    var cache: CacheMode?
 
     @Option(help: "Most worker threads serving requests.")
     var threads: Int?
@@ -70,9 +68,6 @@ struct MountCommand: ParsableCommand {
     var mountpoint: String?
 
     func validate() throws {
-        if let cache, CacheMode(rawValue: cache) == nil {
-            throw ValidationError("--cache takes one of: auto, always, never")
-        }
         if let threads, !(1...256).contains(threads) {
             throw ValidationError("--threads takes a number from 1 to 256")
         }
@@ -108,7 +103,7 @@ struct MountCommand: ParsableCommand {
         // and sequential I/O (interleaved A/B), and a burst's memory comes back.
         Heap.setMapThreshold(1 << 20)
         var parsed = try MountOptionList(options)
-        if let cache { parsed.filesystem.cache = CacheMode(rawValue: cache)! }
+        if let cache { parsed.filesystem.cache = cache }
         if let keep { parsed.filesystem.reaping.keep = Quantity.duration(keep)! }
         if let keepMaxBytes { parsed.filesystem.reaping.keepMaxBytes = Quantity.bytes(keepMaxBytes)! }
         // A read-only mount deletes nothing and must not write .vanish into the source.
@@ -130,116 +125,28 @@ struct MountCommand: ParsableCommand {
         bootstrapLogging(foreground: foreground, logFile: logFile)
         let log = Logger(label: "vanish")
 
-        let sourceLock = try MountPaths.lockSource(src)
-        // Opened before mounting, so an in-place mount still reaches what it covers.
-        let fs: PassthroughFilesystem
+        var config = Daemon.Configuration(source: src, mountpoint: mnt, filesystem: parsed.filesystem,
+                                          fuseOptions: parsed.fuseOptions(source: src))
+        config.events = parsed.events
+        config.journalLimits = parsed.journalLimits
+        config.sharedControlSocket = parsed.allowsOthers
+        config.foreground = foreground
+        config.debug = debug
+        config.loop = LoopConfig(maxThreads: threads ?? parsed.threads ?? 10, cloneFD: cloneFD || parsed.cloneFD)
+        config.singleThreaded = singleThreaded
+        config.sourceLock = try MountPaths.lockSource(src)
+        let (readahead, explicit) = (parsed.filesystem.readaheadKB, parsed.readaheadGiven)
+        config.afterMount = { Readahead.apply(kb: readahead, at: $0, explicit: explicit, log: log) }
         do {
-            fs = try PassthroughFilesystem(source: src, options: parsed.filesystem, logger: log)
-        } catch {
-            throw RuntimeError("cannot open source \(src): \(error)")
+            // A failed loop exits 1; a stop signal is a requested, clean stop.
+            if try !Daemon(config, log: log).run() { throw ExitCode.failure }
+        } catch let failure as Daemon.Failure {
+            throw RuntimeError(failure.description)
         }
-        let instance = MountCommand.newInstanceID()
-        var journal: Journal?
-        if parsed.events, let eventsFD = fs.openEventsDirectory() {
-            defer { close(eventsFD) }
-            do {
-                var limits = parsed.journalLimits
-                limits.minFreePercent = parsed.filesystem.reaping.keepMinFreePercent
-                journal = try Journal(eventsFD: eventsFD, instance: instance, limits: limits)
-                fs.attach(journal: journal!)
-            } catch {
-                log.error("no event journal: \(error)")
-            }
-        }
-        let control: ControlServer?
-        do {
-            let directory = ControlServer.socketDirectory()
-            let stale = ControlServer.removeStaleSockets(in: directory)
-            if stale > 0 { log.info("removed control sockets of daemons that are gone", metadata: ["count": "\(stale)"]) }
-            let path = directory + "/\(instance).sock"
-            control = try ControlServer(path: path, shared: parsed.allowsOthers, filesystem: fs, logger: log)
-            fs.controlSocket = path
-        } catch {
-            // The mount works without it; only trash, restore and events need it.
-            log.error("no control socket: \(error)")
-            control = nil
-        }
-        defer { control?.stop() }
-        let session: Session
-        do {
-            session = try Session(filesystem: fs, options: parsed.fuseOptions(source: src), debug: debug)
-        } catch {
-            throw RuntimeError("\(error)")
-        }
-        let requests = session.requests
-        fs.reaper?.foregroundRequests = { requests.count }
-        do {
-            try session.mount(at: mnt)
-        } catch {
-            throw RuntimeError("mounting \(src) on \(mnt) failed; see libfuse's message above")
-        }
-        fs.backingFiles = session.backingFiles
-        Readahead.apply(kb: parsed.filesystem.readaheadKB, at: mnt, explicit: parsed.readaheadGiven, log: log)
-        let notifier = session.notifier
-        fs.setEntryInvalidator { parent, name, expireOnly in
-            name.withUnsafeBufferPointer {
-                if expireOnly {
-                    _ = notifier.expireEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
-                } else {
-                    _ = notifier.invalidateEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
-                }
-            }
-        }
-        if !foreground { session.daemonize() }
-        // A stop signal ends the loop, or after it the reaping; one that came
-        // since the mount became visible is pending and is taken now.
-        let stopSignal = Atomic<Int32>(0)
-        let stopper = session.stopper
-        StopSignals.watch { sig in
-            stopSignal.store(sig, ordering: .sequentiallyConsistent)
-            stopper.stop()
-            fs.allReapers.forEach { $0.stop(.now) }
-        }
-        journal?.start()
-        fs.startMemoryReturn { requests.count }
-        journal?.append(.mounted) { e in
-            e.string("source", src)
-            e.string("mountpoint", mnt)
-            e.int("pid", getpid())
-        }
-        control?.start()
-        log.info("mounted", metadata: ["source": "\(src)", "mountpoint": "\(mnt)", "pid": "\(getpid())"])
-
-        let config = LoopConfig(maxThreads: threads ?? parsed.threads ?? 10, cloneFD: cloneFD || parsed.cloneFD)
-        let status = singleThreaded ? session.runSingleThreaded() : session.run(config)
-        journal?.append(.unmounting) { e in e.string("mountpoint", mnt) }
-        // No notification may reach libfuse once the session is gone.
-        fs.setEntryInvalidator(nil)
-        session.unmount()
-        // The source may be mounted again while this process empties the
-        // graveyard (a reaper passes over what another already removed).
-        if sourceLock >= 0 { close(sourceLock) }
-        let signal = stopSignal.load(ordering: .sequentiallyConsistent)
-        log.info("unmounted", metadata: ["mountpoint": "\(mnt)", "status": "\(status)", "signal": "\(signal)"])
-        // After an unmount the process stays to empty the graveyard (a stop
-        // signal stops it promptly, the rest waits for the next start); after
-        // a signal it stops at once.
-        fs.stopReaping(finish: status == 0 && signal == 0)
-        journal?.close()
-        // A signal is a requested, clean stop.
-        if status < 0 { throw ExitCode.failure }
     }
 }
 
-extension MountCommand {
-    /// 16 random hex digits naming this mount instance (its socket, its events).
-    static func newInstanceID() -> String {
-        var g = SystemRandomNumberGenerator()
-        let v = g.next() as UInt64
-        let s = String(v, radix: 16)
-        return String(repeating: "0", count: 16 - s.count) + s
-    }
-}
+extension CacheMode: ExpressibleByArgument {}
 
 /// A failure worth one line on stderr and exit status 1.
 struct RuntimeError: Error, CustomStringConvertible {

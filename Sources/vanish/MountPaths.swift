@@ -120,3 +120,9 @@ enum MountPaths {
         return String(decoding: bytes, as: UTF8.self)
     }
 }
+
+/// The mountpoint argument the commands that talk to a mount share.
+struct MountpointArgument: ParsableArguments {
+    @Argument(help: "The mountpoint.")
+    var mountpoint: String
+}

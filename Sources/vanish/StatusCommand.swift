@@ -17,8 +17,8 @@ struct StatusCommand: ParsableCommand {
     @Flag(help: "Wait until the graveyard is empty (but for entries the undo window keeps and those that cannot be deleted), showing progress.")
     var wait = false
 
-    @Argument(help: "The mountpoint.")
-    var mountpoint: String
+    @OptionGroup var target: MountpointArgument
+    var mountpoint: String { target.mountpoint }
 
     func run() throws {
         var status = try read()

@@ -18,8 +18,8 @@ struct TrashCommand: ParsableCommand {
         @Flag(help: "One JSON object per line (fields: id, path, path_b64 if not UTF-8, deleted_ns, bytes, kind, uid, gid).")
         var json = false
 
-        @Argument(help: "The mountpoint.")
-        var mountpoint: String
+        @OptionGroup var target: MountpointArgument
+        var mountpoint: String { target.mountpoint }
 
         func run() throws {
             let entries = try TrashCommand.list(mountpoint)

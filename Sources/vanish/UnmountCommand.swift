@@ -11,8 +11,8 @@ struct UnmountCommand: ParsableCommand {
     @Flag(name: [.customShort("z"), .long], help: "Detach now even if the mount is busy; it goes away when no longer used.")
     var lazy = false
 
-    @Argument(help: "The mountpoint.")
-    var mountpoint: String
+    @OptionGroup var target: MountpointArgument
+    var mountpoint: String { target.mountpoint }
 
     func run() throws {
         // realpath fails on a dead mount; fall back to the path as given.

@@ -1,0 +1,191 @@
+import FUSEKit
+import Glibc
+import LinuxSyscalls
+import Logging
+import Synchronization
+import VanishEvents
+import VanishFS
+
+/// One Vanish mount and everything that serves it: the filesystem over the
+/// source, its event journal, its control socket and the FUSE session.
+///
+/// `init` builds the parts from the configuration, in one place, mounting
+/// nothing; `run` mounts, serves until an unmount or a stop signal, and
+/// stops the parts in the reverse order of their start:
+///
+///     start: filesystem, journal, control socket, session (built by init)
+///            → mount → after-mount hook → daemonize → signal watch
+///            → journal writer → memory return → control socket → `mounted`
+///            → request loop
+///     stop:  `unmounting` → kernel notifications off → unmount → source lock
+///            → reaping (finished after an unmount, stopped after a signal)
+///            → journal → control socket
+public final class Daemon {
+    public struct Configuration {
+        public var source: String
+        public var mountpoint: String
+        public var filesystem: FilesystemOptions
+        /// libfuse's and the kernel's options (`fsname=`, `allow_other`, ...).
+        public var fuseOptions: [String]
+        public var events = true
+        public var journalLimits = Journal.Limits()
+        /// The control socket is open to every local user (allow_other mounts).
+        public var sharedControlSocket = false
+        public var foreground = false
+        public var debug = false
+        public var loop = LoopConfig()
+        public var singleThreaded = false
+        /// An fd holding the one-mount-per-source lock (or -1): released
+        /// once unmounted, so the source may be mounted again while this
+        /// process still empties the graveyard.
+        public var sourceLock: Int32 = -1
+        /// Runs between the mount and the kernel's INIT (the mount command
+        /// sets the readahead there, which INIT can only lower).
+        public var afterMount: ((String) -> Void)?
+
+        public init(source: String, mountpoint: String, filesystem: FilesystemOptions, fuseOptions: [String]) {
+            self.source = source
+            self.mountpoint = mountpoint
+            self.filesystem = filesystem
+            self.fuseOptions = fuseOptions
+        }
+    }
+
+    /// A part that could not be built, said in a sentence for the user.
+    public struct Failure: Error, CustomStringConvertible {
+        public let description: String
+    }
+
+    private let configuration: Configuration
+    private let log: Logger
+    private let filesystem: PassthroughFilesystem
+    private let journal: Journal?
+    private let control: ControlServer?
+    private let session: Session
+
+    /// Builds the filesystem, the journal, the control socket and the
+    /// session. Nothing is mounted yet.
+    public init(_ configuration: Configuration, log: Logger) throws(Failure) {
+        self.configuration = configuration
+        self.log = log
+        let src = configuration.source
+        do {
+            filesystem = try PassthroughFilesystem(source: src, options: configuration.filesystem, logger: log)
+        } catch {
+            throw Failure(description: "cannot open source \(src): \(error)")
+        }
+        let instance = Daemon.newInstanceID()
+        journal = Daemon.openJournal(configuration, filesystem, instance: instance, log: log)
+        control = Daemon.openControlSocket(configuration, filesystem, instance: instance, log: log)
+        do {
+            session = try Session(filesystem: filesystem, options: configuration.fuseOptions, debug: configuration.debug)
+        } catch {
+            // (The journal's writer has not started: there is nothing to close.)
+            control?.stop()
+            throw Failure(description: "\(error)")
+        }
+    }
+
+    private static func openJournal(_ c: Configuration, _ fs: PassthroughFilesystem, instance: String,
+                                    log: Logger) -> Journal? {
+        guard c.events, let eventsFD = fs.openEventsDirectory() else { return nil }
+        defer { close(eventsFD) }
+        do {
+            var limits = c.journalLimits
+            limits.minFreePercent = c.filesystem.reaping.keepMinFreePercent
+            let journal = try Journal(eventsFD: eventsFD, instance: instance, limits: limits)
+            fs.attach(journal: journal)
+            return journal
+        } catch {
+            log.error("no event journal: \(error)")
+            return nil
+        }
+    }
+
+    private static func openControlSocket(_ c: Configuration, _ fs: PassthroughFilesystem, instance: String,
+                                          log: Logger) -> ControlServer? {
+        do {
+            let directory = ControlServer.socketDirectory()
+            let stale = ControlServer.removeStaleSockets(in: directory)
+            if stale > 0 { log.info("removed control sockets of daemons that are gone", metadata: ["count": "\(stale)"]) }
+            let path = directory + "/\(instance).sock"
+            let server = try ControlServer(path: path, shared: c.sharedControlSocket, filesystem: fs, logger: log)
+            fs.controlSocket = path
+            return server
+        } catch {
+            // The mount works without it; only trash, restore and events need it.
+            log.error("no control socket: \(error)")
+            return nil
+        }
+    }
+
+    /// Mounts and serves until unmounted or stopped by a signal. Returns
+    /// false when the request loop failed (not for a requested stop).
+    public func run() throws(Failure) -> Bool {
+        let c = configuration
+        let (fs, requests) = (filesystem, session.requests)
+        defer { control?.stop() }
+        fs.reaper?.foregroundRequests = { requests.count }
+        do {
+            try session.mount(at: c.mountpoint)
+        } catch {
+            throw Failure(description: "mounting \(c.source) on \(c.mountpoint) failed; see libfuse's message above")
+        }
+        fs.backingFiles = session.backingFiles
+        c.afterMount?(c.mountpoint)
+        let notifier = session.notifier
+        fs.setEntryInvalidator { parent, name, expireOnly in
+            name.withUnsafeBufferPointer {
+                if expireOnly {
+                    _ = notifier.expireEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
+                } else {
+                    _ = notifier.invalidateEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
+                }
+            }
+        }
+        if !c.foreground { session.daemonize() }
+        // A stop signal ends the loop, or after it the reaping; one that came
+        // since the mount became visible is pending and is taken now.
+        let stopSignal = Atomic<Int32>(0)
+        let stopper = session.stopper
+        StopSignals.watch { sig in
+            stopSignal.store(sig, ordering: .sequentiallyConsistent)
+            stopper.stop()
+            fs.allReapers.forEach { $0.stop(.now) }
+        }
+        journal?.start()
+        fs.startMemoryReturn { requests.count }
+        journal?.append(.mounted) { e in
+            e.string("source", c.source)
+            e.string("mountpoint", c.mountpoint)
+            e.int("pid", getpid())
+        }
+        control?.start()
+        log.info("mounted", metadata: ["source": "\(c.source)", "mountpoint": "\(c.mountpoint)", "pid": "\(getpid())"])
+
+        let status = c.singleThreaded ? session.runSingleThreaded() : session.run(c.loop)
+
+        journal?.append(.unmounting) { e in e.string("mountpoint", c.mountpoint) }
+        // No notification may reach libfuse once the session is gone.
+        fs.setEntryInvalidator(nil)
+        session.unmount()
+        if c.sourceLock >= 0 { close(c.sourceLock) }
+        let signal = stopSignal.load(ordering: .sequentiallyConsistent)
+        log.info("unmounted", metadata: ["mountpoint": "\(c.mountpoint)", "status": "\(status)", "signal": "\(signal)"])
+        // After an unmount the process stays to empty the graveyard (a stop
+        // signal stops it promptly, the rest waits for the next start); after
+        // a signal it stops at once.
+        fs.stopReaping(finish: status == 0 && signal == 0)
+        journal?.close()
+        // A signal is a requested, clean stop.
+        return status >= 0
+    }
+
+    /// 16 random hex digits naming a mount instance (its socket, its events).
+    static func newInstanceID() -> String {
+        var g = SystemRandomNumberGenerator()
+        let v = g.next() as UInt64
+        let s = String(v, radix: 16)
+        return String(repeating: "0", count: 16 - s.count) + s
+    }
+}
