@@ -71,11 +71,19 @@ extension PassthroughFilesystem {
 
     public func release(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let node = inode(ino)
+        let fh = fi.pointee.fh
+        // The file stops counting as open before anything else: the kernel
+        // sent this RELEASE before the program's close() returned, and an
+        // unlink that follows it must not find the file open (that unlinks
+        // it in place, out of reach of the undo window).
+        let last = namespace.closed(node)
+        passthrough.release(node, kind: FileHandle.kind(fh))
         if observing {
-            let fd = FileHandle.fd(fi.pointee.fh)
+            let fd = FileHandle.fd(fh)
             if writesData(node, fi) { emitWritten(node, fd: fd) } else if node.type == S_IFREG { reading.released(fd) }
         }
-        closeHandle(node, fi.pointee.fh)
+        Sys.close(FileHandle.fd(fh))
+        if last && table.isBuried(node) { namespace.drop(node) }
         req.replyOK()
     }
 

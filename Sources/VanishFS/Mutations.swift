@@ -29,6 +29,7 @@ extension PassthroughFilesystem {
         if st.st_mode & S_IFMT == S_IFDIR { throw .isDirectory }
         let freesNothing = st.st_size == 0 && (reaper?.policy.keep ?? 0) == 0
         if st.st_nlink > 1 || holdIfOpen(st) {
+            if st.st_nlink == 1 { keepRestorable(parentFD, name, st: st, parent: parent, caller: caller) }
             try Sys.unlinkat(parentFD, name, 0)
         } else if defersUnlink, let graveyard, st.st_dev == graveyard.device {
             let ticket = namespace.beginBurial(parent, name)
@@ -57,6 +58,24 @@ extension PassthroughFilesystem {
             try bury(parentFD, name, st: st, from: parent, caller: caller)
         }
         return nil
+    }
+
+    /// Within an undo window, a file still open when it is unlinked keeps a
+    /// hard link in the graveyard with its trash record, so it stays
+    /// restorable like any other; its name is then unlinked in place, and
+    /// its data goes when the window ends and the last handle closes. (An
+    /// open handle's fstat shows st_nlink 1 meanwhile, not 0.) Without a
+    /// window, or if the link fails, it is unlinked as before.
+    private func keepRestorable(_ parentFD: Int32, _ name: UnsafePointer<CChar>, st: stat, parent: Inode,
+                                caller: Caller) {
+        guard let graveyard, let reaper, reaper.policy.keep > 0, st.st_mode & S_IFMT == S_IFREG,
+              st.st_dev == graveyard.device, let record = trashRecord(st, parent: parent, name: name, caller: caller)
+        else { return }
+        do throws(Errno) {
+            reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, linking: true))
+        } catch {
+            log.debug("an open file could not be kept for the undo window", metadata: ["error": "\(error)"])
+        }
     }
 
     /// An unlink answered before its rename into the graveyard.

@@ -109,10 +109,11 @@ public final class Graveyard: @unchecked Sendable {
     /// keep it either, yet it is reported when freed, unlike a piece.
     /// `time` is when it was deleted (an unlink answered before its burial
     /// landed), now if not given. `named`, if given, gets the entry's name
-    /// once it is in place.
+    /// once it is in place. `linking` makes the entry a hard link and leaves
+    /// the name where it is, for the caller to unlink (a file still open).
     @inline(__always) @discardableResult
     public func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, record: TrashRecord? = nil,
-                     expired: Bool = false, unheld: Bool = false, time: UInt64? = nil,
+                     expired: Bool = false, unheld: Bool = false, time: UInt64? = nil, linking: Bool = false,
                      named: ((UnsafePointer<CChar>) -> Void)? = nil) throws(Errno) -> Int {
         let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
         // Runs of 64 deletions share a shard, so a reaper woken for a program
@@ -128,7 +129,11 @@ public final class Graveyard: @unchecked Sendable {
             }
             try writeSidecar(sfd, grave, record)
             do throws(Errno) {
-                try Sys.renameNoReplace(parentFD, name, sfd, grave)
+                if linking {
+                    if linkat(parentFD, name, sfd, grave, 0) != 0 { throw Errno(rawValue: errno) }
+                } else {
+                    try Sys.renameNoReplace(parentFD, name, sfd, grave)
+                }
             } catch {
                 removeSidecar(sfd, grave)
                 throw error

@@ -236,6 +236,30 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("a file deleted while a program holds it open, or right after its writer closed it, stays restorable")
+    func openFilesRestorable() throws {
+        try withVanishMount(arguments: ["--keep", "1h"]) { m in
+            // The program that holds it open deletes it, reads it back, and closes it.
+            let r = try run(["python3", "-c", """
+                import os
+                fd = os.open("held", os.O_CREAT | os.O_RDWR, 0o644)
+                os.write(fd, b"held data")
+                os.unlink("held")
+                print(os.path.exists("held"), os.pread(fd, 9, 0).decode())
+                os.close(fd)
+                """], cwd: m.mountpoint)
+            #expect(r.stdout == "False held data\n", "\(r.stderr)")
+            // Written, closed, deleted at once, 40 times over: the close's RELEASE races the unlink.
+            #expect(try sh("for i in $(seq 40); do echo data$i > f$i && rm f$i; done", cwd: m.mountpoint).ok)
+            let paths = try trashPaths(m)
+            #expect(paths.count == 41 && paths.contains("held"), "\(paths)")
+            #expect(try run([vanishBinary, "restore", m.path("held")]).ok)
+            #expect(try String(contentsOfFile: m.path("held"), encoding: .utf8) == "held data")
+            #expect(try run([vanishBinary, "restore", m.path("f40")]).ok)
+            #expect(try String(contentsOfFile: m.path("f40"), encoding: .utf8) == "data40\n")
+        }
+    }
+
     @Test("the trash outlives a remount")
     func survivesRemount() throws {
         let m = try VanishMount(arguments: ["--keep", "1h"])
