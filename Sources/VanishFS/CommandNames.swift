@@ -11,11 +11,14 @@ import Synchronization
 /// Where the kernel's process events connector is open to the daemon
 /// (root), names are remembered by thread id and forgotten when that
 /// thread execs, renames itself or exits: most events then cost a
-/// dictionary lookup instead of a read of /proc/PID/comm (a syscall, about
-/// 2.5 µs in a handler here). The notice of an exec is queued before the
-/// new program's first instruction runs, and the listener runs at the
-/// highest nice level, so it has forgotten the old name long before that
-/// program can reach the mount. Elsewhere every event reads /proc.
+/// dictionary lookup and one empty read of the connector's socket instead
+/// of a read of /proc/PID/comm (about 2.5 µs in a handler here). The kernel
+/// queues the notice of an exec or a rename on that socket before the
+/// process runs on, so a lookup that first reads what is queued (under the
+/// same lock as the names) can never return a name the process has
+/// already given up, however loaded the machine. (A listener thread that
+/// merely ran ahead of the handlers did, under load.) Elsewhere every
+/// event reads /proc.
 final class CommandNames: @unchecked Sendable {
     static let shared = CommandNames()
 
@@ -30,15 +33,20 @@ final class CommandNames: @unchecked Sendable {
     }
     private let known = Mutex(Known())
     private static let most = 4096
+    /// The connector's socket (-1 without one) and, guarded by `known`, the
+    /// buffers its notices are read into.
+    private let socket: Int32
+    private let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 << 10, alignment: 8)
+    private let changed = UnsafeMutableBufferPointer<pid_t>.allocate(capacity: 4096)
 
     private init() {
         pthread_key_create(&key) { raw in
             Unmanaged<ThreadCommandNames>.fromOpaque(raw!).release()
         }
-        let fd = vanish_proc_events_open(4 << 20)
-        guard fd >= 0 else { return }
+        socket = vanish_proc_events_open(4 << 20)
+        guard socket >= 0 else { return }
         known.withLock { $0.trusted = true }
-        spawnThread("vanish-procs") { [self] in listen(fd) }
+        spawnThread("vanish-procs") { [self] in listen() }
     }
 
     /// Whether names are remembered between events (the connector is open).
@@ -47,7 +55,9 @@ final class CommandNames: @unchecked Sendable {
     func name(of pid: pid_t) -> String {
         if pid <= 0 { return "" }
         let (name, generation, trusted): (String?, UInt64, Bool) = known.withLock { k in
-            (k.trusted ? k.names[pid] : nil, k.generation, k.trusted)
+            guard k.trusted else { return (nil, k.generation, false) }
+            forgetNoticed(&k)
+            return (k.trusted ? k.names[pid] : nil, k.generation, k.trusted)
         }
         if let name { return name }
         let read = reader().name(of: pid)
@@ -71,33 +81,45 @@ final class CommandNames: @unchecked Sendable {
         return mine
     }
 
-    private func listen(_ fd: Int32) {
-        // Ahead of every handler: a name must be forgotten before its
-        // process's next request can arrive.
-        _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, -20)
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 << 10, alignment: 8)
-        let changed = UnsafeMutableBufferPointer<pid_t>.allocate(capacity: 4096)
-        while true {
-            let n = recv(fd, buffer.baseAddress, buffer.count, 0)
-            let failure = n < 0 ? errno : 0
-            if failure == EINTR { continue }
-            let count = n < 0 ? -1 : Int(vanish_proc_events_changed(buffer.baseAddress, Int32(n), changed.baseAddress,
-                                                                    Int32(changed.count)))
-            known.withLock { k in
-                k.generation &+= 1
-                if count < 0 {
-                    // Notices were lost (ENOBUFS) or not all read: nothing remembered can be trusted.
+    /// Keeps the socket drained while no events come (a full socket loses
+    /// notices: then nothing remembered is trusted until refilled).
+    private func listen() {
+        var p = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
+        while known.withLock({ $0.trusted }) {
+            if poll(&p, 1, -1) < 0 && errno != EINTR { break }
+            known.withLock { forgetNoticed(&$0) }
+        }
+    }
+
+    /// Reads every notice queued on the socket and forgets the names they
+    /// change. With `known`'s lock held: that is what makes a lookup exact.
+    private func forgetNoticed(_ k: inout Known) {
+        while k.trusted {
+            let n = recv(socket, buffer.baseAddress, buffer.count, Int32(MSG_DONTWAIT))
+            if n < 0 {
+                switch errno {
+                case EAGAIN: return
+                case EINTR: continue
+                case ENOBUFS:
+                    // Notices were lost: nothing remembered can be trusted.
+                    k.generation &+= 1
                     k.names.removeAll(keepingCapacity: true)
-                    if n < 0 && failure != ENOBUFS { k.trusted = false }
-                } else {
-                    for pid in changed[..<count] { k.names.removeValue(forKey: pid) }
+                    continue
+                default:
+                    k.trusted = false
+                    k.names.removeAll()
+                    return
                 }
             }
-            if n < 0 && failure != ENOBUFS { break }
+            let count = Int(vanish_proc_events_changed(buffer.baseAddress, Int32(n), changed.baseAddress,
+                                                       Int32(changed.count)))
+            k.generation &+= 1
+            if count < 0 {
+                k.names.removeAll(keepingCapacity: true)
+            } else {
+                for pid in changed[..<count] { k.names.removeValue(forKey: pid) }
+            }
         }
-        close(fd)
-        buffer.deallocate()
-        changed.deallocate()
     }
 }
 

@@ -152,6 +152,14 @@ struct EventStreamTests {
             let after = try #require(s.events.first { $0["type"] as? String == "created" && $0["path"] as? String == "d" })
             #expect(before["comm"] as? String == "sh")
             #expect(after["comm"] as? String == "renamed")
+            // Rename, create, rename, create...: each event carries the name of the moment.
+            #expect(try run(["/bin/sh", "-c", "cd \(shellQuote(m.mountpoint)) && for i in $(seq 200); do printf n$i > /proc/self/comm; : > f$i; done"]).ok)
+            try s.waitFor("f200") { $0["type"] as? String == "created" && $0["path"] as? String == "f200" }
+            let stale = s.events.filter { e in
+                guard e["type"] as? String == "created", let path = e["path"] as? String, path.hasPrefix("f") else { return false }
+                return e["comm"] as? String != "n" + path.dropFirst()
+            }.count
+            #expect(stale == 0)
         }
     }
 
