@@ -67,7 +67,7 @@ public enum LargeReads {
 /// pages stay faulted in. At most `keep` wait in the pool (more concurrent
 /// readers get buffers of their own, unmapped after use); `releaseIdle`
 /// gives them all back, for a mount that has gone quiet.
-final class BufferPool: @unchecked Sendable {
+final class BufferPool: Sendable {
     let size: Int
     private let keep: Int
     // Addresses, not pointers: a Mutex's value must be Sendable.

@@ -11,7 +11,7 @@ import VanishFS
 /// `vanish events` talk to the daemon through it. Each peer is identified
 /// by SO_PEERCRED, and everything it sees or does is checked against those
 /// credentials, never the daemon's own.
-public final class ControlServer: @unchecked Sendable {
+public final class ControlServer: Sendable {
     public let path: String
     private let filesystem: PassthroughFilesystem
     private let log: Logger

@@ -16,6 +16,10 @@ import SystemPackage
 /// cached (a hard link whose last-seen name was removed), and on ESTALE the
 /// kernel looks that name up again and retries, which teaches the table
 /// where the file is now.
+///
+/// Only `BackingNamespace` holds one. Lock order: a leaf, never held across
+/// a system call (evicted fds are closed once it is released); it guards
+/// the `Inode` fields marked so, hence unchecked.
 final class FDCache: @unchecked Sendable {
     private struct State {
         var newest: Inode?

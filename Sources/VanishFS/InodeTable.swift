@@ -6,7 +6,9 @@ import Synchronization
 /// with lookup counts, as in libfuse's passthrough_hp.
 ///
 /// The lock is held only for table and name bookkeeping, never across a
-/// system call.
+/// system call. Lock order: a leaf (see `BackingNamespace`); it also guards
+/// the `Inode` fields marked so. Unchecked: it hands out `Inode`s, whose
+/// mutable fields are guarded by this lock and FDCache's.
 final class InodeTable: @unchecked Sendable {
     let root: Inode
     // Storage is allocated here, at mount, for this and the other maps the

@@ -12,7 +12,7 @@ import VanishGraveyard
 /// one worker. Where none can be made (read-only, a `.vanish` that is not
 /// Vanish's) deletes on it are done in the request. Entries there carry no
 /// trash record: the undo window covers the source's own filesystem only.
-final class NestedGraveyards: @unchecked Sendable {
+final class NestedGraveyards: Sendable {
     enum Site {
         /// `root` is the nested filesystem's top directory as seen in the source.
         case active(root: InodeKey, graveyard: Graveyard, reaper: Reaper)
@@ -125,7 +125,7 @@ extension PassthroughFilesystem {
 /// /proc/self/mountinfo prints them (octal escapes for space, tab, newline
 /// and backslash). Read again only after the kernel marks the file changed
 /// (POLLPRI on an open fd of it), so asking costs a poll, not a parse.
-final class MountTable: @unchecked Sendable {
+final class MountTable: Sendable {
     private struct State {
         var fd: Int32 = -1
         var points: [[UInt8]] = []

@@ -290,7 +290,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
 /// once they all appear under the one FUSE st_dev, and `find`, `du`, `cp -a`
 /// and git compare (st_dev, st_ino). Files on the source's device keep their
 /// inode number; files on a nested device get its index in the top byte.
-final class DeviceMap: @unchecked Sendable {
+final class DeviceMap: Sendable {
     private let rootDevice: dev_t
     private let known = Mutex<[dev_t: UInt64]>([:])
 

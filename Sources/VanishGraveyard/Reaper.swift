@@ -658,7 +658,7 @@ final class ForegroundTurns: Sendable {
 }
 
 /// Spaces deletions out to at most `perSecond`, shared by all workers.
-final class RateLimiter: @unchecked Sendable {
+final class RateLimiter: Sendable {
     private let interval: UInt64
     private let next = Atomic<UInt64>(0)
 

@@ -76,7 +76,7 @@ public struct TrashEntry: Sendable {
 /// The restorable entries, in memory: loaded from the sidecars at start,
 /// added to by `bury`, and taken out by whoever gets an entry first, the
 /// reaper or a restore, so the two never act on the same entry.
-final class TrashIndex: @unchecked Sendable {
+final class TrashIndex: Sendable {
     private struct State {
         var entries: [String: TrashEntry] = [:]
         /// Entries a restore has taken and not finished with.
