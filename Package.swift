@@ -95,6 +95,7 @@ let package = Package(
             dependencies: [
                 "CLinux", "VanishFS", "FUSEKit", "LinuxSyscalls", "VanishGraveyard", "VanishClient", "VanishControl", "VanishEvents",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict

@@ -216,13 +216,12 @@ extension Graveyard {
     func writeSidecar(_ shardFD: Int32, _ id: UnsafePointer<CChar>, _ record: TrashRecord) throws(Errno) {
         var name: [CChar] = [0x2E]
         name.append(contentsOf: UnsafeBufferPointer(start: id, count: strlen(id) + 1))
-        let fd = try Sys.openat(shardFD, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0o600)
-        defer { Sys.close(fd) }
-        let data = record.encoded()
-        let n = data.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        if n != data.count {
+        let fd = FileDescriptor(rawValue: try Sys.openat(shardFD, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0o600))
+        do {
+            _ = try fd.closeAfter { try fd.writeAll(record.encoded()) }
+        } catch {
             _ = try? Sys.unlinkat(shardFD, name, 0)
-            throw Errno(rawValue: n < 0 ? errno : ENOSPC)
+            throw (error as? Errno) ?? .noSpace
         }
     }
 

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Glibc
+import SystemPackage
 import VanishClient
 
 struct EventsCommand: ParsableCommand {
@@ -107,16 +108,7 @@ struct EventsCommand: ParsableCommand {
     }
 }
 
-/// write(2) until all of `bytes` is out; false if the reader went away.
+/// Writes all of `bytes`; false if the reader went away.
 private func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
-    var off = 0
-    while off < bytes.count {
-        let n = bytes[off...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        if n < 0 {
-            if errno == EINTR { continue }
-            return false
-        }
-        off += n
-    }
-    return true
+    (try? FileDescriptor(rawValue: fd).writeAll(bytes)) != nil
 }
