@@ -69,7 +69,7 @@ let package = Package(
         .target(
             name: "VanishFS",
             dependencies: [
-                "CFuse", "CLinux", "FUSEKit", "LinuxSyscalls", "VanishGraveyard", "VanishEvents",
+                "CFuse", "CLinux", "FUSEKit", "LinuxSyscalls", "VanishGraveyard", "VanishEvents", "VanishClient",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict

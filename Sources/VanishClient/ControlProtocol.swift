@@ -6,9 +6,22 @@
 /// as a JSON string in `path`; any other byte sequence adds `path_b64` (the
 /// raw bytes, base64), and `path` then shows it with U+FFFD for display.
 public enum ControlProtocol {
-    /// Socket file name prefix and directory, chosen by the daemon and
-    /// published in the mount root's `user.vanish.status` attribute as `socket`.
+    /// The mount root's attribute with the daemon's status as JSON, the
+    /// control socket's path (`socket`) among it.
     public static let statusAttribute = "user.vanish.status"
+    /// Setting this attribute on a path inside a mount removes it, a whole
+    /// tree in one step (`vanish rm`).
+    public static let deleteAttribute = "user.vanish.delete"
+
+    /// The requests the control socket answers (`op`).
+    public enum Operation: String, Sendable, CaseIterable {
+        /// The caller's restorable entries.
+        case trashList = "trash-list"
+        /// Put entries back (by `id` or `path`, optionally `to`).
+        case restore
+        /// A stream of change events (`since`, `paths`, `types`, `snapshot`).
+        case events
+    }
 }
 
 /// A path as raw bytes, with the JSON encoding described in `ControlProtocol`.

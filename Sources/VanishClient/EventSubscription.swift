@@ -72,7 +72,7 @@ public final class EventSubscription {
     public init(mountpoint: String, since: String? = nil, paths: [String]? = nil, types: [String]? = nil,
                 snapshot: Bool = false) throws(ControlClient.Failure) {
         client = try ControlClient(mountpoint: mountpoint)
-        var request: [String: JSON] = ["op": "events", "snapshot": JSON(snapshot)]
+        var request: [String: JSON] = ["op": JSON(ControlProtocol.Operation.events.rawValue), "snapshot": JSON(snapshot)]
         if let since { request["since"] = JSON(since) }
         if let paths { request["paths"] = JSON(paths) }
         if let types { request["types"] = JSON(types) }

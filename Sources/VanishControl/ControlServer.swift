@@ -37,7 +37,7 @@ public final class ControlServer: Sendable {
         self.filesystem = filesystem
         log = logger
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw ControlClient.Failure("socket: \(String(cString: strerror(errno)))") }
+        guard fd >= 0 else { throw Failure("socket: \(String(cString: strerror(errno)))") }
         // Bound under another name and renamed once it listens, so a *.sock
         // that refuses connections is always a dead daemon's (see removeStaleSockets).
         let binding = path + ".new"
@@ -48,19 +48,19 @@ public final class ControlServer: Sendable {
         umask(old)
         guard let rc = bound else {
             close(fd)
-            throw ControlClient.Failure("control socket path too long: \(path)")
+            throw Failure("control socket path too long: \(path)")
         }
         guard rc == 0, listen(fd, 64) == 0, !shared || chmod(binding, 0o666) == 0, rename(binding, path) == 0 else {
             let e = errno
             close(fd)
             unlink(binding)
-            throw ControlClient.Failure("cannot listen on \(path): \(String(cString: strerror(e)))")
+            throw Failure("cannot listen on \(path): \(String(cString: strerror(e)))")
         }
         var pipeFDs: [Int32] = [-1, -1]
         guard pipe(&pipeFDs) == 0 else {
             close(fd)
             unlink(path)
-            throw ControlClient.Failure("cannot make the control socket's wake-up pipe: \(String(cString: strerror(errno)))")
+            throw Failure("cannot make the control socket's wake-up pipe: \(String(cString: strerror(errno)))")
         }
         for end in pipeFDs { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
         listener = fd
@@ -118,6 +118,12 @@ public final class ControlServer: Sendable {
     }
 
     deinit { close(wakeWriter) }
+
+    /// Why the socket could not be set up.
+    public struct Failure: Error, CustomStringConvertible {
+        public let description: String
+        init(_ description: String) { self.description = description }
+    }
 
     /// Starts accepting (after any fork: threads don't survive it).
     public func start() {
@@ -235,7 +241,8 @@ public final class ControlServer: Sendable {
             refuse(p, "expected one JSON object on one line within \(ControlServer.requestTimeout) s", EINVAL)
             return false
         }
-        if request["op"]?.string == "events" {
+        let operation = request["op"]?.string.flatMap(ControlProtocol.Operation.init(rawValue:))
+        if operation == .events {
             // A stream lasts: it gets a thread, and blocking writes to its subscriber.
             let (conn, uid) = (p.conn, p.uid)
             _ = fcntl(conn.fd, F_SETFL, fcntl(conn.fd, F_GETFL) & ~O_NONBLOCK)
@@ -245,7 +252,7 @@ public final class ControlServer: Sendable {
             }
             return false
         }
-        p.output = Array((answer(request, peer).serialized + "\n").utf8)
+        p.output = Array((answer(operation, request, peer).serialized + "\n").utf8)
         p.deadline = Condition.now() + UInt64(ControlServer.requestTimeout) * 1_000_000_000
         return writeSome(&p)
     }
@@ -286,9 +293,9 @@ public final class ControlServer: Sendable {
     }
 
     /// The answer to a request other than `events`.
-    private func answer(_ request: JSON, _ peer: Credentials) -> JSON {
-        switch request["op"]?.string {
-        case "trash-list":
+    private func answer(_ operation: ControlProtocol.Operation?, _ request: JSON, _ peer: Credentials) -> JSON {
+        switch operation {
+        case .trashList:
             let entries = filesystem.trash(for: peer).map { e -> JSON in
                 var o: [String: JSON] = ["id": JSON(e.id), "deleted_ns": JSON(e.deleted), "uid": JSON(e.record.uid),
                                          "gid": JSON(e.record.gid), "kind": JSON(e.record.kind.name)]
@@ -297,7 +304,7 @@ public final class ControlServer: Sendable {
                 return .object(o)
             }
             return ["ok": true, "entries": .array(entries)]
-        case "restore":
+        case .restore:
             let id = request["id"]?.string
             let path = PathBytes.get(request, key: "path")
             let to = PathBytes.get(request, key: "to")
@@ -312,8 +319,9 @@ public final class ControlServer: Sendable {
             } catch {
                 return ["error": JSON(error.description), "errno": JSON(error.errno)]
             }
-        default:
-            return ["error": "unknown request; this daemon knows: trash-list, restore, events", "errno": JSON(EINVAL)]
+        case .events, nil:
+            let known = ControlProtocol.Operation.allCases.map(\.rawValue).joined(separator: ", ")
+            return ["error": JSON("unknown request; this daemon knows: \(known)"), "errno": JSON(EINVAL)]
         }
     }
 }

@@ -3,6 +3,7 @@ import FUSEKit
 import Glibc
 import LinuxSyscalls
 import SystemPackage
+import VanishClient
 import VanishGraveyard
 
 /// In-band controls any program can use through the mount, no socket needed:
@@ -12,8 +13,8 @@ import VanishGraveyard
 /// - `getxattr(MOUNT_ROOT, "user.vanish.status")` answers JSON about the
 ///   graveyard and the reaper (what `vanish status` reads).
 extension PassthroughFilesystem {
-    static let deleteAttribute = "user.vanish.delete"
-    static let statusAttribute = "user.vanish.status"
+    static let deleteAttribute = ControlProtocol.deleteAttribute
+    static let statusAttribute = ControlProtocol.statusAttribute
 
     /// True if `name` is the delete trigger (compared without allocating).
     @inline(__always)

@@ -1,6 +1,7 @@
 import ArgumentParser
 import CLinux
 import Glibc
+import VanishClient
 
 struct RemoveCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -106,7 +107,7 @@ struct RemoveCommand: ParsableCommand {
         // so nothing is stored and the call fails (ENODATA); Vanish takes the
         // trigger whatever the flags. This spares reading /proc/self/mountinfo
         // on every call.
-        guard setxattr(path, "user.vanish.delete", "", 0, Int32(XATTR_REPLACE)) == 0 else {
+        guard setxattr(path, ControlProtocol.deleteAttribute, "", 0, Int32(XATTR_REPLACE)) == 0 else {
             let e = errno
             if e == ENODATA || e == ENOTSUP || e == EOPNOTSUPP { throw notOnVanish(shown) }
             if e == EBUSY {

@@ -105,7 +105,7 @@ struct StatusCommand: ParsableCommand {
 
     func read() throws -> Status {
         var buffer = [UInt8](repeating: 0, count: 4096)
-        let n = getxattr(mountpoint, "user.vanish.status", &buffer, buffer.count)
+        let n = getxattr(mountpoint, ControlProtocol.statusAttribute, &buffer, buffer.count)
         guard n > 0 else {
             let e = errno
             if e == ENODATA || e == ENOTSUP { throw ValidationError("\(mountpoint) is not the root of a Vanish mount") }

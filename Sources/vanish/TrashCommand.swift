@@ -47,7 +47,7 @@ struct TrashCommand: ParsableCommand {
     static func list(_ mountpoint: String) throws -> [JSON] {
         do {
             let client = try ControlClient(mountpoint: mountpoint)
-            let answer = try client.call(["op": "trash-list"])
+            let answer = try client.call(["op": JSON(ControlProtocol.Operation.trashList.rawValue)])
             return answer["entries"]?.array ?? []
         } catch {
             throw RuntimeError(error.description)
@@ -81,7 +81,7 @@ struct RestoreCommand: ParsableCommand {
     }
 
     func run() throws {
-        var request: [String: JSON] = ["op": "restore"]
+        var request: [String: JSON] = ["op": JSON(ControlProtocol.Operation.restore.rawValue)]
         let mountpoint: String
         if RestoreCommand.isID(entry) && access(entry, F_OK) != 0 {
             request["id"] = JSON(entry)
