@@ -1,3 +1,4 @@
+import CLinux
 import Glibc
 import LinuxSyscalls
 import Synchronization
@@ -212,6 +213,70 @@ public final class UnlinkIntents: Sendable {
             offset += off_t(n)
         }
         return Self.decode(data, generation: gen)
+    }
+
+    /// Finishes every logged unlink whose file is still at its path and
+    /// unchanged (same inode, same ctime): it goes to `graveyard` as that
+    /// unlink would have sent it, with a trash record when `keepingRecords`
+    /// and its original deletion time; an empty file without a window is
+    /// unlinked in place. Then empties the log, which also opens it for new
+    /// records. `rootFD` is the mount's root; paths are walked one directory
+    /// at a time, never following a symlink. Returns (finished, logged).
+    public func finish(rootFD: Int32, graveyard: Graveyard, keepingRecords: Bool,
+                       buried: (Int) -> Void, failed: (Errno) -> Void) -> (Int, Int) {
+        let pending = intents()
+        var finished = 0
+        for intent in pending {
+            switch Self.finish(intent, rootFD: rootFD, graveyard: graveyard, keepingRecords: keepingRecords) {
+            case .success(let shard?): finished += 1; buried(shard)
+            case .success(nil): finished += 1
+            case .failure(.noSuchFileOrDirectory): break
+            case .failure(let error): failed(error)
+            }
+        }
+        clear()
+        return (finished, pending.count)
+    }
+
+    /// Finishes one intent: the shard it went to (nil: unlinked in place),
+    /// or ENOENT when its file is not there unchanged.
+    private static func finish(_ intent: Intent, rootFD: Int32, graveyard: Graveyard,
+                               keepingRecords: Bool) -> Result<Int?, Errno> {
+        var components = intent.path.split(separator: 0x2F, omittingEmptySubsequences: false)
+        guard let leaf = components.popLast(),
+              !(components + [leaf]).contains(where: { $0.isEmpty || $0.elementsEqual([0x2E]) || $0.elementsEqual([0x2E, 0x2E]) })
+        else { return .failure(.noSuchFileOrDirectory) }
+        func withName<R>(_ bytes: ArraySlice<UInt8>, _ body: (UnsafePointer<CChar>) -> R) -> R {
+            (Array(bytes) + [0]).withUnsafeBufferPointer { $0.withMemoryRebound(to: CChar.self) { body($0.baseAddress!) } }
+        }
+        guard var dirFD = try? Sys.dup(rootFD) else { return .failure(.noSuchFileOrDirectory) }
+        defer { Sys.close(dirFD) }
+        for component in components {
+            let fd = dirFD
+            guard let next = withName(component, { try? Sys.openat(fd, $0, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) })
+            else { return .failure(.noSuchFileOrDirectory) }
+            Sys.close(dirFD)
+            dirFD = next
+        }
+        let fd = dirFD
+        return withName(leaf) { name -> Result<Int?, Errno> in
+            guard let st = try? Sys.lstatat(fd, name), intent.matches(st), st.st_dev == graveyard.device else {
+                return .failure(.noSuchFileOrDirectory)
+            }
+            do throws(Errno) {
+                if intent.inPlace {
+                    try Sys.unlinkat(fd, name, 0)
+                    return .success(nil)
+                }
+                let record = keepingRecords
+                    ? TrashRecord(path: intent.path, uid: intent.uid, gid: intent.gid, bytes: UInt64(st.st_blocks) * 512,
+                                  kind: TrashRecord.Kind(mode: st.st_mode))
+                    : nil
+                return .success(try graveyard.bury(fd, name, record: record, time: intent.deleted))
+            } catch {
+                return .failure(error)
+            }
+        }
     }
 
     /// The valid records of `generation` in `data`, looked for at every 8-byte step.

@@ -38,6 +38,12 @@ struct ReapCommand: ParsableCommand {
             guard Graveyard.isStateDirectory(in: fd) else { continue }
             do {
                 let graveyard = try Graveyard(rootFD: fd, create: false)
+                if root == src, let intents = try? UnlinkIntents(stateFD: graveyard.stateFD) {
+                    // Unlinks a killed daemon answered but had not done yet: done now, as a mount would.
+                    let (finished, _) = intents.finish(rootFD: fd, graveyard: graveyard, keepingRecords: false,
+                                                       buried: { _ in }, failed: { _ in })
+                    if finished > 0 { print("finished \(finished) unlinks the last mount had answered but not done") }
+                }
                 found.append(Reaper(graveyard: graveyard, workers: root == src ? workers ?? cores : 1))
             } catch {
                 throw RuntimeError("cannot reap \(root): \(error)")

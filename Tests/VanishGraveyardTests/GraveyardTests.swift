@@ -639,6 +639,37 @@ struct AnsweredUnlinkTests {
 }
 
 extension AnsweredUnlinkTests {
+    @Test("vanish reap of the source after a SIGKILL finishes the answered unlinks too, without mounting")
+    func reapFinishesUnlinks() throws {
+        let m = try VanishMount(prepare: { src in try makeTree(src + "/t", files: 3_000) })
+        defer { m.close() }
+        let answered = m.base + "/answered"
+        let loop = try spawn(["/usr/bin/python3", "-c", """
+            import os, sys
+            d, out = sys.argv[1], open(sys.argv[2], "w")
+            for n in sorted(os.listdir(d)):
+                try: os.unlink(os.path.join(d, n))
+                except OSError: sys.exit(0)
+                out.write(n + "\\n"); out.flush()
+            """, m.path("t/d1"), answered])
+        var status: Int32 = 0
+        defer { if waitpid(loop, &status, WNOHANG) == 0 { kill(loop, SIGKILL); waitpid(loop, &status, 0) } }
+        func names() -> [String] {
+            ((try? String(contentsOfFile: answered, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+        }
+        try waitFor("300 answered unlinks", timeout: 60) { names().count >= 300 }
+        kill(m.pid, SIGKILL)
+        _ = try m.waitForExit()
+        waitpid(loop, &status, 0)
+        #expect(try run(["fusermount3", "-u", m.mountpoint]).ok)
+        let gone = names()
+        let r = try run([vanishBinary, "reap", m.source])
+        #expect(r.ok, "\(r.stderr)")
+        let back = gone.filter { access(m.backing("t/d1/" + $0), F_OK) == 0 }.count
+        #expect(back == 0)
+        #expect(try graveyardCount(m.source) == 0)
+    }
+
     @Test("unlinks in a directory renamed right after them stay done across a SIGKILL")
     func renamedDirectory() throws {
         let m = try VanishMount(prepare: { src in try makeTree(src + "/t", files: 200) })
