@@ -62,7 +62,7 @@ let package = Package(
         // Change events: the journal request handlers append to and subscribers follow.
         .target(
             name: "VanishEvents",
-            dependencies: ["LinuxSyscalls"],
+            dependencies: ["LinuxSyscalls", "VanishClient"],
             swiftSettings: strict
         ),
         // The passthrough filesystem: inode table, fd cache, request handlers.
@@ -120,7 +120,7 @@ let package = Package(
         ),
         .testTarget(
             name: "VanishEventsTests",
-            dependencies: ["VanishTestSupport", "VanishEvents", "LinuxSyscalls", "vanish"],
+            dependencies: ["VanishTestSupport", "VanishEvents", "VanishClient", "LinuxSyscalls", "vanish"],
             swiftSettings: strict
         ),
         .testTarget(

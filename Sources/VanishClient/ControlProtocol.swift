@@ -24,6 +24,30 @@ public enum ControlProtocol {
     }
 }
 
+/// The `type` of an event line: the journal's kinds of change, then those
+/// only a subscriber's stream carries. The daemon, the client and the CLI
+/// all take the names from here. (The journal stores a case's position:
+/// new cases go last.)
+public enum EventType: String, Sendable, CaseIterable {
+    case created, written, truncated, renamed, deleted, linked, attributes
+    case mounted, unmounting, reaped, restored
+    /// Only in a subscriber's stream: its cursor cannot be served, rescan.
+    case reset
+    /// Only in a snapshot: the scan's bounds and one line per existing entry.
+    case scanStarted = "scan-started", exists, scanCompleted = "scan-completed"
+    /// Only in a stream: the daemon ends it (the mount is going away).
+    case end
+
+    /// A change the journal records (what `--type` filters), not a line
+    /// about the stream itself.
+    public var isJournaled: Bool {
+        switch self {
+        case .reset, .scanStarted, .exists, .scanCompleted, .end: false
+        default: true
+        }
+    }
+}
+
 /// A path as raw bytes, with the JSON encoding described in `ControlProtocol`.
 public struct PathBytes: Hashable, Sendable, CustomStringConvertible {
     public var bytes: [UInt8]

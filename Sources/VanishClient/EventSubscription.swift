@@ -97,8 +97,8 @@ public final class EventSubscription {
         guard let (object, line) = try client.receiveObject() else { return try finished() }
         try ControlClient.Failure.check(object)
         let event = Event(object, line: line)
-        if event.type == "end" { ended = true }
-        if let c = event.cursor, event.type != "exists" { cursor = c }
+        if event.type == EventType.end.rawValue { ended = true }
+        if let c = event.cursor, event.type != EventType.exists.rawValue { cursor = c }
         return event
     }
 
@@ -122,8 +122,8 @@ public final class EventSubscription {
             }
             try ControlClient.Failure.check(object)
             let event = Event(object, line: line)
-            if event.type == "end" { ended = true }
-            if let c = event.cursor, event.type != "exists" { cursor = c; lastJournalLine = nil }
+            if event.type == EventType.end.rawValue { ended = true }
+            if let c = event.cursor, event.type != EventType.exists.rawValue { cursor = c; lastJournalLine = nil }
             decoded.append(event)
         }
         if let r = lastJournalLine, let seq = lines.withUnsafeBytes({ Event.seq(of: UnsafeRawBufferPointer(rebasing: $0[r])) }),
@@ -150,25 +150,25 @@ public final class LiveTree {
 
     /// Applies one event.
     public func apply(_ e: Event) {
-        switch e.type {
-        case "scan-started":
+        switch EventType(rawValue: e.type) {
+        case .scanStarted:
             entries = [:]
             scanned = false
-        case "scan-completed":
+        case .scanCompleted:
             scanned = true
-        case "reset":
+        case .reset:
             scanned = false
-        case "exists", "created", "linked", "restored":
+        case .exists, .created, .linked, .restored:
             guard let p = e.path else { return }
             entries[p] = Entry(kind: e.kind ?? "", id: e.id ?? "", size: e.fields["size"]?.int)
-        case "written", "truncated":
+        case .written, .truncated:
             guard let p = e.path else { return }
             entries[p, default: Entry(kind: "file", id: e.id ?? "")].size = e.fields["size"]?.int
-        case "deleted":
+        case .deleted:
             guard let p = e.path else { return }
             // Only a directory has a subtree to drop; a file is one key, not a scan.
             if e.kind == "directory" { remove(p) } else { entries[p] = nil }
-        case "renamed":
+        case .renamed:
             guard let to = e.path, let from = e.from else { return }
             if e.fields["exchange"]?.bool == true {
                 let a = subtree(from), b = subtree(to)

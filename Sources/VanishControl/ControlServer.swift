@@ -345,7 +345,7 @@ extension ControlServer {
         if reader == nil {
             reader = journal.reader(after: nil)
             let why = since.map { $0.hasPrefix(journal.instance + ":") ? "the journal no longer holds events after it" : "it is from another mount instance" }
-            guard conn.write(["type": "reset", "instance": JSON(journal.instance), "cursor": JSON(journal.cursor(reader!.next - 1)),
+            guard conn.write(["type": JSON(EventType.reset.rawValue), "instance": JSON(journal.instance), "cursor": JSON(journal.cursor(reader!.next - 1)),
                               "reason": JSON("cursor \(since ?? "") cannot be served: \(why ?? "")")]) else { return }
         }
         guard let reader else { return }
@@ -353,13 +353,13 @@ extension ControlServer {
             // The reader already stands before anything that happens during the
             // scan, so nothing falls between the listing and the live events.
             let start = journal.cursor(reader.next - 1)
-            guard conn.write(["type": "scan-started", "instance": JSON(journal.instance), "cursor": JSON(start)]) else { return }
+            guard conn.write(["type": JSON(EventType.scanStarted.rawValue), "instance": JSON(journal.instance), "cursor": JSON(start)]) else { return }
             var alive = true
             var count = 0
             filesystem.walk { path, st, id in
                 if let prefixes, !prefixes.contains(where: { ControlServer.isWithin(path, $0) }) { return true }
                 if peer.uid != 0 && !filesystem.mayObserve(path, as: peer) { return true }
-                var o: [String: JSON] = ["type": "exists", "kind": JSON(ControlServer.kind(st.st_mode)), "id": JSON(id),
+                var o: [String: JSON] = ["type": JSON(EventType.exists.rawValue), "kind": JSON(ControlServer.kind(st.st_mode)), "id": JSON(id),
                                          "size": JSON(st.st_size), "mode": JSON(st.st_mode & 0o7777),
                                          "owner_uid": JSON(st.st_uid), "owner_gid": JSON(st.st_gid)]
                 PathBytes(path).put(into: &o, key: "path")
@@ -367,7 +367,7 @@ extension ControlServer {
                 alive = conn.write(.object(o))
                 return alive
             }
-            guard alive, conn.write(["type": "scan-completed", "instance": JSON(journal.instance), "cursor": JSON(start),
+            guard alive, conn.write(["type": JSON(EventType.scanCompleted.rawValue), "instance": JSON(journal.instance), "cursor": JSON(start),
                                      "entries": JSON(count)]) else { return }
         }
         let filtered = types != nil || prefixes != nil || peer.uid != 0
@@ -378,12 +378,12 @@ extension ControlServer {
         while true {
             guard var run = reader.readRun(timeout: 1) else {
                 // Said in so many words, so a subscriber tells this from a daemon that died.
-                conn.write(["type": "end", "instance": JSON(journal.instance),
+                conn.write(["type": JSON(EventType.end.rawValue), "instance": JSON(journal.instance),
                             "reason": "the mount is going away: this stream ends here"])
                 return
             }
             if let gap = reader.takeGap() {
-                let reset: JSON = ["type": "reset", "instance": JSON(journal.instance), "cursor": JSON(journal.cursor(gap.upperBound)),
+                let reset: JSON = ["type": JSON(EventType.reset.rawValue), "instance": JSON(journal.instance), "cursor": JSON(journal.cursor(gap.upperBound)),
                                    "reason": JSON("the subscriber fell behind: the journal dropped events before they were read"),
                                    "skipped_from": JSON(gap.lowerBound), "skipped_to": JSON(gap.upperBound),
                                    "skipped": JSON(gap.count)]

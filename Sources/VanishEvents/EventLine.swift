@@ -1,14 +1,5 @@
 import Glibc
-
-/// What happened; the `type` field of an event.
-public enum EventType: String, Sendable, CaseIterable {
-    case created, written, truncated, renamed, deleted, linked, attributes
-    case mounted, unmounting, reaped, restored
-    /// Only in a subscriber's stream: its cursor cannot be served, rescan.
-    case reset
-    /// Only in a snapshot: the scan's bounds and one line per existing entry.
-    case scanStarted = "scan-started", exists, scanCompleted = "scan-completed"
-}
+import VanishClient
 
 /// Events as lines of JSON, built straight into bytes (no Foundation, no
 /// intermediate objects): the journal's writer turns each handler's

@@ -1,3 +1,5 @@
+import VanishClient
+
 /// One event as a request handler leaves it: its fields copied into a
 /// compact binary form that the journal's writer thread turns into a JSON
 /// line (`EventLine`). Escaping, number formatting and UTF-8 checks cost a

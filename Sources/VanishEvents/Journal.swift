@@ -2,6 +2,7 @@ import Dispatch
 import Glibc
 import LinuxSyscalls
 import Synchronization
+import VanishClient
 
 /// The mount's event journal: every event gets the next sequence number and
 /// goes to an append-only file under `.vanish/events/<instance>/`, split in

@@ -7,6 +7,7 @@ import Synchronization
 import SystemPackage
 import VanishEvents
 import VanishGraveyard
+import VanishClient
 
 /// Writing sessions, for the `written` event ("finished copying"): one per
 /// inode, reported when its last writable handle is released, if any of

@@ -45,8 +45,7 @@ struct EventsCommand: ParsableCommand {
             throw ValidationError("--since takes a cursor INSTANCE:SEQ, as events carry them")
         }
         if let type {
-            let known = ["created", "written", "truncated", "renamed", "deleted", "linked", "attributes",
-                         "mounted", "unmounting", "reaped", "restored"]
+            let known = EventType.allCases.filter(\.isJournaled).map(\.rawValue)
             for t in type.split(separator: ",") where !known.contains(String(t)) {
                 throw ValidationError("unknown event type \(t); known: \(known.joined(separator: ", "))")
             }
@@ -75,7 +74,7 @@ struct EventsCommand: ParsableCommand {
             let next: (lines: [UInt8], decoded: [Event])?
             do { next = try subscription.nextLines() } catch { throw RuntimeError(error.description) }
             guard let (lines, decoded) = next else { return }
-            if once, let end = decoded.first(where: { $0.type == "scan-completed" }) {
+            if once, let end = decoded.first(where: { $0.type == EventType.scanCompleted.rawValue }) {
                 // Up to and including the scan's end, nothing after it.
                 let upTo = lines.firstRange(of: end.line).map { $0.upperBound + 1 } ?? lines.count
                 _ = writeAll(1, Array(lines[..<upTo]))
@@ -88,7 +87,7 @@ struct EventsCommand: ParsableCommand {
             do { event = try subscription.next() } catch { throw RuntimeError(error.description) }
             guard let event else { return }
             guard writeAll(1, Array((EventsCommand.describe(event) + "\n").utf8)) else { return }
-            if once && event.type == "scan-completed" { return }
+            if once && event.type == EventType.scanCompleted.rawValue { return }
         }
     }
 
@@ -98,12 +97,12 @@ struct EventsCommand: ParsableCommand {
         if let kind = e.kind { s += " \(kind)" }
         if let from = e.from { s += " \(from) →" }
         if let p = e.path { s += " \(p)" }
-        if let size = f["size"]?.uint64, e.type != "exists" { s += " (\(size) bytes)" }
+        if let size = f["size"]?.uint64, e.type != EventType.exists.rawValue { s += " (\(size) bytes)" }
         if let src = f["copied_from"]?.string { s += " copied from \(src)" }
         if let changed = f["changed"]?.string { s += " [\(changed)]" }
         if let comm = f["comm"]?.string, let pid = f["pid"]?.int { s += "  by \(comm)[\(pid)]" }
-        if e.type == "reset", let reason = f["reason"]?.string { s += ": \(reason)" }
-        if e.type == "reset", let n = f["skipped"]?.uint64 { s += " (\(n) events skipped)" }
+        if e.type == EventType.reset.rawValue, let reason = f["reason"]?.string { s += ": \(reason)" }
+        if e.type == EventType.reset.rawValue, let n = f["skipped"]?.uint64 { s += " (\(n) events skipped)" }
         return s
     }
 }

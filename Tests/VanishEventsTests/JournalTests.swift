@@ -2,6 +2,7 @@ import Glibc
 import LinuxSyscalls
 import Synchronization
 import Testing
+import VanishClient
 @testable import VanishEvents
 
 /// The journal on its own, without a mount: what its segment rotation must
