@@ -25,15 +25,16 @@ struct UnprivilegedTests {
         let m = try runAsNobody(["/bin/sh", "-c", "ulimit -n 512 && exec \(binary) mount -o readahead=64 \(src) \(mnt)"])
         #expect(m.ok, "\(m.stderr)")
         #expect(mountType(at: mnt) == "fuse.vanish")
-        // Only root may raise a mount's readahead; anyone may lower it (the INIT reply does).
-        // (From mountinfo: root may not stat a mount another user made without allow_other.)
-        let device = try sh("awk '$5 == \"\(mnt)\" { d = $3 } END { print d }' /proc/self/mountinfo")
-            .stdout.trimmingCharacters(in: .whitespacesAndNewlines)
-        #expect(try String(contentsOfFile: "/sys/class/bdi/\(device)/read_ahead_kb", encoding: .utf8) == "64\n")
         // Passthrough needs CAP_SYS_ADMIN: nobody's file data goes through the daemon, and status says why.
         let status = try runAsNobody([binary, "status", mnt])
         #expect(status.stdout.contains("file data:        through the daemon; passthrough off: registering backing files needs CAP_SYS_ADMIN"),
                 "\(status.stdout)\(status.stderr)")
+        // Only root may raise a mount's readahead; anyone may lower it (the INIT reply does: the
+        // status request above waited for it, since the kernel holds every request until INIT).
+        // (From mountinfo: root may not stat a mount another user made without allow_other.)
+        let device = try sh("awk '$5 == \"\(mnt)\" { d = $3 } END { print d }' /proc/self/mountinfo")
+            .stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(try String(contentsOfFile: "/sys/class/bdi/\(device)/read_ahead_kb", encoding: .utf8) == "64\n")
         // Root itself is kept out of a mount another user made without allow_other.
         let rootDenied = try run(["ls", mnt])
         #expect(!rootDenied.ok)
