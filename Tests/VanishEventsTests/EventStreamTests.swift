@@ -292,7 +292,7 @@ struct EventStreamTests {
     }
 
     /// Issue 22, item 4: only copy_file_range was recognized.
-    @Test("read-then-write copies name their source; a changed copy, a pipe or a second writer does not",
+    @Test("read-then-write copies name their source; a changed copy or a pipe does not",
           arguments: [[], ["passthrough=off"]])
     func readWriteCopies(options: [String]) throws {
         try withVanishMount(options: options) { m in
