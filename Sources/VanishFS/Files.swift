@@ -70,20 +70,7 @@ extension PassthroughFilesystem {
     }
 
     public func release(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        let node = inode(ino)
-        let fh = fi.pointee.fh
-        // The file stops counting as open before anything else: the kernel
-        // sent this RELEASE before the program's close() returned, and an
-        // unlink that follows it must not find the file open (that unlinks
-        // it in place, out of reach of the undo window).
-        let last = namespace.closed(node)
-        passthrough.release(node, kind: FileHandle.kind(fh))
-        if observing {
-            let fd = FileHandle.fd(fh)
-            if writesData(node, fi) { emitWritten(node, fd: fd) } else if node.type == S_IFREG { reading.released(fd) }
-        }
-        Sys.close(FileHandle.fd(fh))
-        if last && table.isBuried(node) { namespace.drop(node) }
+        letGo(inode(ino), fi, report: true)
         req.replyOK()
     }
 
@@ -96,22 +83,34 @@ extension PassthroughFilesystem {
 
     /// Lets go of a handle whose open could not be answered (the caller was interrupted).
     func abandonHandle(_ node: Inode, _ fi: UnsafeMutablePointer<fuse_file_info>) {
-        if observing {
-            let fd = FileHandle.fd(fi.pointee.fh)
-            if writesData(node, fi) { _ = writing.released(fd, node, nil) } else if node.type == S_IFREG { reading.released(fd) }
-        }
-        closeHandle(node, fi.pointee.fh)
+        letGo(node, fi, report: false)
     }
 
-    /// Lets go of a handle: its fd, its share of the inode's backing id.
-    /// The last handle of a file inside a tree `vanish rm` buried also lets
-    /// go of its cached fd: the kernel keeps such a file's dentry (under the
-    /// invalidated tree) and so never forgets it, and that fd would hold
-    /// the deleted file's space.
-    func closeHandle(_ node: Inode, _ fh: UInt64) {
-        Sys.close(FileHandle.fd(fh))
+    /// Lets go of a handle: its share of the inode's backing id, its place in
+    /// the writing or reading sessions (`report`: the `written` event its
+    /// release may end), then its fd.
+    ///
+    /// The file stops counting as open before anything else: the kernel sent
+    /// the RELEASE before the program's close() returned, and an unlink that
+    /// follows it must not find the file open (that unlinks it in place, out
+    /// of reach of the undo window). The last handle of a file inside a tree
+    /// `vanish rm` buried also lets go of its cached fd: the kernel keeps such
+    /// a file's dentry (under the invalidated tree) and so never forgets it,
+    /// and that fd would hold the deleted file's space.
+    private func letGo(_ node: Inode, _ fi: UnsafeMutablePointer<fuse_file_info>, report: Bool) {
+        let fh = fi.pointee.fh
+        let fd = FileHandle.fd(fh)
+        let last = namespace.closed(node)
         passthrough.release(node, kind: FileHandle.kind(fh))
-        if namespace.closed(node) && table.isBuried(node) { namespace.drop(node) }
+        if observing {
+            if writesData(node, fi) {
+                if report { emitWritten(node, fd: fd) } else { _ = writing.released(fd, node, nil) }
+            } else if node.type == S_IFREG {
+                reading.released(fd)
+            }
+        }
+        Sys.close(fd)
+        if last && table.isBuried(node) { namespace.drop(node) }
     }
 
     public func fsync(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool,
