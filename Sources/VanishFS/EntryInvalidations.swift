@@ -30,11 +30,17 @@ final class EntryInvalidations: @unchecked Sendable {
         spawnThread("vanish-notify") { [self] in run() }
     }
 
-    /// Queues one notice: `name` in `parent` may now exist (a restore).
-    func send(parent: fuse_ino_t, name: ContiguousArray<CChar>) {
+    /// Tells the kernel `name` in `parent` may now exist (a restore) and
+    /// waits until it was told, so whoever asked for the restore finds the
+    /// name next, not a negative entry the kernel still remembers: false if
+    /// that took longer than `timeout` nanoseconds (someone holds the
+    /// parent's lock), and the notice goes through after.
+    func send(parent: fuse_ino_t, name: ContiguousArray<CChar>, timeout: UInt64) -> Bool {
         condition.lock()
+        defer { condition.unlock() }
+        guard invalidate != nil else { return true }
         enqueue(Pending(parent: parent, name: name))
-        condition.unlock()
+        return waitUntilSent(queued, deadline: Condition.now() &+ timeout)
     }
 
     /// Tells the kernel `name` in `parent` is gone and waits until it has
@@ -62,7 +68,11 @@ final class EntryInvalidations: @unchecked Sendable {
         enqueue(Pending(parent: parent, name: name, expireOnly: true))
         let ticket = queued
         enqueue(Pending(parent: parent, name: name))
-        let deadline = Condition.now() &+ timeout
+        return waitUntilSent(ticket, deadline: Condition.now() &+ timeout)
+    }
+
+    /// With the lock held: waits until `ticket` notices were sent.
+    private func waitUntilSent(_ ticket: UInt64, deadline: UInt64) -> Bool {
         while sent < ticket {
             if !condition.wait(until: deadline) { return sent >= ticket }
         }

@@ -227,7 +227,10 @@ extension PassthroughFilesystem {
             // A process still inside the tree may make entries in it again.
             if let st = try? Sys.lstatat(dirFD, n.baseAddress!) { table.moved(st, to: parent, name: n.baseAddress!) }
         }
-        // The kernel may remember the name as absent: tell it, from outside any handler.
-        invalidations.send(parent: table.nodeID(parent), name: name)
+        // The kernel may remember the name as absent: tell it, from outside
+        // any handler, before the caller looks for the name.
+        if !invalidations.send(parent: table.nodeID(parent), name: name, timeout: 1_000_000_000) {
+            log.debug("answering a restore before the kernel forgot the name's absence (its parent stayed locked)")
+        }
     }
 }
