@@ -12,8 +12,9 @@ import VanishGraveyard
 /// Its invariant: nobody sees a name whose burial is pending. It holds by
 /// construction, because the fd cache and the pending burials are private
 /// here and every way to a directory's fd settles what that use could see:
-/// - `atName`: a request about one name (lookup, making, linking or renaming
-///   it, reading its xattrs through its parent) lands that name's burial first;
+/// - `atName`, `making`, `renaming`: a request about one name (lookup,
+///   making, linking or renaming it, reading its xattrs through its parent)
+///   lands that name's burial first;
 /// - `withFD` and `reading`: a directory's own fd (listing it, its attributes,
 ///   fsyncdir, opening it) lands every burial queued in it first;
 /// - `removing`: unlink and rmdir of a name the kernel has just looked up
@@ -46,25 +47,41 @@ final class BackingNamespace: Sendable {
         return try fds.withFD(dir, body)
     }
 
+    /// For a request that makes `name` in `dir` (mkdir, mknod, symlink,
+    /// link, create): `body` makes it with the fd of `dir`, once `name` has
+    /// no burial pending; `answer` replies with what it returned. Then the
+    /// directory, being in use rather than emptied by `rm -rf`, lands what
+    /// is queued in it, after the reply and off the caller's path, so it
+    /// does not keep removed names every lookup in it must search past.
+    @inline(__always)
+    func making<R>(_ dir: Inode, _ name: UnsafePointer<CChar>, _ body: (Int32) throws(Errno) -> R,
+                   answer: (R) -> Void) throws(Errno) {
+        answer(try atName(dir, name, body))
+        burials.landQueue(of: dir)
+    }
+
     /// For a rename of `name` in `dir` to `newName` in `newDir`: both names
     /// settle, and a directory about to move (the source, or the other side
     /// of an exchange) first lets every pending burial land, since the log of
-    /// answered unlinks names their files by path (`UnlinkIntents`).
-    func atNames<R>(_ dir: Inode, _ name: UnsafePointer<CChar>, _ newDir: Inode, _ newName: UnsafePointer<CChar>,
-                    exchange: Bool, _ body: (Int32, Int32) throws(Errno) -> R) throws(Errno) -> R {
+    /// answered unlinks names their files by path (`UnlinkIntents`). After
+    /// `answer`, `newDir` lands its queue, as for `making`.
+    func renaming(_ dir: Inode, _ name: UnsafePointer<CChar>, _ newDir: Inode, _ newName: UnsafePointer<CChar>,
+                  exchange: Bool, _ body: (Int32, Int32) throws(Errno) -> Void, answer: () -> Void) throws(Errno) {
         burials.waitForName(dir, name)
         burials.waitForName(newDir, newName)
-        return try fds.withFD(dir) { pfd throws(Errno) -> R in
-            try fds.withFD(newDir) { npfd throws(Errno) -> R in
+        try fds.withFD(dir) { pfd throws(Errno) in
+            try fds.withFD(newDir) { npfd throws(Errno) in
                 if !burials.isEmpty {
                     func isDirectory(_ fd: Int32, _ n: UnsafePointer<CChar>) -> Bool {
                         (try? Sys.lstatat(fd, n)).map { $0.st_mode & S_IFMT == S_IFDIR } ?? false
                     }
                     if isDirectory(pfd, name) || (exchange && isDirectory(npfd, newName)) { burials.drain() }
                 }
-                return try body(pfd, npfd)
+                try body(pfd, npfd)
             }
         }
+        answer()
+        burials.landQueue(of: newDir)
     }
 
     /// `body` with the fd of `dir`, to unlink or rmdir `name` in it: the kernel
@@ -102,12 +119,6 @@ final class BackingNamespace: Sendable {
     /// Lets the burials queued in the directory `key` land (a directory about
     /// to be removed or replaced must be empty for real).
     func settleDirectory(_ key: InodeKey) { burials.waitForDirectory(key) }
-
-    /// After an entry was made in `dir` and the reply sent: the directory is
-    /// in use, not being emptied by `rm -rf`, so what is queued in it lands
-    /// now rather than keep names every lookup in it must search past.
-    /// (A matter of speed, not of the invariant.)
-    func madeEntry(in dir: Inode) { burials.landQueue(of: dir) }
 
     // MARK: Pending burials, for the removal logic (`Mutations`)
 

@@ -30,7 +30,7 @@ import VanishGraveyard
 /// daemon killed before the burial lands has it finished by the next mount
 /// (`PassthroughFilesystem.finishInterruptedUnlinks`); the log is emptied
 /// when nothing is pending. For the intents' paths to stay true, a
-/// directory is renamed only once no burial is pending (`BackingNamespace.atNames`).
+/// directory is renamed only once no burial is pending (`BackingNamespace.renaming`).
 final class DeferredBurials: @unchecked Sendable {
     struct Ticket {
         let nameHash: UInt64

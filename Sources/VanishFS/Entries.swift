@@ -58,7 +58,7 @@ extension PassthroughFilesystem {
                            _ make: (Int32) throws(Errno) -> Void) throws(Errno) {
         let p = inode(parent)
         try checkChangeable(p, name)
-        let (node, st) = try namespace.atName(p, name) { pfd throws(Errno) -> (Inode, stat) in
+        try namespace.making(p, name) { pfd throws(Errno) -> (Inode, stat) in
             try make(pfd)
             let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in
                 try Sys.openat(pfd, name, VANISH_O_PATH | O_NOFOLLOW)
@@ -76,10 +76,10 @@ extension PassthroughFilesystem {
                 Sys.close(fd)
                 throw error
             }
+        } answer: { (node, st) in
+            var e = entry(node, st)
+            req.reply(entry: &e)
         }
-        var e = entry(node, st)
-        req.reply(entry: &e)
-        namespace.madeEntry(in: p)
     }
 
     public func link(_ req: Request, _ ino: fuse_ino_t, newParent: fuse_ino_t,
@@ -87,25 +87,26 @@ extension PassthroughFilesystem {
         let node = inode(ino)
         let np = inode(newParent)
         try checkChangeable(np, newName)
-        let (st, birth) = try namespace.atName(np, newName) { npfd throws(Errno) -> (stat, UInt64) in
+        try namespace.making(np, newName) { npfd throws(Errno) -> (Inode, stat) in
             try namespace.withFD(node) { fd throws(Errno) in try Sys.link(fd: fd, npfd, newName) }
-            return try Sys.lstatatWithBirth(npfd, newName)
-        }
-        let target = observing ? path(of: node) : []
-        let linked = table.remember(st, birth: birth, parent: np, name: newName)
-        if observing {
-            let id = (try? namespace.atName(np, newName) { fileID($0, newName) }) ?? ""
-            emit(.linked, req.caller) { e in
-                e.path("path", of: np, appending: newName, in: table)
-                e.path("target", target)
-                e.string("kind", kindName(st.st_mode))
-                e.string("id", id)
-                e.int("links", st.st_nlink)
+            let (st, birth) = try Sys.lstatatWithBirth(npfd, newName)
+            let target = observing ? path(of: node) : []
+            let linked = table.remember(st, birth: birth, parent: np, name: newName)
+            if observing {
+                let id = fileID(npfd, newName)
+                emit(.linked, req.caller) { e in
+                    e.path("path", of: np, appending: newName, in: table)
+                    e.path("target", target)
+                    e.string("kind", kindName(st.st_mode))
+                    e.string("id", id)
+                    e.int("links", st.st_nlink)
+                }
             }
+            return (linked, st)
+        } answer: { (linked, st) in
+            var e = entry(linked, st)
+            req.reply(entry: &e)
         }
-        var e = entry(linked, st)
-        req.reply(entry: &e)
-        namespace.madeEntry(in: np)
     }
 
     public func unlink(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
@@ -149,7 +150,7 @@ extension PassthroughFilesystem {
         try checkChangeable(np, newName)
         let caller = req.caller
         let exchange = flags & VANISH_RENAME_EXCHANGE != 0
-        try namespace.atNames(p, name, np, newName, exchange: exchange) { pfd, npfd throws(Errno) in
+        try namespace.renaming(p, name, np, newName, exchange: exchange) { pfd, npfd throws(Errno) in
             // Most renames replace nothing: try that first, which spares
             // them the lstat of the new name.
             var target: stat? = nil
@@ -179,9 +180,9 @@ extension PassthroughFilesystem {
                     if replaced { e.bool("replaced", true) }
                 }
             }
+        } answer: {
+            req.replyOK()
         }
-        req.replyOK()
-        namespace.madeEntry(in: np)
     }
 
     public func create(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
@@ -190,7 +191,7 @@ extension PassthroughFilesystem {
         try checkChangeable(p, name)
         let flags = backingOpenFlags(fi.pointee.flags)
         let caller = req.caller
-        let (fd, node, st) = try namespace.atName(p, name) { pfd throws(Errno) -> (Int32, Inode, stat) in
+        try namespace.making(p, name) { pfd throws(Errno) -> (Int32, Inode, stat) in
             // O_NOFOLLOW: a symlink raced into place is refused, never followed.
             let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in
                 try Sys.openat(pfd, name, flags | O_CREAT | O_NOFOLLOW, mode)
@@ -207,11 +208,11 @@ extension PassthroughFilesystem {
                 Sys.close(fd)
                 throw error
             }
+        } answer: { (fd, node, st) in
+            let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi)
+            var e = entry(node, st)
+            if req.reply(created: &e, fi, backing: backing) == -ENOENT { abandonHandle(node, fi) }
         }
-        let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi)
-        var e = entry(node, st)
-        if req.reply(created: &e, fi, backing: backing) == -ENOENT { abandonHandle(node, fi) }
-        namespace.madeEntry(in: p)
     }
 
     /// Logs the first crossing into each filesystem mounted inside the source.

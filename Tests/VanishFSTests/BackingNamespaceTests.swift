@@ -129,9 +129,25 @@ struct BackingNamespaceTests {
         mkdir(f.base + "/dir/sub", 0o755)
         f.make("a")
         try f.queueBurial("a")
-        try f.namespace.atNames(f.dir, "sub", f.dir, "moved", exchange: false) { pfd, npfd throws(Errno) in
+        try f.namespace.renaming(f.dir, "sub", f.dir, "moved", exchange: false) { pfd, npfd throws(Errno) in
             try Sys.renameat2(pfd, "sub", npfd, "moved", 0)
+        } answer: {}
+        #expect(!f.onDisk("a"))
+        #expect(f.namespace.pendingBurials == 0)
+    }
+
+    @Test("making a name answers first, then lands the burials queued in its directory")
+    func makingLandsQueueAfterAnswer() throws {
+        let f = try Fixture()
+        f.make("a")
+        try f.queueBurial("a")
+        var queuedAtAnswer = -1
+        try f.namespace.making(f.dir, "b") { pfd throws(Errno) in
+            try Sys.mkdirat(pfd, "b", 0o755)
+        } answer: {
+            queuedAtAnswer = f.namespace.pendingBurials
         }
+        #expect(queuedAtAnswer == 1, "the answer does not wait for the directory's queue")
         #expect(!f.onDisk("a"))
         #expect(f.namespace.pendingBurials == 0)
     }
