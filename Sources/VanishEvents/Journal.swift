@@ -2,6 +2,7 @@ import Dispatch
 import Glibc
 import LinuxSyscalls
 import Synchronization
+import SystemPackage
 import VanishClient
 
 /// The mount's event journal: every event gets the next sequence number and
@@ -217,21 +218,15 @@ public final class Journal: @unchecked Sendable {
     /// Appends `batch`, whose last event is `last`, to the current segment;
     /// false (and nothing of it in the file) if it cannot be written.
     private func write(_ batch: UnsafeRawBufferPointer, through last: UInt64) -> Bool {
-        var off = 0
-        while off < batch.count {
-            let n = Glibc.write(currentFD, batch.baseAddress! + off, batch.count - off)
-            if n < 0 {
-                if errno == EINTR { continue }
-                // No half line may stay for readers to trip on.
-                if off > 0 {
-                    state.lock()
-                    let size = segments[segments.count - 1].bytes
-                    state.unlock()
-                    _ = ftruncate(currentFD, off_t(size))
-                }
-                return false
-            }
-            off += n
+        do {
+            _ = try FileDescriptor(rawValue: currentFD).writeAll(batch)
+        } catch {
+            // No half line may stay for readers to trip on.
+            state.lock()
+            let size = segments[segments.count - 1].bytes
+            state.unlock()
+            _ = ftruncate(currentFD, off_t(size))
+            return false
         }
         state.lock()
         segments[segments.count - 1].bytes += UInt64(batch.count)
@@ -336,6 +331,15 @@ public final class Journal: @unchecked Sendable {
         return durable >= seq
     }
 
+    /// The bytes of the segment starting at `first` that were written whole
+    /// (everything, for a segment trimmed since: it was finished, and
+    /// whatever is left in the file of it is whole).
+    func committedBytes(ofSegment first: UInt64) -> UInt64 {
+        state.lock()
+        defer { state.unlock() }
+        return segments.last { $0.first == first }?.bytes ?? UInt64.max
+    }
+
     /// Blocks until a segment newer than the one starting at `first` exists,
     /// the journal closes, or the timeout passes; false on timeout.
     func waitForNews(after first: UInt64, timeout: Double) -> Bool {
@@ -369,6 +373,8 @@ public final class Journal: @unchecked Sendable {
         public private(set) var next: UInt64
         private var fd: Int32 = -1
         private var segmentFirst: UInt64 = 0
+        /// Bytes of the open segment read so far.
+        private var offset: UInt64 = 0
         private var partial: [UInt8] = []
         /// Events this reader will never see: the journal dropped them
         /// (its size or age limit) before the reader got to them.
@@ -426,7 +432,13 @@ public final class Journal: @unchecked Sendable {
                     if !open() { return nil }
                     if gap != nil { return [] }
                 }
-                let n = Glibc.read(fd, scratch.baseAddress, scratch.count)
+                // Only what the writer counts as written: a write the disk
+                // cut short is truncated away again, and a reader that took
+                // its bytes would deliver events the journal then reports
+                // dropped, and read on from the middle of a later line.
+                let available = journal.committedBytes(ofSegment: segmentFirst) &- offset
+                let n = available == 0 ? 0 : pread(fd, scratch.baseAddress, Int(min(UInt64(scratch.count), available)), off_t(offset))
+                if n > 0 { offset += UInt64(n) }
                 if n <= 0 {
                     // End of this file. The writer finishes a segment before
                     // it starts the next, so once a newer one exists this one
@@ -496,6 +508,7 @@ public final class Journal: @unchecked Sendable {
         private func open(_ segment: Segment) -> Bool {
             fd = openat(journal.directoryFD, segment.name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
             segmentFirst = segment.first
+            offset = 0
             return fd >= 0
         }
     }
