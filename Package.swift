@@ -62,7 +62,7 @@ let package = Package(
         // Change events: the journal request handlers append to and subscribers follow.
         .target(
             name: "VanishEvents",
-            dependencies: ["LinuxSyscalls", "VanishClient"],
+            dependencies: ["LinuxSyscalls", "VanishClient", .product(name: "SystemPackage", package: "swift-system")],
             swiftSettings: strict
         ),
         // The passthrough filesystem: inode table, fd cache, request handlers.
@@ -115,7 +115,7 @@ let package = Package(
         ),
         .testTarget(
             name: "VanishGraveyardTests",
-            dependencies: ["VanishTestSupport", "VanishGraveyard", "CLinux", "vanish"],
+            dependencies: ["VanishTestSupport", "VanishGraveyard", "VanishClient", "CLinux", "vanish"],
             swiftSettings: strict
         ),
         .testTarget(
@@ -126,6 +126,12 @@ let package = Package(
         .testTarget(
             name: "VanishClientTests",
             dependencies: ["VanishClient"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "VanishControlTests",
+            dependencies: ["VanishControl", "VanishFS", "VanishGraveyard", "VanishClient", "LinuxSyscalls",
+                           .product(name: "SystemPackage", package: "swift-system")],
             swiftSettings: strict
         ),
         .testTarget(

@@ -369,3 +369,9 @@ extension Sys {
         return value
     }
 }
+
+/// Whether a directory entry's name is `.` or `..` (compared without allocating).
+@inline(__always)
+public func isDotOrDotDot(_ name: UnsafePointer<CChar>) -> Bool {
+    name[0] == 0x2E && (name[1] == 0 || (name[1] == 0x2E && name[2] == 0))
+}

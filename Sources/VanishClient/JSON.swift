@@ -260,26 +260,34 @@ extension JSON: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, Express
     public init(arrayLiteral elements: JSON...) { self = .array(elements) }
 }
 
-/// Base64 (RFC 4648, with padding), for path bytes that are not UTF-8.
-enum Base64 {
+/// Base64 (RFC 4648, with padding), for path bytes that are not UTF-8:
+/// the one encoder for the control socket, the CLI and the event journal.
+package enum Base64 {
     private static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
 
-    static func encode(_ bytes: [UInt8]) -> String {
-        var out: [UInt8] = []
-        out.reserveCapacity((bytes.count + 2) / 3 * 4)
+    /// Hands each output byte of `bytes`' encoding to `emit`, allocating
+    /// nothing (the journal writes it straight into its buffer).
+    @inline(__always)
+    package static func encode(_ bytes: UnsafeBufferPointer<UInt8>, _ emit: (UInt8) -> Void) {
         var i = 0
         while i < bytes.count {
             let n = min(3, bytes.count - i)
             let v = UInt32(bytes[i]) << 16 | (n > 1 ? UInt32(bytes[i + 1]) << 8 : 0) | (n > 2 ? UInt32(bytes[i + 2]) : 0)
             for k in 0..<4 {
-                out.append(k <= n ? alphabet[Int((v >> UInt32(18 - 6 * k)) & 0x3F)] : UInt8(ascii: "="))
+                emit(k <= n ? alphabet[Int((v >> UInt32(18 - 6 * k)) & 0x3F)] : UInt8(ascii: "="))
             }
             i += 3
         }
+    }
+
+    package static func encode(_ bytes: [UInt8]) -> String {
+        var out: [UInt8] = []
+        out.reserveCapacity((bytes.count + 2) / 3 * 4)
+        bytes.withUnsafeBufferPointer { encode($0) { out.append($0) } }
         return String(decoding: out, as: UTF8.self)
     }
 
-    static func decode(_ text: String) -> [UInt8]? {
+    package static func decode(_ text: String) -> [UInt8]? {
         var values: [UInt8] = []
         for c in text.utf8 where c != UInt8(ascii: "=") {
             guard let v = alphabet.firstIndex(of: c) else { return nil }

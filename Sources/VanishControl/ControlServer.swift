@@ -296,7 +296,7 @@ public final class ControlServer: Sendable {
     private func answer(_ operation: ControlProtocol.Operation?, _ request: JSON, _ peer: Credentials) -> JSON {
         switch operation {
         case .trashList:
-            let entries = filesystem.trash(for: peer).map { e -> JSON in
+            let entries = UndoWindow(filesystem: filesystem).trash(for: peer).map { e -> JSON in
                 var o: [String: JSON] = ["id": JSON(e.id), "deleted_ns": JSON(e.deleted), "uid": JSON(e.record.uid),
                                          "gid": JSON(e.record.gid), "kind": JSON(e.record.kind.name)]
                 if let b = e.record.bytes { o["bytes"] = JSON(b) }
@@ -309,7 +309,7 @@ public final class ControlServer: Sendable {
             let path = PathBytes.get(request, key: "path")
             let to = PathBytes.get(request, key: "to")
             do {
-                let restored = try filesystem.restore(id: id, path: path?.bytes, to: to?.bytes, as: peer)
+                let restored = try UndoWindow(filesystem: filesystem).restore(id: id, path: path?.bytes, to: to?.bytes, as: peer)
                 log.info("restored", metadata: ["uid": "\(peer.uid)", "entries": "\(restored.count)"])
                 return ["ok": true, "restored": .array(restored.map { p -> JSON in
                     var o: [String: JSON] = [:]
@@ -356,9 +356,9 @@ extension ControlServer {
             guard conn.write(["type": JSON(EventType.scanStarted.rawValue), "instance": JSON(journal.instance), "cursor": JSON(start)]) else { return }
             var alive = true
             var count = 0
-            filesystem.walk { path, st, id in
+            TreeWalk.walk(filesystem) { path, st, id in
                 if let prefixes, !prefixes.contains(where: { ControlServer.isWithin(path, $0) }) { return true }
-                if peer.uid != 0 && !filesystem.mayObserve(path, as: peer) { return true }
+                if !peer.mayObserve(path, under: filesystem.backingRoot) { return true }
                 var o: [String: JSON] = ["type": JSON(EventType.exists.rawValue), "kind": JSON(ControlServer.kind(st.st_mode)), "id": JSON(id),
                                          "size": JSON(st.st_size), "mode": JSON(st.st_mode & 0o7777),
                                          "owner_uid": JSON(st.st_uid), "owner_gid": JSON(st.st_gid)]
@@ -423,7 +423,7 @@ extension ControlServer {
             if !paths.isEmpty && !paths.contains(where: { p in prefixes.contains { ControlServer.isWithin(p, $0) } }) { return false }
         }
         if peer.uid != 0 && o["uid"]?.int != Int(peer.uid) {
-            if !paths.allSatisfy({ filesystem.mayObserve($0, as: peer) }) { return false }
+            if !paths.allSatisfy({ peer.mayObserve($0, under: filesystem.backingRoot) }) { return false }
         }
         return true
     }

@@ -58,7 +58,7 @@ public struct EventLine: ~Copyable {
             raw(",\"")
             buffer.append(key)
             raw("_b64\":\"")
-            base64(value)
+            Base64.encode(value) { buffer.append($0) }
             raw("\"")
         }
     }
@@ -133,23 +133,6 @@ public struct EventLine: ~Copyable {
             start = i + 1
         }
         if value.count > start { buffer.append(base + start, count: value.count - start) }
-    }
-
-    private static let alphabet: [UInt8] = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
-
-    private mutating func base64(_ data: UnsafeBufferPointer<UInt8>) {
-        var i = 0
-        while i < data.count {
-            let b0 = UInt32(data[i])
-            let b1 = i + 1 < data.count ? UInt32(data[i + 1]) : 0
-            let b2 = i + 2 < data.count ? UInt32(data[i + 2]) : 0
-            let v = b0 << 16 | b1 << 8 | b2
-            buffer.append(EventLine.alphabet[Int(v >> 18 & 63)])
-            buffer.append(EventLine.alphabet[Int(v >> 12 & 63)])
-            buffer.append(i + 1 < data.count ? EventLine.alphabet[Int(v >> 6 & 63)] : 0x3D)
-            buffer.append(i + 2 < data.count ? EventLine.alphabet[Int(v & 63)] : 0x3D)
-            i += 3
-        }
     }
 
     /// The `type` of a journal line, read from its fixed place after `seq`

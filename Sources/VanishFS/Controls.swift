@@ -101,56 +101,44 @@ extension PassthroughFilesystem {
         return passthroughReason == "on" ? "off: the kernel refused backing files" : passthroughReason
     }
 
-    /// The JSON `vanish status` shows.
-    /// Restorable counts and bytes are the caller's own (everything for
-    /// root): another user's deletions are not theirs to learn of.
-    func statusJSON(for caller: Caller) -> String {
-        let s = reapingStatistics
-        let pace = reapingPace
-        let allPending = pendingEntries
-        let allRestorable = graveyard?.restorableCount ?? 0
-        var (pending, restorable) = (allPending, allRestorable)
-        var restorableBytes = graveyard?.restorableBytes ?? 0
-        if caller.uid != 0, let graveyard {
-            let own = graveyard.restorable.filter { $0.record.uid == caller.uid }
-            restorable = own.count
-            restorableBytes = own.reduce(0) { $0 + ($1.record.bytes ?? 0) }
-            // Others' kept entries leave the backlog too, or it would count them.
-            pending = max(0, allPending - (allRestorable - own.count))
-        }
-        let stuck = stuckEntries
-        // Entries the window keeps are not due, nor are those that cannot be
-        // deleted, so neither is in the estimate.
-        let due = max(0, allPending - allRestorable - stuck)
-        let eta = due == 0 ? "0" : pace.entriesPerSecond > 0 ? "\(Int((Double(due) / pace.entriesPerSecond).rounded(.up)))" : "null"
+    /// What `vanish status` shows, gathered for the control plane to render
+    /// (`VanishControl.StatusReport`): counts for the whole mount, and the
+    /// undo window's entries, which it filters by who asks.
+    package func statusFacts() -> StatusFacts {
         var fs = statvfs()
         _ = fstatvfs(rootFD, &fs)
-        let free = UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
-        return """
-            {"source":"\(jsonEscape(sourcePath))","pid":\(getpid()),"graveyard":\(graveyard != nil),"pending_entries":\(pending),\
-            "reap_files_per_second":\(Int(pace.filesPerSecond)),"reap_entries_per_second":\(Int(pace.entriesPerSecond)),\
-            "eta_seconds":\(eta),\
-            "reaper_idle":\(reapersIdle),\
-            "reaped_entries":\(s.entries),"freed_files":\(s.freed.files),"freed_directories":\(s.freed.directories),\
-            "freed_data_bytes":\(s.freed.dataBytes),"freed_bytes":\(s.freed.diskBytes),\
-            "buried_entries":\(s.buried),"reaper_workers":\(reaper?.workerCount ?? 0),"free_bytes":\(free),\
-            "restorable_entries":\(restorable),"stuck_entries":\(stuck),"restorable_bytes":\(restorableBytes),\
-            "keep_seconds":\(Double(reaper?.policy.keep ?? 0) / 1e9),"socket":"\(jsonEscape(controlSocket))",\
-            "known_inodes":\(table.count),"cached_fds":\(namespace.cachedFDs),"fd_cache_limit":\(namespace.fdLimit),\
-            "kernel_features":"\(KernelFeatures.granted)","passthrough":"\(jsonEscape(passthroughState))"}
-            """
+        return StatusFacts(
+            source: sourcePath, graveyard: graveyard != nil, pendingEntries: pendingEntries,
+            restorable: graveyard?.restorable ?? [], restorableBytes: graveyard?.restorableBytes ?? 0, stuckEntries: stuckEntries,
+            statistics: reapingStatistics, pace: reapingPace, reapersIdle: reapersIdle,
+            reaperWorkers: reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize),
+            keepSeconds: Double(reaper?.policy.keep ?? 0) / 1e9, socket: controlSocket,
+            knownInodes: table.count, cachedFDs: namespace.cachedFDs, fdCacheLimit: namespace.fdLimit,
+            kernelFeatures: "\(KernelFeatures.granted)", passthrough: passthroughState)
     }
 }
 
-func jsonEscape(_ s: String) -> String {
-    var out = ""
-    for u in s.unicodeScalars {
-        switch u {
-        case "\"": out += "\\\""
-        case "\\": out += "\\\\"
-        case _ where u.value < 0x20: out += "\\u" + String(repeating: "0", count: 4 - String(u.value, radix: 16).count) + String(u.value, radix: 16)
-        default: out.unicodeScalars.append(u)
-        }
-    }
-    return out
+/// A mount's state at one moment, for `vanish status`.
+package struct StatusFacts {
+    package var source: String
+    package var graveyard: Bool
+    /// Graveyard entries not yet reaped, kept ones included.
+    package var pendingEntries: Int
+    /// Every user's restorable entries.
+    package var restorable: [TrashEntry]
+    /// Theirs in bytes, with the sizes measured since they were buried.
+    package var restorableBytes: UInt64
+    package var stuckEntries: Int
+    package var statistics: Reaper.Statistics
+    package var pace: Reaper.Pace
+    package var reapersIdle: Bool
+    package var reaperWorkers: Int
+    package var freeBytes: UInt64
+    package var keepSeconds: Double
+    package var socket: String
+    package var knownInodes: Int
+    package var cachedFDs: Int
+    package var fdCacheLimit: Int
+    package var kernelFeatures: String
+    package var passthrough: String
 }

@@ -117,7 +117,3 @@ extension PassthroughFilesystem {
     func isHidden(_ dir: Inode, _ name: UnsafePointer<CChar>) -> Bool { isReserved(dir, name) }
 }
 
-@inline(__always)
-func isDotOrDotDot(_ name: UnsafePointer<CChar>) -> Bool {
-    name[0] == 0x2E && (name[1] == 0 || (name[1] == 0x2E && name[2] == 0))
-}

@@ -196,7 +196,7 @@ extension PassthroughFilesystem {
     /// which names the inode and its generation, so it survives renames and
     /// remounts and is never given to another file. "" if the filesystem
     /// has no handles.
-    func fileID(_ dirFD: Int32, _ name: UnsafePointer<CChar>?) -> String {
+    package func fileID(_ dirFD: Int32, _ name: UnsafePointer<CChar>?) -> String {
         // On the stack: this runs for every event.
         var storage: (UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64,
                       UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64) =
@@ -361,48 +361,3 @@ extension EventRecord {
 }
 
 private let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
-
-// What subscribers need beyond the journal.
-extension PassthroughFilesystem {
-    /// Visits every entry under the root (not the state directory), parents
-    /// before children, with fd-relative calls that never follow a symlink
-    /// or leave a nested filesystem's tree unvisited. `visit` returns false to stop.
-    public func walk(_ visit: (_ path: [UInt8], _ st: stat, _ id: String) -> Bool) {
-        // An unlink already in the journal must not show up as existing.
-        namespace.settle()
-        var stop = false
-        // `top`: a root whose `.vanish` is a graveyard (the source's, or a nested filesystem's).
-        func descend(_ dirFD: Int32, _ prefix: [UInt8], top: Bool) {
-            guard let fd = try? Sys.openat(dirFD, ".", O_RDONLY | O_DIRECTORY), let dp = fdopendir(fd) else { return }
-            defer { closedir(dp) }
-            while !stop, let d = Glibc.readdir(dp) {
-                let name = vanish_dirent_name(d)!
-                if isDotOrDotDot(name) { continue }
-                if top && strcmp(name, Graveyard.stateDirectoryName) == 0 { continue }
-                guard let st = try? Sys.lstatat(dirfd(dp), name) else { continue }
-                var path = prefix
-                if !path.isEmpty { path.append(0x2F) }
-                path.append(contentsOf: UnsafeRawBufferPointer(start: name, count: strlen(name)))
-                if !visit(path, st, fileID(dirfd(dp), name)) { stop = true; return }
-                if st.st_mode & S_IFMT == S_IFDIR,
-                   let sub = try? Sys.openat(dirfd(dp), name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) {
-                    let nestedRoot = graveyard != nil && st.st_dev != (try? Sys.fstat(dirfd(dp)))?.st_dev
-                    descend(sub, path, top: nestedRoot && Graveyard.isStateDirectory(in: sub))
-                    Sys.close(sub)
-                }
-            }
-        }
-        descend(rootFD, [], top: graveyard != nil)
-    }
-
-    /// Whether `who` could see the entry at `path` (search permission on
-    /// every directory above it, read permission on its own directory), as
-    /// the kernel would decide for them on the mount.
-    public func mayObserve(_ path: [UInt8], as who: Credentials) -> Bool {
-        if who.uid == 0 { return true }
-        let parts = path.split(separator: 0x2F).dropLast().map { Array($0) }
-        guard let fd = try? openDirectory(parts, as: who, needing: 5) else { return false }
-        if fd != rootFD { Sys.close(fd) }
-        return true
-    }
-}

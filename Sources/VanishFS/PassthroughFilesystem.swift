@@ -51,6 +51,10 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     var passthroughReason = "off: not negotiated yet"
     /// The control socket's path, published in the status attribute; set before mounting.
     public var controlSocket = ""
+    /// Renders `vanish status`'s JSON for a uid (the control plane's
+    /// `StatusReport`); set before mounting. Without it the status
+    /// attribute has no value.
+    package var statusReport: (@Sendable (uid_t) -> String)?
 
     /// Opens `source` (a directory) as the backing root and its graveyard.
     public init(source: String, options: FilesystemOptions, logger: Logger) throws {

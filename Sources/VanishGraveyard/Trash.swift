@@ -71,6 +71,13 @@ public struct TrashEntry: Sendable {
     /// When it was deleted, in ns since the epoch (from its name).
     public var deleted: UInt64
     public var record: TrashRecord
+
+    public init(id: String, shard: Int, deleted: UInt64, record: TrashRecord) {
+        self.id = id
+        self.shard = shard
+        self.deleted = deleted
+        self.record = record
+    }
 }
 
 /// The restorable entries, in memory: loaded from the sidecars at start,
@@ -263,7 +270,7 @@ extension Graveyard {
         var total: UInt64 = 0
         while let d = readdir(dir) {
             guard let child = vanish_dirent_name(d) else { continue }
-            if child[0] == 0x2E && (child[1] == 0 || (child[1] == 0x2E && child[2] == 0)) { continue }
+            if isDotOrDotDot(child) { continue }
             guard let st = try? Sys.lstatat(dirfd(dir), child) else { continue }
             total += UInt64(st.st_blocks) * 512
             if st.st_mode & S_IFMT == S_IFDIR {

@@ -68,7 +68,7 @@ struct TreeRemover {
         let dfd = dirfd(dp)
         while let d = readdir(dp) {
             let child = vanish_dirent_name(d)!
-            if child[0] == 0x2E && (child[1] == 0 || (child[1] == 0x2E && child[2] == 0)) { continue }
+            if isDotOrDotDot(child) { continue }
             if d.pointee.d_type == UInt8(DT_DIR), handBack(dfd, child) { continue }
             if let cst = try? Sys.lstatat(dfd, child) {
                 if cst.st_mode & S_IFMT == S_IFDIR {

@@ -1,0 +1,70 @@
+import CLinux
+import Glibc
+import LinuxSyscalls
+import SystemPackage
+
+/// Who asks, as the kernel vouches for it (SO_PEERCRED on the control
+/// socket): permission checks for listing, restoring and watching use
+/// these, never the daemon's own rights.
+public struct Credentials: Sendable {
+    public var uid: uid_t
+    public var gid: gid_t
+    public var groups: [gid_t]
+
+    public init(uid: uid_t, gid: gid_t, groups: [gid_t]) {
+        self.uid = uid
+        self.gid = gid
+        self.groups = groups
+    }
+
+    /// Whether the mode bits of `st` grant all of `mask` (R=4, W=2, X=1),
+    /// as the kernel's generic_permission decides (root passes, except that
+    /// execute needs some x bit).
+    func permits(_ st: stat, _ mask: mode_t) -> Bool {
+        if uid == 0 { return mask & 1 == 0 || st.st_mode & 0o111 != 0 || st.st_mode & S_IFMT == S_IFDIR }
+        let bits: mode_t
+        if st.st_uid == uid {
+            bits = (st.st_mode >> 6) & 7
+        } else if st.st_gid == gid || groups.contains(st.st_gid) {
+            bits = (st.st_mode >> 3) & 7
+        } else {
+            bits = st.st_mode & 7
+        }
+        return bits & mask == mask
+    }
+
+    /// Opens the directory `components` below `root` as these credentials
+    /// would reach it on the mount: one name at a time, never following a
+    /// symlink, with search permission on every directory on the way and
+    /// `needing` (R=4, W=2, X=1) on the last. Close the result unless it is `root`.
+    func openDirectory(_ components: [[UInt8]], under root: Int32, needing: mode_t) throws(Errno) -> Int32 {
+        var dirFD = root
+        do throws(Errno) {
+            for p in components {
+                guard permits(try Sys.fstat(dirFD), 1) else { throw Errno.permissionDenied }
+                let next = try (p + [0]).withUnsafeBufferPointer { b throws(Errno) in
+                    try Sys.openat(dirFD, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
+                                   VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+                }
+                if dirFD != root { Sys.close(dirFD) }
+                dirFD = next
+            }
+            guard permits(try Sys.fstat(dirFD), needing) else { throw Errno.permissionDenied }
+            return dirFD
+        } catch {
+            if dirFD != root { Sys.close(dirFD) }
+            throw error
+        }
+    }
+
+    /// Whether these credentials could see the entry at `path` below `root`
+    /// (search permission on every directory above it, read permission on
+    /// its own directory), as the kernel would decide on the mount.
+    func mayObserve(_ path: [UInt8], under root: Int32) -> Bool {
+        if uid == 0 { return true }
+        let parts = path.split(separator: 0x2F).dropLast().map { Array($0) }
+        guard let fd = try? openDirectory(parts, under: root, needing: 5) else { return false }
+        if fd != root { Sys.close(fd) }
+        return true
+    }
+}

@@ -1,0 +1,44 @@
+import Glibc
+import VanishClient
+import VanishFS
+
+/// The JSON `vanish status` shows, read through the mount root's
+/// `user.vanish.status` attribute.
+enum StatusReport {
+    /// Restorable counts and bytes are the caller's own (everything for
+    /// root): another user's deletions are not theirs to learn of.
+    static func json(_ f: StatusFacts, for uid: uid_t) -> String {
+        let allRestorable = f.restorable.count
+        var (pending, restorable) = (f.pendingEntries, allRestorable)
+        var restorableBytes = f.restorableBytes
+        if uid != 0 {
+            let own = f.restorable.filter { $0.record.uid == uid }
+            restorable = own.count
+            restorableBytes = own.reduce(0) { $0 + ($1.record.bytes ?? 0) }
+            // Others' kept entries leave the backlog too, or it would count them.
+            pending = max(0, f.pendingEntries - (allRestorable - own.count))
+        }
+        // Entries the window keeps are not due, nor are those that cannot be
+        // deleted, so neither is in the estimate.
+        let due = max(0, f.pendingEntries - allRestorable - f.stuckEntries)
+        let eta: JSON = due == 0 ? 0 : f.pace.entriesPerSecond > 0
+            ? JSON(Int((Double(due) / f.pace.entriesPerSecond).rounded(.up))) : .null
+        let s = f.statistics
+        let o: JSON = [
+            "source": JSON(f.source), "pid": JSON(getpid()), "graveyard": JSON(f.graveyard),
+            "pending_entries": JSON(pending), "eta_seconds": eta, "reaper_idle": JSON(f.reapersIdle),
+            "reap_files_per_second": JSON(Int(f.pace.filesPerSecond)),
+            "reap_entries_per_second": JSON(Int(f.pace.entriesPerSecond)),
+            "reaped_entries": JSON(s.entries), "freed_files": JSON(s.freed.files),
+            "freed_directories": JSON(s.freed.directories), "freed_data_bytes": JSON(s.freed.dataBytes),
+            "freed_bytes": JSON(s.freed.diskBytes), "buried_entries": JSON(s.buried),
+            "reaper_workers": JSON(f.reaperWorkers), "free_bytes": JSON(f.freeBytes),
+            "restorable_entries": JSON(restorable), "stuck_entries": JSON(f.stuckEntries),
+            "restorable_bytes": JSON(restorableBytes), "keep_seconds": JSON(f.keepSeconds),
+            "socket": JSON(f.socket), "known_inodes": JSON(f.knownInodes), "cached_fds": JSON(f.cachedFDs),
+            "fd_cache_limit": JSON(f.fdCacheLimit), "kernel_features": JSON(f.kernelFeatures),
+            "passthrough": JSON(f.passthrough),
+        ]
+        return o.serialized
+    }
+}

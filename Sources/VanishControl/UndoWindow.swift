@@ -1,0 +1,168 @@
+import Glibc
+import LinuxSyscalls
+import SystemPackage
+import VanishFS
+import VanishGraveyard
+
+/// Why a restore did not happen.
+public enum RestoreError: Error, CustomStringConvertible {
+    case noSuchEntry(String)
+    case notYours(String)
+    case taken(String)
+    case invalidDestination(String)
+    case failed(String, Errno)
+
+    public var description: String {
+        switch self {
+        case .noSuchEntry(let what): "nothing restorable is known as \(what)"
+        case .notYours(let what): "\(what) was deleted by another user; only they or root may restore it"
+        case .taken(let path): "\(path) exists; nothing was changed (restore it elsewhere with --to)"
+        case .invalidDestination(let why): why
+        case .failed(let path, let errno): "cannot restore to \(path): \(errno)"
+        }
+    }
+
+    public var errno: Int32 {
+        switch self {
+        case .noSuchEntry: ENOENT
+        case .notYours: EPERM
+        case .taken: EEXIST
+        case .invalidDestination: EINVAL
+        case .failed(_, let e): e.rawValue
+        }
+    }
+}
+
+/// The undo window as a peer of the control socket sees it: what they
+/// deleted (everything, for root), and putting it back where they could
+/// make it themselves.
+struct UndoWindow {
+    let filesystem: PassthroughFilesystem
+
+    /// The restorable entries `who` may see (their own; everything for root), oldest first.
+    func trash(for who: Credentials) -> [TrashEntry] {
+        filesystem.restorable.filter { who.uid == 0 || $0.record.uid == who.uid }
+    }
+
+    /// Restores one entry by id, or by original path (its latest deletion,
+    /// and, for a directory, everything deleted inside it since then that is
+    /// still in the trash). Returns the paths put back. `destination`
+    /// (relative to the mount root) is allowed only for one entry.
+    func restore(id: String?, path: [UInt8]?, to destination: [UInt8]?,
+                 as who: Credentials) throws(RestoreError) -> [[UInt8]] {
+        guard filesystem.hasGraveyard else { throw .noSuchEntry("anything (this mount has no graveyard)") }
+        let all = filesystem.restorable
+        let visible = all.filter { who.uid == 0 || $0.record.uid == who.uid }
+        var plan: [TrashEntry] = []
+        if let id {
+            guard let e = all.first(where: { $0.id == id }) else { throw .noSuchEntry(id) }
+            guard who.uid == 0 || e.record.uid == who.uid else { throw refusal(id, path: e.record.path, as: who) }
+            plan = [e]
+        } else if let path {
+            let shown = String(decoding: path, as: UTF8.self)
+            let exact = all.filter { $0.record.path == path }
+            guard let top = exact.last else {
+                // The directory itself is not in the trash (it never went, or
+                // an interrupted restore brought it back): what was deleted
+                // inside it goes back.
+                plan = Self.newest(inside: path, of: visible)
+                guard !plan.isEmpty, destination == nil else { throw .noSuchEntry(shown) }
+                return try restoreAll(plan, to: nil, as: who, insideOnly: true)
+            }
+            guard who.uid == 0 || top.record.uid == who.uid else { throw refusal(shown, path: path, as: who) }
+            plan = [top]
+            if top.record.kind == .directory && destination == nil {
+                // rm -rf removes children first: they were deleted before the
+                // directory, after any earlier deletion of the same path.
+                let since = exact.dropLast().last?.deleted ?? 0
+                plan += Self.newest(inside: path, of: visible.filter { $0.deleted > since && $0.deleted <= top.deleted })
+            }
+        } else {
+            throw .invalidDestination("name an entry by id or by path")
+        }
+        return try restoreAll(plan, to: destination, as: who, insideOnly: false)
+    }
+
+    /// Why `who` may not restore another user's entry: they are told whose
+    /// it is only if they could see its path; otherwise the answer is the
+    /// one for a name never deleted, so no guessed name can be tested.
+    private func refusal(_ what: String, path: [UInt8], as who: Credentials) -> RestoreError {
+        who.mayObserve(path, under: filesystem.backingRoot) ? .notYours(what) : .noSuchEntry(what)
+    }
+
+    /// Restores `plan` in order (the first to `destination` if given). The
+    /// first entry failing is the answer, unless `insideOnly` (the entries
+    /// are what was deleted inside a directory): then only all failing is.
+    /// An entry that cannot go back (its name taken) stays restorable.
+    private func restoreAll(_ plan: [TrashEntry], to destination: [UInt8]?, as who: Credentials,
+                            insideOnly: Bool) throws(RestoreError) -> [[UInt8]] {
+        var restored: [[UInt8]] = []
+        var firstError: RestoreError?
+        for (i, e) in plan.enumerated() {
+            let target = i == 0 ? (destination ?? e.record.path) : e.record.path
+            do {
+                try restore(e, to: target, as: who)
+                restored.append(target)
+            } catch {
+                if i == 0 && !insideOnly { throw error }
+                firstError = firstError ?? error
+            }
+        }
+        if restored.isEmpty, let firstError { throw firstError }
+        return restored
+    }
+
+    /// The latest deletion of each path inside `dir` among `entries` (oldest
+    /// first), parents before children.
+    static func newest(inside dir: [UInt8], of entries: [TrashEntry]) -> [TrashEntry] {
+        var latest: [[UInt8]: TrashEntry] = [:]
+        for e in entries where isInside(e.record.path, dir) { latest[e.record.path] = e }
+        return latest.values.sorted { $0.record.path.count < $1.record.path.count }
+    }
+
+    static func isInside(_ path: [UInt8], _ dir: [UInt8]) -> Bool {
+        path.count > dir.count + 1 && path[dir.count] == 0x2F && Array(path[..<dir.count]) == dir
+    }
+
+    /// Where `target` (relative to the mount root) may be restored to: its
+    /// directory's components and its last name; never `.`, `..`, the root
+    /// or the state directory.
+    static func destination(_ target: [UInt8]) throws(RestoreError) -> (directory: [[UInt8]], leaf: [UInt8]) {
+        let shown = String(decoding: target, as: UTF8.self)
+        var parts = target.split(separator: 0x2F, omittingEmptySubsequences: true).map { Array($0) }
+        guard let leaf = parts.popLast() else { throw .invalidDestination("cannot restore onto the mount root") }
+        for p in parts + [leaf] where p == [0x2E] || p == [0x2E, 0x2E] {
+            throw .invalidDestination("\(shown): paths may not contain . or ..")
+        }
+        if (parts.first ?? leaf) == Array(Graveyard.stateDirectoryName.utf8) {
+            throw .invalidDestination("\(shown) is Vanish's reserved state directory")
+        }
+        return (parts, leaf)
+    }
+
+    private func restore(_ e: TrashEntry, to target: [UInt8], as who: Credentials) throws(RestoreError) {
+        let shown = String(decoding: target, as: UTF8.self)
+        let (parts, leaf) = try Self.destination(target)
+        let root = filesystem.backingRoot
+        let dirFD: Int32
+        do throws(Errno) {
+            // Creating a name needs write and search permission on the directory.
+            dirFD = try who.openDirectory(parts, under: root, needing: 3)
+        } catch {
+            throw .failed(shown, error)
+        }
+        defer { if dirFD != root { Sys.close(dirFD) } }
+        do throws(PassthroughFilesystem.PutBackFailure) {
+            try (leaf + [0]).withUnsafeBufferPointer { b throws(PassthroughFilesystem.PutBackFailure) in
+                try filesystem.putBack(e, into: dirFD, leaf: UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
+                                       path: target, uid: who.uid)
+            }
+        } catch {
+            switch error {
+            case .gone: throw .noSuchEntry(e.id)
+            case .taken: throw .taken(shown)
+            case .failed(let errno): throw .failed(shown, errno)
+            }
+        }
+    }
+}

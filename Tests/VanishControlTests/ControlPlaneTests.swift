@@ -1,0 +1,139 @@
+import Glibc
+import LinuxSyscalls
+import SystemPackage
+import Testing
+import VanishClient
+@testable import VanishControl
+@testable import VanishFS
+@testable import VanishGraveyard
+
+/// The control plane's decisions, in process: who may reach what, which
+/// entries a restore brings back, what `vanish status` says to whom.
+@Suite("control plane")
+struct ControlPlaneTests {
+    static func entry(_ path: String, uid: UInt32 = 1000, at deleted: UInt64, kind: TrashRecord.Kind = .file,
+                      bytes: UInt64? = 4096) -> TrashEntry {
+        TrashEntry(id: "e\(deleted)", shard: 0, deleted: deleted,
+                   record: TrashRecord(path: Array(path.utf8), uid: uid, gid: uid, bytes: bytes, kind: kind))
+    }
+
+    @Test("a directory's restore plan takes the newest deletion of each path inside it, parents first")
+    func newestInside() {
+        let entries = [
+            Self.entry("d/a", at: 1), Self.entry("d/sub/b", at: 2), Self.entry("d/a", at: 3),
+            Self.entry("d/sub", at: 4, kind: .directory), Self.entry("dd/x", at: 5), Self.entry("d", at: 6, kind: .directory),
+        ]
+        let plan = UndoWindow.newest(inside: Array("d".utf8), of: entries)
+        #expect(plan.map { String(decoding: $0.record.path, as: UTF8.self) }.sorted() == ["d/a", "d/sub", "d/sub/b"])
+        #expect(plan.first { $0.record.path == Array("d/a".utf8) }?.deleted == 3, "the latest d/a")
+        #expect(plan.last?.record.path == Array("d/sub/b".utf8), "children after their parents")
+        #expect(!UndoWindow.isInside(Array("dd/x".utf8), Array("d".utf8)))
+        #expect(!UndoWindow.isInside(Array("d".utf8), Array("d".utf8)))
+    }
+
+    @Test("restore destinations may not be the root, contain . or .., or enter the state directory",
+          arguments: ["", "/", "a/../b", "./a", "a/.", ".vanish", ".vanish/graveyard/x"])
+    func badDestinations(_ target: String) {
+        #expect(throws: RestoreError.self) { try UndoWindow.destination(Array(target.utf8)) }
+    }
+
+    @Test("a destination splits into its directory and its name")
+    func destinationParts() throws {
+        let (dir, leaf) = try UndoWindow.destination(Array("/a//b/c".utf8))
+        #expect(dir == [Array("a".utf8), Array("b".utf8)])
+        #expect(leaf == Array("c".utf8))
+        #expect(try UndoWindow.destination(Array("x.vanish".utf8)).leaf == Array("x.vanish".utf8))
+    }
+
+    @Test("credentials: owner, group and other bits decide, as generic_permission; root needs an x bit only to execute")
+    func permits() {
+        var st = stat()
+        st.st_uid = 1000
+        st.st_gid = 100
+        st.st_mode = S_IFREG | 0o640
+        let owner = Credentials(uid: 1000, gid: 1000, groups: [])
+        let member = Credentials(uid: 1001, gid: 1001, groups: [100])
+        let other = Credentials(uid: 1002, gid: 1002, groups: [])
+        let root = Credentials(uid: 0, gid: 0, groups: [])
+        #expect(owner.permits(st, 6) && !owner.permits(st, 1))
+        #expect(member.permits(st, 4) && !member.permits(st, 2))
+        #expect(!other.permits(st, 4))
+        #expect(root.permits(st, 6) && !root.permits(st, 1))
+        st.st_mode = S_IFREG | 0o604
+        #expect(!member.permits(st, 4), "the group bits apply to a member even when other's would grant more")
+    }
+
+    @Test("another user reaches a directory only through directories they may search, never through a symlink")
+    func openDirectoryAsAnotherUser() throws {
+        var template = Array("/tmp/vanish-control-XXXXXX".utf8CString)
+        guard let made = mkdtemp(&template) else { throw Errno(rawValue: errno) }
+        let base = String(cString: made)
+        defer { _ = try? run(["/bin/rm", "-rf", base]) }
+        chmod(base, 0o755)
+        mkdir(base + "/open", 0o755)
+        mkdir(base + "/open/inner", 0o755)
+        mkdir(base + "/closed", 0o700)
+        mkdir(base + "/closed/inner", 0o755)
+        symlink("open", base + "/link")
+        let root = try Sys.open(base, O_RDONLY | O_DIRECTORY)
+        defer { Sys.close(root) }
+        let user = Credentials(uid: 4242, gid: 4242, groups: [])
+        let fd = try user.openDirectory([Array("open".utf8), Array("inner".utf8)], under: root, needing: 5)
+        Sys.close(fd)
+        #expect(throws: Errno.permissionDenied) {
+            try user.openDirectory([Array("closed".utf8), Array("inner".utf8)], under: root, needing: 5)
+        }
+        #expect(throws: Errno.permissionDenied, "writing needs w on the last directory") {
+            try user.openDirectory([Array("open".utf8)], under: root, needing: 3)
+        }
+        #expect(throws: Errno.notDirectory) { try user.openDirectory([Array("link".utf8)], under: root, needing: 5) }
+        #expect(user.mayObserve(Array("open/inner/file".utf8), under: root))
+        #expect(!user.mayObserve(Array("closed/inner/file".utf8), under: root))
+        #expect(Credentials(uid: 0, gid: 0, groups: []).mayObserve(Array("closed/inner/file".utf8), under: root))
+    }
+
+    static func facts(_ restorable: [TrashEntry], pending: Int, stuck: Int = 0, rate: Double = 0) -> StatusFacts {
+        StatusFacts(source: "/src\"x", graveyard: true, pendingEntries: pending, restorable: restorable,
+                    restorableBytes: restorable.reduce(0) { $0 + ($1.record.bytes ?? 0) } + 100, stuckEntries: stuck,
+                    statistics: .zero, pace: Reaper.Pace(filesPerSecond: rate, entriesPerSecond: rate), reapersIdle: false,
+                    reaperWorkers: 2, freeBytes: 1 << 30, keepSeconds: 3600, socket: "/run/vanish/x.sock",
+                    knownInodes: 7, cachedFDs: 3, fdCacheLimit: 100, kernelFeatures: "passthrough", passthrough: "on")
+    }
+
+    @Test("status: a user sees counts of their own deletions only; root sees all, with measured sizes")
+    func statusPerUser() throws {
+        let restorable = [Self.entry("a", uid: 1000, at: 1), Self.entry("b", uid: 1001, at: 2),
+                          Self.entry("c", uid: 1001, at: 3)]
+        let f = Self.facts(restorable, pending: 10, rate: 4)
+        let mine = try #require(JSON.parse(Array(StatusReport.json(f, for: 1000).utf8)))
+        #expect(mine["restorable_entries"]?.int == 1)
+        #expect(mine["restorable_bytes"]?.int == 4096)
+        #expect(mine["pending_entries"]?.int == 8, "the others' kept entries leave the backlog")
+        #expect(mine["source"]?.string == "/src\"x")
+        let all = try #require(JSON.parse(Array(StatusReport.json(f, for: 0).utf8)))
+        #expect(all["restorable_entries"]?.int == 3)
+        #expect(all["restorable_bytes"]?.int == 3 * 4096 + 100)
+        #expect(all["eta_seconds"]?.int == 2, "7 due entries at 4 a second")
+        #expect(all["keep_seconds"]?.double == 3600)
+    }
+
+    @Test("status: the estimate is unknown (null) while nothing has been reaped yet, and 0 with nothing due")
+    func statusEstimate() throws {
+        let unknown = try #require(JSON.parse(Array(StatusReport.json(Self.facts([], pending: 5), for: 0).utf8)))
+        #expect(unknown["eta_seconds"] == .null)
+        let none = try #require(JSON.parse(Array(StatusReport.json(Self.facts([], pending: 2, stuck: 2), for: 0).utf8)))
+        #expect(none["eta_seconds"]?.int == 0)
+    }
+}
+
+/// Runs a program and waits for it.
+@discardableResult
+private func run(_ argv: [String]) throws -> Int32 {
+    var pid: pid_t = 0
+    var cargs = argv.map { strdup($0) } + [nil]
+    defer { cargs.forEach { free($0) } }
+    guard posix_spawn(&pid, argv[0], nil, nil, &cargs, environ) == 0 else { throw Errno(rawValue: errno) }
+    var status: Int32 = 0
+    waitpid(pid, &status, 0)
+    return status
+}
