@@ -72,10 +72,18 @@ final class BackingNamespace: Sendable {
         try fds.withFD(dir) { pfd throws(Errno) in
             try fds.withFD(newDir) { npfd throws(Errno) in
                 if !burials.isEmpty {
-                    func isDirectory(_ fd: Int32, _ n: UnsafePointer<CChar>) -> Bool {
-                        (try? Sys.lstatat(fd, n)).map { $0.st_mode & S_IFMT == S_IFDIR } ?? false
+                    func directory(_ fd: Int32, _ n: UnsafePointer<CChar>) -> InodeKey? {
+                        guard let st = try? Sys.lstatat(fd, n), st.st_mode & S_IFMT == S_IFDIR else { return nil }
+                        return InodeKey(dev: st.st_dev, ino: st.st_ino)
                     }
-                    if isDirectory(pfd, name) || (exchange && isDirectory(npfd, newName)) { burials.drain() }
+                    let target = directory(npfd, newName)
+                    if directory(pfd, name) != nil || (exchange && target != nil) {
+                        burials.drain()
+                    } else if let target {
+                        // A directory renamed over must be empty, which it is
+                        // not while burials from it are pending.
+                        burials.waitForDirectory(target)
+                    }
                 }
                 try body(pfd, npfd)
             }
@@ -115,10 +123,6 @@ final class BackingNamespace: Sendable {
     /// Lets every pending burial land: a trash listing, a restore or a
     /// snapshot must see each answered unlink in place.
     func settle() { burials.drain() }
-
-    /// Lets the burials queued in the directory `key` land (a directory about
-    /// to be removed or replaced must be empty for real).
-    func settleDirectory(_ key: InodeKey) { burials.waitForDirectory(key) }
 
     // MARK: Pending burials, for the removal logic (`Mutations`)
 

@@ -174,7 +174,9 @@ extension PassthroughFilesystem {
         }
         let st = try lstatUnlessKnown(known, parentFD, name)
         guard st.st_mode & S_IFMT == S_IFDIR else { throw .notDirectory }
-        namespace.settleDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
+        // Its files' burials land first, or it is not empty yet.
+        let taken = namespace.takeQueued(in: InodeKey(dev: st.st_dev, ino: st.st_ino))
+        if !taken.isEmpty { namespace.land(taken) }
         try requireEmptyDirectory(parentFD, name)
         try bury(parentFD, name, st: st, from: parent, caller: caller)
     }
@@ -370,10 +372,6 @@ extension PassthroughFilesystem {
     /// `target`: what `newName` held just before (nil: nothing, or an exchange).
     func renameEntry(_ pfd: Int32, _ name: UnsafePointer<CChar>, _ npfd: Int32, _ newName: UnsafePointer<CChar>,
                      target: stat?, flags: UInt32, newParent: Inode, caller: Caller) throws(Errno) {
-        // A directory renamed over must be empty, which it is not while burials from it are pending.
-        if let target, target.st_mode & S_IFMT == S_IFDIR {
-            namespace.settleDirectory(InodeKey(dev: target.st_dev, ino: target.st_ino))
-        }
         if flags == 0, let target, target.st_mode & S_IFMT != S_IFDIR, target.st_nlink == 1, !holdIfOpen(target),
            let source = try? Sys.lstatat(pfd, name), source.st_mode & S_IFMT != S_IFDIR,
            source.st_ino != target.st_ino || source.st_dev != target.st_dev {
