@@ -252,6 +252,57 @@ class Walk(Workload):
         sh(f"find {target}/tree -ls > /dev/null")
 
 
+class NamesWalk(Walk):
+    """A walk that needs names only (find -name, fd, a build's directory scan):
+    attributes fetched with the listing are work nobody asked for."""
+    def __init__(self, files):
+        super().__init__(files, warm=False)
+        self.name = f"find -name walk of {files // 1000}k files (names only), cold"
+
+    def run(self, target):
+        sh(f"find {target}/tree -name no-such-name > /dev/null")
+
+
+class DiskUsage(Walk):
+    def __init__(self, files):
+        super().__init__(files, warm=False)
+        self.name = f"du -s of {files // 1000}k files, cold"
+
+    def run(self, target):
+        sh(f"du -s {target}/tree > /dev/null")
+
+
+class HeaderProbe(Workload):
+    """What a compiler does with -I: each header is looked for in every include
+    directory in turn until found, and every translation unit asks again, so
+    most lookups fail and the same ones fail repeatedly."""
+    read_only = True
+    dirs, headers, units = 20, 500, 5
+
+    def __init__(self):
+        self.name = f"header probing: {self.headers} headers in {self.dirs} include dirs, {self.units} units (failed lookups)"
+
+    def prepare_source(self, src, cache):
+        for d in range(self.dirs):
+            os.makedirs(os.path.join(src, "inc", f"i{d:02}"))
+        for h in range(self.headers):
+            open(os.path.join(src, "inc", f"i{h % self.dirs:02}", f"h{h:04}.h"), "w").close()
+
+    def run(self, target):
+        sh(f"""python3 -c '
+import os, sys
+root = sys.argv[1]
+for unit in range({self.units}):
+    for h in range({self.headers}):
+        for d in range({self.dirs}):
+            try:
+                os.stat(f"{{root}}/inc/i{{d:02}}/h{{h:04}}.h")
+                break
+            except FileNotFoundError:
+                pass
+' {target}""")
+
+
 class ListBigDir(Workload):
     read_only = True
 
@@ -696,7 +747,8 @@ def workloads(quick):
     mib = 256 if quick else 1024
     repo = 5_000 if quick else 20_000
     return [
-        Create(n), Walk(n, warm=False), Walk(n, warm=True), ListBigDir(n), ParallelStat(n),
+        Create(n), NamesWalk(n), Walk(n, warm=False), Walk(n, warm=True), DiskUsage(n), ListBigDir(n), ParallelStat(n),
+        HeaderProbe(),
         SeqWrite(mib), SeqRead(mib), WarmRead(mib), SeqWrite(mib, direct=True), SeqRead(mib, direct=True),
         RandRead(mib), RandRead(mib, engine="mmap"), TarExtract(), TarCreate(), GitStatus(repo), GitCheckout(repo),
         MetadataOps(n // 5 if not quick else n), RmRf(n), RemoveTreeOneStep(n), RemoveCachedTreeOneStep(n), RemoveTreeInProcess(n), ReaperDrain(n),
