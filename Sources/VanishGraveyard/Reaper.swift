@@ -556,7 +556,12 @@ public final class Reaper: @unchecked Sendable {
             let current = horizon.load(ordering: .relaxed)
             let restorable = graveyard.restorable
             let leaving = restorable.reduce(0) { $1.deleted <= current ? $0 + ($1.record.bytes ?? 0) : $0 }
-            let wanted = bytesToFree(leaving: leaving)
+            // Counted from the same snapshot, not the index's running total:
+            // an entry a worker is taking right now is out of the snapshot
+            // but may still be in the total, which then counted it as kept
+            // and moved the horizon past an entry the limit had room for.
+            let all = restorable.reduce(0) { $0 + ($1.record.bytes ?? 0) }
+            let wanted = bytesToFree(kept: all - leaving, leaving: leaving)
             if wanted > 0 {
                 var freed: UInt64 = 0
                 var newHorizon = current
@@ -575,11 +580,9 @@ public final class Reaper: @unchecked Sendable {
     }
 
     /// How many bytes must go, beyond the `leaving` already chosen, before
-    /// the window's limits hold again.
-    private func bytesToFree(leaving: UInt64) -> UInt64 {
+    /// the window's limits hold again; `kept` is what the window holds besides.
+    private func bytesToFree(kept: UInt64, leaving: UInt64) -> UInt64 {
         var need: UInt64 = 0
-        let all = graveyard.restorableBytes
-        let kept = all > leaving ? all - leaving : 0
         if let max = policy.keepMaxBytes, kept > max { need = kept - max }
         if policy.keepMinFreePercent > 0, let fs = try? Sys.fstatvfs(graveyard.stateFD) {
             let total = Double(fs.f_blocks) * Double(fs.f_frsize)
