@@ -57,10 +57,14 @@ extension PassthroughFilesystem {
     }
 
     /// readdir and readdirplus. For readdirplus each entry is looked up (one
-    /// fstatat, no fd opened) so `ls -l` and `find` need no further round trips.
+    /// fstatat, no fd opened) so `ls -l` and `find` need no further round
+    /// trips; with `readdirplus=walk` only where the walk wants attributes,
+    /// and other entries go as names (node id 0: the kernel takes the name
+    /// and type only).
     public func readdir(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
                         _ fi: UnsafeMutablePointer<fuse_file_info>, plus: Bool) throws(Errno) {
         let h = DirectoryHandle.from(fi)
+        let attributes = plus && (options.readdirPlus != .walk || table.listingWantsAttributes(h.inode))
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 8)
         defer { buffer.deallocate() }
         let used = try namespace.reading(h) { stream throws(Errno) -> Int in
@@ -86,9 +90,9 @@ extension PassthroughFilesystem {
                     let needed = fuse_add_direntry_plus(req.raw, nil, 0, name, nil, 0)
                     if needed > room { seekdir(stream, h.offset); break }
                     var e = fuse_entry_param()
-                    if isDotOrDotDot(name) {
-                        // No lookup for . and ..: node id 0 tells the kernel to
-                        // take only the name and type.
+                    if isDotOrDotDot(name) || !attributes {
+                        // No lookup for . and .., nor for names only: node id
+                        // 0 tells the kernel to take only the name and type.
                         e.attr.st_ino = d.pointee.d_ino
                         e.attr.st_mode = mode_t(d.pointee.d_type) << 12
                     } else {

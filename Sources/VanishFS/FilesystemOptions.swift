@@ -18,6 +18,13 @@ public enum CacheMode: String, Sendable, CaseIterable {
 /// (READDIRPLUS), which spares a LOOKUP per entry to programs that go on to
 /// stat, open or unlink what they listed.
 public enum ReaddirPlusMode: String, Sendable, CaseIterable {
+    /// Fitted to the walk, per directory: names only, until programs look
+    /// up the files of a directory they listed (`ls -l`, `find -ls`, `du`,
+    /// `rm -rf`, `git status`); then listings of it and of the directories
+    /// near it (under its parent or grandparent) carry attributes for a while
+    /// (`InodeTable.walkHintSeconds`). `find -name` costs no lstat per entry,
+    /// and a stat walk pays lookups only in its first directory.
+    case walk
     /// Every listing carries attributes: `rm -rf`, `find -ls`, `du`, `tar`,
     /// `ls -l` and cp -r need no LOOKUP after reading a directory, at the
     /// price of an lstat per entry for programs that only want names.
@@ -32,7 +39,7 @@ public enum ReaddirPlusMode: String, Sendable, CaseIterable {
 /// The filesystem's own settings (libfuse's mount options are separate).
 public struct FilesystemOptions: Sendable {
     public var cache: CacheMode = .auto
-    public var readdirPlus: ReaddirPlusMode = .always
+    public var readdirPlus: ReaddirPlusMode = .walk
     /// Kernel write-back caching of file data (FUSE_CAP_WRITEBACK_CACHE).
     /// The kernel allows no passthrough beside it.
     public var writeback = false

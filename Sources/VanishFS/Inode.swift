@@ -36,6 +36,10 @@ final class Inode: @unchecked Sendable {
     /// A directory `vanish rm` sent to the graveyard while the kernel still
     /// knew it (a process may be inside it); cleared by a restore.
     var buried = false
+    /// For a directory: when (CLOCK_MONOTONIC_COARSE seconds, 0: never) a
+    /// file in it, or in one of its subdirectories, was looked up; listings
+    /// near it then carry attributes (`ReaddirPlusMode.walk`).
+    var filesLookedUp: UInt32 = 0
 
     // Guarded by FDCache's lock.
     var fd: Int32 = -1

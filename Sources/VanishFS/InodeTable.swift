@@ -74,6 +74,49 @@ final class InodeTable: @unchecked Sendable {
         }
     }
 
+    /// How long a directory's files being looked up keeps listings near it
+    /// carrying attributes: long enough for a walk to reach its next
+    /// directories, short enough that a later names-only walk is not charged.
+    static let walkHintSeconds: UInt32 = 30
+
+    /// A LOOKUP found a file (not a directory) in `dir`: programs stat what
+    /// they listed there, so listings of `dir` and of the directories near
+    /// it carry attributes for a while (see `ReaddirPlusMode.walk`). Marks
+    /// `dir`, its parent and grandparent; `listingWantsAttributes` looks as far up.
+    func noteFileLookedUp(in dir: Inode) {
+        let now = Self.coarseSeconds()
+        lock.withLock { _ in
+            if dir.filesLookedUp != now {
+                dir.filesLookedUp = now
+                dir.parent?.filesLookedUp = now
+                dir.parent?.parent?.filesLookedUp = now
+            }
+        }
+    }
+
+    /// Whether a listing of `dir` should carry attributes: a file of it, or
+    /// of a directory near it (sharing its parent or grandparent), was
+    /// looked up lately, so the walk that did it is likely stat'ing here next.
+    func listingWantsAttributes(_ dir: Inode) -> Bool {
+        let now = Self.coarseSeconds()
+        return lock.withLock { _ in
+            var d: Inode? = dir
+            for _ in 0..<3 {
+                guard let here = d else { return false }
+                if here.filesLookedUp != 0 && now &- here.filesLookedUp < Self.walkHintSeconds { return true }
+                d = here.parent
+            }
+            return false
+        }
+    }
+
+    /// Seconds since boot, as cheap as a clock gets (no system call); never 0.
+    private static func coarseSeconds() -> UInt32 {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts)
+        return UInt32(truncatingIfNeeded: ts.tv_sec) | 1
+    }
+
     /// Drops `count` kernel lookups; returns true when the inode is gone
     /// from the kernel (its fd should be closed).
     func forget(_ inode: Inode, count: UInt64) -> Bool {

@@ -132,7 +132,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         }
         negotiateKernelFeatures()
         switch options.readdirPlus {
-        case .always: conn.pointee.want &= ~UInt32(FUSE_CAP_READDIRPLUS_AUTO)
+        // The daemon decides per listing for `walk`, so the kernel always asks.
+        case .always, .walk: conn.pointee.want &= ~UInt32(FUSE_CAP_READDIRPLUS_AUTO)
         case .auto: break
         case .never: conn.pointee.want &= ~UInt32(FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO)
         }

@@ -324,7 +324,7 @@ struct ParityTests {
         defer { removeTree(plain) }
         let expected = parityScript(root: plain)
         for opts in [["cache=never"], ["cache=never", "passthrough=off"], ["cache=always"], ["passthrough=off"],
-                     ["writeback"], ["clone_fd", "threads=3"], ["readdirplus=auto", "sync_unlink"], ["readdirplus=never"]] {
+                     ["writeback"], ["clone_fd", "threads=3"], ["readdirplus=auto", "sync_unlink"], ["readdirplus=never"], ["readdirplus=always"]] {
             try withVanishMount(options: opts) { m in
                 var actual = parityScript(root: m.mountpoint)
                 var expected = expected
