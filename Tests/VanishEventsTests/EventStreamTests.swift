@@ -337,7 +337,8 @@ struct EventStreamTests {
             #expect(try sh("touch a/x b/y && mv b/y a/z && mv a/x b/x && touch b/w", cwd: m.mountpoint).ok)
             try s.waitFor("the move out of a") { $0["path"] as? String == "b/x" }
             #expect(try sh("touch a/end", cwd: m.mountpoint).ok)
-            try s.waitFor("a/end") { $0["path"] as? String == "a/end" }
+            // The last event expected: touch's times, after its create.
+            try s.waitFor("a/end's times") { $0["path"] as? String == "a/end" && $0["type"] as? String == "attributes" }
             let seen = s.events.filter { !($0["path"] as? String ?? "").hasPrefix("a/.attach-") }
                 .map { "\($0["type"] as? String ?? "") \($0["path"] as? String ?? "")\(($0["from"] as? String).map { " <- " + $0 } ?? "")" }
             // touch creates, then sets the times.
