@@ -23,8 +23,7 @@ extension PassthroughFilesystem {
             return
         }
         if st.st_dev != p.key.dev { noteCrossing(into: st, at: name) }
-        if options.readdirPlus == .walk && st.st_mode & S_IFMT != S_IFDIR { table.noteFileLookedUp(in: p) }
-        let node = table.remember(st, birth: birth, parent: p, name: name)
+        let node = table.remember(st, birth: birth, parent: p, name: name, lookedUp: options.readdirPlus == .walk)
         var e = entry(node, st)
         req.reply(entry: &e)
     }

@@ -43,11 +43,16 @@ final class InodeTable: @unchecked Sendable {
     /// Records one more kernel lookup of the file `st` describes (born at
     /// `birth`, see `Sys.lstatatWithBirth`), found as `name` in `parent`;
     /// returns its inode (new or known).
-    func remember(_ st: stat, birth: UInt64, parent: Inode, name: UnsafePointer<CChar>) -> Inode {
+    /// `lookedUp`: a LOOKUP found it, which for a file stamps `parent` (see
+    /// `stamp`) under the same lock.
+    func remember(_ st: stat, birth: UInt64, parent: Inode, name: UnsafePointer<CChar>,
+                  lookedUp: Bool = false) -> Inode {
         let key = InodeKey(dev: st.st_dev, ino: st.st_ino)
         let type = st.st_mode & S_IFMT
         if key == root.key { return root }
+        let stamp = lookedUp && type != S_IFDIR ? Self.coarseSeconds() : 0
         return lock.withLock { map in
+            if stamp != 0 { Self.stamp(parent, stamp) }
             // A known inode of another type or birth time means the number
             // was reused: start a new node, the old one lives until forgotten.
             // The kernel may hold an old node long after its file was freed
@@ -79,19 +84,16 @@ final class InodeTable: @unchecked Sendable {
     /// directories, short enough that a later names-only walk is not charged.
     static let walkHintSeconds: UInt32 = 30
 
-    /// A LOOKUP found a file (not a directory) in `dir`: programs stat what
-    /// they listed there, so listings of `dir` and of the directories near
-    /// it carry attributes for a while (see `ReaddirPlusMode.walk`). Marks
-    /// `dir`, its parent and grandparent; `listingWantsAttributes` looks as far up.
-    func noteFileLookedUp(in dir: Inode) {
-        let now = Self.coarseSeconds()
-        lock.withLock { _ in
-            if dir.filesLookedUp != now {
-                dir.filesLookedUp = now
-                dir.parent?.filesLookedUp = now
-                dir.parent?.parent?.filesLookedUp = now
-            }
-        }
+    /// With the lock held. A LOOKUP found a file (not a directory) in `dir`:
+    /// programs stat what they listed there, so listings of `dir` and of the
+    /// directories near it carry attributes for a while (see
+    /// `ReaddirPlusMode.walk`). Marks `dir`, its parent and grandparent;
+    /// `listingWantsAttributes` looks as far up.
+    private static func stamp(_ dir: Inode, _ now: UInt32) {
+        guard dir.filesLookedUp != now else { return }
+        dir.filesLookedUp = now
+        dir.parent?.filesLookedUp = now
+        dir.parent?.parent?.filesLookedUp = now
     }
 
     /// Whether a listing of `dir` should carry attributes: a file of it, or
