@@ -110,6 +110,16 @@ long vanish_filesystem_type(int fd) {
     return fstatfs(fd, &fs) == 0 ? (long)fs.f_type : -1;
 }
 
+int vanish_filesystem_is_remote(int fd) {
+    switch (vanish_filesystem_type(fd)) {
+    case FUSE_SUPER_MAGIC: case NFS_SUPER_MAGIC: case CIFS_SUPER_MAGIC: case SMB2_SUPER_MAGIC:
+    case SMB_SUPER_MAGIC: case CEPH_SUPER_MAGIC: case AFS_FS_MAGIC: case V9FS_MAGIC:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 long vanish_filesystem_type_at(const char *path) {
     struct statfs fs;
     return statfs(path, &fs) == 0 ? (long)fs.f_type : -1;

@@ -38,6 +38,11 @@ enum StatusReport {
             "socket": JSON(f.socket), "known_inodes": JSON(f.knownInodes), "cached_fds": JSON(f.cachedFDs),
             "fd_cache_limit": JSON(f.fdCacheLimit), "kernel_features": JSON(f.kernelFeatures),
             "passthrough": JSON(f.passthrough),
+            "client": f.client.map { JSON($0) } ?? .null, "lease_seconds": JSON(f.leaseSeconds),
+            "other_clients": .array(f.otherClients.map { p -> JSON in
+                ["client": JSON(p.client.name), "pending_entries": JSON(p.entries),
+                 "silent_seconds": JSON(Int(p.silentSeconds)), "lease": JSON(p.expired ? "expired" : "live")]
+            }),
         ]
         return o.serialized
     }

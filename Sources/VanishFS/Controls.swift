@@ -114,7 +114,9 @@ extension PassthroughFilesystem {
             reaperWorkers: reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize),
             keepSeconds: Double(reaper?.policy.keep ?? 0) / 1e9, socket: controlSocket,
             knownInodes: table.count, cachedFDs: namespace.cachedFDs, fdCacheLimit: namespace.fdLimit,
-            kernelFeatures: "\(KernelFeatures.granted)", passthrough: passthroughState)
+            kernelFeatures: "\(KernelFeatures.granted)", passthrough: passthroughState,
+            client: graveyard?.client.name, leaseSeconds: Double(leases?.length ?? 0) / 1e9,
+            otherClients: leases?.observe() ?? [])
     }
 }
 
@@ -141,4 +143,9 @@ package struct StatusFacts {
     package var fdCacheLimit: Int
     package var kernelFeatures: String
     package var passthrough: String
+    /// This client's id in the source's state directory.
+    package var client: String?
+    package var leaseSeconds: Double
+    /// The other clients of a shared source, and what their graveyards hold.
+    package var otherClients: [ClientLeases.Peer]
 }

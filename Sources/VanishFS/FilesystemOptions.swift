@@ -54,6 +54,12 @@ public struct FilesystemOptions: Sendable {
     public var posixACLs = false
     /// Most O_PATH fds kept open for inodes; nil picks half the fd limit.
     public var fdCacheLimit: Int?
+    /// This client's name in a shared source's state directory; nil: the
+    /// host name and a hash of the machine id and the source path.
+    public var client: ClientID?
+    /// How long (ns) a client may go without renewing its lease before
+    /// another adopts its graveyard.
+    public var leaseLength: UInt64 = 60_000_000_000
     /// Reaper threads; nil picks the number of cores.
     public var reaperWorkers: Int?
     /// Delete through the graveyard. Off for read-only mounts, which must

@@ -51,14 +51,14 @@ extension PassthroughFilesystem {
     /// mounted inside the source; made at that filesystem's root if it has
     /// none. nil when deletes there must be done in the request.
     func nestedGraveyard(under parent: Inode) -> (Graveyard, Reaper)? {
-        guard graveyard != nil, let reaper else { return nil }
+        guard let main = graveyard, let reaper else { return nil }
         let dev = parent.key.dev
         let site = nested.site(dev) {
             let top = table.topmostOnDevice(from: parent)
             let place = "/" + String(decoding: table.path(of: top, appending: nil), as: UTF8.self)
             let opened: Result<Graveyard, GraveyardError>
             do throws(Errno) {
-                opened = try namespace.withFD(top) { fd in Result { () throws(GraveyardError) in try Graveyard(rootFD: fd) } }
+                opened = try namespace.withFD(top) { fd in Result { () throws(GraveyardError) in try Graveyard(rootFD: fd, client: main.client) } }
             } catch {
                 opened = .failure(.cannotCreate(error))
             }
@@ -82,12 +82,12 @@ extension PassthroughFilesystem {
     /// asked about, a graveyard an earlier session left there is opened (never
     /// made), so its leftovers are reaped. Only called for that one name.
     func isNestedStateDirectory(in parent: Inode) -> Bool {
-        guard let reaper, parent.key.dev != table.root.key.dev else { return false }
+        guard let main = graveyard, let reaper, parent.key.dev != table.root.key.dev else { return false }
         let site = nested.site(parent.key.dev) {
             let top = table.topmostOnDevice(from: parent)
             guard top === parent else { return nil }
             let found = try? namespace.withFD(top) { fd in
-                Result { () throws(GraveyardError) in try Graveyard(rootFD: fd, create: false) }
+                Result { () throws(GraveyardError) in try Graveyard(rootFD: fd, client: main.client, create: false) }
             }
             switch found {
             case .success(let g):

@@ -28,6 +28,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// cannot hold a graveyard (read-only), and deletes are then done in the request.
     let graveyard: Graveyard?
     public let reaper: Reaper?
+    /// This client's lease, and the adoption of gone clients' graveyards.
+    public let leases: ClientLeases?
     /// Whether unlinks are answered before their rename (see `DeferredBurials`).
     let defersUnlink: Bool
     /// Graveyards of filesystems mounted inside the source, made as needed.
@@ -64,7 +66,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         var grave: Graveyard?
         if options.graveyard {
             do {
-                grave = try Graveyard(rootFD: fd)
+                grave = try Graveyard(rootFD: fd, client: options.client ?? ClientID.local(source: source))
             } catch GraveyardError.cannotCreate(let why)
                         where [.permissionDenied, .readOnlyFileSystem, .notPermitted].contains(why) {
                 // A source we may read but not write: serve it, deleting in the request.
@@ -76,10 +78,23 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         }
         graveyard = grave
         reaper = grave.map {
-            Reaper(graveyard: $0, workers: options.reaperWorkers ?? Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))),
+            Reaper(graveyard: $0, workers: options.reaperWorkers ?? Reaper.defaultWorkers(for: $0),
                    policy: options.reaping)
         }
         sourcePath = source
+        do {
+            leases = try grave.map { g throws(Errno) in try ClientLeases(graveyard: g, length: options.leaseLength, adopting: true) }
+        } catch {
+            Sys.close(fd)
+            throw error
+        }
+        if let leases, let reaper {
+            leases.landed = { [unowned reaper] shard in reaper.noteBuried(shard: shard, dueNow: true) }
+            leases.adopted = { [logger] client, entries in
+                logger.notice("adopted the graveyard of a client whose lease expired",
+                              metadata: ["client": "\(client)", "entries": "\(entries)"])
+            }
+        }
         // Answering unlinks before their burial needs the log that lets the
         // next mount finish them if this daemon dies first.
         var intents: UnlinkIntents?
@@ -139,6 +154,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         }
         // Threads start here, after daemonizing (a fork keeps only the forking thread).
         reaper?.start()
+        leases?.start()
         invalidations.start()
         if defersUnlink {
             namespace.startBurials(land: { [unowned self] in landQueued($0, parentFD: $1) }, gone: { [log] error in
@@ -203,9 +219,11 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     public func stopReaping(finish: Bool) {
         // Unlinks already answered are owed their rename, whatever the signal.
         namespace.stopBurials()
+        leases?.stopAdopting()
         let reapers = allReapers
         for r in reapers { r.stop(finish ? .whenEmpty : .now) }
         for r in reapers { r.join() }
+        leases?.stop()
         let s = reapingStatistics
         log.info("reaper stopped", metadata: ["entries": "\(s.entries)", "files": "\(s.freed.files)",
                                               "directories": "\(s.freed.directories)", "bytes": "\(s.freed.diskBytes)",

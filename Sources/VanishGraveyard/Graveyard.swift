@@ -4,8 +4,13 @@ import LinuxSyscalls
 import Synchronization
 import SystemPackage
 
-/// Where deleted entries wait for the reaper: `SOURCE/.vanish/graveyard/<shard>/<unique name>`,
-/// on the same filesystem as what is deleted, so hiding an entry is one rename.
+/// Where deleted entries wait for the reaper:
+/// `SOURCE/.vanish/clients/<client>/graveyard/<shard>/<unique name>`, on the
+/// same filesystem as what is deleted, so hiding an entry is one rename.
+/// Each client of a shared source (see `ClientID`) has a directory of its
+/// own under `clients/`, holding its graveyard, its event journal, its log
+/// of answered unlinks and its lease; another client only ever takes a
+/// graveyard whole, with one rename (`Adoption`).
 ///
 /// Nothing here is reachable through the mount: the filesystem hides the
 /// state directory from readdir and lookup and refuses to create it.
@@ -13,56 +18,110 @@ public final class Graveyard: @unchecked Sendable {
     /// The state directory's name in the source root.
     public static let stateDirectoryName = ".vanish"
     static let markerName = "VANISH-STATE-DIRECTORY"
+    /// Where the clients' directories are, in the state directory.
+    public static let clientsDirectoryName = "clients"
+    /// A client's graveyard, in its directory.
+    static let graveyardName = "graveyard"
+    /// Graveyards this one adopted, in it, until their entries are moved in.
+    static let incomingName = "incoming"
     /// Entries are spread over this many directories so none grows huge.
     /// At most 64: the reaper keeps one bit per shard in a word.
     public static let shardCount = 64
 
     /// O_PATH fds of the shard directories, open for the graveyard's life.
     public let shardFDs: [Int32]
+    /// This client's directory, `.vanish/clients/<client>`: its journal,
+    /// unlink log and lease live here too.
     public let stateFD: Int32
+    /// `.vanish` itself, shared by every client of the source.
+    public let sharedFD: Int32
+    /// The graveyard directory, parent of the shards (O_PATH).
+    let graveyardFD: Int32
+    public let client: ClientID
     public let device: dev_t
-    private let counter = Atomic<UInt64>(0)
+    let counter = Atomic<UInt64>(0)
     private let instance: UInt32
     let trash = TrashIndex()
 
-    /// Opens (or, with `create`, makes) the state directory in the root `rootFD`.
-    /// Refuses a `.vanish` that is not Vanish's: nothing of the user's is touched.
-    /// Without `create`, a missing one is `.absent`.
-    public init(rootFD: Int32, create: Bool = true) throws(GraveyardError) {
+    /// Opens (or, with `create`, makes) the state directory in the root
+    /// `rootFD`, and `client`'s directory in it. Refuses a `.vanish` that is
+    /// not Vanish's: nothing of the user's is touched. Without `create`, a
+    /// missing state directory is `.absent` (a missing client directory in
+    /// one that exists is made). The state of a Vanish from before per-client
+    /// directories moves into `client`'s, with one rename each.
+    public init(rootFD: Int32, client: ClientID, create: Bool = true) throws(GraveyardError) {
         let name = Graveyard.stateDirectoryName
         if create { try Graveyard.makeStateDirectory(in: rootFD) }
-        let state: Int32
+        let shared: Int32
         do throws(Errno) {
-            state = try Sys.openat(rootFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+            shared = try Sys.openat(rootFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
         } catch .noSuchFileOrDirectory where !create {
             throw .absent
         } catch {
             throw .notOurs
         }
-        guard (try? Sys.lstatat(state, Graveyard.markerName)) != nil else {
-            Sys.close(state)
+        guard (try? Sys.lstatat(shared, Graveyard.markerName)) != nil else {
+            Sys.close(shared)
             throw .notOurs
         }
-        stateFD = state
+        sharedFD = shared
+        self.client = client
         var shards: [Int32] = []
+        var state: Int32 = -1, grave: Int32 = -1
         do throws(Errno) {
-            do throws(Errno) { try Sys.mkdirat(state, "graveyard", 0o700) } catch .fileExists {}
-            let grave = try Sys.openat(state, "graveyard", VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
-            defer { Sys.close(grave) }
+            state = try Graveyard.makeDirectory(shared, [Graveyard.clientsDirectoryName, client.name])
+            Graveyard.moveLegacyState(from: shared, to: state)
+            grave = try Graveyard.makeDirectory(state, [Graveyard.graveyardName])
             for i in 0..<Graveyard.shardCount {
-                let shard = Graveyard.hex(UInt64(i), digits: 2)
-                do throws(Errno) { try Sys.mkdirat(grave, shard, 0o700) } catch .fileExists {}
-                shards.append(try Sys.openat(grave, shard, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW))
+                shards.append(try Graveyard.makeDirectory(grave, [Graveyard.hex(UInt64(i), digits: 2)]))
             }
             device = try Sys.fstat(grave).st_dev
         } catch {
             shards.forEach(Sys.close)
-            Sys.close(state)
+            if grave >= 0 { Sys.close(grave) }
+            if state >= 0 { Sys.close(state) }
+            Sys.close(shared)
             throw .cannotCreate(error)
         }
+        stateFD = state
+        graveyardFD = grave
         shardFDs = shards
         instance = UInt32(truncatingIfNeeded: getpid())
         loadTrash()
+    }
+
+    /// mkdir (mode 0700) and open (O_PATH) each name of `path` in turn,
+    /// starting at `dirFD`; ones already there are opened, never followed.
+    static func makeDirectory(_ dirFD: Int32, _ path: [String]) throws(Errno) -> Int32 {
+        var at = dirFD
+        for (i, name) in path.enumerated() {
+            do throws(Errno) { try Sys.mkdirat(at, name, 0o700) } catch .fileExists {}
+            let next: Int32
+            do throws(Errno) {
+                next = try Sys.openat(at, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+            } catch {
+                if i > 0 { Sys.close(at) }
+                throw error
+            }
+            if i > 0 { Sys.close(at) }
+            at = next
+        }
+        return at
+    }
+
+    /// A state directory from before per-client directories kept its
+    /// graveyard, journal and unlink log in `.vanish` itself: the first
+    /// client to open it takes them over, a rename each. A graveyard the
+    /// client already has leaves the old one to be absorbed as adopted.
+    private static func moveLegacyState(from shared: Int32, to state: Int32) {
+        for name in ["events", UnlinkIntents.fileName] where (try? Sys.lstatat(shared, name)) != nil {
+            try? Sys.renameNoReplace(shared, name, state, name)
+        }
+        guard (try? Sys.lstatat(shared, graveyardName)) != nil else { return }
+        if (try? Sys.renameNoReplace(shared, graveyardName, state, graveyardName)) != nil { return }
+        guard let grave = try? makeDirectory(state, [graveyardName, incomingName]) else { return }
+        defer { Sys.close(grave) }
+        _ = try? Sys.renameNoReplace(shared, graveyardName, grave, "legacy-" + hex(Sys.wallClockNow(), digits: 16))
     }
 
     /// Whether the directory `rootFD` holds a `.vanish` that is Vanish's (it carries the marker).
@@ -94,7 +153,9 @@ public final class Graveyard: @unchecked Sendable {
 
     deinit {
         shardFDs.forEach(Sys.close)
+        Sys.close(graveyardFD)
         Sys.close(stateFD)
+        Sys.close(sharedFD)
     }
 
     /// Moves `name` out of `parentFD` into the graveyard with one rename and
@@ -148,7 +209,7 @@ public final class Graveyard: @unchecked Sendable {
     /// `<ns since epoch>-<pid>-<counter>` in hex, built on the stack: unique
     /// across restarts, and sorting by name sorts by deletion time.
     @inline(__always)
-    private func withUniqueName<R>(_ n: UInt64, time ns: UInt64,
+    func withUniqueName<R>(_ n: UInt64, time ns: UInt64,
                                    _ body: (UnsafePointer<CChar>) throws(Errno) -> R) throws(Errno) -> R {
         var storage: (UInt64, UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0, 0)
         return try withUnsafeMutableBytes(of: &storage) { raw throws(Errno) -> R in
@@ -196,7 +257,7 @@ public enum GraveyardError: Error, CustomStringConvertible, Equatable {
         case .absent:
             return "there is no \(Graveyard.stateDirectoryName) state directory"
         case .cannotCreate(let errno):
-            return "cannot create the graveyard \(Graveyard.stateDirectoryName)/graveyard in the source: \(errno)"
+            return "cannot create the graveyard in the source's \(Graveyard.stateDirectoryName): \(errno)"
         }
     }
 }

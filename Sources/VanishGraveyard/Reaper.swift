@@ -53,7 +53,7 @@ public final class Reaper: @unchecked Sendable {
         case now = 2
     }
 
-    private let graveyard: Graveyard
+    public let graveyard: Graveyard
     public let workerCount: Int
     private let progress = ReapProgress()
     private let buried = Atomic<UInt64>(0)
@@ -135,6 +135,18 @@ public final class Reaper: @unchecked Sendable {
         threads = (0..<workerCount).map { _ in WorkerThread() }
         limiter = policy.rate.map(RateLimiter.init(perSecond:))
     }
+
+    /// Workers for a graveyard when none are asked for: one per core on a
+    /// local disk. On a network (or FUSE) backend each deletion waits on a
+    /// round trip, and workers on different directories overlap them; within
+    /// one directory they do not (GlusterFS serializes a directory's entry
+    /// changes): 8 workers drained 3,000 files in 30 directories of a
+    /// replica-2 volume in 3.05 s against 4.09 s with 2 (native rm -rf: 4.85 s).
+    public static func defaultWorkers(for graveyard: Graveyard) -> Int {
+        let cores = Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))
+        return vanish_filesystem_is_remote(graveyard.stateFD) == 1 ? max(cores, remoteWorkers) : cores
+    }
+    public static let remoteWorkers = 8
 
     /// Whether entries wait out an undo window.
     @inline(__always)

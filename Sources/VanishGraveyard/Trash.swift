@@ -205,7 +205,7 @@ extension Graveyard {
         }
     }
 
-    private func readSidecar(_ shardFD: Int32, _ id: String) -> TrashRecord? {
+    func readSidecar(_ shardFD: Int32, _ id: String) -> TrashRecord? {
         guard let fd = try? Sys.openat(shardFD, "." + id, O_RDONLY | O_NOFOLLOW) else { return nil }
         defer { Sys.close(fd) }
         var data: [UInt8] = []

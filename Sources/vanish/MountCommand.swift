@@ -17,9 +17,13 @@ struct MountCommand: ParsableCommand {
             -o takes libfuse/kernel options (allow_other, default_permissions, ro, fsname=, ...) \
             and Vanish's own: cache=auto|always|never, threads=N, clone_fd, writeback, fd_cache=N, reapers=N, sync_unlink, readdirplus=walk|always|auto|never, \
             keep=DURATION, keep_max_bytes=SIZE, keep_min_free=PERCENT, reap_rate=FILES_PER_SECOND, reap_yield=DURATION, \
-            passthrough=auto|off. \
+            passthrough=auto|off, client=ID, lease=DURATION. \
             allow_other always turns default_permissions on, so other users get only what \
             the file modes grant them.
+
+            A source several machines share (a network volume) may be mounted by each of them: \
+            every mount keeps its state in SOURCE/.vanish/clients/ID/, renews a lease there, \
+            and adopts the graveyard of a client silent for a whole lease (default 60s).
 
             Unmount with `fusermount3 -u MOUNTPOINT`, `vanish unmount MOUNTPOINT`, SIGINT or SIGTERM.
             """

@@ -1,6 +1,7 @@
 import ArgumentParser
 import VanishEvents
 import VanishFS
+import VanishGraveyard
 
 /// Splits `-o` lists into Vanish's own settings and the options libfuse and
 /// the kernel understand (allow_other, default_permissions, ro, fsname, ...).
@@ -18,7 +19,8 @@ struct MountOptionList {
     /// Keys Vanish takes itself; everything else goes to libfuse.
     static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache", "reapers",
                                        "keep", "keep_max_bytes", "keep_min_free", "reap_rate", "reap_yield", "noevents",
-                                       "events_max_bytes", "sync_unlink", "readdirplus", "readahead", "passthrough"]
+                                       "events_max_bytes", "sync_unlink", "readdirplus", "readahead", "passthrough",
+                                       "client", "lease"]
 
     init(_ lists: [String]) throws {
         for list in lists {
@@ -50,6 +52,17 @@ struct MountOptionList {
                         throw ValidationError("-o reapers= takes a number from 1 to 64")
                     }
                     filesystem.reaperWorkers = n
+                case "client":
+                    do {
+                        filesystem.client = try ClientID(value ?? "")
+                    } catch {
+                        throw ValidationError("-o client=: \(error)")
+                    }
+                case "lease":
+                    guard let v = value, let ns = Quantity.duration(v), ns >= 4_000_000_000 else {
+                        throw ValidationError("-o lease= takes a duration of at least 4s, such as 30s or 2m")
+                    }
+                    filesystem.leaseLength = ns
                 case "keep":
                     guard let v = value, let ns = Quantity.duration(v) else {
                         throw ValidationError("-o keep= takes a duration such as 0, 90s, 30m, 12h or 7d")

@@ -12,13 +12,24 @@ struct ReapCommand: ParsableCommand {
         commandName: "reap",
         abstract: "Empty a source directory's graveyard (and those of filesystems mounted inside it) without mounting it.",
         discussion: """
-            For leftovers of a mount that ended before its reaper finished. Safe while the \
-            source is mounted too. SIGINT or SIGTERM stops it; what is left stays for next time.
+            For leftovers of a mount that ended before its reaper finished. SIGINT or SIGTERM \
+            stops it; what is left stays for next time. On a source shared by several clients \
+            (one volume mounted on many machines), this reaps this client's graveyard; \
+            --adopt CLIENT takes over the graveyard of a client that is gone first (also \
+            while the source is mounted here: the mount then reaps it). `vanish status` \
+            lists the other clients.
             """
     )
 
-    @Option(help: "Reaper threads (default: number of cores).")
+    @Option(help: "Reaper threads (default: number of cores; at least 8 on a network or FUSE backend).")
     var workers: Int?
+
+    @Option(help: ArgumentHelp("Take over the graveyard of this other client of a shared source (it is gone); may repeat.",
+                               valueName: "client"))
+    var adopt: [String] = []
+
+    @Option(help: "This client's id in a shared source, as given to mount with -o client= (default: the host name and a hash of the machine id and the source path).")
+    var client: String?
 
     @Argument(help: "The source directory (what was mounted).")
     var source: String
@@ -28,7 +39,23 @@ struct ReapCommand: ParsableCommand {
         StopSignals.block()
         let src = try MountPaths.resolve(source, what: "source")
         try MountPaths.requireDirectory(src, what: "source")
-        try MountPaths.lockSource(src)
+        let me: ClientID
+        let others: [ClientID]
+        do {
+            me = try client.map { try ClientID($0) } ?? ClientID.local(source: src)
+            others = try adopt.map { try ClientID($0) }
+        } catch {
+            throw ValidationError("\(error)")
+        }
+        do {
+            try MountPaths.lockSource(src)
+        } catch where !others.isEmpty {
+            // Mounted here: claim them for the mount, whose lease thread moves them in and reaps them.
+            try claim(others, in: src, as: me)
+            print("the mount of \(src) reaps what was adopted (see vanish status on its mountpoint)")
+            return
+        }
+        if !others.isEmpty { try claim(others, in: src, as: me) }
         // The source's graveyard, and those of filesystems mounted inside it.
         let roots = [src] + MountPaths.mounts().map(\.point).filter { $0.hasPrefix(src == "/" ? "/" : src + "/") }
         var found: [Reaper] = []
@@ -37,19 +64,24 @@ struct ReapCommand: ParsableCommand {
             defer { Sys.close(fd) }
             guard Graveyard.isStateDirectory(in: fd) else { continue }
             do {
-                let graveyard = try Graveyard(rootFD: fd, create: false)
+                let graveyard = try Graveyard(rootFD: fd, client: me, create: false)
+                graveyard.absorbAdopted { _ in }
                 if root == src, let intents = try? UnlinkIntents(stateFD: graveyard.stateFD) {
                     // Unlinks a killed daemon answered but had not done yet: done now, as a mount would.
                     let (finished, _) = intents.finish(rootFD: fd, graveyard: graveyard, keepingRecords: false,
                                                        buried: { _ in }, failed: { _ in })
                     if finished > 0 { print("finished \(finished) unlinks the last mount had answered but not done") }
                 }
-                found.append(Reaper(graveyard: graveyard, workers: root == src ? workers ?? cores : 1))
+                found.append(Reaper(graveyard: graveyard, workers: root == src ? workers ?? Reaper.defaultWorkers(for: graveyard) : 1))
             } catch {
                 throw RuntimeError("cannot reap \(root): \(error)")
             }
         }
         let reapers = found
+        // Held while reaping, so no other client of a shared source adopts this graveyard meanwhile.
+        let lease = reapers.isEmpty ? nil : try? ClientLeases(graveyard: reapers[0].graveyard, length: 60_000_000_000, adopting: false)
+        lease?.start()
+        defer { lease?.stop() }
         if reapers.isEmpty {
             print("nothing to reap: \(src) has no \(Graveyard.stateDirectoryName)")
             return
@@ -89,7 +121,30 @@ struct ReapCommand: ParsableCommand {
         }
     }
 
-    private var cores: Int { Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))) }
+    /// Claims each client's graveyard into this client's, by one rename each.
+    private func claim(_ others: [ClientID], in src: String, as me: ClientID) throws {
+        let fd = try Sys.open(src, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+        defer { Sys.close(fd) }
+        let graveyard: Graveyard
+        do { graveyard = try Graveyard(rootFD: fd, client: me, create: false) } catch {
+            throw RuntimeError("cannot adopt in \(src): \(error)")
+        }
+        let known = graveyard.clients()
+        for other in others {
+            guard other != me else { throw ValidationError("\(other) is this client: its graveyard is reaped anyway") }
+            guard known.contains(other) else {
+                throw ValidationError("\(src) has no client \(other); its clients: \(known.map(\.name).joined(separator: ", "))")
+            }
+            let n = graveyard.pendingEntries(of: other)
+            do {
+                let took = try graveyard.claim(other)
+                print(took ? "adopted \(other)'s graveyard (\(n) entries)" : "\(other) has no graveyard to adopt (another client took it, or it is empty)")
+            } catch {
+                throw RuntimeError("cannot adopt \(other)'s graveyard: \(error)")
+            }
+        }
+    }
+
 }
 
 /// What the reaper workers could not delete, for the summary.

@@ -58,6 +58,7 @@ struct StatusCommand: ParsableCommand {
                 reaping now:      \(status.pace)
                 deleted (mount):  \(status.buried) entries since mount
                 reaper workers:   \(status.workers)
+                client:           \(status.client)\(status.others.isEmpty ? "" : "\nother clients:   " + status.others.joined(separator: "\n                  "))
                 free space:       \(bytes(status.free))
                 file data:        \(status.passthrough == "on" ? "passthrough (kernel to backing file)" : "through the daemon; passthrough \(status.passthrough)")
                 kernel features:  \(status.kernelFeatures)
@@ -92,6 +93,10 @@ struct StatusCommand: ParsableCommand {
         var passthrough: String
         /// What the daemon negotiated beyond libfuse 3.14 (passthrough, parallel_dirops, killpriv_v2).
         var kernelFeatures: String
+        /// This client's id in the source's state directory.
+        var client: String
+        /// One line per other client of a shared source.
+        var others: [String]
 
         /// Nothing is left that the reaper could free now.
         var settled: Bool { pending <= restorable + stuck && idle }
@@ -104,7 +109,7 @@ struct StatusCommand: ParsableCommand {
     }
 
     func read() throws -> Status {
-        var buffer = [UInt8](repeating: 0, count: 4096)
+        var buffer = [UInt8](repeating: 0, count: 1 << 16)
         let n = getxattr(mountpoint, ControlProtocol.statusAttribute, &buffer, buffer.count)
         guard n > 0 else {
             let e = errno
@@ -126,7 +131,13 @@ struct StatusCommand: ParsableCommand {
                       keepSeconds: obj["keep_seconds"]?.double ?? 0,
                       idle: obj["reaper_idle"]?.bool ?? true, filesPerSecond: int("reap_files_per_second"),
                       eta: obj["eta_seconds"]?.int, passthrough: obj["passthrough"]?.string ?? "?",
-                      kernelFeatures: obj["kernel_features"]?.string ?? "?")
+                      kernelFeatures: obj["kernel_features"]?.string ?? "?",
+                      client: obj["client"]?.string ?? "none (no graveyard)",
+                      others: (obj["other_clients"]?.array ?? []).map { c in
+                          let lease = c["lease"]?.string == "expired" ? "lease expired, adopted when it has entries"
+                              : "lease live (last change \(c["silent_seconds"]?.int ?? 0) s ago)"
+                          return "\(c["client"]?.string ?? "?"): \(c["pending_entries"]?.int ?? 0) entries waiting, \(lease)"
+                      })
     }
 }
 

@@ -55,7 +55,7 @@ struct UnprivilegedTests {
             chmod 000 cache/ro/sub && chmod 555 cache/ro
             \(binary) rm -r cache
             timeout 60 \(binary) status --wait . > /dev/null
-            find \(src)/.vanish/graveyard -mindepth 2 | wc -l
+            find \(src)/.vanish/clients/*/graveyard -mindepth 2 | wc -l
             """])
         #expect(readOnly.ok, "\(readOnly.stderr)")
         #expect(readOnly.stdout == "0\n")

@@ -37,7 +37,7 @@ struct ScaleTests {
             let left = try sh("ls -A | wc -l && ls -A \(shellQuote(m.source))", cwd: m.mountpoint)
             #expect(left.stdout == "0\n.vanish\n")
             #expect(try run(["timeout", "180", vanishBinary, "status", "--wait", m.mountpoint]).ok)
-            let graves = try sh("find .vanish/graveyard -mindepth 2 | wc -l", cwd: m.source)
+            let graves = try sh("find .vanish/clients/*/graveyard -mindepth 2 | wc -l", cwd: m.source)
             #expect(graves.stdout == "0\n")
             #expect(!m.log.contains("Too many open files"))
         }

@@ -40,7 +40,7 @@ struct StressTests {
             #expect(wait.ok, "\(wait.stderr)")
             let left = try FileManager.default.contentsOfDirectory(atPath: m.source)
             #expect(left == [".vanish"], "\(left)")
-            let graves = try run(["find", m.backing(".vanish/graveyard"), "-mindepth", "2"])
+            let graves = try run(["find", m.backing(".vanish/clients"), "-mindepth", "4", "-path", "*/graveyard/*"])
             #expect(graves.ok && graves.stdout.isEmpty, "graveyard not drained: \(graves.stdout.prefix(500))")
         }
     }

@@ -91,7 +91,7 @@ struct SubmountTests {
             #expect(rm.stdout == "a\nc\nd\nt\n")
             #expect(try run(["timeout", "180", vanishBinary, "status", "--wait", m.mountpoint]).ok)
             // Freed from the backing filesystem, not just hidden.
-            #expect(try sh("ls -A && find .vanish/graveyard -mindepth 2 | wc -l", cwd: back).stdout ==
+            #expect(try sh("ls -A && find .vanish/clients/*/graveyard -mindepth 2 | wc -l", cwd: back).stdout ==
                     ".vanish\nc\nd\nt\n0\n")
         }
     }
@@ -138,7 +138,7 @@ struct SubmountTests {
             #expect(r.status == 1)
             #expect(r.stderr.contains("Device or resource busy"), "\(r.stderr)")
             #expect(try sh("cat 'a tree/file' 'a tree/deep/mnt/x'", cwd: m.mountpoint).stdout == "top\ninner\n")
-            #expect(try sh("find .vanish/graveyard -mindepth 2 | wc -l", cwd: m.source).stdout == "0\n")
+            #expect(try sh("find .vanish/clients/*/graveyard -mindepth 2 | wc -l", cwd: m.source).stdout == "0\n")
             // A sibling tree without a mount goes as always.
             #expect(try sh("mkdir -p 'a tree2/x' && \(shellQuote(vanishBinary)) rm -r 'a tree2' && ls -A", cwd: m.mountpoint)
                 .stdout == "a tree\n")

@@ -7,7 +7,7 @@ import VanishTestSupport
 
 /// Entries waiting in the source's graveyard (on the backing filesystem).
 func graveyardCount(_ source: String) throws -> Int {
-    let r = try sh("find .vanish/graveyard -mindepth 2 -maxdepth 2 | wc -l", cwd: source)
+    let r = try sh("find .vanish/clients/*/graveyard -mindepth 2 -maxdepth 2 | wc -l", cwd: source)
     return Int(r.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
 }
 
@@ -56,7 +56,7 @@ struct GraveyardTests {
     @Test("the state directory is invisible and its name reserved")
     func hiddenAndReserved() throws {
         try withVanishMount { m in
-            #expect(access(m.backing(".vanish/graveyard"), F_OK) == 0)
+            #expect(access(m.backing(".vanish/clients"), F_OK) == 0)
             let r = try sh("""
                 ls -A | grep -c vanish
                 stat .vanish 2>&1 | grep -c 'No such file'
@@ -450,7 +450,7 @@ struct GraveyardTests {
         #expect(try run([vanishBinary, "status", m.mountpoint]).stdout.contains("1 that cannot be deleted"))
         // d0, the directory holding the file, is what stays; its other 19 files are gone.
         #expect(try graveyardCount(m.source) == 1)
-        #expect(try sh("find .vanish/graveyard -type f | wc -l", cwd: m.source).stdout == "1\n")
+        #expect(try sh("find .vanish/clients/*/graveyard -type f | wc -l", cwd: m.source).stdout == "1\n")
         try waitFor("the daemon's warning") { m.log.contains("cannot delete a graveyard entry") }
         #expect(m.log.contains("Operation not permitted"))
         // After the unmount the daemon ends, leaving the entry for the next try.
@@ -459,7 +459,7 @@ struct GraveyardTests {
         let refused = try run([vanishBinary, "reap", m.source])
         #expect(refused.status == 1 && refused.stderr.contains("Operation not permitted"), "\(refused)")
         #expect(try graveyardCount(m.source) == 1)
-        #expect(try run(["chattr", "-i", "-R", m.source + "/.vanish/graveyard"]).ok)
+        #expect(try run(["chattr", "-i", "-R", m.source + "/.vanish/clients"]).ok)
         let reaped = try run([vanishBinary, "reap", m.source])
         #expect(reaped.ok, "\(reaped)")
         #expect(try graveyardCount(m.source) == 0)

@@ -128,7 +128,7 @@ struct UndoWindowTests {
                 try graveyardCount(m.source) == 0 && trashList(m).isEmpty
             }
             // And the sidecars went with them.
-            #expect(try sh("find .vanish/graveyard -mindepth 2 | wc -l", cwd: m.source).stdout == "0\n")
+            #expect(try sh("find .vanish/clients/*/graveyard -mindepth 2 | wc -l", cwd: m.source).stdout == "0\n")
         }
     }
 

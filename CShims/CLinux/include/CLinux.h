@@ -50,6 +50,9 @@ int vanish_fallocate(int fd, int mode, off_t offset, off_t len);
 
 /// fstatfs(2)'s f_type (the filesystem's magic number), or -1.
 long vanish_filesystem_type(int fd);
+/// 1 if `fd` is on a network filesystem or a FUSE one (GlusterFS's client, sshfs,
+/// another Vanish): a deletion there waits on a round trip, not on the CPU.
+int vanish_filesystem_is_remote(int fd);
 /// statfs(2)'s f_type for a path, or -1.
 long vanish_filesystem_type_at(const char *path);
 

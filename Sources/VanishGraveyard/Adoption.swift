@@ -1,0 +1,162 @@
+import CLinux
+import Glibc
+import LinuxSyscalls
+import SystemPackage
+
+/// Taking over another client's graveyard (it is gone: its lease expired, or
+/// an administrator said so). The claim is one rename of the whole graveyard
+/// directory into this one's `incoming/`, so of two clients adopting at once
+/// exactly one gets it, and no entry is ever freed by two. Absorbing then
+/// moves each entry (and its trash record) into this graveyard's shards,
+/// where the reaper and the undo window treat it as one of this client's.
+extension Graveyard {
+    /// The clients with a directory in this source's state directory, this one included.
+    public func clients() -> [ClientID] {
+        Graveyard.names(in: sharedFD, Graveyard.clientsDirectoryName).compactMap { try? ClientID($0) }
+    }
+
+    /// Claims `other`'s graveyard whole; false if it has none (another
+    /// client adopted it first, or it never deleted anything).
+    @discardableResult
+    public func claim(_ other: ClientID) throws(Errno) -> Bool {
+        guard other != client else { return false }
+        let from: Int32
+        do throws(Errno) {
+            from = try Graveyard.openDirectory(sharedFD, [Graveyard.clientsDirectoryName, other.name])
+        } catch .noSuchFileOrDirectory {
+            return false
+        }
+        defer { Sys.close(from) }
+        let incoming = try Graveyard.makeDirectory(graveyardFD, [Graveyard.incomingName])
+        defer { Sys.close(incoming) }
+        let name = other.name + "." + Graveyard.hex(Sys.wallClockNow(), digits: 16)
+        do throws(Errno) {
+            try Sys.renameNoReplace(from, Graveyard.graveyardName, incoming, name)
+        } catch .noSuchFileOrDirectory {
+            return false
+        }
+        return true
+    }
+
+    /// Whether adopted graveyards wait to be absorbed (one lstat).
+    public var hasIncoming: Bool { (try? Sys.lstatat(graveyardFD, Graveyard.incomingName)) != nil }
+
+    /// Moves every entry of the adopted graveyards into this one, calling
+    /// `landed` with each entry's shard, and removes what held them.
+    /// Returns how many entries moved. Resumable: a crash leaves entries
+    /// either here or there, never lost (an orphan record is removed at start).
+    @discardableResult
+    public func absorbAdopted(landed: (Int) -> Void) -> Int {
+        guard let incoming = try? Sys.openat(graveyardFD, Graveyard.incomingName, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+        else { return 0 }
+        defer { Sys.close(incoming) }
+        var moved = 0
+        // An adopted graveyard may hold ones its client had adopted: those are lifted up and taken in turn.
+        var pending = Graveyard.names(in: incoming, ".")
+        while let adopted = pending.popLast() {
+            guard let g = try? Sys.openat(incoming, adopted, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else { continue }
+            if let inner = try? Graveyard.openDirectory(g, [Graveyard.incomingName]) {
+                for nested in Graveyard.names(in: inner, ".") {
+                    let lifted = adopted + "+" + nested
+                    if (try? Sys.renameNoReplace(inner, nested, incoming, lifted)) != nil { pending.append(lifted) }
+                }
+                Sys.close(inner)
+            }
+            _ = try? Sys.unlinkat(g, Graveyard.incomingName, AT_REMOVEDIR)
+            for shard in Graveyard.names(in: g, ".") where shard != Graveyard.incomingName {
+                guard let s = try? Sys.openat(g, shard, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else { continue }
+                moved += absorb(shard: s, landed: landed)
+                Sys.close(s)
+                _ = try? Sys.unlinkat(g, shard, AT_REMOVEDIR)
+            }
+            Sys.close(g)
+            _ = try? Sys.unlinkat(incoming, adopted, AT_REMOVEDIR)
+        }
+        _ = try? Sys.unlinkat(graveyardFD, Graveyard.incomingName, AT_REMOVEDIR)
+        return moved
+    }
+
+    /// Moves one adopted shard's entries in, each under a new name of this
+    /// graveyard that keeps its deletion time (names from another machine
+    /// could collide), its trash record first.
+    private func absorb(shard from: Int32, landed: (Int) -> Void) -> Int {
+        let all = Graveyard.names(in: from, ".")
+        let records = Set(all.filter { $0.hasPrefix(".") }.map { String($0.dropFirst()) })
+        var moved = 0
+        for name in all where !name.hasPrefix(".") {
+            let time = name.withCString { Graveyard.deletionTime($0) } ?? 0
+            let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
+            let shard = Int(n % UInt64(Graveyard.shardCount))
+            let sfd = shardFDs[shard]
+            let record = records.contains(name) ? readSidecar(from, name) : nil
+            let ok = (try? withUniqueName(n, time: time) { grave throws(Errno) -> Bool in
+                if record != nil {
+                    var side: [CChar] = [0x2E]
+                    side.append(contentsOf: UnsafeBufferPointer(start: grave, count: strlen(grave) + 1))
+                    if (try? Sys.renameNoReplace(from, "." + name, sfd, side)) == nil { return false }
+                }
+                do throws(Errno) {
+                    try Sys.renameNoReplace(from, name, sfd, grave)
+                } catch {
+                    if record != nil { removeSidecar(sfd, grave) }
+                    return false
+                }
+                if let record {
+                    let id = String(cString: grave)
+                    trash.insert(TrashEntry(id: id, shard: shard, deleted: time, record: record))
+                }
+                return true
+            }) ?? false
+            if ok {
+                moved += 1
+                landed(shard)
+            }
+        }
+        // Records whose entry is gone (freed by the client that died, or moved above).
+        for id in records { _ = try? Sys.unlinkat(from, "." + id, 0) }
+        return moved
+    }
+
+    /// Entries waiting in client `other`'s graveyard (a scan: for status).
+    public func pendingEntries(of other: ClientID) -> Int {
+        guard let g = try? Graveyard.openDirectory(sharedFD, [Graveyard.clientsDirectoryName, other.name, Graveyard.graveyardName])
+        else { return 0 }
+        defer { Sys.close(g) }
+        var n = 0
+        for shard in Graveyard.names(in: g, ".") {
+            n += Graveyard.names(in: g, shard).filter { !$0.hasPrefix(".") }.count
+        }
+        return n
+    }
+
+    /// Opens (O_PATH) each name of `path` in turn from `dirFD`, never following a symlink.
+    static func openDirectory(_ dirFD: Int32, _ path: [String]) throws(Errno) -> Int32 {
+        var at = dirFD
+        for name in path {
+            let next: Int32
+            do throws(Errno) {
+                next = try Sys.openat(at, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+            } catch {
+                if at != dirFD { Sys.close(at) }
+                throw error
+            }
+            if at != dirFD { Sys.close(at) }
+            at = next
+        }
+        return at
+    }
+
+    /// The names in `dirFD`'s child `name` (`.` for itself) but `.` and
+    /// `..`; none if it cannot be read. Never follows a symlink.
+    static func names(in dirFD: Int32, _ name: String) -> [String] {
+        guard let fd = try? Sys.openat(dirFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW), let dp = fdopendir(fd) else { return [] }
+        defer { closedir(dp) }
+        var out: [String] = []
+        while let d = readdir(dp) {
+            let p = vanish_dirent_name(d)!
+            if p[0] == 0x2E && (p[1] == 0 || (p[1] == 0x2E && p[2] == 0)) { continue }
+            out.append(String(cString: p))
+        }
+        return out
+    }
+}
