@@ -37,12 +37,18 @@ public enum EventType: String, Sendable, CaseIterable {
     case scanStarted = "scan-started", exists, scanCompleted = "scan-completed"
     /// Only in a stream: the daemon ends it (the mount is going away).
     case end
+    /// Only in a stream, its first line: whose changes it carries (this
+    /// client's, of a source other machines may share).
+    case stream
+    /// A directory's entries changed behind this mount (another client of a
+    /// shared source, or a program on the backing directory): rescan it.
+    case rescan
 
     /// A change the journal records (what `--type` filters), not a line
     /// about the stream itself.
     public var isJournaled: Bool {
         switch self {
-        case .reset, .scanStarted, .exists, .scanCompleted, .end: false
+        case .reset, .scanStarted, .exists, .scanCompleted, .end, .stream: false
         default: true
         }
     }

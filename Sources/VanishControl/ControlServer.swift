@@ -327,6 +327,11 @@ public final class ControlServer: Sendable {
 }
 
 extension ControlServer {
+    static let streamScope = """
+        changes made through this mount only; on a source other clients share, follow each client's \
+        mount, and rescan (--snapshot) after a reset
+        """
+
     /// Streams journal lines to a subscriber until it goes away or the mount
     /// ends: from after its cursor (or a `reset` first, when the cursor cannot
     /// be served), or from now; with `snapshot`, every existing entry first.
@@ -340,6 +345,10 @@ extension ControlServer {
             guard let s = item.string else { return nil }
             return Array(s.utf8.drop { $0 == 0x2F }.reversed().drop { $0 == 0x2F }.reversed())
         }
+        // Said first, so a consumer of a shared source knows to follow every client.
+        guard conn.write(["type": JSON(EventType.stream.rawValue), "instance": JSON(journal.instance),
+                          "client": filesystem.clientName.map { JSON($0) } ?? .null, "scope": "client",
+                          "note": JSON(ControlServer.streamScope)]) else { return }
         let since = request["since"]?.string
         var reader = journal.reader(after: since)
         if reader == nil {

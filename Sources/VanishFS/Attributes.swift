@@ -17,6 +17,7 @@ extension PassthroughFilesystem {
         } else {
             try namespace.withFD(node) { fd throws(Errno) in try Sys.fstat(fd) }
         }
+        notice(node, st)
         st = devices.present(st)
         req.reply(attr: &st, timeout: options.attrTimeout)
     }
@@ -24,6 +25,8 @@ extension PassthroughFilesystem {
     public func setattr(_ req: Request, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>, toSet: Int32,
                         _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
         let node = inode(ino)
+        // Setting a directory's mtime is a change of ours (see `notice`).
+        if toSet & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW) != 0 { node.willChangeEntries() }
         let openFD: Int32? = (fi != nil && !node.isDirectory) ? Int32(truncatingIfNeeded: fi!.pointee.fh) : nil
         // A truncate by anyone but root clears setuid/setgid, as a write does.
         let clears = actsForOthers && toSet & FUSE_SET_ATTR_SIZE != 0 && toSet & FUSE_SET_ATTR_MODE == 0

@@ -56,6 +56,7 @@ final class BackingNamespace: Sendable {
     @inline(__always)
     func making<R>(_ dir: Inode, _ name: UnsafePointer<CChar>, _ body: (Int32) throws(Errno) -> R,
                    answer: (R) -> Void) throws(Errno) {
+        dir.willChangeEntries()
         answer(try atName(dir, name, body))
         burials.landQueue(of: dir)
     }
@@ -67,6 +68,8 @@ final class BackingNamespace: Sendable {
     /// `answer`, `newDir` lands its queue, as for `making`.
     func renaming(_ dir: Inode, _ name: UnsafePointer<CChar>, _ newDir: Inode, _ newName: UnsafePointer<CChar>,
                   exchange: Bool, _ body: (Int32, Int32) throws(Errno) -> Void, answer: () -> Void) throws(Errno) {
+        dir.willChangeEntries()
+        newDir.willChangeEntries()
         burials.waitForName(dir, name)
         burials.waitForName(newDir, newName)
         try fds.withFD(dir) { pfd throws(Errno) in
@@ -97,7 +100,8 @@ final class BackingNamespace: Sendable {
     /// burials may stay queued.
     @inline(__always)
     func removing<R>(_ dir: Inode, _ name: UnsafePointer<CChar>, _ body: (Int32) throws(Errno) -> R) throws(Errno) -> R {
-        try fds.withFD(dir, body)
+        dir.willChangeEntries()
+        return try fds.withFD(dir, body)
     }
 
     /// `body` with an O_PATH fd of `node`; a directory's queued burials land first.

@@ -12,6 +12,9 @@ extension PassthroughFilesystem {
     /// The backing root (O_PATH), for opening directories one name at a time as a peer would.
     package var backingRoot: Int32 { rootFD }
 
+    /// This client's id in the source's state directory (nil without a graveyard).
+    package var clientName: String? { graveyard?.client.name }
+
     /// Whether deletes go to a graveyard (and the root holds its state directory).
     package var hasGraveyard: Bool { graveyard != nil }
 
@@ -43,6 +46,8 @@ extension PassthroughFilesystem {
     package func putBack(_ e: TrashEntry, into dirFD: Int32, leaf: UnsafePointer<CChar>, path: [UInt8],
                          uid: uid_t) throws(PutBackFailure) {
         guard let graveyard, let claimed = graveyard.claim(e.id) else { throw .gone }
+        let parent: Inode? = dirFD == rootFD ? table.root : (try? Sys.fstat(dirFD)).flatMap(table.known)
+        parent?.willChangeEntries()
         do throws(Errno) {
             try graveyard.restore(claimed, to: dirFD, leaf)
         } catch {
@@ -60,7 +65,6 @@ extension PassthroughFilesystem {
                 ev.int("uid", uid)
             }
         }
-        let parent: Inode? = dirFD == rootFD ? table.root : (try? Sys.fstat(dirFD)).flatMap(table.known)
         guard let parent else { return }
         // A process still inside the tree may make entries in it again.
         if let st = try? Sys.lstatat(dirFD, leaf) { table.moved(st, to: parent, name: leaf) }

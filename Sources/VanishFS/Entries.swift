@@ -24,6 +24,7 @@ extension PassthroughFilesystem {
         }
         if st.st_dev != p.key.dev { noteCrossing(into: st, at: name) }
         let node = table.remember(st, birth: birth, parent: p, name: name, lookedUp: options.readdirPlus == .walk)
+        notice(node, st)
         var e = entry(node, st)
         req.reply(entry: &e)
     }

@@ -1,4 +1,5 @@
 import Glibc
+import Synchronization
 
 /// Identity of a backing file: the pair the kernel guarantees unique.
 struct InodeKey: Hashable, Sendable {
@@ -40,6 +41,12 @@ final class Inode: @unchecked Sendable {
     /// file in it, or in one of its subdirectories, was looked up; listings
     /// near it then carry attributes (`ReaddirPlusMode.walk`).
     var filesLookedUp: UInt32 = 0
+
+    // Atomic (see `ExternalChanges.swift`).
+    /// For a directory: its mtime (ns) when a getattr or lookup last read it; 0 before.
+    let mtimeSeen = Atomic<UInt64>(0)
+    /// For a directory: a change of ours to its entries began since then.
+    let changedHere = Atomic<Bool>(false)
 
     // Guarded by FDCache's lock.
     var fd: Int32 = -1

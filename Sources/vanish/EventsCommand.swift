@@ -101,6 +101,10 @@ struct EventsCommand: ParsableCommand {
         if let src = f["copied_from"]?.string { s += " copied from \(src)" }
         if let changed = f["changed"]?.string { s += " [\(changed)]" }
         if let comm = f["comm"]?.string, let pid = f["pid"]?.int { s += "  by \(comm)[\(pid)]" }
+        if e.type == EventType.stream.rawValue {
+            s += " of client \(f["client"]?.string ?? "-"): \(f["note"]?.string ?? "")"
+        }
+        if e.type == EventType.rescan.rawValue { s += " (changed behind this mount: rescan it)" }
         if e.type == EventType.reset.rawValue, let reason = f["reason"]?.string { s += ": \(reason)" }
         if e.type == EventType.reset.rawValue, let n = f["skipped"]?.uint64 { s += " (\(n) events skipped)" }
         return s

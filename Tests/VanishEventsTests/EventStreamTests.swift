@@ -37,10 +37,15 @@ final class Subscriber {
         let complete = data[data.startIndex...lastNL]
         consumed += UInt64(complete.count)
         for line in complete.split(separator: 0x0A) {
-            if let e = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] { parsed.append(e) }
+            guard let e = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] else { continue }
+            // The stream's own first line says whose changes follow; it is no change itself.
+            if e["type"] as? String == "stream" && parsed.isEmpty && header == nil { header = e } else { parsed.append(e) }
         }
         return parsed
     }
+
+    /// The stream's first line (`"type":"stream"`), once it arrived.
+    private(set) var header: [String: Any]?
 
     /// Waits until an event satisfies `match`.
     func waitFor(_ what: String, timeout: Double = 15, _ match: @escaping ([String: Any]) -> Bool) throws {
@@ -323,6 +328,26 @@ struct EventStreamTests {
         }
     }
 
+    @Test("a change behind the mount becomes one rescan of its directory, never a made-up event; the mount's own changes none")
+    func changesBehindTheMount() throws {
+        // cache=never: every stat reaches the daemon, which reads the directory's mtime each time.
+        try withVanishMount(options: ["cache=never"]) { m in
+            #expect(try sh("mkdir d && touch d/a && stat d >/dev/null", cwd: m.mountpoint).ok)
+            let s = try Subscriber(m)
+            defer { s.stop() }
+            try attach(s, m)
+            #expect(try sh("touch d/own && mv d/own d/own2 && rm d/a && mkdir d/sub && touch -d @5 d && stat d >/dev/null",
+                           cwd: m.mountpoint).ok)
+            #expect(try sh("touch d/behind", cwd: m.source).ok)
+            #expect(try sh("stat d >/dev/null && stat d >/dev/null && touch end", cwd: m.mountpoint).ok)
+            try s.waitFor("end") { $0["path"] as? String == "end" }
+            let rescans = s.events.filter { $0["type"] as? String == "rescan" }
+            #expect(rescans.compactMap { $0["path"] as? String } == ["d"], "\(rescans)")
+            #expect(!s.events.contains { ($0["path"] as? String ?? "").contains("behind") })
+            #expect(s.events.contains { $0["type"] as? String == "created" && $0["path"] as? String == "d/own" })
+        }
+    }
+
     @Test("--path sends only events under that directory; a move counts at either end")
     func pathFilter() throws {
         try withVanishMount(prepare: { src in mkdir(src + "/a", 0o755); mkdir(src + "/b", 0o755) }) { m in
@@ -387,6 +412,10 @@ struct EventStreamTests {
             let paths = second.events.filter { $0["type"] as? String == "created" }.compactMap { $0["path"] as? String }
             #expect(paths == ["c", "d"])
             #expect(second.events.first?["seq"] as? Int == (last["seq"] as! Int) + 1)
+            // Each stream first says whose changes it carries: this client's.
+            let header = try #require(second.header, "the stream's first line says its scope")
+            #expect(header["scope"] as? String == "client" && (header["client"] as? String)?.isEmpty == false)
+            #expect(header["instance"] as? String == last["instance"] as? String)
 
             let stale = try Subscriber(m, ["--since", "0123456789abcdef:5"], name: "stale")
             defer { stale.stop() }
