@@ -1,0 +1,140 @@
+import Foundation
+import Glibc
+import Testing
+import VanishTestSupport
+
+/// Vanish on every client of one shared volume: a real GlusterFS replica-2
+/// volume on two local bricks, mounted by two clients, a Vanish mount over each.
+@Suite("shared storage (GlusterFS)", .serialized, .enabled(if: GlusterAvailability.shouldRun))
+struct SharedStorageTests {
+    /// How many paths each top-level name has.
+    private func tops(_ paths: [String]) -> [String: Int] {
+        paths.reduce(into: [:]) { $0[String($1.split(separator: "/").first ?? ""), default: 0] += 1 }
+    }
+
+    private func status(_ m: VanishMount) throws -> [String: Any] {
+        let r = try run([vanishBinary, "status", "--json", m.mountpoint])
+        guard r.ok, let o = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any] else {
+            throw TestFailure("status: \(r.stderr)")
+        }
+        return o
+    }
+
+    /// Graveyard entries of `client`, seen from a client mount of the volume.
+    private func entries(_ client: String, on volumeMount: String) throws -> Int {
+        let r = try sh("find .vanish/clients/\(client)/graveyard -mindepth 2 -maxdepth 2 ! -name '.*' 2>/dev/null | wc -l",
+                       cwd: volumeMount)
+        return Int(r.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
+    }
+
+    /// keep/ (30 files), and the trees t1, t2 (30 files g1..g30 each), made through the first client.
+    private func fill(_ v: GlusterVolume) throws {
+        let r = try sh("""
+            mkdir -p keep t1/a t2/a && for i in $(seq 1 30); do
+                echo k$i > keep/k$i; echo $i > t1/a/g$i; echo $i > t2/a/g$i; done
+            """, cwd: v.clients[0])
+        guard r.ok else { throw TestFailure("filling the volume: \(r.stderr)") }
+    }
+
+    private func keepIsWhole(_ dir: String) throws -> Bool {
+        try sh("for i in $(seq 1 30); do [ \"$(cat keep/k$i)\" = k$i ] || exit 1; done", cwd: dir).ok
+    }
+
+    @Test("two clients delete at once, each into its own graveyard; a SIGKILLed client's graveyard is adopted with its undo records, and restored from the survivor")
+    func concurrentDeletesAndAdoption() throws {
+        try withGlusterVolume { v in
+            try fill(v)
+            let a = try VanishMount(options: ["client=alpha", "lease=4s", "keep=1h"], existingSource: v.clients[0])
+            defer { a.close() }
+            let b = try VanishMount(options: ["client=beta", "lease=4s", "keep=1h"], existingSource: v.clients[1])
+            defer { b.close() }
+            let ra = try spawn(["/bin/rm", "-rf", a.path("t1")]), rb = try spawn(["/bin/rm", "-rf", b.path("t2")])
+            var sa: Int32 = 0, sb: Int32 = 0
+            waitpid(ra, &sa, 0)
+            waitpid(rb, &sb, 0)
+            #expect(sa == 0 && sb == 0, "rm -rf through both mounts at once")
+            // rm -rf unlinks 30 files, then a/ and the top: 32 entries each, in each client's own graveyard.
+            #expect(try tops(trashPaths(a)) == ["t1": 32] && tops(trashPaths(b)) == ["t2": 32], "each client holds its own deletions")
+            #expect(try entries("alpha", on: v.clients[1]) == 32 && entries("beta", on: v.clients[1]) == 32)
+            let others = try status(b)["other_clients"] as? [[String: Any]] ?? []
+            #expect(others.first { $0["client"] as? String == "alpha" }?["pending_entries"] as? Int == 32,
+                    "status shows the other client's graveyard: \(others)")
+
+            // A change through the other client is, on this one's stream, a rescan of its directory.
+            let log = b.base + "/events.jsonl"
+            let subscriber = try spawn(["/bin/sh", "-c", "exec \(shellQuote(vanishBinary)) events --json \(shellQuote(b.mountpoint)) >\(shellQuote(log))"])
+            defer { kill(subscriber, SIGTERM); waitpid(subscriber, nil, 0) }
+            func events() -> [[String: Any]] {
+                ((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").split(separator: "\n").compactMap {
+                    (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: Any]
+                }
+            }
+            try waitFor("the subscriber's first line") { events().first?["type"] as? String == "stream" }
+            #expect(events().first?["client"] as? String == "beta")
+            #expect(try sh("stat keep >/dev/null", cwd: b.mountpoint).ok)
+            #expect(try sh("echo new > keep/new", cwd: a.mountpoint).ok)
+            try waitFor("beta to notice keep changed", timeout: 30) {
+                _ = try sh("stat keep >/dev/null", cwd: b.mountpoint)
+                return events().contains { $0["type"] as? String == "rescan" && $0["path"] as? String == "keep" }
+            }
+            #expect(!events().contains { ($0["path"] as? String ?? "").hasPrefix("keep/") }, "never a made-up event")
+
+            kill(a.pid, SIGKILL)
+            try b.waitForLog("adopted the graveyard", timeout: 60)
+            #expect(try tops(trashPaths(b)) == ["t1": 32, "t2": 32], "the undo records moved with the entries")
+            #expect(try entries("alpha", on: v.clients[1]) == 0 && entries("beta", on: v.clients[1]) == 64)
+            let restored = try run([vanishBinary, "restore", b.path("t1")])
+            #expect(restored.ok, "\(restored.stderr)")
+            #expect(try sh("cat t1/a/g7 && ls t1/a | wc -l", cwd: v.clients[1]).stdout == "7\n30\n")
+            #expect(try keepIsWhole(v.clients[1]) && sh("cat keep/new", cwd: v.clients[1]).stdout == "new\n")
+        }
+    }
+
+    @Test("the survivor drains a killed client's backlog: the trees' data is gone from the bricks, nothing else is lost")
+    func survivorDrains() throws {
+        try withGlusterVolume { v in
+            try fill(v)
+            // A slow reaper on the client to be killed, so its graveyard still holds the tree.
+            let a = try VanishMount(options: ["client=alpha", "lease=4s", "reap_rate=1"], existingSource: v.clients[0])
+            defer { a.close() }
+            let b = try VanishMount(options: ["client=beta", "lease=4s"], existingSource: v.clients[1])
+            defer { b.close() }
+            #expect(try sh("rm -rf t1", cwd: a.mountpoint).ok && sh("rm -rf t2", cwd: b.mountpoint).ok)
+            #expect(try entries("alpha", on: v.clients[1]) >= 1)
+            kill(a.pid, SIGKILL)
+            try b.waitForLog("adopted the graveyard", timeout: 60)
+            try waitForReaper(b)
+            #expect(try entries("alpha", on: v.clients[1]) == 0 && entries("beta", on: v.clients[1]) == 0)
+            for brick in v.bricks {
+                let left = try sh("find . -path ./.glusterfs -prune -o -name 'g[0-9]*' -print | wc -l", cwd: brick)
+                #expect(left.stdout == "0\n", "the trees' files are freed on \(brick)")
+                #expect(try keepIsWhole(brick), "keep/ is whole on \(brick)")
+            }
+            #expect(try keepIsWhole(v.clients[1]))
+        }
+    }
+
+    @Test("vanish reap --adopt hands a gone client's graveyard to the mount of this client; unknown clients are refused")
+    func adoptByHand() throws {
+        try withGlusterVolume { v in
+            try fill(v)
+            let a = try VanishMount(options: ["client=alpha", "keep=1h"], existingSource: v.clients[0])
+            defer { a.close() }
+            #expect(try sh("rm -rf t1", cwd: a.mountpoint).ok)
+            #expect(try a.unmount() == 0)
+            // A lease far longer than the test: only the command adopts here.
+            let b = try VanishMount(options: ["client=beta", "lease=1h", "keep=1h"], existingSource: v.clients[1])
+            defer { b.close() }
+            let unknown = try run([vanishBinary, "reap", "--client", "beta", "--adopt", "gamma", v.clients[1]])
+            #expect(!unknown.ok && unknown.stderr.contains("no client gamma"), "\(unknown.stderr)")
+            let r = try run([vanishBinary, "reap", "--client", "beta", "--adopt", "alpha", v.clients[1]])
+            #expect(r.ok && r.stdout.contains("adopted alpha's graveyard (32 entries)"), "\(r.stdout) \(r.stderr)")
+            try waitFor("the mount to take in the adopted entries", timeout: 30) {
+                (try? tops(trashPaths(b))) == ["t1": 32]
+            }
+            #expect(try entries("alpha", on: v.clients[1]) == 0)
+            #expect(try run([vanishBinary, "restore", b.path("t1")]).ok)
+            #expect(try sh("ls t1/a | wc -l", cwd: b.mountpoint).stdout == "30\n")
+        }
+    }
+}
