@@ -11,6 +11,7 @@ to native and to passthrough_ll.
     sudo benchmarks/bench.py --only create,rm-rf --peers native,vanish
     sudo benchmarks/bench.py --quick --ramdisk ext4   # steadier daemon-vs-daemon ratios
     sudo VANISH_COMPARE=/path/to/other/vanish benchmarks/bench.py ...   # A/B: another build as a column
+    sudo benchmarks/bench.py --quick --backend glusterfs --runs 2   # on a GlusterFS replica-2 volume
 
 Needs root (drop_caches, mounting as root like the other peers); installs
 its Debian packages if they are missing.
@@ -105,10 +106,14 @@ class Peer:
         """Returns the directory the workload runs in."""
         raise NotImplementedError
 
+    # How long to wait for a daemon to exit after its unmount (Vanish stays to
+    # empty its graveyard; on a network backend that takes a while).
+    exit_wait = 10
+
     def unmount(self, mnt):
         unmount(mnt)
         # The daemon may still be finishing; wait for it so it doesn't eat the next run's CPU.
-        deadline = time.time() + 10
+        deadline = time.time() + self.exit_wait
         while getattr(self, "proc", None) is not None and self.proc.poll() is None and time.time() < deadline:
             time.sleep(0.02)
 
@@ -742,6 +747,64 @@ def build_peers(cache, only, vanish_options=""):
     return peers
 
 
+def gluster_workloads(quick):
+    """What a shared volume is about: deleting (where every unlink is a round
+    trip to each replica), and what a mount over it costs to create and read."""
+    n = 10_000
+    mib = 64 if quick else 256
+    return [Create(n), RmRf(n), RemoveTreeOneStep(n), ReaperDrain(n), SeqWrite(mib), SeqRead(mib), WarmRead(mib)]
+
+
+class GlusterVolume:
+    """A replica-2 GlusterFS volume on two brick directories under `base`,
+    mounted by one client at base/client: the runs' backing directory.
+    glusterd is started if it does not run (and stopped after)."""
+    def __init__(self, base):
+        self.base = os.path.join(base, "gluster")
+        self.name = f"vanishbench{os.getpid()}"
+        self.bricks = [os.path.join(self.base, b) for b in ("brick1", "brick2")]
+        self.client = os.path.join(self.base, "client")
+        self.started = False
+        self.created = False
+
+    def __enter__(self):
+        missing = [p for p in ("glusterfs-server", "glusterfs-client")
+                   if sh(["dpkg", "-s", p], check=False, capture_output=True).returncode]
+        if missing:
+            sh(["apt-get", "install", "-y", "-qq"] + missing, stdout=subprocess.DEVNULL)
+        for d in self.bricks + [self.client]:
+            os.makedirs(d, exist_ok=True)
+        try:
+            if sh(["pgrep", "-x", "glusterd"], check=False, capture_output=True).returncode:
+                sh(["glusterd"])
+                self.started = True
+                deadline = time.time() + 30
+                while sh(["gluster", "volume", "list"], check=False, capture_output=True).returncode:
+                    if time.time() > deadline:
+                        raise RuntimeError("glusterd does not answer")
+                    time.sleep(0.2)
+            host = platform.node()
+            sh(["gluster", "--mode=script", "volume", "create", self.name, "replica", "2"]
+               + [f"{host}:{b}" for b in self.bricks] + ["force"], stdout=subprocess.DEVNULL)
+            self.created = True
+            sh(["gluster", "--mode=script", "volume", "start", self.name], stdout=subprocess.DEVNULL)
+            sh(["mount", "-t", "glusterfs", f"{host}:/{self.name}", self.client])
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        sh(["umount", self.client], check=False)
+        if self.created:
+            sh(["gluster", "--mode=script", "volume", "stop", self.name, "force"], check=False, stdout=subprocess.DEVNULL)
+            sh(["gluster", "--mode=script", "volume", "delete", self.name], check=False, stdout=subprocess.DEVNULL)
+        if self.started:
+            sh(["pkill", "-x", "glusterd"], check=False)
+            sh(["pkill", "-f", "glustershd"], check=False)
+        sh(["rm", "-rf", "--one-file-system", self.base], check=False)
+
+
 def workloads(quick):
     n = 10_000 if quick else 100_000
     mib = 256 if quick else 1024
@@ -864,13 +927,17 @@ class RamDisk:
             os.unlink(self.image)
 
 
-def machine_facts(base_dir, ramdisk=None):
+def machine_facts(base_dir, ramdisk=None, backend=None):
     # findmnt names ext4 as ext4 (stat -f only sees the ext2/3/4 magic).
     fstype = sh(["findmnt", "-n", "-o", "FSTYPE,OPTIONS", "-T", base_dir], capture_output=True, text=True).stdout.strip()
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     mem = next((l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal")), "0")
     if ramdisk:
         fstype += f" (fresh, on a loop device over {ramdisk.image}: RAM, no disk)"
+    if backend:
+        bricks = sh(["findmnt", "-n", "-o", "FSTYPE", "-T", backend.bricks[0]], capture_output=True, text=True).stdout.strip()
+        version = sh(["glusterfs", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+        fstype = f"{version} replica-2 volume, two bricks on local {bricks}{' (RAM)' if ramdisk else ''}, one client mount"
     return {"kernel": platform.release(), "cpu": cpu, "cores": os.cpu_count(),
             "memory_gib": round(int(mem) / 2**20), "backing_fs": fstype, "backing_dir": base_dir,
             "libfuse": sh(["pkg-config", "--modversion", "fuse3"], capture_output=True, text=True).stdout.strip(),
@@ -888,6 +955,9 @@ def main():
     ap.add_argument("--ramdisk", choices=["ext4", "xfs", "btrfs"],
                     help="run on a fresh FSTYPE over a RAM-backed loop device instead of --dir's disk "
                          "(--dir still holds the build cache)")
+    ap.add_argument("--backend", choices=["local", "glusterfs"], default="local",
+                    help="glusterfs: run on a fresh replica-2 GlusterFS volume (two local bricks under the "
+                         "backing directory, one client mount): rm -rf, vanish rm, reaper drain, create and read rows")
     ap.add_argument("--vanish-options", default="",
                     help="extra -o items for every Vanish mount, e.g. reap_yield=40ms (named in the results)")
     args = ap.parse_args()
@@ -905,9 +975,20 @@ def main():
         if args.ramdisk:
             # Room for the full run's 10 GiB unlink (fallocated, so nearly free) and its trees.
             with RamDisk(args.ramdisk, 16 if args.quick else 32) as disk:
-                run_all(args, runs, disk.mountpoint, cache, ramdisk=disk)
+                run_backend(args, runs, disk.mountpoint, cache, ramdisk=disk)
         else:
-            run_all(args, runs, args.dir, cache)
+            run_backend(args, runs, args.dir, cache)
+
+
+def run_backend(args, runs, base_dir, cache, ramdisk=None):
+    if args.backend == "glusterfs":
+        with GlusterVolume(base_dir) as volume:
+            # A daemon reaping over the network outlives its unmount for a while;
+            # the next run must not share the volume with it.
+            Peer.exit_wait = 600
+            run_all(args, runs, volume.client, cache, ramdisk=ramdisk, backend=volume)
+    else:
+        run_all(args, runs, base_dir, cache, ramdisk=ramdisk)
 
 
 class PageReportingOff:
@@ -941,9 +1022,9 @@ class PageReportingOff:
                 f.write(self.saved + "\n")
 
 
-def run_all(args, runs, base_dir, cache, ramdisk=None):
+def run_all(args, runs, base_dir, cache, ramdisk=None, backend=None):
     peers = build_peers(cache, set(args.peers.split(",")) if args.peers else None, args.vanish_options)
-    works = workloads(args.quick)
+    works = gluster_workloads(args.quick) if backend else workloads(args.quick)
     if args.only:
         prefixes = args.only.split(",")
         works = [w for w in works if any(w.name.startswith(p) for p in prefixes)]
@@ -955,7 +1036,7 @@ def run_all(args, runs, base_dir, cache, ramdisk=None):
         if isinstance(w, GitStatus):
             make_repo(cache, w.files)
 
-    results = {"mode": "quick" if args.quick else "full", "runs": runs, "machine": machine_facts(base_dir, ramdisk),
+    results = {"mode": "quick" if args.quick else "full", "runs": runs, "machine": machine_facts(base_dir, ramdisk, backend),
                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "vanish_options": args.vanish_options, "workloads": []}
     for w in works:
