@@ -98,9 +98,10 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         // Answering unlinks before their burial needs the log that lets the
         // next mount finish them if this daemon dies first.
         var intents: UnlinkIntents?
+        var leftover: UnlinkIntents?
         if let grave {
             do {
-                intents = try UnlinkIntents(stateFD: grave.stateFD)
+                (intents, leftover) = try UnlinkIntents.open(for: grave, source: source)
             } catch {
                 logger.warning("cannot keep the log of answered unlinks: unlinks wait for their burial",
                                metadata: ["error": "\(error)"])
@@ -121,6 +122,10 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
                                      intents: defersUnlink ? intents : nil)
         actsForOthers = geteuid() == 0
         devices = DeviceMap(rootDevice: st.st_dev)
+        if let leftover, let grave {
+            finishInterruptedUnlinks(leftover)
+            UnlinkIntents.removeLeftover(in: grave)
+        }
         if let intents { finishInterruptedUnlinks(intents) }
     }
 

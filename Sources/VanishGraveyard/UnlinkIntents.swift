@@ -102,8 +102,8 @@ public final class UnlinkIntents: Sendable {
 
     /// Opens (or makes) the log in the state directory `stateFD`. Its
     /// records stay for `intents()` until `clear()`.
-    public init(stateFD: Int32) throws(Errno) {
-        fd = try Sys.openat(stateFD, UnlinkIntents.fileName, O_RDWR | O_CREAT | O_NOFOLLOW, 0o600)
+    public init(stateFD: Int32, name: String = UnlinkIntents.fileName) throws(Errno) {
+        fd = try Sys.openat(stateFD, name, O_RDWR | O_CREAT | O_NOFOLLOW, 0o600)
         let st: stat
         do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
         allocated.store(Int(st.st_size), ordering: .relaxed)
@@ -311,5 +311,50 @@ public final class UnlinkIntents: Sendable {
         withUnsafeBytes(of: &h) { mix($0) }
         mix(UnsafeRawBufferPointer(path))
         return sum
+    }
+}
+
+extension UnlinkIntents {
+    /// Opens the log of `graveyard`'s client for the source at `source`: in
+    /// the client's state directory, or, when that is on a network (or
+    /// FUSE) volume, on this machine. Each answered unlink appends to it
+    /// before the answer, and on a volume that append is a round trip to the
+    /// server: rm -rf of 2,000 files through Vanish over GlusterFS took
+    /// 0.84 s with the log on the volume, 0.42-0.59 s with it local. Only this
+    /// client's next mount (or `vanish reap` here) reads it. `leftover` is a
+    /// log found on the volume (written before the log moved), to finish
+    /// first and then remove (`removeLeftover`).
+    public static func open(for graveyard: Graveyard, source: String) throws(Errno) -> (log: UnlinkIntents, leftover: UnlinkIntents?) {
+        guard vanish_filesystem_is_remote(graveyard.stateFD) == 1 else { return (try UnlinkIntents(stateFD: graveyard.stateFD), nil) }
+        let dir = try makeLocalDirectory()
+        defer { Sys.close(dir) }
+        var hash = FNV1a()
+        hash.add(Array(source.utf8))
+        let log = try UnlinkIntents(stateFD: dir, name: "unlinks-\(graveyard.client.name)-\(Graveyard.hex(hash.value, digits: 16))")
+        let leftover = (try? Sys.lstatat(graveyard.stateFD, fileName)) != nil ? try? UnlinkIntents(stateFD: graveyard.stateFD) : nil
+        return (log, leftover)
+    }
+
+    /// Removes a log left on the volume, once it is finished.
+    public static func removeLeftover(in graveyard: Graveyard) {
+        _ = try? Sys.unlinkat(graveyard.stateFD, fileName, 0)
+    }
+
+    /// `/var/lib/vanish` for root, else `$XDG_STATE_HOME/vanish` or
+    /// `~/.local/state/vanish`: made (0700) as needed, opened O_PATH.
+    private static func makeLocalDirectory() throws(Errno) -> Int32 {
+        let base: String
+        if geteuid() == 0 {
+            base = "/var/lib/vanish"
+        } else if let state = getenv("XDG_STATE_HOME"), state[0] == 0x2F {
+            base = String(cString: state) + "/vanish"
+        } else if let home = getenv("HOME"), home[0] == 0x2F {
+            base = String(cString: home) + "/.local/state/vanish"
+        } else {
+            throw .noSuchFileOrDirectory
+        }
+        let root = try Sys.open("/", VANISH_O_PATH | O_DIRECTORY)
+        defer { Sys.close(root) }
+        return try Graveyard.makeDirectory(root, base.split(separator: "/").map(String.init))
     }
 }

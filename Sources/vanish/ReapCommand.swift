@@ -66,11 +66,14 @@ struct ReapCommand: ParsableCommand {
             do {
                 let graveyard = try Graveyard(rootFD: fd, client: me, create: false)
                 graveyard.absorbAdopted { _ in }
-                if root == src, let intents = try? UnlinkIntents(stateFD: graveyard.stateFD) {
+                if root == src, let (intents, leftover) = try? UnlinkIntents.open(for: graveyard, source: src) {
                     // Unlinks a killed daemon answered but had not done yet: done now, as a mount would.
-                    let (finished, _) = intents.finish(rootFD: fd, graveyard: graveyard, keepingRecords: false,
+                    for log in [leftover, intents].compactMap({ $0 }) {
+                        let (finished, _) = log.finish(rootFD: fd, graveyard: graveyard, keepingRecords: false,
                                                        buried: { _ in }, failed: { _ in })
-                    if finished > 0 { print("finished \(finished) unlinks the last mount had answered but not done") }
+                        if finished > 0 { print("finished \(finished) unlinks the last mount had answered but not done") }
+                    }
+                    if leftover != nil { UnlinkIntents.removeLeftover(in: graveyard) }
                 }
                 found.append(Reaper(graveyard: graveyard, workers: root == src ? workers ?? Reaper.defaultWorkers(for: graveyard) : 1))
             } catch {

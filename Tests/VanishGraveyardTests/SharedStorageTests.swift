@@ -137,4 +137,27 @@ struct SharedStorageTests {
             #expect(try sh("ls t1/a | wc -l", cwd: b.mountpoint).stdout == "30\n")
         }
     }
+
+    @Test("on a network volume the log of answered unlinks stays on this machine, and unlinks answered before a SIGKILL are done by the next mount")
+    func answeredUnlinksOnNetworkVolume() throws {
+        try withGlusterVolume(clients: 1) { v in
+            let client = "killed\(getpid())"
+            #expect(try sh("mkdir d && for i in $(seq 1 200); do echo $i > d/f$i; done", cwd: v.clients[0]).ok)
+            let a = try VanishMount(options: ["client=\(client)"], existingSource: v.clients[0])
+            defer { a.close() }
+            let local = try sh("ls /var/lib/vanish | grep -c '^unlinks-\(client)-'").stdout
+            #expect(local == "1\n", "the log is on this machine")
+            #expect(access(v.clients[0] + "/.vanish/clients/\(client)/unlinks", F_OK) != 0, "not on the volume")
+            // Answered at once; their renames land a moment later, or, killed first, at the next mount.
+            #expect(try sh("rm -f d/f* && kill -KILL \(a.pid)", cwd: a.mountpoint).ok)
+            #expect(try a.waitForExit() == 128 + SIGKILL)
+            a.close()
+            let b = try VanishMount(options: ["client=\(client)"], existingSource: v.clients[0])
+            defer { b.close() }
+            #expect(try sh("ls d | wc -l", cwd: b.mountpoint).stdout == "0\n", "every answered unlink is done")
+            try waitForReaper(b)
+            #expect(try sh("ls d | wc -l", cwd: v.clients[0]).stdout == "0\n")
+        }
+        _ = try sh("rm -f /var/lib/vanish/unlinks-killed\(getpid())-*")
+    }
 }
