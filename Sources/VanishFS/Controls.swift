@@ -116,7 +116,7 @@ extension PassthroughFilesystem {
             knownInodes: table.count, cachedFDs: namespace.cachedFDs, fdCacheLimit: namespace.fdLimit,
             kernelFeatures: "\(KernelFeatures.granted)", passthrough: passthroughState,
             client: graveyard?.client.name, leaseSeconds: Double(leases?.length ?? 0) / 1e9,
-            otherClients: leases?.observe() ?? [])
+            otherClients: leases?.peers ?? [])
     }
 }
 

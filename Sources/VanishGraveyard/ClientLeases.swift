@@ -38,6 +38,7 @@ public final class ClientLeases: @unchecked Sendable {
     /// lease, and when (monotonic ns) they were first seen so.
     private var seen: [ClientID: (contents: [UInt8], since: UInt64)] = [:]
     private var stopping = false
+    private var lastPeers: [Peer] = []
     private var running = false
     private let cond = Condition()
     private let done = DispatchSemaphore(value: 0)
@@ -116,11 +117,13 @@ public final class ClientLeases: @unchecked Sendable {
     /// then claims and absorbs the graveyards of expired clients.
     public func tick() {
         absorb()
+        let peers = observe()
         cond.lock()
         let adopts = adopting
+        lastPeers = peers
         cond.unlock()
         guard adopts else { return }
-        for peer in observe() where peer.expired && peer.entries > 0 {
+        for peer in peers where peer.expired && peer.entries > 0 {
             if (try? graveyard.claim(peer.client)) == true {
                 let n = absorb()
                 adopted?(peer.client, n)
@@ -132,6 +135,15 @@ public final class ClientLeases: @unchecked Sendable {
     private func absorb() -> Int {
         guard graveyard.hasIncoming else { return 0 }
         return graveyard.absorbAdopted { [landed] shard in landed?(shard) }
+    }
+
+    /// The other clients as the lease thread last saw them (at most 5 s
+    /// ago): what `vanish status` shows, without scanning the volume in a
+    /// request handler.
+    public var peers: [Peer] {
+        cond.lock()
+        defer { cond.unlock() }
+        return lastPeers
     }
 
     /// Reads every other client's lease and updates what was seen.

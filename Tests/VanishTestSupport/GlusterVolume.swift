@@ -105,7 +105,26 @@ public final class GlusterVolume {
             _ = try? run(["pkill", "-x", "glusterd"])
             _ = try? run(["pkill", "-f", "glustershd"])
         }
+        removeLocalLogs()
         removeTree(base)
+    }
+
+    /// On a network volume each client mount's log of answered unlinks is
+    /// kept on the machine, named after the client and a 64-bit FNV-1a hash
+    /// of the source path (see `UnlinkIntents.open`): the ones of mounts of
+    /// this volume go with it.
+    private func removeLocalLogs() {
+        let dir = "/var/lib/vanish"
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: dir) else { return }
+        let hashes = clients.map { path -> String in
+            var h: UInt64 = 0xcbf2_9ce4_8422_2325
+            for b in path.utf8 { h = (h ^ UInt64(b)) &* 0x0000_0100_0000_01b3 }
+            let hex = String(h, radix: 16)
+            return String(repeating: "0", count: 16 - hex.count) + hex
+        }
+        for name in names where name.hasPrefix("unlinks-") && hashes.contains(where: { name.hasSuffix("-" + $0) }) {
+            unlink(dir + "/" + name)
+        }
     }
 }
 
