@@ -79,13 +79,6 @@ public final class Reaper: @unchecked Sendable {
     private let horizon = Atomic<UInt64>(0)
     private let wardenWakeup = DispatchSemaphore(value: 0)
     private let limiter: RateLimiter?
-    /// The graveyard is on a network (or FUSE) filesystem: the work of a
-    /// deletion is the server's and its client process's, not the worker's,
-    /// so the idle CPU class only starves the worker behind the processes
-    /// doing its work (a 4,000-file drain on GlusterFS: 3.7-4.0 s in the idle
-    /// class, 1.6 s at nice 19). It stays at nice 19 and still yields to
-    /// requests through the mount (`Policy.yieldToForeground`).
-    private let remote: Bool
     /// Called after each graveyard entry is freed, with what it held.
     /// Set before `start`.
     public var onReaped: (@Sendable (String, Freed) -> Void)?
@@ -141,7 +134,6 @@ public final class Reaper: @unchecked Sendable {
         wakeups = (0..<workerCount).map { _ in DispatchSemaphore(value: 0) }
         threads = (0..<workerCount).map { _ in WorkerThread() }
         limiter = policy.rate.map(RateLimiter.init(perSecond:))
-        remote = vanish_filesystem_is_remote(graveyard.stateFD) == 1
     }
 
     /// Workers for a graveyard when none are asked for: one per core on a
@@ -263,7 +255,7 @@ public final class Reaper: @unchecked Sendable {
         }
         func reschedule() {
             // Fresh: a worker gets here once per wakeup or pass over its shards.
-            let idle = foregroundRequests != nil && !remote && stopState.load(ordering: .relaxed) == Stop.running.rawValue
+            let idle = foregroundRequests != nil && stopState.load(ordering: .relaxed) == Stop.running.rawValue
                 && !isSpaceShort(fresh: true) && !me.lifted.load(ordering: .relaxed)
             me.set(idle ? .idle : .background)
         }
