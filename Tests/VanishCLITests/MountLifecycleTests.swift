@@ -26,10 +26,16 @@ struct MountLifecycleTests {
         #expect(ls.stdout == "hi\n")
         // Background threads carry names, so `top -H` and perf tell them from request workers.
         // (A libfuse worker may end between the listing and the read of its name.)
-        let names = try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task").compactMap {
-            try? String(contentsOfFile: "/proc/\(pid)/task/\($0)/comm", encoding: .utf8)
+        // The control thread starts once the mount is up, which may follow `vanish mount`'s return.
+        let wanted = ["vanish-journal\n", "vanish-reaper\n", "vanish-control\n", "vanish-notify\n", "vanish-lease\n"]
+        var names: [String] = []
+        try? waitFor("the background threads") {
+            names = try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task").compactMap {
+                try? String(contentsOfFile: "/proc/\(pid)/task/\($0)/comm", encoding: .utf8)
+            }
+            return wanted.allSatisfy(names.contains)
         }
-        for name in ["vanish-journal\n", "vanish-reaper\n", "vanish-control\n", "vanish-notify\n"] {
+        for name in wanted {
             #expect(names.contains(name), "threads: \(names)")
         }
         let u = try run([vanishBinary, "unmount", base + "/mnt"])

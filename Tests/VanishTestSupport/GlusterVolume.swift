@@ -74,6 +74,10 @@ public final class GlusterVolume {
     }
 
     private func startDaemon() throws {
+        // One the previous test stopped may still be on its way out.
+        try waitFor("a stopping glusterd to exit or answer", timeout: 30) {
+            try !run(["pgrep", "-x", "glusterd"]).ok || run(["gluster", "--mode=script", "volume", "list"]).ok
+        }
         if try run(["pgrep", "-x", "glusterd"]).ok { return }
         let r = try run(["glusterd"])
         guard r.ok else { throw TestFailure("glusterd did not start: \(r.stderr)") }
@@ -104,6 +108,7 @@ public final class GlusterVolume {
             // glusterd, and the self-heal daemon it started for the volume.
             _ = try? run(["pkill", "-x", "glusterd"])
             _ = try? run(["pkill", "-f", "glustershd"])
+            try? waitFor("glusterd to exit", timeout: 30) { (try? run(["pgrep", "-x", "glusterd"]))?.ok == false }
         }
         removeLocalLogs()
         removeTree(base)
