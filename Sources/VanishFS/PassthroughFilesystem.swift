@@ -28,6 +28,9 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// cannot hold a graveyard (read-only), and deletes are then done in the request.
     let graveyard: Graveyard?
     public let reaper: Reaper?
+    /// The log of answered unlinks when it is kept on this machine (a network
+    /// backend): removed at a clean end, once every answered unlink landed.
+    let localUnlinkLog: String?
     /// This client's lease, and the adoption of gone clients' graveyards.
     public let leases: ClientLeases?
     /// Whether unlinks are answered before their rename (see `DeferredBurials`).
@@ -99,15 +102,17 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         // next mount finish them if this daemon dies first.
         var intents: UnlinkIntents?
         var leftover: UnlinkIntents?
+        var localLog: String?
         if let grave {
             do {
-                (intents, leftover) = try UnlinkIntents.open(for: grave, source: source)
+                (intents, leftover, localLog) = try UnlinkIntents.open(for: grave, source: source)
             } catch {
                 logger.warning("cannot keep the log of answered unlinks: unlinks wait for their burial",
                                metadata: ["error": "\(error)"])
             }
         }
         defersUnlink = intents != nil && options.deferUnlink && options.cache != .never
+        localUnlinkLog = localLog
         let root = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, generation: 0,
                          parent: nil, name: "")
         root.fd = fd
@@ -224,6 +229,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     public func stopReaping(finish: Bool) {
         // Unlinks already answered are owed their rename, whatever the signal.
         namespace.stopBurials()
+        if let localUnlinkLog { Glibc.unlink(localUnlinkLog) }
         leases?.stopAdopting()
         let reapers = allReapers
         for r in reapers { r.stop(finish ? .whenEmpty : .now) }

@@ -324,15 +324,19 @@ extension UnlinkIntents {
     /// client's next mount (or `vanish reap` here) reads it. `leftover` is a
     /// log found on the volume (written before the log moved), to finish
     /// first and then remove (`removeLeftover`).
-    public static func open(for graveyard: Graveyard, source: String) throws(Errno) -> (log: UnlinkIntents, leftover: UnlinkIntents?) {
-        guard vanish_filesystem_is_remote(graveyard.stateFD) == 1 else { return (try UnlinkIntents(stateFD: graveyard.stateFD), nil) }
-        let dir = try makeLocalDirectory()
+    public static func open(for graveyard: Graveyard, source: String) throws(Errno)
+        -> (log: UnlinkIntents, leftover: UnlinkIntents?, localPath: String?) {
+        guard vanish_filesystem_is_remote(graveyard.stateFD) == 1 else {
+            return (try UnlinkIntents(stateFD: graveyard.stateFD), nil, nil)
+        }
+        let (dir, path) = try makeLocalDirectory()
         defer { Sys.close(dir) }
         var hash = FNV1a()
         hash.add(Array(source.utf8))
-        let log = try UnlinkIntents(stateFD: dir, name: "unlinks-\(graveyard.client.name)-\(Graveyard.hex(hash.value, digits: 16))")
+        let name = "unlinks-\(graveyard.client.name)-\(Graveyard.hex(hash.value, digits: 16))"
+        let log = try UnlinkIntents(stateFD: dir, name: name)
         let leftover = (try? Sys.lstatat(graveyard.stateFD, fileName)) != nil ? try? UnlinkIntents(stateFD: graveyard.stateFD) : nil
-        return (log, leftover)
+        return (log, leftover, path + "/" + name)
     }
 
     /// Removes a log left on the volume, once it is finished.
@@ -341,8 +345,8 @@ extension UnlinkIntents {
     }
 
     /// `/var/lib/vanish` for root, else `$XDG_STATE_HOME/vanish` or
-    /// `~/.local/state/vanish`: made (0700) as needed, opened O_PATH.
-    private static func makeLocalDirectory() throws(Errno) -> Int32 {
+    /// `~/.local/state/vanish`: made (0700) as needed, opened O_PATH, and its path.
+    private static func makeLocalDirectory() throws(Errno) -> (Int32, String) {
         let base: String
         if geteuid() == 0 {
             base = "/var/lib/vanish"
@@ -355,6 +359,6 @@ extension UnlinkIntents {
         }
         let root = try Sys.open("/", VANISH_O_PATH | O_DIRECTORY)
         defer { Sys.close(root) }
-        return try Graveyard.makeDirectory(root, base.split(separator: "/").map(String.init))
+        return (try Graveyard.makeDirectory(root, base.split(separator: "/").map(String.init)), base)
     }
 }

@@ -66,7 +66,7 @@ struct ReapCommand: ParsableCommand {
             do {
                 let graveyard = try Graveyard(rootFD: fd, client: me, create: false)
                 graveyard.absorbAdopted { _ in }
-                if root == src, let (intents, leftover) = try? UnlinkIntents.open(for: graveyard, source: src) {
+                if root == src, let (intents, leftover, _) = try? UnlinkIntents.open(for: graveyard, source: src) {
                     // Unlinks a killed daemon answered but had not done yet: done now, as a mount would.
                     for log in [leftover, intents].compactMap({ $0 }) {
                         let (finished, _) = log.finish(rootFD: fd, graveyard: graveyard, keepingRecords: false,

@@ -159,6 +159,9 @@ struct SharedStorageTests {
             #expect(try sh("ls d | wc -l", cwd: b.mountpoint).stdout == "0\n", "every answered unlink is done")
             try waitForReaper(b)
             #expect(try sh("ls d | wc -l", cwd: v.clients[0]).stdout == "0\n")
+            // A clean end leaves nothing pending, and no log behind.
+            #expect(try b.unmount() == 0)
+            #expect(try sh("ls /var/lib/vanish | grep -c '^unlinks-\(client)-'").stdout == "0\n")
         }
     }
 }
