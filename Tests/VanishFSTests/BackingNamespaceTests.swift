@@ -38,7 +38,9 @@ struct BackingNamespaceTests {
             let st = try Sys.lstatat(rootFD, "dir")
             dir = table.remember(st, birth: 0, parent: root, name: "dir")
             graveFD = try Sys.open(base + "/grave", O_RDONLY | O_DIRECTORY)
-            namespace.startBurials(land: { [self] q, pfd in
+            // Weak: a strong capture kept the fixture alive for ever, and its directory with it.
+            namespace.startBurials(land: { [weak self] q, pfd in
+                guard let self else { return }
                 let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
                 _ = q.name.withUnsafeBufferPointer { renameat(pfd, $0.baseAddress!, graveFD, "g\(n)") }
                 landed.wrappingAdd(1, ordering: .relaxed)
