@@ -71,7 +71,7 @@ final class BufferPool: Sendable {
     let size: Int
     private let keep: Int
     // Addresses, not pointers: a Mutex's value must be Sendable.
-    private let idle = Mutex<[UInt]>([])
+    private let idle = Lock<[UInt]>([])
 
     init(size: Int, keep: Int) {
         self.size = size

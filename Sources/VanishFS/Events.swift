@@ -57,7 +57,7 @@ final class WritingHandles: Sendable {
     }
 
     // Sized at mount: see `InodeTable.lock`.
-    private let state = Mutex<[ObjectIdentifier: Session]>(Dictionary(minimumCapacity: 64))
+    private let state = Lock<[ObjectIdentifier: Session]>(Dictionary(minimumCapacity: 64))
     /// Passthrough handles open now: a setattr needs to look for them only when any are.
     private let following = Atomic<Int>(0)
 

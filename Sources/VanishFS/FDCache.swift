@@ -27,7 +27,7 @@ final class FDCache: @unchecked Sendable {
         var count = 0
     }
 
-    private let lock = Mutex(State())
+    private let lock = Lock(State())
     let limit: Int
     private let table: InodeTable
 

@@ -1,5 +1,6 @@
 import CFuse
 import Glibc
+import LinuxSyscalls
 import Synchronization
 
 /// The kernel's view of which backing files exist: (st_dev, st_ino) → Inode,
@@ -17,7 +18,7 @@ final class InodeTable: @unchecked Sendable {
     // Hashable conformance by scanning every conformance in the binary.
     // Left to the first requests, that took a fresh mount's first unlink
     // from about 0.2 to 0.4 ms.
-    private let lock = Mutex<[InodeKey: Inode]>(Dictionary(minimumCapacity: 1024))
+    private let lock = Lock<[InodeKey: Inode]>(Dictionary(minimumCapacity: 1024))
     private let generations = Atomic<UInt64>(1)
     /// Whether any inode was ever marked buried: until then, `isBuried` is one load.
     private let anyBuried = Atomic<Bool>(false)
@@ -117,6 +118,26 @@ final class InodeTable: @unchecked Sendable {
         var ts = timespec()
         clock_gettime(CLOCK_MONOTONIC_COARSE, &ts)
         return UInt32(truncatingIfNeeded: ts.tv_sec) | 1
+    }
+
+    /// Milliseconds since boot, as cheaply (wrapping after 49 days); never 0.
+    static func coarseMilliseconds() -> UInt32 {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts)
+        return UInt32(truncatingIfNeeded: ts.tv_sec &* 1000 &+ ts.tv_nsec / 1_000_000) | 1
+    }
+
+    /// Whether the kernel holds the inode numbered `ino` on `dev`, of type
+    /// `type` (S_IFMT bits; 0: unknown), with attributes sent less than
+    /// `window` ms before `now`: listing it with attributes again tells the
+    /// kernel nothing it does not have.
+    func attributesFresh(dev: dev_t, ino: ino_t, type: mode_t, now: UInt32, window: UInt32) -> Bool {
+        lock.withLock { map in
+            guard let known = map[InodeKey(dev: dev, ino: ino)], known.lookups > 0,
+                  type == 0 || known.type == type else { return false }
+            let sent = known.attributesSent.load(ordering: .relaxed)
+            return sent != 0 && now &- sent < window
+        }
     }
 
     /// Drops `count` kernel lookups; returns true when the inode is gone

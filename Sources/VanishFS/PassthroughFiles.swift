@@ -51,7 +51,7 @@ enum FileHandle {
 /// Lock order: `lock` is a leaf (held across the BACKING_OPEN/CLOSE ioctl,
 /// a few microseconds, never while taking another lock).
 final class PassthroughFiles: @unchecked Sendable {
-    private let lock = Mutex<Void>(())
+    private let lock = Lock<Void>(())
     /// Set once before the loop starts serving; nil: passthrough is off.
     private var backings: BackingFiles?
     /// The kernel refused backing files altogether (no CAP_SYS_ADMIN).
