@@ -143,6 +143,9 @@ public final class Daemon {
                     _ = notifier.invalidateEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
                 }
             }
+            // The parent's cached listing too: the kernel drops it with the
+            // entry only when it still had that entry (it may have forgotten it).
+            _ = notifier.invalidateInode(parent)
         }
         if !c.foreground { session.daemonize() }
         // A stop signal ends the loop, or after it the reaping; one that came

@@ -19,6 +19,7 @@ extension PassthroughFilesystem {
         }
         notice(node, st)
         st = devices.present(st)
+        node.attributesSent.store(InodeTable.coarseMilliseconds(), ordering: .relaxed)
         req.reply(attr: &st, timeout: options.attrTimeout)
     }
 
@@ -66,6 +67,7 @@ extension PassthroughFilesystem {
         if let before { writing.attributesChanged(node, before: before, after: st) }
         if observing { emitAttributes(req.caller, node, toSet: toSet, st: st, xattr: nil) }
         st = devices.present(st)
+        node.attributesSent.store(InodeTable.coarseMilliseconds(), ordering: .relaxed)
         req.reply(attr: &st, timeout: options.attrTimeout)
     }
 

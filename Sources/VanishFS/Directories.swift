@@ -39,9 +39,47 @@ extension PassthroughFilesystem {
         }
         let handle = DirectoryHandle(stream: stream, inode: node)
         fi.pointee.fh = UInt64(UInt(bitPattern: Unmanaged.passRetained(handle).toOpaque()))
-        if options.cache == .always { fi.pointee.cache_readdir = 1; fi.pointee.keep_cache = 1 }
+        if cachesListings && (options.cache == .always || node.key.dev == table.root.key.dev) {
+            configureListingCache(node, fi)
+        }
         req.reply(open: fi)
     }
+
+    /// The kernel keeps a listing (FOPEN_CACHE_DIR) until the directory
+    /// changes: through the mount it sees that itself, Vanish's own changes
+    /// (`vanish rm`, a restore) it is told of, and with cache=auto a change
+    /// behind the mount shows as a new mtime once the directory's attributes
+    /// expire. That needs an mtime that moves with every change, which only
+    /// the source's own filesystem is vouched for (`cachesListings`).
+    ///
+    /// A cached listing is read with no round trip, but it refreshes no
+    /// entry: with cache=auto an open keeps it (FOPEN_KEEP_CACHE) only
+    /// where that costs nothing, that is a names-only listing, or one whose
+    /// attributes were sent too lately to have expired. Otherwise the kernel
+    /// drops it and lists again, with attributes (one round trip per chunk
+    /// rather than a LOOKUP per entry), caching that listing in turn.
+    private func configureListingCache(_ node: Inode, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+        fi.pointee.cache_readdir = 1
+        if options.cache == .always { fi.pointee.keep_cache = 1; return }
+        let namesOnly = switch options.readdirPlus {
+        case .never: true
+        case .walk: !table.listingWantsAttributes(node)
+        case .always, .auto: false
+        }
+        if namesOnly { fi.pointee.keep_cache = 1; return }
+        let listed = node.listedWithAttributes.load(ordering: .relaxed)
+        if listed != 0 && InodeTable.coarseMilliseconds() &- listed < Self.listingReuseMilliseconds {
+            fi.pointee.keep_cache = 1
+        }
+    }
+
+    /// How long (ms) after attributes were sent the kernel surely still
+    /// has them: half the timeout it was given.
+    var freshAttributesWindow: UInt32 { UInt32(options.attrTimeout * 500) }
+
+    /// How long after a listing sent attributes (which the kernel keeps for
+    /// the 1 s of cache=auto) a cached copy of it is still reused.
+    static let listingReuseMilliseconds: UInt32 = 500
 
     public func releasedir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         Unmanaged<DirectoryHandle>.fromOpaque(UnsafeRawPointer(bitPattern: UInt(fi.pointee.fh))!).release()
@@ -65,6 +103,7 @@ extension PassthroughFilesystem {
                         _ fi: UnsafeMutablePointer<fuse_file_info>, plus: Bool) throws(Errno) {
         let h = DirectoryHandle.from(fi)
         let attributes = plus && (options.readdirPlus != .walk || table.listingWantsAttributes(h.inode))
+        if attributes && offset == 0 { h.inode.listedWithAttributes.store(InodeTable.coarseMilliseconds(), ordering: .relaxed) }
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 8)
         defer { buffer.deallocate() }
         let used = try namespace.reading(h) { stream throws(Errno) -> Int in
@@ -74,6 +113,8 @@ extension PassthroughFilesystem {
             }
             let base = buffer.baseAddress!.assumingMemoryBound(to: CChar.self)
             let dfd = dirfd(stream)
+            let dev = h.inode.key.dev
+            let now = InodeTable.coarseMilliseconds()
             var used = 0
             while true {
                 errno = 0
@@ -90,9 +131,14 @@ extension PassthroughFilesystem {
                     let needed = fuse_add_direntry_plus(req.raw, nil, 0, name, nil, 0)
                     if needed > room { seekdir(stream, h.offset); break }
                     var e = fuse_entry_param()
-                    if isDotOrDotDot(name) || !attributes {
-                        // No lookup for . and .., nor for names only: node id
-                        // 0 tells the kernel to take only the name and type.
+                    if isDotOrDotDot(name) || !attributes
+                        || table.attributesFresh(dev: dev, ino: d.pointee.d_ino, type: mode_t(d.pointee.d_type) << 12,
+                                                 now: now, window: freshAttributesWindow) {
+                        // No lookup for . and .., for names only, nor for
+                        // files the kernel got attributes of just now (git
+                        // status lists directories right after lstat'ing
+                        // their files): node id 0 tells the kernel to take
+                        // only the name and type.
                         e.attr.st_ino = d.pointee.d_ino
                         e.attr.st_mode = mode_t(d.pointee.d_type) << 12
                     } else {

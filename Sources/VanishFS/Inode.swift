@@ -42,6 +42,13 @@ final class Inode: @unchecked Sendable {
     /// near it then carry attributes (`ReaddirPlusMode.walk`).
     var filesLookedUp: UInt32 = 0
 
+    /// When (CLOCK_MONOTONIC_COARSE ms, 0: never) its attributes were last
+    /// sent to the kernel, which keeps them for the attribute timeout.
+    let attributesSent = Atomic<UInt32>(0)
+    /// For a directory: when (CLOCK_MONOTONIC_COARSE ms, 0: never) a listing
+    /// of it last began to carry attributes (see `opendir`).
+    let listedWithAttributes = Atomic<UInt32>(0)
+
     // Atomic (see `ExternalChanges.swift`).
     /// For a directory: its mtime (ns) when a getattr or lookup last read it; 0 before.
     let mtimeSeen = Atomic<UInt64>(0)

@@ -35,6 +35,9 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     public let leases: ClientLeases?
     /// Whether unlinks are answered before their rename (see `DeferredBurials`).
     let defersUnlink: Bool
+    /// Whether the kernel may keep listings of the source's own directories
+    /// between opens (see `opendir`).
+    let cachesListings: Bool
     /// Graveyards of filesystems mounted inside the source, made as needed.
     let nested = NestedGraveyards()
     /// For `vanish rm`: is a filesystem mounted inside the tree?
@@ -112,6 +115,11 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
             }
         }
         defersUnlink = intents != nil && options.deferUnlink && options.cache != .never
+        cachesListings = switch options.cache {
+        case .always: true
+        case .auto: vanish_filesystem_has_fine_mtimes(fd) != 0
+        case .never: false
+        }
         localUnlinkLog = localLog
         let root = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, generation: 0,
                          parent: nil, name: "")
@@ -288,6 +296,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// The reply for a name that now refers to `node`.
     @inline(__always)
     func entry(_ node: Inode, _ st: stat) -> fuse_entry_param {
+        node.attributesSent.store(InodeTable.coarseMilliseconds(), ordering: .relaxed)
         var e = fuse_entry_param()
         e.ino = table.nodeID(node)
         e.generation = node.generation
