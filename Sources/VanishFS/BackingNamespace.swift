@@ -111,6 +111,32 @@ final class BackingNamespace: Sendable {
         return try fds.withFD(node, body)
     }
 
+    /// Opens the regular file `node` with `flags` through its parent and
+    /// last known name: one openat, and an fstat (returned) that checks it
+    /// is still the same file. That spares an open without a cached fd the
+    /// O_PATH open and the /proc reopen of `withFD`. nil where it cannot
+    /// serve (an fd is cached already, O_TRUNC, the name now holds another
+    /// file, any error): the caller then opens through `withFD`, which gives
+    /// the authoritative error.
+    func openByName(_ node: Inode, flags: Int32) -> (fd: Int32, stat: stat)? {
+        guard node.type == S_IFREG, flags & O_TRUNC == 0, !fds.isCached(node),
+              let (parent, name) = table.location(of: node) else { return nil }
+        // O_NONBLOCK: should the name have become a FIFO, the open must not
+        // wait for a writer. Cleared after, unless the caller asked for it.
+        let opened = try? name.withUnsafeBufferPointer { n throws(Errno) in
+            try atName(parent, n.baseAddress!) { pfd throws(Errno) in
+                try Sys.openat(pfd, n.baseAddress!, flags | O_NOFOLLOW | O_NONBLOCK)
+            }
+        }
+        guard let fd = opened else { return nil }
+        guard let st = try? Sys.fstat(fd), st.st_dev == node.key.dev, st.st_ino == node.key.ino,
+              flags & O_NONBLOCK != 0 || fcntl(fd, F_SETFL, flags) == 0 else {
+            Sys.close(fd)
+            return nil
+        }
+        return (fd, st)
+    }
+
     /// As `withFD`, nil if the inode cannot be reopened.
     func withFDIfPossible<R>(_ node: Inode, _ body: (Int32) -> R) -> R? {
         if node.isDirectory { burials.waitForDirectory(node.key) }

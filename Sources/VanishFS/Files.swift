@@ -13,13 +13,20 @@ extension PassthroughFilesystem {
     public func open(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let node = inode(ino)
         let flags = backingOpenFlags(fi.pointee.flags)
-        let fd = try namespace.withFD(node) { pathFD throws(Errno) in
-            try namespace.retryingOnFDExhaustion { () throws(Errno) in
-                try Sys.withProcPath(pathFD) { path throws(Errno) in try Sys.open(path, flags) }
+        var known: stat? = nil
+        let fd: Int32
+        if let (byName, st) = namespace.openByName(node, flags: flags) {
+            fd = byName
+            known = st
+        } else {
+            fd = try namespace.withFD(node) { pathFD throws(Errno) in
+                try namespace.retryingOnFDExhaustion { () throws(Errno) in
+                    try Sys.withProcPath(pathFD) { path throws(Errno) in try Sys.open(path, flags) }
+                }
             }
         }
         let caller = req.caller
-        let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: nil, fi)
+        let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: known, fi)
         if req.reply(open: fi, backing: backing) == -ENOENT { abandonHandle(node, fi) }
     }
 
