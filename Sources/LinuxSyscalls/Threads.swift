@@ -82,13 +82,13 @@ public final class Condition: @unchecked Sendable {
 /// the holder is often descheduled, the spinning burns the core it needs,
 /// and each wait goes through the kernel's rt_mutex. git status's parallel
 /// lstats spent a fifth of the daemon's time there (perf).
-public final class Lock<Value>: @unchecked Sendable {
+public final class Lock<Value: ~Copyable>: @unchecked Sendable {
     @usableFromInline let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
     // Behind a pointer: an inout access to a stored property of a class
     // costs a dynamic exclusivity check per call.
     @usableFromInline let value = UnsafeMutablePointer<Value>.allocate(capacity: 1)
 
-    public init(_ initial: Value) {
+    public init(_ initial: consuming Value) {
         pthread_mutex_init(mutex, nil)
         value.initialize(to: initial)
     }

@@ -50,7 +50,7 @@ public final class Journal: @unchecked Sendable {
         var length: UInt32
         var type: UInt8
     }
-    private let pending = Mutex(Pending())
+    private let pending = Lock(Pending())
     /// The writer cannot write (a full disk) and is retrying.
     private let stalled = Atomic<Bool>(false)
     private let wakeWriter = DispatchSemaphore(value: 0)

@@ -31,7 +31,7 @@ final class CommandNames: @unchecked Sendable {
         /// False without the connector, or once it failed.
         var trusted = false
     }
-    private let known = Mutex(Known())
+    private let known = Lock(Known())
     private static let most = 4096
     /// The connector's socket (-1 without one) and, guarded by `known`, the
     /// buffers its notices are read into.

@@ -33,7 +33,7 @@ final class ReadingHandles: Sendable {
         var byProcess: [pid_t: [(fd: Int32, node: Inode)]] = [:]
         var processOf: [Int32: pid_t] = [:]
     }
-    private let state = Mutex(State())
+    private let state = Lock(State())
 
     /// A read-only handle of a regular file was opened by `pid`.
     func opened(_ fd: Int32, _ node: Inode, by pid: pid_t) {

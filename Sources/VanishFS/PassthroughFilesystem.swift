@@ -335,7 +335,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
 /// inode number; files on a nested device get its index in the top byte.
 final class DeviceMap: Sendable {
     private let rootDevice: dev_t
-    private let known = Mutex<[dev_t: UInt64]>([:])
+    private let known = Lock<[dev_t: UInt64]>([:])
 
     init(rootDevice: dev_t) { self.rootDevice = rootDevice }
 
