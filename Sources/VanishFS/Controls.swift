@@ -113,7 +113,8 @@ extension PassthroughFilesystem {
             statistics: reapingStatistics, pace: reapingPace, reapersIdle: reapersIdle,
             reaperWorkers: reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize),
             keepSeconds: Double(reaper?.policy.keep ?? 0) / 1e9, socket: controlSocket,
-            knownInodes: table.count, cachedFDs: namespace.cachedFDs, fdCacheLimit: namespace.fdLimit,
+            knownInodes: table.count, stataheadEntries: statahead.prefetched.load(ordering: .relaxed),
+            cachedFDs: namespace.cachedFDs, fdCacheLimit: namespace.fdLimit,
             kernelFeatures: "\(KernelFeatures.granted)", passthrough: passthroughState,
             client: graveyard?.client.name, leaseSeconds: Double(leases?.length ?? 0) / 1e9,
             otherClients: leases?.peers ?? [])
@@ -139,6 +140,8 @@ package struct StatusFacts {
     package var keepSeconds: Double
     package var socket: String
     package var knownInodes: Int
+    /// Entries statahead stat'ed ahead of lookups since the mount.
+    package var stataheadEntries: UInt64
     package var cachedFDs: Int
     package var fdCacheLimit: Int
     package var kernelFeatures: String

@@ -27,6 +27,8 @@ extension PassthroughFilesystem {
         notice(node, st)
         var e = entry(node, st)
         req.reply(entry: &e)
+        // Files only: a names-only walk looks up directories, never files.
+        if st.st_mode & S_IFMT != S_IFDIR { statahead.lookedUp(in: p) }
     }
 
     public func forget(_ ino: fuse_ino_t, count: UInt64) {

@@ -41,6 +41,14 @@ final class Inode: @unchecked Sendable {
     /// file in it, or in one of its subdirectories, was looked up; listings
     /// near it then carry attributes (`ReaddirPlusMode.walk`).
     var filesLookedUp: UInt32 = 0
+    /// For a directory, statahead's view (see `Statahead`): lookups of its
+    /// files in the current run, when the last one came (coarse ms), and
+    /// whether reading ahead has begun in this run.
+    var aheadLookups: UInt32 = 0
+    var aheadLast: UInt32 = 0
+    var aheadState: AheadState = .watching
+
+    enum AheadState { case watching, reading, finished }
 
     /// When (CLOCK_MONOTONIC_COARSE ms, 0: never) its attributes were last
     /// sent to the kernel, which keeps them for the attribute timeout.

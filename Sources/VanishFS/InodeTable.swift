@@ -140,6 +140,33 @@ final class InodeTable: @unchecked Sendable {
         }
     }
 
+    /// Counts a lookup of a file in `dir` for statahead; true when the
+    /// lookups there now make a run of `trigger` (none `idle` ms apart) and
+    /// reading ahead should begin (once per run).
+    func countLookup(in dir: Inode, now: UInt32, trigger: UInt32, idle: UInt32) -> Bool {
+        lock.withLock { _ in
+            if now &- dir.aheadLast > idle {
+                dir.aheadLookups = 0
+                if dir.aheadState == .finished { dir.aheadState = .watching }
+            }
+            dir.aheadLookups &+= 1
+            dir.aheadLast = now
+            guard dir.aheadState == .watching, dir.aheadLookups >= trigger else { return false }
+            dir.aheadState = .reading
+            return true
+        }
+    }
+
+    /// The lookups counted in `dir`'s current run, and when the last came.
+    func lookupsCounted(in dir: Inode) -> (count: UInt32, last: UInt32) {
+        lock.withLock { _ in (dir.aheadLookups, dir.aheadLast) }
+    }
+
+    /// Reading ahead in `dir` ended: not again until a new run begins.
+    func endReadAhead(_ dir: Inode) {
+        lock.withLock { _ in dir.aheadState = .finished }
+    }
+
     /// Drops `count` kernel lookups; returns true when the inode is gone
     /// from the kernel (its fd should be closed).
     func forget(_ inode: Inode, count: UInt64) -> Bool {

@@ -44,6 +44,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     let mounts = MountTable()
     /// Cache invalidations for the kernel, sent from their own thread.
     let invalidations = EntryInvalidations()
+    /// Reads directories ahead of programs that stat what they list.
+    let statahead: Statahead
     let sourcePath: String
     /// The event journal, when observing (set before mounting).
     var events: Journal?
@@ -134,12 +136,14 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         namespace = BackingNamespace(table: table, fdLimit: options.fdCacheLimit ?? FileLimits.defaultCacheLimit(),
                                      intents: defersUnlink ? intents : nil)
         actsForOthers = geteuid() == 0
+        statahead = Statahead(table: table, namespace: namespace)
         devices = DeviceMap(rootDevice: st.st_dev)
         if let leftover, let grave {
             finishInterruptedUnlinks(leftover)
             UnlinkIntents.removeLeftover(in: grave)
         }
         if let intents { finishInterruptedUnlinks(intents) }
+        statahead.skip = { [unowned self] dir, name in isReserved(dir, name) }
     }
 
     deinit { Sys.close(rootFD) }
