@@ -39,7 +39,7 @@ extension PassthroughFilesystem {
         let (kind, backing) = node.type == S_IFREG && passthrough.active
             ? passthrough.open(node, fd: fd, throughDaemon: kills) : (OpenKind.daemon, Int32(0))
         fi.pointee.fh = FileHandle.make(fd: fd, kind: kind, killsPrivileges: kills)
-        configure(fi, kind)
+        configure(fi, kind, node)
         namespace.opened(node)
         if observing && writesData(node, fi) {
             // The kernel writes a passthrough file without us: the writing

@@ -35,6 +35,9 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     public let leases: ClientLeases?
     /// Whether unlinks are answered before their rename (see `DeferredBurials`).
     let defersUnlink: Bool
+    /// Whether close(2) of the source's own files never reports an error
+    /// (see `configure`).
+    let closesSilently: Bool
     /// Whether the kernel may keep listings of the source's own directories
     /// between opens (see `opendir`).
     let cachesListings: Bool
@@ -117,6 +120,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
             }
         }
         defersUnlink = intents != nil && options.deferUnlink && options.cache != .never
+        closesSilently = vanish_filesystem_closes_silently(fd) != 0
         cachesListings = switch options.cache {
         case .always: true
         case .auto: vanish_filesystem_has_fine_mtimes(fd) != 0
@@ -312,7 +316,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
 
     /// Applies the cache policy to a freshly opened file served as `kind`.
     @inline(__always)
-    func configure(_ fi: UnsafeMutablePointer<fuse_file_info>, _ kind: OpenKind) {
+    func configure(_ fi: UnsafeMutablePointer<fuse_file_info>, _ kind: OpenKind, _ node: Inode) {
         switch kind {
         // The kernel's page cache is the backing file's: nothing to keep or bypass.
         case .passthrough: break
@@ -329,6 +333,15 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         // `written` event), and locks are the kernel's. FOPEN_NOFLUSH spares
         // every close of it a round trip (cat, compilers, tar, git reading).
         if fi.pointee.flags & O_ACCMODE == O_RDONLY { fi.pointee.noflush = 1 }
+        // A writer in passthrough writes the backing file itself, so no data
+        // waits in the kernel at close, and where that file's own close can
+        // report nothing (`closesSilently`), a FLUSH would only dup and close
+        // an fd: every created file (tar, git checkout, compilers) was one
+        // round trip more. Its writing session still ends at the release.
+        else if closesSilently && node.key.dev == table.root.key.dev
+                    && (kind == .passthrough || kind == .passthroughDirect) {
+            fi.pointee.noflush = 1
+        }
     }
 }
 

@@ -58,6 +58,10 @@ int vanish_filesystem_is_remote(int fd);
 /// times, and since Linux 6.13 a distinct one after each query), so an
 /// unchanged mtime means an unchanged listing.
 int vanish_filesystem_has_fine_mtimes(int fd);
+/// 1 if close(2) of a file on `fd`'s filesystem can never report an error
+/// (ext4, XFS, btrfs, tmpfs have no flush operation); network and FUSE
+/// filesystems report deferred write errors there.
+int vanish_filesystem_closes_silently(int fd);
 /// statfs(2)'s f_type for a path, or -1.
 long vanish_filesystem_type_at(const char *path);
 
