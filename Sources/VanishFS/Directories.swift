@@ -42,7 +42,11 @@ extension PassthroughFilesystem {
         if cachesListings && (options.cache == .always || node.key.dev == table.root.key.dev) {
             configureListingCache(node, fi)
         }
+        // Read before the reply, which ends the request.
+        let caller = req.caller
+        let statWalk = options.readdirPlus == .always || table.listingWantsAttributes(node)
         req.reply(open: fi)
+        statahead.opened(node, statWalk: statWalk, caller: caller)
     }
 
     /// The kernel keeps a listing (FOPEN_CACHE_DIR) until the directory
@@ -106,6 +110,8 @@ extension PassthroughFilesystem {
         if attributes && offset == 0 { h.inode.listedWithAttributes.store(InodeTable.coarseMilliseconds(), ordering: .relaxed) }
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 8)
         defer { buffer.deallocate() }
+        // What a walk enters next (see `Statahead.listed`).
+        var subdirectories = ContiguousArray<CChar>()
         let used = try namespace.reading(h) { stream throws(Errno) -> Int in
             if offset != h.offset {
                 seekdir(stream, offset)
@@ -154,12 +160,16 @@ extension PassthroughFilesystem {
                     added = fuse_add_direntry(req.raw, base + used, room, name, &st, next)
                     if added > room { seekdir(stream, h.offset); break }
                 }
+                if d.pointee.d_type == DT_DIR && !isDotOrDotDot(name) {
+                    subdirectories.append(contentsOf: UnsafeBufferPointer(start: name, count: strlen(name) + 1))
+                }
                 used += added
                 h.offset = next
             }
             return used
         }
         req.reply(bytes: UnsafeRawBufferPointer(start: buffer.baseAddress, count: used))
+        statahead.listed(h.inode, subdirectories: subdirectories, restart: offset == 0)
     }
 
     /// Entries readdir leaves out: the state directory with the graveyard.

@@ -50,6 +50,14 @@ final class Inode: @unchecked Sendable {
 
     enum AheadState { case watching, reading, finished }
 
+    /// For a directory: its subdirectories' names in listing order, each
+    /// NUL-terminated, one after another (`subdirectoryNames`); the byte
+    /// offset of the one a walk opened last (`walkAt`) and of the first not
+    /// yet warmed (`warmedTo`). See `Statahead.opened`.
+    var subdirectoryNames = ContiguousArray<CChar>()
+    var walkAt = 0
+    var warmedTo = 0
+
     /// When (CLOCK_MONOTONIC_COARSE ms, 0: never) its attributes were last
     /// sent to the kernel, which keeps them for the attribute timeout.
     let attributesSent = Atomic<UInt32>(0)

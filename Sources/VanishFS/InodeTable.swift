@@ -167,6 +167,73 @@ final class InodeTable: @unchecked Sendable {
         lock.withLock { _ in dir.aheadState = .finished }
     }
 
+    /// Whether the directory numbered `ino` on `dev` was listed with
+    /// attributes less than `window` ms ago: its entries were stat'ed then,
+    /// so the backing filesystem most likely still has them cached.
+    func listedLately(dev: dev_t, ino: ino_t, window: UInt32) -> Bool {
+        let now = Self.coarseMilliseconds()
+        return lock.withLock { map in
+            guard let dir = map[InodeKey(dev: dev, ino: ino)] else { return false }
+            let listed = dir.listedWithAttributes.load(ordering: .relaxed)
+            return listed != 0 && now &- listed < window
+        }
+    }
+
+    /// A listing of `dir` found the subdirectories named in `names` (each
+    /// NUL-terminated; from its start when `restart`). Keeps `limit` bytes at most.
+    func listedSubdirectories(of dir: Inode, _ names: ContiguousArray<CChar>, restart: Bool, limit: Int) {
+        lock.withLock { _ in
+            if restart {
+                dir.subdirectoryNames.removeAll(keepingCapacity: false)
+                dir.walkAt = 0
+                dir.warmedTo = 0
+            }
+            if dir.subdirectoryNames.count + names.count <= limit { dir.subdirectoryNames.append(contentsOf: names) }
+        }
+    }
+
+    /// A walk opened the directory `child`: finds it among its parent's
+    /// listed subdirectories (walks go in listing order: from the last one
+    /// found) and returns the parent and the names of the `window` after it
+    /// not handed out before, taking them.
+    func walkOpened(_ child: Inode, window: Int) -> (parent: Inode, names: [ContiguousArray<CChar>])? {
+        lock.withLock { _ -> (parent: Inode, names: [ContiguousArray<CChar>])? in
+            guard let parent = child.parent, !parent.subdirectoryNames.isEmpty else { return nil }
+            defer {
+                // All handed out: the names are not needed any more.
+                if parent.warmedTo >= parent.subdirectoryNames.count {
+                    parent.subdirectoryNames = []
+                    parent.walkAt = 0
+                    parent.warmedTo = 0
+                }
+            }
+            return parent.subdirectoryNames.withUnsafeBufferPointer { all in
+                let base = all.baseAddress!
+                var at = parent.walkAt
+                var found: Int? = nil
+                while at < all.count {
+                    let length = strlen(base + at)
+                    if child.nameEquals(base + at) { found = at; break }
+                    at += length + 1
+                }
+                guard let here = found else { return nil }
+                parent.walkAt = here
+                var next = here + strlen(base + here) + 1
+                var due: [ContiguousArray<CChar>] = []
+                for _ in 0..<window {
+                    guard next < all.count else { break }
+                    let length = strlen(base + next)
+                    if next >= parent.warmedTo {
+                        due.append(ContiguousArray(UnsafeBufferPointer(start: base + next, count: length + 1)))
+                    }
+                    next += length + 1
+                }
+                parent.warmedTo = max(parent.warmedTo, next)
+                return due.isEmpty ? nil : (parent, due)
+            }
+        }
+    }
+
     /// Drops `count` kernel lookups; returns true when the inode is gone
     /// from the kernel (its fd should be closed).
     func forget(_ inode: Inode, count: UInt64) -> Bool {

@@ -1,4 +1,5 @@
 import CLinux
+import FUSEKit
 import Glibc
 import LinuxSyscalls
 import Synchronization
@@ -20,6 +21,15 @@ import Synchronization
 /// callers search it, and any name in a directory one may search one may
 /// look up; a walk that looks nothing up (`find -name`) never starts it.
 ///
+/// A stat walk of a tree gets the same ahead of it one level up: a listing
+/// with attributes (`ls -lR`, `find -ls`, `du`, `rm -rf`) records its
+/// subdirectories in order, and as the walk opens each of them, the next
+/// `walkWindow` are read and their entries stat'ed on these threads, while
+/// the walk is still busy in the one before: with the backing caches warm a
+/// cold `find -ls` takes about half the time (measured by warming them by
+/// hand). Only subdirectories the walk's caller may read and search are
+/// warmed (root, or the owner, primary group or other bits granting r and x).
+///
 /// Lock order: `jobs` is a leaf. The per-directory counters live on the
 /// `Inode` under `InodeTable`'s lock.
 final class Statahead: @unchecked Sendable {
@@ -32,13 +42,27 @@ final class Statahead: @unchecked Sendable {
     /// Directories waiting for a thread, at most; more are not read ahead.
     static let queueLimit = 16
     static let threads = 2
+    /// Subdirectories warmed ahead of a walk's place among its siblings.
+    static let walkWindow = 3
+    /// A directory listed with attributes this recently is not warmed.
+    static let warmForgetMilliseconds: UInt32 = 30_000
+    /// Bytes of subdirectory names recorded for one directory, at most.
+    static let walkLimit = 256 << 10
+
+    private enum Job {
+        /// Read a directory ahead of the lookups in it.
+        case readAhead(Inode)
+        /// Read the directory `name` in a parent a walk enters soon, and
+        /// stat its entries, if its caller may.
+        case warm(Inode, ContiguousArray<CChar>, Caller)
+    }
 
     private let table: InodeTable
     private let namespace: BackingNamespace
     /// Names never stat'ed ahead (the state directory); set before serving.
     var skip: (Inode, UnsafePointer<CChar>) -> Bool = { _, _ in false }
     private let jobs = Condition()
-    private var queue: [Inode] = []
+    private var queue: [Job] = []
     private var started = false
     /// Entries stat'ed ahead so far (`vanish status`, tests).
     let prefetched = Atomic<UInt64>(0)
@@ -59,7 +83,42 @@ final class Statahead: @unchecked Sendable {
             table.endReadAhead(dir)
             return
         }
-        queue.append(dir)
+        enqueue(.readAhead(dir))
+    }
+
+    /// A listing of `dir` found the subdirectories named in `names` (each
+    /// NUL-terminated; `restart`: from its start). Recorded for every
+    /// listing, since a walk shows itself a stat walk only later, in the
+    /// subdirectories: a names-only walk pays a copy of each directory's name.
+    func listed(_ dir: Inode, subdirectories names: ContiguousArray<CChar>, restart: Bool) {
+        guard !names.isEmpty || restart else { return }
+        table.listedSubdirectories(of: dir, names, restart: restart, limit: Self.walkLimit)
+    }
+
+    /// A walk opened `dir`; if it stats what it lists, warms the siblings
+    /// listed after it, for `caller`.
+    func opened(_ dir: Inode, statWalk: Bool, caller: Caller) {
+        guard statWalk, let (parent, names) = table.walkOpened(dir, window: Self.walkWindow) else { return }
+        jobs.lock()
+        defer { jobs.unlock() }
+        for name in names where queue.count < Self.queueLimit {
+            enqueue(.warm(parent, name, caller))
+        }
+    }
+
+    /// Whether `caller` may read and search the directory `st` describes,
+    /// by its mode bits (supplementary groups are not known here: no
+    /// warming for them).
+    private static func mayList(_ st: stat, _ caller: Caller) -> Bool {
+        if caller.uid == 0 { return true }
+        let mode = st.st_mode
+        let bits: mode_t = caller.uid == st.st_uid ? mode >> 6 : caller.gid == st.st_gid ? mode >> 3 : mode
+        return bits & 0o5 == 0o5
+    }
+
+    /// With `jobs` locked.
+    private func enqueue(_ job: Job) {
+        queue.append(job)
         if !started {
             started = true
             for _ in 0..<Self.threads { spawnThread("vanish-ahead") { [self] in serve() } }
@@ -71,10 +130,43 @@ final class Statahead: @unchecked Sendable {
         while true {
             jobs.lock()
             while queue.isEmpty { jobs.wait() }
-            let dir = queue.removeFirst()
+            let job = queue.removeFirst()
             jobs.unlock()
-            readAhead(in: dir)
-            table.endReadAhead(dir)
+            switch job {
+            case .readAhead(let dir):
+                readAhead(in: dir)
+                table.endReadAhead(dir)
+            case .warm(let parent, let name, let caller):
+                warm(name, in: parent, for: caller)
+            }
+        }
+    }
+
+    /// Reads the directory `name` in `parent` and stats each of its entries,
+    /// if `caller` may read and search it.
+    private func warm(_ name: ContiguousArray<CChar>, in parent: Inode, for caller: Caller) {
+        let opened = namespace.withFDIfPossible(parent) { pfd in
+            name.withUnsafeBufferPointer {
+                Glibc.openat(pfd, $0.baseAddress!, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+            }
+        }
+        guard let fd = opened, fd >= 0 else { return }
+        var st = stat()
+        // Not one the walk listed with attributes lately (a warm walk, a
+        // repeated `du`): reading it again would only take a core from the walk.
+        guard fstat(fd, &st) == 0, Self.mayList(st, caller),
+              !table.listedLately(dev: st.st_dev, ino: st.st_ino, window: Self.warmForgetMilliseconds),
+              let stream = fdopendir(fd) else {
+            Glibc.close(fd)
+            return
+        }
+        defer { closedir(stream) }
+        let dfd = dirfd(stream)
+        while let d = Glibc.readdir(stream) {
+            let entry = vanish_dirent_name(d)!
+            if isDotOrDotDot(entry) { continue }
+            _ = fstatat(dfd, entry, &st, AT_SYMLINK_NOFOLLOW)
+            prefetched.add(1, ordering: .relaxed)
         }
     }
 

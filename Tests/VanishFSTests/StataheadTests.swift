@@ -39,14 +39,76 @@ struct StataheadTests {
         }
     }
 
-    @Test("a names-only walk reads nothing ahead")
-    func namesOnly() throws {
-        try withVanishMount(options: ["readdirplus=never"], prepare: { src in
+    @Test("a names-only walk reads nothing ahead", arguments: [[], ["readdirplus=never"]])
+    func namesOnly(options: [String]) throws {
+        try withVanishMount(options: options, prepare: { src in
             for d in 0..<20 { try Self.makeBigDirectory(src + "/tree/d\(d)") }
         }) { m throws in
             #expect(try sh("find tree -name no-such-name", cwd: m.mountpoint).ok)
             #expect(try sh("ls -R tree > /dev/null", cwd: m.mountpoint).ok)
             #expect(try Self.statahead(m) == 0)
+        }
+    }
+
+    /// 30 directories of 20 files, each file a size of its own.
+    static func makeTree(_ src: String) throws {
+        for d in 0..<30 {
+            let dir = src + "/tree/d\(d)"
+            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+            for f in 0..<20 {
+                try Data(repeating: 0x62, count: d * 20 + f).write(to: URL(fileURLWithPath: dir + "/f\(f)"))
+            }
+        }
+    }
+
+    static let statWalk = "find tree -printf '%P %s %M %n %U\\n' | sort"
+
+    @Test("a stat walk of a tree warms the directories ahead of it, and prints what the source holds")
+    func treeWalk() throws {
+        try withVanishMount(prepare: Self.makeTree) { m throws in
+            let expected = try sh(Self.statWalk, cwd: m.source)
+            _ = try sh("echo 3 > /proc/sys/vm/drop_caches")
+            let actual = try sh(Self.statWalk, cwd: m.mountpoint)
+            #expect(actual.ok && actual.stdout == expected.stdout, "\(actual.stderr)")
+            // Most of the 30 directories were read before the walk got there.
+            #expect(try Self.statahead(m) >= 200)
+        }
+    }
+
+    @Test("directories renamed and files made behind the mount ahead of a walk are shown as they are now")
+    func treeChangesDuringWalk() throws {
+        try withVanishMount(prepare: Self.makeTree) { m throws in
+            let r = try run(["python3", "-c", """
+                import os, sys
+                mnt, src = sys.argv[1], sys.argv[2]
+                seen, order, changed = {}, [], False
+                for top, dirs, files in os.walk(os.path.join(mnt, "tree")):
+                    if not order:
+                        order = list(dirs)  # the order the walk enters them
+                    for f in files:
+                        p = os.path.join(top, f)
+                        seen[os.path.relpath(p, mnt)] = os.lstat(p).st_size
+                    if files and not changed:
+                        changed = True
+                        # The last three the walk enters, still ahead of it: one
+                        # moves away, one file grows and one is made behind the mount.
+                        os.rename(os.path.join(mnt, "tree", order[-1]), os.path.join(mnt, "moved"))
+                        with open(os.path.join(src, "tree", order[-2], "f0"), "ab") as f: f.write(b"z" * 1000)
+                        with open(os.path.join(src, "tree", order[-3], "new"), "wb") as f: f.write(b"n" * 7)
+                        print("grown", order[-2])
+                for k in sorted(seen): print(k, seen[k])
+                """, m.mountpoint, m.source])
+            #expect(r.ok, "\(r.stderr)")
+            // Every file the walk stat'ed is as the source holds it now.
+            for line in r.stdout.split(separator: "\n") {
+                let parts = line.split(separator: " ")
+                guard parts.count == 2, parts[0] != "grown" else { continue }
+                var st = stat()
+                #expect(lstat(m.backing(String(parts[0])), &st) == 0 && "\(st.st_size)" == parts[1], "\(line)")
+            }
+            #expect(r.stdout.contains("/new 7\n"), "the walk found the file made behind the mount: \(r.stdout)")
+            let grown = r.stdout.split(separator: "\n").first { $0.hasPrefix("grown ") }.map { $0.dropFirst(6) } ?? ""
+            #expect(r.stdout.contains("tree/\(grown)/f0 \(1000 + 20 * (Int(grown.dropFirst()) ?? 0))\n"), "\(r.stdout)")
         }
     }
 
@@ -70,6 +132,32 @@ struct StataheadTests {
             let actual = try runAsNobody(["/bin/sh", "-c", script], cwd: m.mountpoint)
             #expect(actual.stdout == expected.stdout.replacingOccurrences(of: plain, with: m.mountpoint))
             #expect(try Self.statahead(m) == 0)
+        }
+    }
+
+    @Test("a stat walk by nobody warms no directory nobody may not read")
+    func walkPermissions() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root to become nobody")
+        let plain = try makeTempDirectory()
+        defer { removeTree(plain) }
+        func prepare(_ src: String) throws {
+            try Self.makeTree(src)
+            // Among 30 open directories of 20 files, closed ones of 600.
+            for c in 0..<3 {
+                try Self.makeBigDirectory(src + "/tree/closed\(c)")
+                chmod(src + "/tree/closed\(c)", 0o700)
+            }
+        }
+        try prepare(plain)
+        chmod(plain, 0o755)
+        let script = "\(Self.statWalk) 2>&1"
+        let expected = try runAsNobody(["/bin/sh", "-c", script], cwd: plain)
+        try withVanishMount(options: ["allow_other"], prepare: prepare) { m in
+            let actual = try runAsNobody(["/bin/sh", "-c", script], cwd: m.mountpoint)
+            #expect(actual.stdout == expected.stdout.replacingOccurrences(of: plain, with: m.mountpoint))
+            let warmed = try Self.statahead(m)
+            // The open directories hold 600 files in all; any closed one warmed would add 600.
+            #expect(warmed > 0 && warmed <= 600, "\(warmed) entries read ahead")
         }
     }
 
