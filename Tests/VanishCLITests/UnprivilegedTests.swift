@@ -12,6 +12,12 @@ struct UnprivilegedTests {
     }
 
     func nobodyMountsOwnDirectory() throws {
+        // nobody has no runtime directory: its daemon makes /tmp/vanish-UID
+        // for its control socket. Removed after (defers run last first) if
+        // this test made it.
+        let socketDirectory = "/tmp/vanish-\(getpwnam("nobody")?.pointee.pw_uid ?? 65534)"
+        let hadSocketDirectory = access(socketDirectory, F_OK) == 0
+        defer { if !hadSocketDirectory { rmdir(socketDirectory) } }
         let base = try makeTempDirectory()
         let (src, mnt) = (base + "/src", base + "/mnt")
         defer { unmountAndRemove(mnt, base: base) }
