@@ -192,6 +192,9 @@ final class InodeTable: @unchecked Sendable {
         }
     }
 
+    /// How many recorded names `walkOpened` looks through for the opened one.
+    static let walkSearch = 64
+
     /// A walk opened the directory `child`: finds it among its parent's
     /// listed subdirectories (walks go in listing order: from the last one
     /// found) and returns the parent and the names of the `window` after it
@@ -209,9 +212,13 @@ final class InodeTable: @unchecked Sendable {
             }
             return parent.subdirectoryNames.withUnsafeBufferPointer { all in
                 let base = all.baseAddress!
+                // A few names on at most: a walk in another order (`ls -R`
+                // sorts) gets no warming rather than a scan of a long list
+                // under this lock at every opendir.
                 var at = parent.walkAt
                 var found: Int? = nil
-                while at < all.count {
+                for _ in 0..<Self.walkSearch {
+                    guard at < all.count else { break }
                     let length = strlen(base + at)
                     if child.nameEquals(base + at) { found = at; break }
                     at += length + 1

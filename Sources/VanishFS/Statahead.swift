@@ -21,14 +21,16 @@ import Synchronization
 /// callers search it, and any name in a directory one may search one may
 /// look up; a walk that looks nothing up (`find -name`) never starts it.
 ///
-/// A stat walk of a tree gets the same ahead of it one level up: a listing
-/// with attributes (`ls -lR`, `find -ls`, `du`, `rm -rf`) records its
-/// subdirectories in order, and as the walk opens each of them, the next
-/// `walkWindow` are read and their entries stat'ed on these threads, while
-/// the walk is still busy in the one before: with the backing caches warm a
-/// cold `find -ls` takes about half the time (measured by warming them by
-/// hand). Only subdirectories the walk's caller may read and search are
-/// warmed (root, or the owner, primary group or other bits granting r and x).
+/// A stat walk of a tree (`find -ls`, `du`, `rm -rf`) gets the same ahead of
+/// it one level up: every listing records its subdirectories in order, and
+/// as a walk that stats what it lists (the `readdirplus=walk` stamps) opens
+/// each of them, the next `walkWindow` are read and their entries stat'ed on
+/// these threads while the walk is still busy in the one before: with the
+/// backing caches warm a cold `find -ls` takes about half the time (measured
+/// by warming them by hand). Walks in another order than the listing's
+/// (`ls -R` sorts) get none. Only subdirectories the walk's caller may read
+/// and search are warmed (root, or the owner, primary group or other bits
+/// granting r and x).
 ///
 /// Lock order: `jobs` is a leaf. The per-directory counters live on the
 /// `Inode` under `InodeTable`'s lock.
