@@ -12,12 +12,6 @@ struct UnprivilegedTests {
     }
 
     func nobodyMountsOwnDirectory() throws {
-        // nobody has no runtime directory: its daemon makes /tmp/vanish-UID
-        // for its control socket. Removed after (defers run last first) if
-        // this test made it.
-        let socketDirectory = "/tmp/vanish-\(getpwnam("nobody")?.pointee.pw_uid ?? 65534)"
-        let hadSocketDirectory = access(socketDirectory, F_OK) == 0
-        defer { if !hadSocketDirectory { rmdir(socketDirectory) } }
         let base = try makeTempDirectory()
         let (src, mnt) = (base + "/src", base + "/mnt")
         defer { unmountAndRemove(mnt, base: base) }
@@ -28,7 +22,8 @@ struct UnprivilegedTests {
         let binary = base + "/vanish"
         #expect(try run(["cp", vanishBinary, binary]).ok)
 
-        let m = try runAsNobody(["/bin/sh", "-c", "ulimit -n 512 && exec \(binary) mount -o readahead=64 \(src) \(mnt)"])
+        let m = try runAsNobody(["/bin/sh", "-c", "ulimit -n 512 && exec \(binary) mount -o readahead=64 \(src) \(mnt)"],
+                                environment: try nobodyRuntimeDirectory(in: base))
         #expect(m.ok, "\(m.stderr)")
         #expect(mountType(at: mnt) == "fuse.vanish")
         // Passthrough needs CAP_SYS_ADMIN: nobody's file data goes through the daemon, and status says why.

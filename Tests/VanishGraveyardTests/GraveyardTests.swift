@@ -711,7 +711,8 @@ struct NoGraveyardTests {
         let setup = try sh("mkdir -p src/mine mnt && chown nobody:nogroup src/mine mnt && cp \(shellQuote(vanishBinary)) vanish",
                            cwd: base)
         #expect(setup.ok)
-        let m = try runAsNobody([base + "/vanish", "mount", base + "/src", base + "/mnt"])
+        let m = try runAsNobody([base + "/vanish", "mount", base + "/src", base + "/mnt"],
+                                environment: try nobodyRuntimeDirectory(in: base))
         #expect(m.ok, "\(m.stderr)")
         let r = try runAsNobody(["/bin/sh", "-c", "cd \(base)/mnt && echo x > mine/f && rm mine/f && ls -A mine | wc -l"])
         #expect(r.stdout == "0\n", "\(r.stderr)")

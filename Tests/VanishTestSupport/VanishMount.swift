@@ -353,8 +353,19 @@ public func spawn(_ args: [String], environment: [String: String]? = nil) throws
 
 /// Runs a program as nobody:nogroup with no supplementary groups.
 @discardableResult
-public func runAsNobody(_ args: [String], cwd: String? = nil) throws -> ProcessResult {
-    try run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"] + args, cwd: cwd)
+public func runAsNobody(_ args: [String], cwd: String? = nil, environment: [String: String]? = nil) throws -> ProcessResult {
+    try run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"] + args, cwd: cwd,
+            environment: environment)
+}
+
+/// For a daemon run as nobody: a runtime directory of nobody's in `base`
+/// (removed with it), as XDG_RUNTIME_DIR. nobody has none of its own, and
+/// its daemon would otherwise leave /tmp/vanish-UID behind for its socket.
+public func nobodyRuntimeDirectory(in base: String) throws -> [String: String] {
+    let dir = base + "/run"
+    mkdir(dir, 0o700)
+    guard try run(["chown", "nobody:nogroup", dir]).ok else { throw TestFailure("chown \(dir) failed") }
+    return ["XDG_RUNTIME_DIR": dir]
 }
 
 /// Runs `body` with /dev/fuse usable by every user, as Debian's udev rule
