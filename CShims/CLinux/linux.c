@@ -120,17 +120,7 @@ int vanish_filesystem_is_remote(int fd) {
     }
 }
 
-int vanish_filesystem_has_fine_mtimes(int fd) {
-    switch (vanish_filesystem_type(fd)) {
-    case EXT4_SUPER_MAGIC: case XFS_SUPER_MAGIC: case BTRFS_SUPER_MAGIC: case TMPFS_MAGIC:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
-int vanish_filesystem_closes_silently(int fd) {
-    // No flush operation in the kernel: close(2) returns 0 whatever happened.
+int vanish_filesystem_is_local_disk(int fd) {
     switch (vanish_filesystem_type(fd)) {
     case EXT4_SUPER_MAGIC: case XFS_SUPER_MAGIC: case BTRFS_SUPER_MAGIC: case TMPFS_MAGIC:
         return 1;

@@ -120,10 +120,11 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
             }
         }
         defersUnlink = intents != nil && options.deferUnlink && options.cache != .never
-        closesSilently = vanish_filesystem_closes_silently(fd) != 0
+        let localDisk = vanish_filesystem_is_local_disk(fd) != 0
+        closesSilently = localDisk
         cachesListings = switch options.cache {
         case .always: true
-        case .auto: vanish_filesystem_has_fine_mtimes(fd) != 0
+        case .auto: localDisk
         case .never: false
         }
         localUnlinkLog = localLog

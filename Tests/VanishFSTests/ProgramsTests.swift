@@ -144,24 +144,17 @@ struct ProgramsTests {
                 cat r r r >/dev/null && cat r
                 python3 - <<'PY'
                 import fcntl, os
-                # A read lock taken through a read-only handle goes with its close.
-                fd = os.open("r", os.O_RDONLY)
-                fcntl.lockf(fd, fcntl.LOCK_SH, 0, 0)
-                os.close(fd)
-                if os.fork() == 0:
-                    fd = os.open("r", os.O_RDWR)
-                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 0, 0)
-                    os._exit(0)
-                print(os.waitstatus_to_exitcode(os.wait()[1]))
-                # And a write lock through a writer goes with its close too.
-                fd = os.open("r", os.O_RDWR)
-                fcntl.lockf(fd, fcntl.LOCK_EX, 0, 0)
-                os.close(fd)
-                if os.fork() == 0:
-                    fd = os.open("r", os.O_RDWR)
-                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 0, 0)
-                    os._exit(0)
-                print(os.waitstatus_to_exitcode(os.wait()[1]))
+                # A read lock through a reader, and a write lock through a
+                # writer, each go with its close: a child may then lock it all.
+                for flags, lock in ((os.O_RDONLY, fcntl.LOCK_SH), (os.O_RDWR, fcntl.LOCK_EX)):
+                    fd = os.open("r", flags)
+                    fcntl.lockf(fd, lock, 0, 0)
+                    os.close(fd)
+                    if os.fork() == 0:
+                        fd = os.open("r", os.O_RDWR)
+                        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 0, 0)
+                        os._exit(0)
+                    print(os.waitstatus_to_exitcode(os.wait()[1]))
                 PY
                 echo more >> r && cat r
                 """, cwd: m.mountpoint)

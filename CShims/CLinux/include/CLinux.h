@@ -53,15 +53,13 @@ long vanish_filesystem_type(int fd);
 /// 1 if `fd` is on a network filesystem or a FUSE one (GlusterFS's client, sshfs,
 /// another Vanish): a deletion there waits on a round trip, not on the CPU.
 int vanish_filesystem_is_remote(int fd);
-/// 1 if `fd` is on a local filesystem whose directories get a new mtime with
-/// every change, however close together (ext4, XFS, btrfs, tmpfs: nanosecond
-/// times, and since Linux 6.13 a distinct one after each query), so an
-/// unchanged mtime means an unchanged listing.
-int vanish_filesystem_has_fine_mtimes(int fd);
-/// 1 if close(2) of a file on `fd`'s filesystem can never report an error
-/// (ext4, XFS, btrfs, tmpfs have no flush operation); network and FUSE
-/// filesystems report deferred write errors there.
-int vanish_filesystem_closes_silently(int fd);
+/// 1 if `fd` is on ext4, XFS, btrfs or tmpfs. Two things follow that Vanish
+/// relies on: a directory gets a new mtime with every change, however close
+/// together (nanosecond times, and since Linux 6.13 a distinct one after each
+/// query), so an unchanged mtime means an unchanged listing; and close(2) of
+/// a file there never reports an error (no flush operation), unlike on
+/// network and FUSE filesystems, which report deferred write errors there.
+int vanish_filesystem_is_local_disk(int fd);
 /// statfs(2)'s f_type for a path, or -1.
 long vanish_filesystem_type_at(const char *path);
 
