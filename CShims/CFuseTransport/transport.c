@@ -2,6 +2,7 @@
 #define FUSE_USE_VERSION 314
 
 #include "CFuseTransport.h"
+#include "workers.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -62,8 +63,7 @@ static _Atomic int init_done;
 // carries: libfuse writes a reply synchronously in the replying thread.
 static _Thread_local int32_t reply_backing_id;
 
-static ssize_t t_read(int fd, void *buf, size_t len, void *userdata) {
-    (void)userdata;
+static ssize_t read_request(int fd, void *buf, size_t len) {
     ssize_t n = read(fd, buf, len);
     if (n >= (ssize_t)(sizeof(struct fuse_in_header) + offsetof(struct fuse_init_in, unused)) &&
         !atomic_load_explicit(&init_done, memory_order_relaxed)) {
@@ -77,6 +77,19 @@ static ssize_t t_read(int fd, void *buf, size_t len, void *userdata) {
         }
     }
     return n;
+}
+
+struct read_args { void *buf; size_t len; };
+
+static ssize_t read_from(int from, void *context) {
+    struct read_args *a = context;
+    return read_request(from, a->buf, a->len);
+}
+
+static ssize_t t_read(int fd, void *buf, size_t len, void *userdata) {
+    (void)userdata;
+    struct read_args a = { buf, len };
+    return vanish_workers_receive(fd, atomic_load_explicit(&init_done, memory_order_acquire), read_from, &a);
 }
 
 // Adds the wanted flags to the INIT reply in `body` (a copy) and records them.
@@ -116,7 +129,7 @@ static ssize_t t_writev(int fd, struct iovec *iov, int count, void *userdata) {
             o->open_flags |= FOPEN_PASSTHROUGH;
             memcpy((char *)o + OPEN_OUT_BACKING_ID, &backing, sizeof backing);
             patched[count - 1].iov_base = body;
-            return writev(fd, patched, count);
+            return vanish_workers_write_reply(fd, patched, count, out->unique);
         }
         if (!atomic_load_explicit(&init_done, memory_order_relaxed) &&
             out->unique == atomic_load(&init_unique) && iov[1].iov_len == sizeof(struct fuse_init_out)) {
@@ -125,25 +138,42 @@ static ssize_t t_writev(int fd, struct iovec *iov, int count, void *userdata) {
             memcpy(&body, iov[1].iov_base, sizeof body);
             patch_init(&body);
             atomic_store(&init_done, 1);
-            return writev(fd, patched, 2);
+            return vanish_workers_write_reply(fd, patched, 2, out->unique);
         }
     }
-    return writev(fd, iov, count);
+    return vanish_workers_write_reply(fd, iov, count, out->unique);
 }
 
-// What libfuse does without custom io; present so it still offers splice.
-static ssize_t t_splice(int fdin, off_t *offin, int fdout, off_t *offout, size_t len, unsigned int flags,
-                        void *userdata) {
+// What libfuse does without custom io, with spinning on receive (libfuse
+// splices requests in when the filesystem takes SPLICE_READ); a spliced
+// reply goes where its request came from.
+struct splice_args { off_t *offin; int fdout; off_t *offout; size_t len; unsigned int flags; };
+
+static ssize_t splice_from(int from, void *context) {
+    struct splice_args *a = context;
+    return splice(from, a->offin, a->fdout, a->offout, a->len, a->flags);
+}
+
+static ssize_t t_splice_receive(int fdin, off_t *offin, int fdout, off_t *offout, size_t len, unsigned int flags,
+                                void *userdata) {
     (void)userdata;
-    return splice(fdin, offin, fdout, offout, len, flags);
+    struct splice_args a = { offin, fdout, offout, len, flags };
+    return vanish_workers_receive(fdin, atomic_load_explicit(&init_done, memory_order_acquire), splice_from, &a);
+}
+
+static ssize_t t_splice_send(int fdin, off_t *offin, int fdout, off_t *offout, size_t len, unsigned int flags,
+                             void *userdata) {
+    (void)userdata;
+    // libfuse splices only replies to the device.
+    return splice(fdin, offin, vanish_workers_reply_fd(fdout), offout, len, flags);
 }
 
 int vanish_transport_install(struct fuse_session *se) {
     static const struct fuse_custom_io io = {
         .writev = t_writev,
         .read = t_read,
-        .splice_receive = t_splice,
-        .splice_send = t_splice,
+        .splice_receive = t_splice_receive,
+        .splice_send = t_splice_send,
     };
     return fuse_session_custom_io(se, &io, fuse_session_fd(se));
 }
@@ -160,6 +190,12 @@ uint64_t vanish_transport_request(uint64_t want, uint32_t max_stack_depth) {
 }
 
 uint64_t vanish_transport_granted(void) { return atomic_load(&granted); }
+
+void vanish_transport_set_spin(struct fuse_session *se, uint32_t microseconds) {
+    vanish_workers_configure(fuse_session_fd(se), microseconds);
+}
+
+void vanish_transport_close(void) { vanish_workers_close(); }
 
 int vanish_reply_open_backing(struct fuse_req *req, const struct fuse_file_info *fi, int32_t backing_id) {
     reply_backing_id = backing_id;

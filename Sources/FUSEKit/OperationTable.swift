@@ -1,4 +1,5 @@
 import CFuse
+import CFuseTransport
 import Glibc
 import Synchronization
 import SystemPackage
@@ -28,7 +29,9 @@ private func box(_ req: fuse_req_t?) -> SessionBox {
 /// Runs a handler and answers the request with its errno if it throws, so no
 /// request is ever left unanswered and no handler error can end the daemon.
 @inline(__always)
-private func serve(_ req: fuse_req_t?, _ body: (any LowLevelFilesystem, Request) throws(Errno) -> Void) {
+private func serve(_ req: fuse_req_t?, awaited: Bool = true,
+                   _ body: (any LowLevelFilesystem, Request) throws(Errno) -> Void) {
+    if awaited { vanish_workers_begin(fuse_req_ctx(req)!.pointee.pid) }
     let r = Request(req!)
     let b = box(req)
     b.requests.value.wrappingAdd(1, ordering: .relaxed)
@@ -40,6 +43,8 @@ private func serve(_ req: fuse_req_t?, _ body: (any LowLevelFilesystem, Request)
 }
 
 /// The `fuse_lowlevel_ops` table: one non-capturing trampoline per operation.
+/// Operations that wait for the disk or for data (fsync, I/O the daemon
+/// serves) first let another worker receive (`Workers.mayBlock`).
 ///
 /// getlk/setlk and flock are left out on purpose: without them libfuse does
 /// not advertise POSIX_LOCKS/FLOCK_LOCKS and the kernel arbitrates both kinds
@@ -90,14 +95,22 @@ func makeOperationTable() -> fuse_lowlevel_ops {
     }
     ops.open = { req, ino, fi in serve(req) { fs, r throws(Errno) in try fs.open(r, ino, fi!) } }
     ops.read = { req, ino, size, off, fi in
+        vanish_workers_may_block()
         serve(req) { fs, r throws(Errno) in try fs.read(r, ino, size: size, offset: off, fi!) }
     }
     ops.write_buf = { req, ino, bufv, off, fi in
+        vanish_workers_may_block()
         serve(req) { fs, r throws(Errno) in try fs.write(r, ino, bufv!, offset: off, fi!) }
     }
-    ops.flush = { req, ino, fi in serve(req) { fs, r throws(Errno) in try fs.flush(r, ino, fi!) } }
-    ops.release = { req, ino, fi in serve(req) { fs, r throws(Errno) in try fs.release(r, ino, fi!) } }
+    ops.flush = { req, ino, fi in
+        vanish_workers_may_block()
+        serve(req) { fs, r throws(Errno) in try fs.flush(r, ino, fi!) }
+    }
+    ops.release = { req, ino, fi in
+        serve(req, awaited: false) { fs, r throws(Errno) in try fs.release(r, ino, fi!) }
+    }
     ops.fsync = { req, ino, datasync, fi in
+        vanish_workers_may_block()
         serve(req) { fs, r throws(Errno) in try fs.fsync(r, ino, dataOnly: datasync != 0, fi!) }
     }
     ops.opendir = { req, ino, fi in serve(req) { fs, r throws(Errno) in try fs.opendir(r, ino, fi!) } }
@@ -107,8 +120,11 @@ func makeOperationTable() -> fuse_lowlevel_ops {
     ops.readdirplus = { req, ino, size, off, fi in
         serve(req) { fs, r throws(Errno) in try fs.readdir(r, ino, size: size, offset: off, fi!, plus: true) }
     }
-    ops.releasedir = { req, ino, fi in serve(req) { fs, r throws(Errno) in try fs.releasedir(r, ino, fi!) } }
+    ops.releasedir = { req, ino, fi in
+        serve(req, awaited: false) { fs, r throws(Errno) in try fs.releasedir(r, ino, fi!) }
+    }
     ops.fsyncdir = { req, ino, datasync, fi in
+        vanish_workers_may_block()
         serve(req) { fs, r throws(Errno) in try fs.fsyncdir(r, ino, dataOnly: datasync != 0, fi!) }
     }
     ops.statfs = { req, ino in serve(req) { fs, r throws(Errno) in try fs.statfs(r, ino) } }
@@ -127,9 +143,11 @@ func makeOperationTable() -> fuse_lowlevel_ops {
         serve(req) { fs, r throws(Errno) in try fs.create(r, parent: parent, name: name!, mode: mode, fi!) }
     }
     ops.fallocate = { req, ino, mode, off, len, fi in
+        vanish_workers_may_block()
         serve(req) { fs, r throws(Errno) in try fs.fallocate(r, ino, mode: mode, offset: off, length: len, fi!) }
     }
     ops.copy_file_range = { req, inoIn, offIn, fiIn, inoOut, offOut, fiOut, len, flags in
+        vanish_workers_may_block()
         serve(req) { fs, r throws(Errno) in
             try fs.copyFileRange(r, input: inoIn, inputOffset: offIn, fiIn!, output: inoOut,
                                  outputOffset: offOut, fiOut!, length: len, flags: flags)

@@ -7,17 +7,38 @@ import SystemPackage
 public struct LoopConfig: Sendable, Equatable {
     /// Upper bound on worker threads (libfuse's default is 10).
     public var maxThreads: Int
-    /// Workers kept idle for the next burst (libfuse's default is max/2).
-    public var idleThreads: Int
+    /// Idle workers beyond which one that finishes a request ends; nil:
+    /// none ends (libfuse's default since 3.12). With spinning, idle workers
+    /// wait in the daemon, and one that ended as the receiver would leave
+    /// requests to the watchdog.
+    public var idleThreads: Int?
     /// Give each worker its own /dev/fuse fd (`clone_fd`), which spreads
     /// requests across threads without contention on one fd.
     public var cloneFD: Bool
+    /// How long the worker that just replied reads on without sleeping
+    /// while requests come that close together (µs). A program making one
+    /// call after another then finds a worker awake instead of waiting for
+    /// one to be woken. With it, one worker at a time receives and the
+    /// others wait in the daemon (workers.c); with 0, every idle worker
+    /// waits in the kernel, as libfuse has them. nil: the caller decides.
+    public var spinMicroseconds: Int?
 
-    public init(maxThreads: Int = 10, idleThreads: Int? = nil, cloneFD: Bool = false) {
+    public init(maxThreads: Int = 10, idleThreads: Int? = nil, cloneFD: Bool = false, spinMicroseconds: Int? = nil) {
         self.maxThreads = maxThreads
-        self.idleThreads = idleThreads ?? max(1, maxThreads / 2)
+        self.idleThreads = idleThreads
         self.cloneFD = cloneFD
+        self.spinMicroseconds = spinMicroseconds
     }
+}
+
+/// The workers serving requests.
+public enum Workers {
+    /// Call from a request handler before anything that may take long (a
+    /// wait for another thread, a disk flush): with spinning on, one worker
+    /// at a time receives, and this lets another take its place now instead
+    /// of after the watchdog's half millisecond.
+    @inline(__always)
+    public static func mayBlock() { vanish_workers_may_block() }
 }
 
 public enum SessionError: Error, CustomStringConvertible {
@@ -114,8 +135,9 @@ public final class Session {
         let cfg = fuse_loop_cfg_create()!
         defer { fuse_loop_cfg_destroy(cfg) }
         fuse_loop_cfg_set_max_threads(cfg, UInt32(config.maxThreads))
-        fuse_loop_cfg_set_idle_threads(cfg, UInt32(config.idleThreads))
+        if let idle = config.idleThreads { fuse_loop_cfg_set_idle_threads(cfg, UInt32(idle)) }
         fuse_loop_cfg_set_clone_fd(cfg, config.cloneFD ? 1 : 0)
+        vanish_transport_set_spin(raw, UInt32(config.spinMicroseconds ?? 0))
         stopper.loopStarts()
         defer { stopper.end() }
         return fuse_session_loop_mt(raw, cfg)
@@ -123,6 +145,7 @@ public final class Session {
 
     /// Runs the single-threaded loop (for debugging races).
     public func runSingleThreaded() -> Int32 {
+        vanish_transport_set_spin(raw, 0)
         stopper.loopStarts()
         defer { stopper.end() }
         return fuse_session_loop(raw)
@@ -139,6 +162,7 @@ public final class Session {
     deinit {
         unmount()
         stopper.end()
+        vanish_transport_close()
         fuse_session_destroy(raw)
         box.release()
         ops.deallocate()

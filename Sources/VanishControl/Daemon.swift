@@ -167,7 +167,11 @@ public final class Daemon {
         control?.start()
         log.info("mounted", metadata: ["source": "\(c.source)", "mountpoint": "\(c.mountpoint)", "pid": "\(getpid())"])
 
-        let status = c.singleThreaded ? session.runSingleThreaded() : session.run(c.loop)
+        var loop = c.loop
+        // A network filesystem's requests take a round trip each: there
+        // workers wait in the kernel as libfuse has them (see `LoopConfig`).
+        if loop.spinMicroseconds == nil { loop.spinMicroseconds = fs.sourceIsLocalDisk ? 50 : 0 }
+        let status = c.singleThreaded ? session.runSingleThreaded() : session.run(loop)
 
         journal?.append(.unmounting) { e in e.string("mountpoint", c.mountpoint) }
         // No notification may reach libfuse once the session is gone.

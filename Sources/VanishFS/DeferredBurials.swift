@@ -252,6 +252,7 @@ final class DeferredBurials: @unchecked Sendable {
 
     /// Sleeps until a burial ends or is queued.
     private func park() {
+        Workers.mayBlock()
         waiters += 1
         cond.wait()
         waiters -= 1

@@ -1,4 +1,5 @@
 import CFuse
+import FUSEKit
 import LinuxSyscalls
 
 /// Tells the kernel about entries the filesystem removed or brought back on
@@ -73,6 +74,7 @@ final class EntryInvalidations: @unchecked Sendable {
 
     /// With the lock held: waits until `ticket` notices were sent.
     private func waitUntilSent(_ ticket: UInt64, deadline: UInt64) -> Bool {
+        if sent < ticket { Workers.mayBlock() }
         while sent < ticket {
             if !condition.wait(until: deadline) { return sent >= ticket }
         }

@@ -38,6 +38,9 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// Whether close(2) of the source's own files never reports an error
     /// (see `configure`).
     let closesSilently: Bool
+    /// The source is a local disk filesystem (ext4, XFS, btrfs, tmpfs):
+    /// requests are served in microseconds, so workers may spin for the next.
+    public let sourceIsLocalDisk: Bool
     /// Whether the kernel may keep listings of the source's own directories
     /// between opens (see `opendir`).
     let cachesListings: Bool
@@ -122,6 +125,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         defersUnlink = intents != nil && options.deferUnlink && options.cache != .never
         let localDisk = vanish_filesystem_is_local_disk(fd) != 0
         closesSilently = localDisk
+        sourceIsLocalDisk = localDisk
         cachesListings = switch options.cache {
         case .always: true
         case .auto: localDisk

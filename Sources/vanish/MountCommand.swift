@@ -15,7 +15,7 @@ struct MountCommand: ParsableCommand {
             mounts on top, so existing paths keep working and every access goes through Vanish.
 
             -o takes libfuse/kernel options (allow_other, default_permissions, ro, fsname=, ...) \
-            and Vanish's own: cache=auto|always|never, threads=N, clone_fd, writeback, fd_cache=N, reapers=N, sync_unlink, readdirplus=walk|always|auto|never, \
+            and Vanish's own: cache=auto|always|never, threads=N, spin=MICROSECONDS, clone_fd, writeback, fd_cache=N, reapers=N, sync_unlink, readdirplus=walk|always|auto|never, \
             keep=DURATION, keep_max_bytes=SIZE, keep_min_free=PERCENT, reap_rate=FILES_PER_SECOND, reap_yield=DURATION, \
             passthrough=auto|off, client=ID, lease=DURATION. \
             allow_other always turns default_permissions on, so other users get only what \
@@ -137,6 +137,7 @@ struct MountCommand: ParsableCommand {
         config.foreground = foreground
         config.debug = debug
         config.loop = LoopConfig(maxThreads: threads ?? parsed.threads ?? 10, cloneFD: cloneFD || parsed.cloneFD)
+        if let spin = parsed.spinMicroseconds { config.loop.spinMicroseconds = spin }
         config.singleThreaded = singleThreaded
         config.sourceLock = try MountPaths.lockSource(src)
         let (readahead, explicit) = (parsed.filesystem.readaheadKB, parsed.readaheadGiven)

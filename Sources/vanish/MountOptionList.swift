@@ -9,6 +9,8 @@ struct MountOptionList {
     var filesystem = FilesystemOptions()
     var threads: Int?
     var cloneFD = false
+    /// `spin=`: how long a worker reads on after a reply (µs).
+    var spinMicroseconds: Int?
     /// Record every change in the event journal (`vanish events`).
     var events = true
     var journalLimits = Journal.Limits()
@@ -20,7 +22,7 @@ struct MountOptionList {
     static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache", "reapers",
                                        "keep", "keep_max_bytes", "keep_min_free", "reap_rate", "reap_yield", "noevents",
                                        "events_max_bytes", "sync_unlink", "readdirplus", "readahead", "passthrough",
-                                       "client", "lease"]
+                                       "client", "lease", "spin"]
 
     init(_ lists: [String]) throws {
         for list in lists {
@@ -42,6 +44,11 @@ struct MountOptionList {
                         throw ValidationError("-o threads= takes a number from 1 to 256")
                     }
                     threads = n
+                case "spin":
+                    guard let v = value, let n = Int(v), (0...1000).contains(n) else {
+                        throw ValidationError("-o spin= takes a number of microseconds from 0 to 1000")
+                    }
+                    spinMicroseconds = n
                 case "fd_cache":
                     guard let v = value, let n = Int(v), n >= 8 else {
                         throw ValidationError("-o fd_cache= takes a number of fds, at least 8")

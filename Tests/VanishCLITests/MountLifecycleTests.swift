@@ -191,6 +191,8 @@ struct ArgumentErrorTests {
         (["mount", "-o", "no_default_permissions", "/tmp"], "permissions"),
         (["mount", "-o", "bogus_opt", "/tmp", "/tmp"], "bogus_opt"),
         (["mount", "-o", "passthrough=maybe", "/tmp", "/tmp"], "passthrough="),
+        (["mount", "-o", "spin=5000", "/tmp", "/tmp"], "spin="),
+        (["mount", "-o", "spin=fast", "/tmp", "/tmp"], "spin="),
         (["mount", "--log-file", "/nonexistent-vanish-dir/log", "/tmp", "/tmp"], "/nonexistent-vanish-dir/log"),
         (["unmount", "/tmp"], "not a mountpoint"),
         (["frobnicate"], "frobnicate"),

@@ -36,6 +36,23 @@ uint64_t vanish_transport_request(uint64_t want, uint32_t max_stack_depth);
 /// What the INIT reply granted (after it was sent).
 uint64_t vanish_transport_granted(void);
 
+/// How workers receive requests (workers.c): with `spin_microseconds` above
+/// 0, one at a time, reading on that long after a reply while requests come
+/// that close together; with 0, libfuse's way. Call before the loop.
+void vanish_transport_set_spin(struct fuse_session *se, uint32_t spin_microseconds);
+
+/// From a request handler about to do something that may take long (an
+/// fsync, a wait for another thread): lets another worker receive meanwhile.
+void vanish_workers_may_block(void);
+
+/// From the start of every request a caller waits for, with its caller's
+/// thread id: lets another worker receive if callers are queueing.
+void vanish_workers_begin(pid_t caller);
+
+/// Closes what the transport opened (once the loop has ended), so the
+/// session's own fd is the last one on the connection.
+void vanish_transport_close(void);
+
 /// fuse_reply_open / fuse_reply_create, with the reply marked passthrough to
 /// `backing_id` (from vanish_backing_open) when it is above 0.
 int vanish_reply_open_backing(struct fuse_req *req, const struct fuse_file_info *fi, int32_t backing_id);

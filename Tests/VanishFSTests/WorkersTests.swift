@@ -1,0 +1,126 @@
+import Foundation
+import Glibc
+import Testing
+import VanishTestSupport
+
+/// How requests reach the workers (CShims/CFuseTransport/workers.c): with
+/// spinning, one worker at a time receives, so what matters is that no
+/// caller ever waits behind another's slow request, and that an idle mount
+/// costs no CPU.
+@Suite("workers", .enabled(if: FUSEAvailability.shouldRunAsRoot, "needs /dev/fuse, fusermount3 and root"))
+struct WorkersTests {
+    /// Whether a thread of `pid` waits for the answer to a FUSE request
+    /// (it made one to another FUSE mount).
+    func waitsForFUSE(_ pid: pid_t) -> Bool {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+        return tasks.contains { task in
+            (try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/wchan", encoding: .utf8)) == "request_wait_answer"
+        }
+    }
+
+    /// A Vanish mount whose source is another Vanish mount, which the test
+    /// stops (SIGSTOP): a request of the upper one that reaches the lower one
+    /// then waits until it is continued, as on a hung network volume, while
+    /// what the lower kernel has cached (`cache=always`) is still served.
+    @Test("a request held up below the mount holds up no other caller",
+          arguments: [("lookup", "spin=50"), ("fsync", "spin=50"), ("lookup", "spin=0")])
+    func heldUpRequest(_ held: String, _ spin: String) throws {
+        let lower = try VanishMount(options: ["cache=always"])
+        defer { lower.close() }
+        let scratch = try makeTempDirectory()
+        defer { removeTree(scratch) }
+        try "data\n".write(toFile: lower.path("warm"), atomically: false, encoding: .utf8)
+        try "data\n".write(toFile: lower.path("synced"), atomically: false, encoding: .utf8)
+        let upper = try VanishMount(options: [spin, "cache=never"], existingSource: lower.mountpoint)
+        defer { upper.close() }
+
+        // The held caller makes calls one after another (the case where one
+        // worker receives), then waits for the test, then makes the call
+        // that is held up below.
+        mkfifo(scratch + "/go", 0o600)
+        let script = """
+            import os, sys
+            up, held, scratch = sys.argv[1], sys.argv[2], sys.argv[3]
+            fd = os.open(up + "/synced", os.O_WRONLY | os.O_APPEND)
+            os.write(fd, b"more\\n")
+            for _ in range(300): os.stat(up + "/warm")
+            open(scratch + "/ready", "w").close()
+            open(scratch + "/go").read()
+            try:
+                if held == "fsync": os.fsync(fd)
+                else: os.path.exists(up + "/not-seen-before")
+                result = "ok"
+            except OSError as e:
+                result = str(e)
+            with open(scratch + "/done", "w") as f: f.write(result)
+            """
+        let caller = try spawn(["/usr/bin/python3", "-c", script, upper.mountpoint, held, scratch])
+        var stopped = false
+        defer {
+            if stopped { kill(lower.pid, SIGCONT) }
+            var status: Int32 = 0
+            if waitpid(caller, &status, WNOHANG) == 0 { kill(caller, SIGKILL); waitpid(caller, &status, 0) }
+        }
+        try waitFor("the caller to be ready") { access(scratch + "/ready", F_OK) == 0 }
+        kill(lower.pid, SIGSTOP)
+        stopped = true
+        let go = open(scratch + "/go", O_WRONLY)
+        try #require(go >= 0)
+        close(go)
+        let done = scratch + "/done"
+        try waitFor("the held call to reach the stopped mount") { waitsForFUSE(upper.pid) || access(done, F_OK) == 0 }
+        try #require(access(done, F_OK) != 0,
+                     "the held call did not wait for the stopped mount: \((try? String(contentsOfFile: done, encoding: .utf8)) ?? "")")
+
+        // Another caller: served from what the lower kernel has cached, so
+        // only a worker of the upper mount has to take it. `timeout` turns a
+        // hang behind the held call into a failure.
+        let other = try run(["timeout", "20", "stat", "-c", "%s", upper.path("warm")])
+        #expect(other.ok && other.stdout == "5\n", "another caller waited behind the held call: \(other)")
+        #expect(access(done, F_OK) != 0, "the held call was not held")
+
+        kill(lower.pid, SIGCONT)
+        stopped = false
+        try waitFor("the held call to finish") { access(done, F_OK) == 0 }
+        #expect(try String(contentsOfFile: done, encoding: .utf8) == "ok")
+    }
+
+    @Test("callers side by side all get their answers")
+    func callersSideBySide() throws {
+        try withVanishMount { m in
+            // 8 processes, each making its own files and reading back the others'.
+            let r = try sh("""
+                for p in 1 2 3 4 5 6 7 8; do
+                  ( mkdir d$p && for i in $(seq 200); do echo $p.$i > d$p/f$i; done
+                    for i in $(seq 200); do cat d$p/f$i; done | wc -l ) > out$p &
+                done
+                wait
+                cat out*
+                find . -type f -name 'f*' | wc -l
+                """, cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            #expect(r.stdout == String(repeating: "200\n", count: 8) + "1600\n")
+        }
+    }
+
+    /// A spinning worker stops within microseconds of the last request, so
+    /// an idle mount uses no CPU. Measured over a second of idleness after
+    /// a burst: the window is the measurement, not a wait for a condition.
+    @Test("an idle mount uses no CPU after a burst of requests")
+    func idleAfterBurst() throws {
+        try withVanishMount { m in
+            let r = try sh("for i in $(seq 300); do : > f$i; stat f$i >/dev/null; rm f$i; done", cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            func cpuTicks() throws -> Int {
+                let fields = try String(contentsOfFile: "/proc/\(m.pid)/stat", encoding: .utf8)
+                    .split(separator: ")").last!.split(separator: " ")
+                return Int(fields[11])! + Int(fields[12])!  // utime, stime
+            }
+            let before = try cpuTicks()
+            usleep(1_000_000)
+            let used = try cpuTicks() - before
+            let hz = sysconf(Int32(_SC_CLK_TCK))
+            #expect(used * 10 < hz, "the daemon used \(used) ticks (of \(hz)/s) in a second without requests")
+        }
+    }
+}
