@@ -253,6 +253,10 @@ void vanish_workers_configure(int device_fd, uint32_t spin_microseconds) {
     atomic_store(&spin_ns, (uint64_t)spin_microseconds * 1000);
 }
 
+uint32_t vanish_workers_spin_microseconds(void) {
+    return (uint32_t)(atomic_load_explicit(&spin_ns, memory_order_relaxed) / 1000);
+}
+
 void vanish_workers_close(void) {
     atomic_store(&spin_ns, 0);
     pthread_mutex_lock(&lock);

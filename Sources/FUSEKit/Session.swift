@@ -39,6 +39,9 @@ public enum Workers {
     /// of after the watchdog's half millisecond.
     @inline(__always)
     public static func mayBlock() { vanish_workers_may_block() }
+
+    /// The spin in effect (µs; 0 while workers wait in the kernel as libfuse has them).
+    public static var spinMicroseconds: Int { Int(vanish_workers_spin_microseconds()) }
 }
 
 public enum SessionError: Error, CustomStringConvertible {

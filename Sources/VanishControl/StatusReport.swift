@@ -38,7 +38,7 @@ enum StatusReport {
             "socket": JSON(f.socket), "known_inodes": JSON(f.knownInodes),
             "statahead_entries": JSON(Int(f.stataheadEntries)), "cached_fds": JSON(f.cachedFDs),
             "fd_cache_limit": JSON(f.fdCacheLimit), "kernel_features": JSON(f.kernelFeatures),
-            "passthrough": JSON(f.passthrough),
+            "passthrough": JSON(f.passthrough), "spin_microseconds": JSON(f.spinMicroseconds),
             "client": f.client.map { JSON($0) } ?? .null, "lease_seconds": JSON(f.leaseSeconds),
             "other_clients": .array(f.otherClients.map { p -> JSON in
                 ["client": JSON(p.client.name), "pending_entries": JSON(p.entries),

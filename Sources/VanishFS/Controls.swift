@@ -116,6 +116,7 @@ extension PassthroughFilesystem {
             knownInodes: table.count, stataheadEntries: statahead.prefetched.load(ordering: .relaxed),
             cachedFDs: namespace.cachedFDs, fdCacheLimit: namespace.fdLimit,
             kernelFeatures: "\(KernelFeatures.granted)", passthrough: passthroughState,
+            spinMicroseconds: Workers.spinMicroseconds,
             client: graveyard?.client.name, leaseSeconds: Double(leases?.length ?? 0) / 1e9,
             otherClients: leases?.peers ?? [])
     }
@@ -146,6 +147,8 @@ package struct StatusFacts {
     package var fdCacheLimit: Int
     package var kernelFeatures: String
     package var passthrough: String
+    /// How long a worker spins for one caller's next request (µs; 0: never).
+    package var spinMicroseconds: Int
     /// This client's id in the source's state directory.
     package var client: String?
     package var leaseSeconds: Double

@@ -62,6 +62,7 @@ struct StatusCommand: ParsableCommand {
                 free space:       \(bytes(status.free))
                 file data:        \(status.passthrough == "on" ? "passthrough (kernel to backing file)" : "through the daemon; passthrough \(status.passthrough)")
                 kernel features:  \(status.kernelFeatures)
+                workers:          \(status.spin > 0 ? "one receives and spins up to \(status.spin) µs for a program's next call" : "wait in the kernel (no spin)")
                 """)
         }
     }
@@ -93,6 +94,8 @@ struct StatusCommand: ParsableCommand {
         var passthrough: String
         /// What the daemon negotiated beyond libfuse 3.14 (passthrough, parallel_dirops, killpriv_v2).
         var kernelFeatures: String
+        /// How long a worker spins for one program's next call (µs; 0: never).
+        var spin: Int
         /// This client's id in the source's state directory.
         var client: String
         /// One line per other client of a shared source.
@@ -131,7 +134,7 @@ struct StatusCommand: ParsableCommand {
                       keepSeconds: obj["keep_seconds"]?.double ?? 0,
                       idle: obj["reaper_idle"]?.bool ?? true, filesPerSecond: int("reap_files_per_second"),
                       eta: obj["eta_seconds"]?.int, passthrough: obj["passthrough"]?.string ?? "?",
-                      kernelFeatures: obj["kernel_features"]?.string ?? "?",
+                      kernelFeatures: obj["kernel_features"]?.string ?? "?", spin: int("spin_microseconds"),
                       client: obj["client"]?.string ?? "none (no graveyard)",
                       others: (obj["other_clients"]?.array ?? []).map { c in
                           let lease = c["lease"]?.string == "expired" ? "lease expired, adopted when it has entries"

@@ -18,6 +18,13 @@ struct WorkersTests {
         }
     }
 
+    /// What `vanish status --json` says the workers spin (µs).
+    func spin(_ m: VanishMount) throws -> Int? {
+        let r = try run([vanishBinary, "status", "--json", m.mountpoint])
+        let json = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any]
+        return json?["spin_microseconds"] as? Int
+    }
+
     /// A Vanish mount whose source is another Vanish mount, which the test
     /// stops (SIGSTOP): a request of the upper one that reaches the lower one
     /// then waits until it is continued, as on a hung network volume, while
@@ -33,6 +40,8 @@ struct WorkersTests {
         try "data\n".write(toFile: lower.path("synced"), atomically: false, encoding: .utf8)
         let upper = try VanishMount(options: [spin, "cache=never"], existingSource: lower.mountpoint)
         defer { upper.close() }
+        // The option, not the source's kind (a FUSE source spins 0 by default), sets it.
+        #expect(try self.spin(upper) == Int(spin.dropFirst("spin=".count)))
 
         // The held caller makes calls one after another (the case where one
         // worker receives), then waits for the test, then makes the call
@@ -109,6 +118,7 @@ struct WorkersTests {
     @Test("an idle mount uses no CPU after a burst of requests")
     func idleAfterBurst() throws {
         try withVanishMount { m in
+            #expect(try spin(m) == 50, "a local-disk source spins 50 µs by default")
             // One caller making call after call: the case where a worker spins.
             let r = try sh("""
                 python3 -c 'import os

@@ -45,6 +45,9 @@ void vanish_transport_set_spin(struct fuse_session *se, uint32_t spin_microsecon
 /// fsync, a wait for another thread): lets another worker receive meanwhile.
 void vanish_workers_may_block(void);
 
+/// The spin in effect (µs; 0: libfuse's way), for `vanish status`.
+uint32_t vanish_workers_spin_microseconds(void);
+
 /// From the start of every request a caller waits for, with its caller's
 /// thread id: lets another worker receive if callers are queueing.
 void vanish_workers_begin(pid_t caller);
