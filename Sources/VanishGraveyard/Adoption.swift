@@ -45,6 +45,8 @@ extension Graveyard {
     /// `landed` with each entry's shard, and removes what held them.
     /// Returns how many entries moved. Resumable: a crash leaves entries
     /// either here or there, never lost (an orphan record is removed at start).
+    /// An entry whose record is there but cannot be read yet waits, with
+    /// what holds it, for a later call (see `absorb(shard:landed:)`).
     @discardableResult
     public func absorbAdopted(landed: (Int) -> Void) -> Int {
         guard let incoming = try? Sys.openat(graveyardFD, Graveyard.incomingName, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
@@ -83,12 +85,22 @@ extension Graveyard {
         let all = Graveyard.names(in: from, ".")
         let records = Set(all.filter { $0.hasPrefix(".") }.map { String($0.dropFirst()) })
         var moved = 0
+        var later: Set<String> = []
         for name in all where !name.hasPrefix(".") {
+            let record = records.contains(name) ? readSidecar(from, name) : nil
+            // A record that is there but cannot be read yet may still be on
+            // its way from the client that wrote it (a network volume's
+            // client keeps writes back a while): leave the entry for a
+            // later look rather than take it without its record, unless
+            // the record is old enough to be damaged instead.
+            if records.contains(name) && record == nil && Self.isRecent(from, "." + name) {
+                later.insert(name)
+                continue
+            }
             let time = name.withCString { Graveyard.deletionTime($0) } ?? 0
             let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
             let shard = Int(n % UInt64(Graveyard.shardCount))
             let sfd = shardFDs[shard]
-            let record = records.contains(name) ? readSidecar(from, name) : nil
             let ok = (try? withUniqueName(n, time: time) { grave throws(Errno) -> Bool in
                 if record != nil {
                     var side: [CChar] = [0x2E]
@@ -113,8 +125,18 @@ extension Graveyard {
             }
         }
         // Records whose entry is gone (freed by the client that died, or moved above).
-        for id in records { _ = try? Sys.unlinkat(from, "." + id, 0) }
+        for id in records.subtracting(later) { _ = try? Sys.unlinkat(from, "." + id, 0) }
         return moved
+    }
+
+    /// How long a record that cannot be read is waited for (its mtime's age).
+    static let recordGrace: UInt64 = 120 * 1_000_000_000
+
+    /// Whether `name` in `dirFD` changed less than `recordGrace` ago.
+    static func isRecent(_ dirFD: Int32, _ name: String) -> Bool {
+        guard let st = try? Sys.lstatat(dirFD, name) else { return false }
+        let mtime = UInt64(max(0, st.st_mtim.tv_sec)) * 1_000_000_000 + UInt64(max(0, st.st_mtim.tv_nsec))
+        return mtime &+ recordGrace > Sys.wallClockNow()
     }
 
     /// Entries waiting in client `other`'s graveyard (a scan: for status).

@@ -1,3 +1,4 @@
+import Foundation
 import Glibc
 import Testing
 import VanishGraveyard
@@ -75,6 +76,42 @@ struct AdoptionTests {
             // The claimed client starts again with an empty graveyard of its own.
             let again = try Graveyard(rootFD: fd, client: client("alpha"))
             #expect(try entries(dir, "alpha") == 0 && again.restorable.isEmpty)
+        }
+    }
+
+    @Test("an entry whose record cannot be read yet waits for a later absorb; one whose record is old and damaged comes without it")
+    func recordNotYetReadable() throws {
+        try withRoot { dir, fd in
+            let g = try graveyards(fd, "alpha", "beta")
+            let (alpha, beta) = (g[0], g[1])
+            try bury(in: alpha, dir, fd, prefix: "a")
+            #expect(try beta.claim(client("alpha")))
+            // As a network volume's other client may show it: the record's name, not yet its data.
+            let find = try sh("find .vanish/clients/beta/graveyard/incoming -mindepth 3 -name '.*' -type f", cwd: dir)
+            let sidecar = dir + "/" + find.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+            let data = try #require(FileManager.default.contents(atPath: sidecar))
+            #expect(truncate(sidecar, 0) == 0)
+            #expect(beta.absorbAdopted { _ in } == 1, "the tree, which has no record, moves")
+            #expect(beta.hasIncoming && beta.restorable.isEmpty)
+            #expect(FileManager.default.createFile(atPath: sidecar, contents: data))
+            #expect(beta.absorbAdopted { _ in } == 1)
+            #expect(!beta.hasIncoming)
+            #expect(beta.restorable.map { String(decoding: $0.record.path, as: UTF8.self) } == ["af"])
+
+            // A record still unreadable long after it was written is damaged: the entry comes without it.
+            try bury(in: beta, dir, fd, prefix: "b")
+            let gamma = try Graveyard(rootFD: fd, client: client("gamma"))
+            #expect(try gamma.claim(client("beta")))
+            let old = try sh("find .vanish/clients/gamma/graveyard/incoming -mindepth 3 -name '.*' -type f", cwd: dir)
+            let damaged = old.stdout.split(separator: "\n").map { dir + "/" + $0 }
+            #expect(damaged.count == 2)
+            for path in damaged {
+                #expect(truncate(path, 0) == 0)
+                var times = [timespec(tv_sec: time(nil) - 3600, tv_nsec: 0), timespec(tv_sec: time(nil) - 3600, tv_nsec: 0)]
+                #expect(utimensat(AT_FDCWD, path, &times, 0) == 0)
+            }
+            #expect(gamma.absorbAdopted { _ in } == 4)
+            #expect(!gamma.hasIncoming && gamma.restorable.isEmpty)
         }
     }
 
