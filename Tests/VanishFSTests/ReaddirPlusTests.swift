@@ -20,9 +20,7 @@ struct ReaddirPlusTests {
     }
 
     static func knownInodes(_ m: VanishMount) throws -> Int {
-        let r = try run([vanishBinary, "status", "--json", m.mountpoint])
-        let json = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any]
-        return try #require(json?["known_inodes"] as? Int, "\(r.stdout)")
+        try #require(try statusJSON(m)["known_inodes"] as? Int)
     }
 
     static let statWalk = "find tree -printf '%P %s %M %n %U\\n' | sort"

@@ -18,9 +18,7 @@ struct StataheadTests {
     }
 
     static func statahead(_ m: VanishMount) throws -> Int {
-        let r = try run([vanishBinary, "status", "--json", m.mountpoint])
-        let json = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any]
-        return try #require(json?["statahead_entries"] as? Int, "\(r.stdout)")
+        try #require(try statusJSON(m)["statahead_entries"] as? Int)
     }
 
     static let longListing = "ls -ln --time-style=+%s big"

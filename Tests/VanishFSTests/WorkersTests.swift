@@ -19,11 +19,7 @@ struct WorkersTests {
     }
 
     /// What `vanish status --json` says the workers spin (µs).
-    func spin(_ m: VanishMount) throws -> Int? {
-        let r = try run([vanishBinary, "status", "--json", m.mountpoint])
-        let json = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any]
-        return json?["spin_microseconds"] as? Int
-    }
+    func spin(_ m: VanishMount) throws -> Int? { try statusJSON(m)["spin_microseconds"] as? Int }
 
     /// A Vanish mount whose source is another Vanish mount, which the test
     /// stops (SIGSTOP): a request of the upper one that reaches the lower one

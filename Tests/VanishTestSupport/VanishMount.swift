@@ -294,6 +294,15 @@ public func withVanishMountOnTmpfs<R>(size: String, options: [String] = [], argu
     }, body)
 }
 
+/// `vanish status --json` of the mount, parsed (a failure if it is not a JSON object).
+public func statusJSON(_ m: VanishMount) throws -> [String: Any] {
+    let r = try run([vanishBinary, "status", "--json", m.mountpoint])
+    guard r.ok, let json = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any] else {
+        throw TestFailure("vanish status --json: \(r.stdout)\(r.stderr)")
+    }
+    return json
+}
+
 /// `vanish status --wait`: returns once the reaper has emptied the graveyard
 /// (a failure, not a hung suite, if it never does).
 public func waitForReaper(_ m: VanishMount, timeout: Int = 180) throws {
