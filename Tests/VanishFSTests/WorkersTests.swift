@@ -67,8 +67,8 @@ struct WorkersTests {
             if waitpid(caller, &status, WNOHANG) == 0 { kill(caller, SIGKILL); waitpid(caller, &status, 0) }
         }
         try waitFor("the caller to be ready") { access(scratch + "/ready", F_OK) == 0 }
-        kill(lower.pid, SIGSTOP)
         stopped = true
+        try stopProcess(lower.pid)
         let go = open(scratch + "/go", O_WRONLY)
         try #require(go >= 0)
         close(go)

@@ -68,6 +68,22 @@ public func waitFor(_ what: String, timeout: Double = 15, _ condition: () throws
     throw TestFailure("timed out after \(timeout)s waiting for \(what)")
 }
 
+/// Stops `pid` with SIGSTOP and waits until every one of its threads has
+/// stopped: the stop reaches each thread only when it next runs, and a
+/// thread that had not yet stopped may still answer a request meanwhile.
+public func stopProcess(_ pid: pid_t) throws {
+    kill(pid, SIGSTOP)
+    try waitFor("every thread of \(pid) to stop") {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+        return !tasks.isEmpty && tasks.allSatisfy { task in
+            // The state is the field after the parenthesised command name.
+            guard let stat = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/stat", encoding: .utf8),
+                  let close = stat.lastIndex(of: ")") else { return true }  // the thread has exited
+            return stat[stat.index(close, offsetBy: 2)...].first == "T"
+        }
+    }
+}
+
 /// The mount type at `path` in /proc/self/mountinfo, or nil.
 public func mountType(at path: String) -> String? {
     mounts().last { $0.point == path }?.type
