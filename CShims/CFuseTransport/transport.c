@@ -12,7 +12,11 @@
 #include <stddef.h>
 #include <string.h>
 #include <linux/capability.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -63,8 +67,25 @@ static _Atomic int init_done;
 // carries: libfuse writes a reply synchronously in the replying thread.
 static _Thread_local int32_t reply_backing_id;
 
+// O_TMPFILE: libfuse 3.14 does not know FUSE_TMPFILE (kernel 6.1) and
+// answers ENOSYS, after which the kernel fails every O_TMPFILE open with
+// EOPNOTSUPP. Its body is FUSE_CREATE's (fuse_create_in, then the dentry's
+// name, which for a tmpfile is always "/", never a real entry's name), so it
+// is handed to libfuse as a CREATE and the create handler tells it by that
+// name (vanish_is_tmpfile_name).
+enum { tmpfile_request_size = sizeof(struct fuse_in_header) + sizeof(struct fuse_create_in) + 2 };
+
+static void rename_tmpfile(void *buf, size_t n) {
+    struct fuse_in_header *in = buf;
+    if (n == tmpfile_request_size && in->opcode == FUSE_TMPFILE &&
+        memcmp((char *)buf + n - 2, "/", 2) == 0) {
+        in->opcode = FUSE_CREATE;
+    }
+}
+
 static ssize_t read_request(int fd, void *buf, size_t len) {
     ssize_t n = read(fd, buf, len);
+    if (n == tmpfile_request_size) rename_tmpfile(buf, (size_t)n);
     if (n >= (ssize_t)(sizeof(struct fuse_in_header) + offsetof(struct fuse_init_in, unused)) &&
         !atomic_load_explicit(&init_done, memory_order_relaxed)) {
         const struct fuse_in_header *in = buf;
@@ -154,11 +175,51 @@ static ssize_t splice_from(int from, void *context) {
     return splice(from, a->offin, a->fdout, a->offout, a->len, a->flags);
 }
 
+// A read end of this thread's pipe from libfuse (which keeps only the write
+// end's number at hand here), opened through /proc, and the pipe it is of.
+static _Thread_local int pipe_reader = -1;
+static _Thread_local ino_t pipe_reader_of;
+static pthread_key_t pipe_reader_key;
+static pthread_once_t pipe_reader_once = PTHREAD_ONCE_INIT;
+
+static void close_pipe_reader(void *fd) { close((int)(intptr_t)fd - 1); }
+static void make_pipe_reader_key(void) { pthread_key_create(&pipe_reader_key, close_pipe_reader); }
+
+// A spliced request of a tmpfile's size (a few LOOKUPs and UNLINKs of
+// 17-byte names have it too) is taken out of the pipe libfuse spliced it
+// into, renamed if it is a FUSE_TMPFILE, and put back: libfuse copies a small
+// spliced request out of its pipe itself, with no hook between.
+static void rename_spliced_tmpfile(int pipe_writer) {
+    struct stat st;
+    if (fstat(pipe_writer, &st) != 0) return;
+    if (pipe_reader < 0 || pipe_reader_of != st.st_ino) {
+        if (pipe_reader >= 0) close(pipe_reader);
+        char path[40];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", pipe_writer);
+        pipe_reader = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        if (pipe_reader < 0) return;
+        pipe_reader_of = st.st_ino;
+        pthread_once(&pipe_reader_once, make_pipe_reader_key);
+        pthread_setspecific(pipe_reader_key, (void *)(intptr_t)(pipe_reader + 1));
+    }
+    char request[tmpfile_request_size];
+    // libfuse empties its pipe after each request, so this one is all it holds.
+    ssize_t n = read(pipe_reader, request, sizeof request);
+    if (n <= 0) return;
+    rename_tmpfile(request, (size_t)n);
+    if (write(pipe_writer, request, (size_t)n) != n) {
+        // Cannot happen with an empty pipe of at least a page; if it did,
+        // libfuse would find a short request and answer it with an error.
+    }
+}
+
 static ssize_t t_splice_receive(int fdin, off_t *offin, int fdout, off_t *offout, size_t len, unsigned int flags,
                                 void *userdata) {
     (void)userdata;
     struct splice_args a = { offin, fdout, offout, len, flags };
-    return vanish_workers_receive(fdin, atomic_load_explicit(&init_done, memory_order_acquire), splice_from, &a);
+    ssize_t n = vanish_workers_receive(fdin, atomic_load_explicit(&init_done, memory_order_acquire), splice_from, &a);
+    if (n == tmpfile_request_size) rename_spliced_tmpfile(fdout);
+    return n;
 }
 
 static ssize_t t_splice_send(int fdin, off_t *offin, int fdout, off_t *offout, size_t len, unsigned int flags,
@@ -230,3 +291,5 @@ int vanish_has_cap_sys_admin(void) {
     if (syscall(SYS_capget, &header, data) != 0) return 0;
     return (data[CAP_SYS_ADMIN / 32].effective >> (CAP_SYS_ADMIN % 32)) & 1;
 }
+
+int vanish_is_tmpfile_name(const char *name) { return name[0] == '/' && name[1] == 0; }

@@ -51,6 +51,11 @@ public protocol LowLevelFilesystem: AnyObject, Sendable {
     func access(_ req: Request, _ ino: fuse_ino_t, mask: Int32) throws(Errno)
     func create(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
                 _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno)
+    /// `open(O_TMPFILE)` in `parent`: a file with no name, opened as by
+    /// `create` and answered with `reply(created:)`. libfuse 3.14 does not
+    /// know the request; the transport brings it (see transport.c).
+    func tmpfile(_ req: Request, parent: fuse_ino_t, mode: mode_t,
+                 _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno)
     func fallocate(_ req: Request, _ ino: fuse_ino_t, mode: Int32, offset: off_t, length: off_t,
                    _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno)
     func copyFileRange(_ req: Request, input: fuse_ino_t, inputOffset: off_t, _ fiIn: UnsafeMutablePointer<fuse_file_info>,

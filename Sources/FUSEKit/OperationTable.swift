@@ -140,7 +140,13 @@ func makeOperationTable() -> fuse_lowlevel_ops {
     }
     ops.access = { req, ino, mask in serve(req) { fs, r throws(Errno) in try fs.access(r, ino, mask: mask) } }
     ops.create = { req, parent, name, mode, fi in
-        serve(req) { fs, r throws(Errno) in try fs.create(r, parent: parent, name: name!, mode: mode, fi!) }
+        serve(req) { fs, r throws(Errno) in
+            if vanish_is_tmpfile_name(name!) != 0 {
+                try fs.tmpfile(r, parent: parent, mode: mode, fi!)
+            } else {
+                try fs.create(r, parent: parent, name: name!, mode: mode, fi!)
+            }
+        }
     }
     ops.fallocate = { req, ino, mode, off, len, fi in
         vanish_workers_may_block()

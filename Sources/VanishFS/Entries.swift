@@ -91,11 +91,18 @@ extension PassthroughFilesystem {
         let np = inode(newParent)
         try checkChangeable(np, newName)
         try namespace.making(np, newName) { npfd throws(Errno) -> (Inode, stat) in
+            // An O_TMPFILE file getting its first name is a creation, as
+            // inotify reports it, not a second name of a file already seen.
+            let unnamed = table.isUnnamed(node)
+            let target = observing && !unnamed ? path(of: node) : []
             try namespace.withFD(node) { fd throws(Errno) in try Sys.link(fd: fd, npfd, newName) }
             let (st, birth) = try Sys.lstatatWithBirth(npfd, newName)
-            let target = observing ? path(of: node) : []
             let linked = table.remember(st, birth: birth, parent: np, name: newName)
-            if observing {
+            if unnamed && observing {
+                namespace.withFDIfPossible(linked) { fd in
+                    emitCreated(req.caller, parent: np, name: newName, node: linked, st: st, fd: fd)
+                }
+            } else if observing && !unnamed {
                 let id = fileID(npfd, newName)
                 emit(.linked, req.caller) { e in
                     e.path("path", of: np, appending: newName, in: table)
@@ -216,6 +223,41 @@ extension PassthroughFilesystem {
             var e = entry(node, st)
             if req.reply(created: &e, fi, backing: backing) == -ENOENT { abandonHandle(node, fi) }
         }
+    }
+
+    /// `open(O_TMPFILE)`: a file with no name in `parent`, made in the
+    /// backing directory the same way and given to the caller as a create
+    /// would. It has no name to be reopened by, so its fd stays held while it
+    /// is open (as for an open file whose last name was removed); `linkat`
+    /// gives it one (`link`), and unlinked it goes with its last close, as
+    /// natively. No event until then: nothing in the tree changed.
+    public func tmpfile(_ req: Request, parent: fuse_ino_t, mode: mode_t,
+                        _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        let p = inode(parent)
+        if table.isBuried(p) { throw .noSuchFileOrDirectory }
+        let flags = (backingOpenFlags(fi.pointee.flags) & ~O_CREAT) | VANISH_O_TMPFILE
+        let caller = req.caller
+        let (fd, node, st) = try namespace.withFD(p) { pfd throws(Errno) -> (Int32, Inode, stat) in
+            let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in try Sys.openat(pfd, ".", flags, mode) }
+            do throws(Errno) {
+                var (st, birth) = try Sys.fstatWithBirth(fd)
+                if try adoptOwnership(fd: fd, parentFD: pfd, caller: caller, mode: mode, st: &st, pathFD: false) {
+                    st = try Sys.fstat(fd)
+                }
+                let pathFD = try Sys.withProcPath(fd) { path throws(Errno) in try Sys.open(path, VANISH_O_PATH) }
+                // No name: a reopen by name finds nothing (ENOENT), never another file.
+                let node = table.remember(st, birth: birth, parent: p, name: "")
+                namespace.adopt(node, fd: pathFD)
+                return (fd, node, st)
+            } catch {
+                Sys.close(fd)
+                throw error
+            }
+        }
+        let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi)
+        _ = namespace.holdIfOpen(node)
+        var e = entry(node, st)
+        if req.reply(created: &e, fi, backing: backing) == -ENOENT { abandonHandle(node, fi) }
     }
 
     /// Logs the first crossing into each filesystem mounted inside the source.

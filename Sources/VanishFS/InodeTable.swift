@@ -280,6 +280,11 @@ final class InodeTable: @unchecked Sendable {
     /// `vanish rm`: nothing may be made in it any more. The kernel cannot
     /// know (for it, the tree just went away), so a process still inside
     /// would otherwise make files in the graveyard, where they are lost.
+    /// Whether `node` has never had a name: an O_TMPFILE file not yet linked.
+    func isUnnamed(_ node: Inode) -> Bool {
+        lock.withLock { _ in node.name.first == 0 }
+    }
+
     func isBuried(_ dir: Inode) -> Bool {
         guard anyBuried.load(ordering: .acquiring) else { return false }
         return lock.withLock { _ in

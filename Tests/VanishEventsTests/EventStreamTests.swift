@@ -136,6 +136,31 @@ struct EventStreamTests {
         }
     }
 
+    @Test("an O_TMPFILE file is created when linkat names it and written at its last close; one never named is no event")
+    func tmpfileEvents() throws {
+        try withVanishMount { m in
+            let s = try Subscriber(m)
+            defer { s.stop() }
+            try attach(s, m)
+            let r = try run(["python3", "-c", """
+                import ctypes, os
+                libc = ctypes.CDLL(None, use_errno=True)
+                fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o600)
+                os.write(fd, b"never named")
+                os.close(fd)
+                fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o600)
+                os.write(fd, b"data")
+                assert libc.linkat(-100, f"/proc/self/fd/{fd}".encode(), -100, b"made", 0x400) == 0
+                os.write(fd, b" more")
+                os.close(fd)
+                open("end", "w").close()
+                """], cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            try s.waitFor("the end marker") { $0["path"] as? String == "end" }
+            #expect(changes(s) == ["created made", "written made", "created end"])
+        }
+    }
+
     @Test("each event names the program that made it, also after the process execs another or renames itself")
     func commandAfterExec() throws {
         try withVanishMount { m in

@@ -45,6 +45,11 @@ void vanish_transport_set_spin(struct fuse_session *se, uint32_t spin_microsecon
 /// fsync, a wait for another thread): lets another worker receive meanwhile.
 void vanish_workers_may_block(void);
 
+/// Whether a CREATE request's `name` marks an O_TMPFILE open in its parent
+/// directory (the transport hands FUSE_TMPFILE, which libfuse 3.14 does not
+/// know, to libfuse as a CREATE of "/").
+int vanish_is_tmpfile_name(const char *name);
+
 /// The spin in effect (µs; 0: libfuse's way), for `vanish status`.
 uint32_t vanish_workers_spin_microseconds(void);
 

@@ -18,6 +18,7 @@
 // Flags and values hidden behind _GNU_SOURCE.
 extern const int VANISH_O_PATH;
 extern const int VANISH_O_DIRECT;
+extern const int VANISH_O_TMPFILE;
 extern const int VANISH_AT_EMPTY_PATH;
 extern const unsigned int VANISH_RENAME_NOREPLACE;
 extern const unsigned int VANISH_RENAME_EXCHANGE;
