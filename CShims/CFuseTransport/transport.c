@@ -18,6 +18,7 @@
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
 #include <fuse_lowlevel.h>
@@ -49,6 +50,36 @@ _Static_assert(sizeof(struct fuse_open_out) == 16, "fuse_open_out is 16 bytes");
 _Static_assert(OPEN_OUT_BACKING_ID == 12, "backing_id follows open_flags");
 _Static_assert(sizeof(struct fuse_backing_map) == 16, "fuse_backing_map is 16 bytes");
 
+// FUSE_STATX (protocol 7.39, Linux 6.6): the kernel asks for it when a
+// program wants a birth time, and falls back to GETATTR (no birth time) once
+// it is answered ENOSYS, as libfuse 3.14 does. Defined from the kernel's
+// include/uapi/linux/fuse.h under names of our own: Debian 12's header is 7.38.
+enum { vanish_fuse_statx_opcode = 52 };
+struct vanish_fuse_sx_time { int64_t tv_sec; uint32_t tv_nsec; int32_t reserved; };
+struct vanish_fuse_statx {
+    uint32_t mask, blksize;
+    uint64_t attributes;
+    uint32_t nlink, uid, gid;
+    uint16_t mode, spare0;
+    uint64_t ino, size, blocks, attributes_mask;
+    struct vanish_fuse_sx_time atime, btime, ctime, mtime;
+    uint32_t rdev_major, rdev_minor, dev_major, dev_minor;
+    uint64_t spare2[14];
+};
+struct vanish_fuse_statx_in { uint32_t getattr_flags, reserved; uint64_t fh; uint32_t sx_flags, sx_mask; };
+struct vanish_fuse_statx_out {
+    uint64_t attr_valid;
+    uint32_t attr_valid_nsec, flags;
+    uint64_t spare[2];
+    struct vanish_fuse_statx stat;
+};
+_Static_assert(sizeof(struct vanish_fuse_statx) == 256, "fuse_statx is 256 bytes");
+_Static_assert(offsetof(struct vanish_fuse_statx, btime) == 80, "btime follows atime");
+_Static_assert(sizeof(struct vanish_fuse_statx_out) == 288, "fuse_statx_out is 288 bytes");
+_Static_assert(sizeof(struct vanish_fuse_statx_in) == 24, "fuse_statx_in is 24 bytes");
+_Static_assert(offsetof(struct vanish_fuse_statx_in, fh) == offsetof(struct fuse_getattr_in, fh),
+               "fuse_statx_in begins as fuse_getattr_in");
+
 const uint64_t VANISH_FUSE_PASSTHROUGH = FUSE_PASSTHROUGH;
 const uint64_t VANISH_FUSE_PARALLEL_DIROPS = FUSE_PARALLEL_DIROPS;
 const uint64_t VANISH_FUSE_HANDLE_KILLPRIV_V2 = FUSE_HANDLE_KILLPRIV_V2;
@@ -75,17 +106,59 @@ static _Thread_local int32_t reply_backing_id;
 // name (vanish_is_tmpfile_name).
 enum { tmpfile_request_size = sizeof(struct fuse_in_header) + sizeof(struct fuse_create_in) + 2 };
 
-static void rename_tmpfile(void *buf, size_t n) {
+// A STATX request is handed to libfuse as the GETATTR it begins with, and
+// its reply, libfuse's fuse_attr_out, is written out as a fuse_statx_out
+// with the birth time the getattr handler gave (vanish_reply_attr_birth).
+// The requests so handed over are known by their ids until their replies.
+enum { statx_request_size = sizeof(struct fuse_in_header) + sizeof(struct vanish_fuse_statx_in), statx_slots = 64 };
+static pthread_mutex_t statx_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t statx_requests[statx_slots];  // 0: free
+static _Atomic int statx_pending;
+
+static int statx_remember(uint64_t unique) {
+    pthread_mutex_lock(&statx_lock);
+    for (int i = 0; i < statx_slots; i++) {
+        if (statx_requests[i] == 0) {
+            statx_requests[i] = unique;
+            atomic_fetch_add(&statx_pending, 1);
+            pthread_mutex_unlock(&statx_lock);
+            return 1;
+        }
+    }
+    pthread_mutex_unlock(&statx_lock);
+    return 0;  // all taken: left a STATX, which libfuse answers ENOSYS
+}
+
+static int statx_forget(uint64_t unique) {
+    if (!atomic_load_explicit(&statx_pending, memory_order_acquire)) return 0;
+    pthread_mutex_lock(&statx_lock);
+    for (int i = 0; i < statx_slots; i++) {
+        if (statx_requests[i] == unique) {
+            statx_requests[i] = 0;
+            atomic_fetch_sub(&statx_pending, 1);
+            pthread_mutex_unlock(&statx_lock);
+            return 1;
+        }
+    }
+    pthread_mutex_unlock(&statx_lock);
+    return 0;
+}
+
+// Renames a request libfuse 3.14 does not know into the one it is brought as.
+static void rename_unknown(void *buf, size_t n) {
     struct fuse_in_header *in = buf;
     if (n == tmpfile_request_size && in->opcode == FUSE_TMPFILE &&
         memcmp((char *)buf + n - 2, "/", 2) == 0) {
         in->opcode = FUSE_CREATE;
+    } else if (n == statx_request_size && in->opcode == vanish_fuse_statx_opcode && in->unique != 0 &&
+               statx_remember(in->unique)) {
+        in->opcode = FUSE_GETATTR;
     }
 }
 
 static ssize_t read_request(int fd, void *buf, size_t len) {
     ssize_t n = read(fd, buf, len);
-    if (n == tmpfile_request_size) rename_tmpfile(buf, (size_t)n);
+    if (n == tmpfile_request_size || n == statx_request_size) rename_unknown(buf, (size_t)n);
     if (n >= (ssize_t)(sizeof(struct fuse_in_header) + offsetof(struct fuse_init_in, unused)) &&
         !atomic_load_explicit(&init_done, memory_order_relaxed)) {
         const struct fuse_in_header *in = buf;
@@ -133,9 +206,50 @@ static void patch_init(struct fuse_init_out *out) {
     atomic_store(&granted, add);
 }
 
+// The birth time (ns; 0: unknown) of the attributes being replied on this
+// thread (vanish_reply_attr_birth): libfuse writes a reply synchronously.
+static _Thread_local uint64_t reply_birth;
+
+// Writes libfuse's GETATTR reply to a STATX request as the kernel expects it.
+static ssize_t write_statx_reply(int fd, const struct fuse_out_header *out, const struct fuse_attr_out *a) {
+    struct vanish_fuse_statx_out x;
+    memset(&x, 0, sizeof x);
+    x.attr_valid = a->attr_valid;
+    x.attr_valid_nsec = a->attr_valid_nsec;
+    struct vanish_fuse_statx *s = &x.stat;
+    s->mask = STATX_BASIC_STATS;
+    s->blksize = a->attr.blksize;
+    s->nlink = a->attr.nlink;
+    s->uid = a->attr.uid;
+    s->gid = a->attr.gid;
+    s->mode = (uint16_t)a->attr.mode;
+    s->ino = a->attr.ino;
+    s->size = a->attr.size;
+    s->blocks = a->attr.blocks;
+    s->atime = (struct vanish_fuse_sx_time){ (int64_t)a->attr.atime, a->attr.atimensec, 0 };
+    s->mtime = (struct vanish_fuse_sx_time){ (int64_t)a->attr.mtime, a->attr.mtimensec, 0 };
+    s->ctime = (struct vanish_fuse_sx_time){ (int64_t)a->attr.ctime, a->attr.ctimensec, 0 };
+    s->rdev_major = major(a->attr.rdev);
+    s->rdev_minor = minor(a->attr.rdev);
+    if (reply_birth) {
+        s->mask |= STATX_BTIME;
+        s->btime = (struct vanish_fuse_sx_time){ (int64_t)(reply_birth / 1000000000ULL),
+                                                 (uint32_t)(reply_birth % 1000000000ULL), 0 };
+    }
+    struct fuse_out_header header = *out;
+    header.len = sizeof header + sizeof x;
+    struct iovec patched[2] = { { &header, sizeof header }, { &x, sizeof x } };
+    return vanish_workers_write_reply(fd, patched, 2, out->unique);
+}
+
 static ssize_t t_writev(int fd, struct iovec *iov, int count, void *userdata) {
     (void)userdata;
     const struct fuse_out_header *out = iov[0].iov_base;
+    if (out->unique != 0 && statx_forget(out->unique) && out->error == 0) {
+        if (count == 2 && iov[1].iov_len == sizeof(struct fuse_attr_out)) {
+            return write_statx_reply(fd, out, iov[1].iov_base);
+        }
+    }
     if (out->error == 0 && out->unique != 0 && count >= 2) {
         int32_t backing = reply_backing_id;
         if (backing > 0 && iov[count - 1].iov_len >= sizeof(struct fuse_open_out) &&
@@ -185,11 +299,11 @@ static pthread_once_t pipe_reader_once = PTHREAD_ONCE_INIT;
 static void close_pipe_reader(void *fd) { close((int)(intptr_t)fd - 1); }
 static void make_pipe_reader_key(void) { pthread_key_create(&pipe_reader_key, close_pipe_reader); }
 
-// A spliced request of a tmpfile's size (a few LOOKUPs and UNLINKs of
-// 17-byte names have it too) is taken out of the pipe libfuse spliced it
-// into, renamed if it is a FUSE_TMPFILE, and put back: libfuse copies a small
-// spliced request out of its pipe itself, with no hook between.
-static void rename_spliced_tmpfile(int pipe_writer) {
+// A spliced request of a tmpfile's or a statx's size (some LOOKUPs, UNLINKs,
+// FLUSHes and RELEASEs have them too) is taken out of the pipe libfuse
+// spliced it into, renamed if it is one of those, and put back: libfuse
+// copies a small spliced request out of its pipe itself, with no hook between.
+static void rename_spliced(int pipe_writer, size_t size) {
     struct stat st;
     if (fstat(pipe_writer, &st) != 0) return;
     if (pipe_reader < 0 || pipe_reader_of != st.st_ino) {
@@ -202,11 +316,11 @@ static void rename_spliced_tmpfile(int pipe_writer) {
         pthread_once(&pipe_reader_once, make_pipe_reader_key);
         pthread_setspecific(pipe_reader_key, (void *)(intptr_t)(pipe_reader + 1));
     }
-    char request[tmpfile_request_size];
+    char request[statx_request_size > tmpfile_request_size ? statx_request_size : tmpfile_request_size];
     // libfuse empties its pipe after each request, so this one is all it holds.
-    ssize_t n = read(pipe_reader, request, sizeof request);
+    ssize_t n = read(pipe_reader, request, size);
     if (n <= 0) return;
-    rename_tmpfile(request, (size_t)n);
+    rename_unknown(request, (size_t)n);
     if (write(pipe_writer, request, (size_t)n) != n) {
         // Cannot happen with an empty pipe of at least a page; if it did,
         // libfuse would find a short request and answer it with an error.
@@ -218,7 +332,7 @@ static ssize_t t_splice_receive(int fdin, off_t *offin, int fdout, off_t *offout
     (void)userdata;
     struct splice_args a = { offin, fdout, offout, len, flags };
     ssize_t n = vanish_workers_receive(fdin, atomic_load_explicit(&init_done, memory_order_acquire), splice_from, &a);
-    if (n == tmpfile_request_size) rename_spliced_tmpfile(fdout);
+    if (n == tmpfile_request_size || n == statx_request_size) rename_spliced(fdout, (size_t)n);
     return n;
 }
 
@@ -262,6 +376,13 @@ int vanish_reply_open_backing(struct fuse_req *req, const struct fuse_file_info 
     reply_backing_id = backing_id;
     int r = fuse_reply_open(req, fi);
     reply_backing_id = 0;
+    return r;
+}
+
+int vanish_reply_attr_birth(struct fuse_req *req, const struct stat *st, double timeout, uint64_t birth) {
+    reply_birth = birth;
+    int r = fuse_reply_attr(req, st, timeout);
+    reply_birth = 0;
     return r;
 }
 

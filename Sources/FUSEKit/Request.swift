@@ -44,6 +44,14 @@ public struct Request: @unchecked Sendable {
     @inlinable
     public func reply(attr: inout stat, timeout: Double) { _ = fuse_reply_attr(raw, &attr, timeout) }
 
+    /// `fuse_reply_attr` with the file's birth time (ns; 0: unknown), which
+    /// reaches a program that asked `statx` for it (FUSE_STATX, brought by
+    /// the transport).
+    @inlinable
+    public func reply(attr: inout stat, timeout: Double, birth: UInt64) {
+        _ = vanish_reply_attr_birth(raw, &attr, timeout, birth)
+    }
+
     /// `fuse_reply_open`.
     @inlinable
     public func reply(open fi: UnsafePointer<fuse_file_info>) { _ = fuse_reply_open(raw, fi) }

@@ -12,15 +12,16 @@ extension PassthroughFilesystem {
         let node = inode(ino)
         // A directory's mtime and size must already show its unlinks.
         // Prefer the open handle: it still works after the name was unlinked.
-        var st = if let fi, !node.isDirectory {
-            try Sys.fstat(Int32(truncatingIfNeeded: fi.pointee.fh))
+        // statx, for the birth time a program may have asked for (FUSE_STATX).
+        var (st, birth) = if let fi, !node.isDirectory {
+            try Sys.fstatWithBirth(Int32(truncatingIfNeeded: fi.pointee.fh))
         } else {
-            try namespace.withFD(node) { fd throws(Errno) in try Sys.fstat(fd) }
+            try namespace.withFD(node) { fd throws(Errno) in try Sys.fstatWithBirth(fd) }
         }
         notice(node, st)
         st = devices.present(st)
         node.attributesSent.store(InodeTable.coarseMilliseconds(), ordering: .relaxed)
-        req.reply(attr: &st, timeout: options.attrTimeout)
+        req.reply(attr: &st, timeout: options.attrTimeout, birth: birth)
     }
 
     public func setattr(_ req: Request, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>, toSet: Int32,

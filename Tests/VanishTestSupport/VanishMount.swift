@@ -1,6 +1,7 @@
 import CLinux
 import Foundation
 import Glibc
+import Synchronization
 
 /// Whether FUSE tests can run here. Under CI=true they always run, so a
 /// missing /dev/fuse or fusermount3 fails the run instead of skipping it.
@@ -67,6 +68,33 @@ public func waitFor(_ what: String, timeout: Double = 15, _ condition: () throws
     }
     throw TestFailure("timed out after \(timeout)s waiting for \(what)")
 }
+
+/// Runs `body` while libfuse splices requests in instead of reading them:
+/// it does so only while a pipe may hold its whole 1 MiB buffer, past the
+/// default pipe-max-size, so that limit is raised meanwhile (root only). The
+/// setting is the machine's: tests running at once share one raise, and the
+/// last to finish puts the old value back.
+public func withSplicedRequests<R>(_ body: () throws -> R) throws -> R {
+    let knob = "/proc/sys/fs/pipe-max-size"
+    try splicedRequests.withLock { state in
+        if state.users == 0 {
+            state.saved = try String(contentsOfFile: knob, encoding: .utf8)
+            try "4194304\n".write(toFile: knob, atomically: false, encoding: .utf8)
+        }
+        state.users += 1
+    }
+    defer {
+        splicedRequests.withLock { state in
+            state.users -= 1
+            if state.users == 0, let saved = state.saved {
+                try? saved.write(toFile: knob, atomically: false, encoding: .utf8)
+            }
+        }
+    }
+    return try body()
+}
+
+private let splicedRequests = Mutex<(users: Int, saved: String?)>((0, nil))
 
 /// Stops `pid` with SIGSTOP and waits until every one of its threads has
 /// stopped: the stop reaches each thread only when it next runs, and a

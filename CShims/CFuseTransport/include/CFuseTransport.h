@@ -7,6 +7,7 @@
 #define VANISH_CFUSETRANSPORT_H
 
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 struct fuse_session;
@@ -44,6 +45,11 @@ void vanish_transport_set_spin(struct fuse_session *se, uint32_t spin_microsecon
 /// From a request handler about to do something that may take long (an
 /// fsync, a wait for another thread): lets another worker receive meanwhile.
 void vanish_workers_may_block(void);
+
+/// `fuse_reply_attr`, with the file's birth time (ns since the epoch; 0:
+/// unknown), which goes out when the request was a FUSE_STATX the transport
+/// handed to libfuse as a GETATTR.
+int vanish_reply_attr_birth(struct fuse_req *req, const struct stat *st, double timeout, uint64_t birth);
 
 /// Whether a CREATE request's `name` marks an O_TMPFILE open in its parent
 /// directory (the transport hands FUSE_TMPFILE, which libfuse 3.14 does not
