@@ -28,6 +28,9 @@
 #ifndef FUSE_PASSTHROUGH
 #define FUSE_PASSTHROUGH (1ULL << 37)
 #endif
+#ifndef FUSE_DIRECT_IO_ALLOW_MMAP
+#define FUSE_DIRECT_IO_ALLOW_MMAP (1ULL << 36)
+#endif
 #ifndef FOPEN_PASSTHROUGH
 #define FOPEN_PASSTHROUGH (1 << 7)
 #endif
@@ -83,9 +86,11 @@ _Static_assert(offsetof(struct vanish_fuse_statx_in, fh) == offsetof(struct fuse
 const uint64_t VANISH_FUSE_PASSTHROUGH = FUSE_PASSTHROUGH;
 const uint64_t VANISH_FUSE_PARALLEL_DIROPS = FUSE_PARALLEL_DIROPS;
 const uint64_t VANISH_FUSE_HANDLE_KILLPRIV_V2 = FUSE_HANDLE_KILLPRIV_V2;
+const uint64_t VANISH_FUSE_DIRECT_IO_ALLOW_MMAP = FUSE_DIRECT_IO_ALLOW_MMAP;
 const uint64_t VANISH_FUSE_WRITEBACK_CACHE = FUSE_WRITEBACK_CACHE;
 
-static const uint64_t negotiable = FUSE_PASSTHROUGH | FUSE_PARALLEL_DIROPS | FUSE_HANDLE_KILLPRIV_V2;
+static const uint64_t negotiable = FUSE_PASSTHROUGH | FUSE_PARALLEL_DIROPS | FUSE_HANDLE_KILLPRIV_V2 |
+                                   FUSE_DIRECT_IO_ALLOW_MMAP;
 
 static _Atomic uint64_t init_unique;   // the INIT request's id, once read
 static _Atomic uint64_t offered;       // its flags | flags2 << 32

@@ -18,9 +18,13 @@ public struct KernelFeatures: OptionSet, Sendable, CustomStringConvertible {
     /// the kernel stops asking for security.capability before every write.
     public static let killprivV2 = KernelFeatures(rawValue: VANISH_FUSE_HANDLE_KILLPRIV_V2)
 
+    /// A file opened with direct_io (FOPEN_DIRECT_IO) may still be mapped
+    /// shared; without it such an mmap fails with ENODEV (Linux 6.6).
+    public static let directIOAllowMmap = KernelFeatures(rawValue: VANISH_FUSE_DIRECT_IO_ALLOW_MMAP)
+
     public var description: String {
         let names: [(KernelFeatures, String)] = [(.passthrough, "passthrough"), (.parallelDirops, "parallel_dirops"),
-                                                 (.killprivV2, "killpriv_v2")]
+                                                 (.killprivV2, "killpriv_v2"), (.directIOAllowMmap, "direct_io_mmap")]
         let on = names.filter { contains($0.0) }.map(\.1)
         return on.isEmpty ? "none" : on.joined(separator: ",")
     }

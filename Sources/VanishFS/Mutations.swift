@@ -444,8 +444,9 @@ extension PassthroughFilesystem {
     ///
     /// O_DIRECT stays with the kernel, which bypasses its page cache for
     /// the handle while the flag is set (fcntl may clear it) and still
-    /// allows a shared mmap, as a plain file does; `direct_io` would fail
-    /// that mmap with ENODEV. The backing fd is buffered: writes arrive
+    /// allows a shared mmap, as a plain file does, through its page cache
+    /// (`direct_io` would send every read and write to the daemon). The
+    /// backing fd is buffered: writes arrive
     /// spliced from a pipe, which an O_DIRECT fd refuses (EINVAL).
     func backingOpenFlags(_ requested: Int32) -> Int32 {
         var flags = requested & ~(O_NOCTTY | O_NOFOLLOW | VANISH_O_DIRECT)

@@ -218,7 +218,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// up one name twice at a time, and creates, unlinks and renames still
     /// hold the directory exclusively.
     private func negotiateKernelFeatures() {
-        var wanted: KernelFeatures = [.killprivV2, .parallelDirops]
+        var wanted: KernelFeatures = [.killprivV2, .parallelDirops, .directIOAllowMmap]
         var why = "on"
         if !options.passthrough { why = "off by option" }
         else if options.writeback { why = "off: the kernel allows no passthrough beside writeback" }

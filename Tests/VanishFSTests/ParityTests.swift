@@ -479,17 +479,9 @@ struct ParityTests {
         for opts in [["cache=never"], ["cache=never", "passthrough=off"], ["cache=always"], ["passthrough=off"],
                      ["writeback"], ["clone_fd", "threads=3"], ["readdirplus=auto", "sync_unlink"], ["readdirplus=never"], ["readdirplus=always"]] {
             try withVanishMount(options: opts) { m in
-                var actual = parityScript(root: m.mountpoint)
-                var expected = expected
-                if opts == ["cache=never", "passthrough=off"] {
-                    // direct_io on every file: the kernel refuses shared
-                    // mappings (libfuse 3.14 cannot ask for FUSE_DIRECT_IO_ALLOW_MMAP).
-                    // With passthrough a mapping is the backing file's.
-                    #expect(actual.contains("mmap shared O_DIRECT: \(errnoName(ENODEV))"))
-                    let mapping = { (line: String) in line.contains("mmap") || line.hasPrefix("msync") }
-                    actual.removeAll(where: mapping)
-                    expected.removeAll(where: mapping)
-                }
+                // With cache=never and passthrough=off every file is direct_io,
+                // and shared mappings of it work through FUSE_DIRECT_IO_ALLOW_MMAP.
+                let actual = parityScript(root: m.mountpoint)
                 for (a, e) in zip(actual, expected) { #expect(a == e, "with \(opts)") }
                 #expect(actual.count == expected.count)
             }

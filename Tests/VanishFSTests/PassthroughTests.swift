@@ -58,7 +58,7 @@ struct PassthroughTests {
                 #expect(status.stdout.contains(mode == "auto" ? "file data:        passthrough"
                                                               : "file data:        through the daemon; passthrough off by option"),
                         "\(status.stdout)")
-                #expect(status.stdout.contains("kernel features:  \(mode == "auto" ? "passthrough," : "")parallel_dirops,killpriv_v2"))
+                #expect(status.stdout.contains("kernel features:  \(mode == "auto" ? "passthrough," : "")parallel_dirops,killpriv_v2,direct_io_mmap"))
                 if mode == "auto" {
                     #expect(requests("READ", in: log) == 0 && requests("WRITE", in: log) == 0)
                 } else {

@@ -1,8 +1,10 @@
 // The FUSE transport: libfuse 3.14 serves the whole protocol, and this layer,
 // installed with fuse_session_custom_io, passes every request and reply
-// through unchanged except for the few fields 3.14 does not know: the INIT
-// reply's newer flags (passthrough, parallel dirops, killpriv v2) and the
-// open/create reply's passthrough flag and backing id.
+// through unchanged except for what 3.14 does not know: the INIT reply's
+// newer flags (passthrough, parallel dirops, killpriv v2, direct_io mmap),
+// the open/create reply's passthrough flag and backing id, and the
+// FUSE_TMPFILE and FUSE_STATX requests, brought to libfuse as a create and a
+// getattr.
 #ifndef VANISH_CFUSETRANSPORT_H
 #define VANISH_CFUSETRANSPORT_H
 
@@ -19,6 +21,7 @@ struct fuse_entry_param;
 extern const uint64_t VANISH_FUSE_PASSTHROUGH;
 extern const uint64_t VANISH_FUSE_PARALLEL_DIROPS;
 extern const uint64_t VANISH_FUSE_HANDLE_KILLPRIV_V2;
+extern const uint64_t VANISH_FUSE_DIRECT_IO_ALLOW_MMAP;
 extern const uint64_t VANISH_FUSE_WRITEBACK_CACHE;
 
 /// Installs the transport on a mounted session (its /dev/fuse fd). Call once,
