@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <linux/connector.h>
 #include <linux/cn_proc.h>
+#include <linux/fs.h>
 #include <linux/ioprio.h>
 #include <linux/magic.h>
 #include <linux/netlink.h>
@@ -14,6 +15,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -28,6 +30,37 @@
 const int VANISH_O_PATH = O_PATH;
 const int VANISH_O_DIRECT = O_DIRECT;
 const int VANISH_O_TMPFILE = O_TMPFILE;
+const unsigned int VANISH_FS_IOC_GETFLAGS = (unsigned int)FS_IOC_GETFLAGS;
+const unsigned int VANISH_FS_IOC_SETFLAGS = (unsigned int)FS_IOC_SETFLAGS;
+const unsigned int VANISH_FS_IOC_FSGETXATTR = (unsigned int)FS_IOC_FSGETXATTR;
+const unsigned int VANISH_FS_IOC_FSSETXATTR = (unsigned int)FS_IOC_FSSETXATTR;
+
+int vanish_fileattr_ioctl(int fd, unsigned int cmd, const void *in, size_t in_size, void *out, size_t out_size) {
+    if (cmd == (unsigned int)FS_IOC_GETFLAGS && out_size >= sizeof(int)) {
+        int flags = 0;
+        if (ioctl(fd, FS_IOC_GETFLAGS, &flags) != 0) return -errno;
+        memcpy(out, &flags, sizeof flags);
+        return 0;
+    }
+    if (cmd == (unsigned int)FS_IOC_SETFLAGS && in_size >= sizeof(int)) {
+        int flags;
+        memcpy(&flags, in, sizeof flags);
+        return ioctl(fd, FS_IOC_SETFLAGS, &flags) != 0 ? -errno : 0;
+    }
+    if (cmd == (unsigned int)FS_IOC_FSGETXATTR && out_size >= sizeof(struct fsxattr)) {
+        struct fsxattr x;
+        memset(&x, 0, sizeof x);
+        if (ioctl(fd, FS_IOC_FSGETXATTR, &x) != 0) return -errno;
+        memcpy(out, &x, sizeof x);
+        return 0;
+    }
+    if (cmd == (unsigned int)FS_IOC_FSSETXATTR && in_size >= sizeof(struct fsxattr)) {
+        struct fsxattr x;
+        memcpy(&x, in, sizeof x);
+        return ioctl(fd, FS_IOC_FSSETXATTR, &x) != 0 ? -errno : 0;
+    }
+    return -ENOTTY;
+}
 const int VANISH_AT_EMPTY_PATH = AT_EMPTY_PATH;
 const unsigned int VANISH_RENAME_NOREPLACE = RENAME_NOREPLACE;
 const unsigned int VANISH_RENAME_EXCHANGE = RENAME_EXCHANGE;

@@ -56,6 +56,11 @@ public protocol LowLevelFilesystem: AnyObject, Sendable {
     /// know the request; the transport brings it (see transport.c).
     func tmpfile(_ req: Request, parent: fuse_ino_t, mode: mode_t,
                  _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno)
+    /// A restricted ioctl on an open file or directory (`FUSE_IOCTL_DIR` in
+    /// `flags`): `input` holds what the kernel fetched from the caller, and
+    /// the reply (`reply(ioctl:output:)`) at most `outputSize` bytes.
+    func ioctl(_ req: Request, _ ino: fuse_ino_t, command: UInt32, _ fi: UnsafeMutablePointer<fuse_file_info>,
+               flags: UInt32, input: UnsafeRawBufferPointer, outputSize: Int) throws(Errno)
     func fallocate(_ req: Request, _ ino: fuse_ino_t, mode: Int32, offset: off_t, length: off_t,
                    _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno)
     func copyFileRange(_ req: Request, input: fuse_ino_t, inputOffset: off_t, _ fiIn: UnsafeMutablePointer<fuse_file_info>,

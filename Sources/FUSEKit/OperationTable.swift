@@ -159,6 +159,12 @@ func makeOperationTable() -> fuse_lowlevel_ops {
                                  outputOffset: offOut, fiOut!, length: len, flags: flags)
         }
     }
+    ops.ioctl = { req, ino, cmd, _, fi, flags, inBuf, inSize, outSize in
+        serve(req) { fs, r throws(Errno) in
+            try fs.ioctl(r, ino, command: cmd, fi!, flags: flags, input: UnsafeRawBufferPointer(start: inBuf, count: inSize),
+                         outputSize: outSize)
+        }
+    }
     ops.lseek = { req, ino, off, whence, fi in
         serve(req) { fs, r throws(Errno) in try fs.lseek(r, ino, offset: off, whence: whence, fi!) }
     }

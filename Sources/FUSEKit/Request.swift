@@ -78,6 +78,10 @@ public struct Request: @unchecked Sendable {
 
     /// `fuse_reply_buf`.
     @inlinable
+    public func reply(ioctl result: Int32, output: UnsafeRawBufferPointer) {
+        _ = fuse_reply_ioctl(raw, result, output.baseAddress, output.count)
+    }
+
     public func reply(bytes: UnsafeRawBufferPointer) {
         _ = fuse_reply_buf(raw, bytes.baseAddress?.assumingMemoryBound(to: CChar.self), bytes.count)
     }

@@ -93,6 +93,29 @@ extension PassthroughFilesystem {
         req.replyOK()
     }
 
+    /// The inode-flag ioctls (`lsattr`, `chattr`, `xfs_io -c stat`/`chproj`),
+    /// the only ones served: the kernel sends them through its own checked
+    /// path (the caller owns the file, or is capable; CAP_LINUX_IMMUTABLE
+    /// for immutable and append-only), opening the file for them; any other
+    /// command is ENOTTY, as for a file that knows none.
+    public func ioctl(_ req: Request, _ ino: fuse_ino_t, command: UInt32, _ fi: UnsafeMutablePointer<fuse_file_info>,
+                      flags: UInt32, input: UnsafeRawBufferPointer, outputSize: Int) throws(Errno) {
+        let sets = command == VANISH_FS_IOC_SETFLAGS || command == VANISH_FS_IOC_FSSETXATTR
+        guard sets || command == VANISH_FS_IOC_GETFLAGS || command == VANISH_FS_IOC_FSGETXATTR,
+              flags & UInt32(FUSE_IOCTL_UNRESTRICTED) == 0 else { throw .inappropriateIOCTLForDevice }
+        let fd = flags & UInt32(FUSE_IOCTL_DIR) != 0
+            ? dirfd(DirectoryHandle.from(fi).stream) : FileHandle.fd(fi.pointee.fh)
+        // struct fsxattr, the larger of the two arguments.
+        var output: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
+        let count = min(outputSize, MemoryLayout.size(ofValue: output))
+        let r = withUnsafeMutableBytes(of: &output) { out in
+            vanish_fileattr_ioctl(fd, command, input.baseAddress, input.count, out.baseAddress, count)
+        }
+        if r < 0 { throw Errno(rawValue: -r) }
+        if sets && observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: nil, fileFlags: true) }
+        withUnsafeBytes(of: &output) { req.reply(ioctl: 0, output: UnsafeRawBufferPointer(rebasing: $0[..<count])) }
+    }
+
     public func setxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, value: UnsafePointer<CChar>?,
                          size: Int, flags: Int32) throws(Errno) {
         if isDeleteTrigger(name) {

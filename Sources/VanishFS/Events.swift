@@ -315,7 +315,8 @@ extension PassthroughFilesystem {
         }
     }
 
-    func emitAttributes(_ caller: Caller, _ node: Inode, toSet: Int32, st: stat?, xattr: UnsafePointer<CChar>?) {
+    func emitAttributes(_ caller: Caller, _ node: Inode, toSet: Int32, st: stat?, xattr: UnsafePointer<CChar>?,
+                        fileFlags: Bool = false) {
         let id = fileID(of: node)
         if toSet & FUSE_SET_ATTR_SIZE != 0 {
             emit(.truncated, caller) { e in
@@ -336,6 +337,7 @@ extension PassthroughFilesystem {
         if toSet & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_ATIME_NOW) != 0 { add("atime") }
         if toSet & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW) != 0 { add("mtime") }
         if xattr != nil { add("xattr") }
+        if fileFlags { add("flags") }
         guard !changed.isEmpty else { return }
         emit(.attributes, caller) { e in
             e.path("path", of: node, in: table)

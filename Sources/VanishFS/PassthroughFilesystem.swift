@@ -173,6 +173,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         // Where the kernel checks access itself (default_permissions), it
         // checks POSIX ACLs too, as the backing filesystem would, instead of
         // the mode bits alone, which let through a user an ACL shuts out.
+        // Inode-flag ioctls (lsattr, chattr) on directories too, not only files.
+        if capable & UInt32(FUSE_CAP_IOCTL_DIR) != 0 { conn.pointee.want |= UInt32(FUSE_CAP_IOCTL_DIR) }
         if options.posixACLs && capable & UInt32(FUSE_CAP_POSIX_ACL) != 0 {
             conn.pointee.want |= UInt32(FUSE_CAP_POSIX_ACL)
         }

@@ -161,6 +161,22 @@ struct EventStreamTests {
         }
     }
 
+    @Test("chattr is an attributes event that says the flags changed; lsattr is none")
+    func inodeFlagEvents() throws {
+        try withVanishMount { m in
+            #expect(try sh("echo x > f", cwd: m.mountpoint).ok)
+            let s = try Subscriber(m)
+            defer { s.stop() }
+            try attach(s, m)
+            #expect(try sh("lsattr f && chattr +A f && : > end", cwd: m.mountpoint).ok)
+            try s.waitFor("the end marker") { $0["path"] as? String == "end" }
+            #expect(changes(s) == ["attributes f", "created end"])
+            let event = try #require(s.events.first { $0["type"] as? String == "attributes" && $0["path"] as? String == "f" })
+            #expect(event["changed"] as? String == "flags")
+            #expect(event["comm"] as? String == "chattr")
+        }
+    }
+
     @Test("each event names the program that made it, also after the process execs another or renames itself")
     func commandAfterExec() throws {
         try withVanishMount { m in

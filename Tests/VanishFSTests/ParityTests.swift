@@ -380,6 +380,44 @@ struct ParityTests {
         }
     }
 
+    /// Inode flags (FS_IOC_GETFLAGS/SETFLAGS, which the kernel sends as
+    /// ioctls after its own owner and CAP_LINUX_IMMUTABLE checks): lsattr and
+    /// chattr on files and directories give what a plain directory gives,
+    /// for root and for nobody, and an immutable file refuses unlink, rename
+    /// and append through the mount as natively; other ioctls are ENOTTY.
+    @Test("lsattr and chattr give what they give on a plain directory, for root and for nobody")
+    func inodeFlags() throws {
+        try #require(getuid() == 0, "chattr +i needs root")
+        let plain = try makeTempDirectory()
+        defer { _ = try? run(["chattr", "-R", "-i", plain]); removeTree(plain) }
+        chmod(plain, 0o755)
+        let rootScript = """
+            echo x > f && mkdir d && chattr +A f && chattr +A d && lsattr -d f d | cut -c1-22
+            chattr +i f; rm -f f; echo "rm $?"; mv f f2; echo "mv $?"; (echo y >> f) 2>/dev/null; echo "append $?"
+            lsattr f | cut -c1-22; chattr -i f && rm f && echo removed
+            mkdir -m 777 open
+            python3 -c 'import fcntl, os; fd = os.open("d", os.O_RDONLY)
+            try: fcntl.ioctl(fd, 0x5401, bytes(64)); print("TCGETS ok")
+            except OSError as e: print("TCGETS", e.errno)'
+            """
+        let nobodyScript = """
+            cd open && echo n > mine && chattr +A mine; echo "own +A $?"; chattr +i mine 2>/dev/null; echo "own +i $?"
+            lsattr mine | cut -c1-22; chattr +A ../d 2>/dev/null; echo "other's $?"
+            """
+        let nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", "/bin/sh", "-c", nobodyScript]
+        let expectedRoot = try sh(rootScript, cwd: plain)
+        let expectedNobody = try run(nobody, cwd: plain)
+        #expect(expectedRoot.stdout.contains("-------A") && expectedNobody.ok, "\(expectedRoot) \(expectedNobody)")
+        try withVanishMount(options: ["allow_other"]) { m in
+            let root = try sh(rootScript, cwd: m.mountpoint)
+            #expect(root.stdout == expectedRoot.stdout, "\(root.stderr)")
+            let other = try run(nobody, cwd: m.mountpoint)
+            #expect(other.stdout == expectedNobody.stdout, "\(other.stderr)")
+            // The flags are the backing files' own.
+            #expect(try run(["lsattr", "-d", m.source + "/d"]).stdout.hasPrefix("-------A"))
+        }
+    }
+
     /// O_TMPFILE reaches the daemon although libfuse 3.14 does not know the
     /// request (the transport hands it over as a create of "/"): a file with
     /// no name, written, read, given a name by linkat through /proc and with

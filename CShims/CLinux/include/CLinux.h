@@ -19,6 +19,17 @@
 extern const int VANISH_O_PATH;
 extern const int VANISH_O_DIRECT;
 extern const int VANISH_O_TMPFILE;
+/// The inode-flag ioctls (lsattr/chattr, xfs_io's fsxattr), as the 32-bit
+/// command numbers FUSE carries.
+extern const unsigned int VANISH_FS_IOC_GETFLAGS;
+extern const unsigned int VANISH_FS_IOC_SETFLAGS;
+extern const unsigned int VANISH_FS_IOC_FSGETXATTR;
+extern const unsigned int VANISH_FS_IOC_FSSETXATTR;
+/// Runs one of those ioctls on `fd` with `in` (in_size bytes) as its argument
+/// and copies the result into `out` (out_size bytes). The flags ioctls take
+/// an int whatever their number says; fsxattr ones a struct fsxattr. Returns
+/// 0 or -errno (-ENOTTY for any other command or a size that does not fit).
+int vanish_fileattr_ioctl(int fd, unsigned int cmd, const void *in, size_t in_size, void *out, size_t out_size);
 extern const int VANISH_AT_EMPTY_PATH;
 extern const unsigned int VANISH_RENAME_NOREPLACE;
 extern const unsigned int VANISH_RENAME_EXCHANGE;
