@@ -115,7 +115,9 @@ enum { tmpfile_request_size = sizeof(struct fuse_in_header) + sizeof(struct fuse
 // its reply, libfuse's fuse_attr_out, is written out as a fuse_statx_out
 // with the birth time the getattr handler gave (vanish_reply_attr_birth).
 // The requests so handed over are known by their ids until their replies.
-enum { statx_request_size = sizeof(struct fuse_in_header) + sizeof(struct vanish_fuse_statx_in), statx_slots = 64 };
+// One slot per worker that may hold a STATX at once (`threads=` is at most 256),
+// so the table never fills; if it did, the request would stay a STATX.
+enum { statx_request_size = sizeof(struct fuse_in_header) + sizeof(struct vanish_fuse_statx_in), statx_slots = 256 };
 static pthread_mutex_t statx_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t statx_requests[statx_slots];  // 0: free
 static _Atomic int statx_pending;
