@@ -57,7 +57,9 @@ struct WorkersTests {
                 result = "ok"
             except OSError as e:
                 result = str(e)
-            with open(scratch + "/done", "w") as f: f.write(result)
+            # Written whole, then renamed: the test reads it once it exists.
+            with open(scratch + "/done.tmp", "w") as f: f.write(result)
+            os.rename(scratch + "/done.tmp", scratch + "/done")
             """
         let caller = try spawn(["/usr/bin/python3", "-c", script, upper.mountpoint, held, scratch])
         var stopped = false
