@@ -94,7 +94,7 @@ extension PassthroughFilesystem {
                 log.notice("resuming the graveyard an earlier session left on this nested filesystem",
                            metadata: ["dev": "\(parent.key.dev)"])
                 return .active(root: top.key, graveyard: g, reaper: startNestedReaper(g, like: reaper))
-            case .failure(.notOurs):
+            case .failure(.notOurs), .failure(.untrusted):
                 return .unavailable(root: top.key)
             default:
                 return nil  // none yet: the first delete there makes it

@@ -64,24 +64,30 @@ public final class Graveyard: @unchecked Sendable {
             Sys.close(shared)
             throw .notOurs
         }
+        do throws(GraveyardError) {
+            try Graveyard.checkPrivate(shared, Graveyard.stateDirectoryName)
+        } catch {
+            Sys.close(shared)
+            throw error
+        }
         sharedFD = shared
         self.client = client
         var shards: [Int32] = []
         var state: Int32 = -1, grave: Int32 = -1
-        do throws(Errno) {
-            state = try Graveyard.makeDirectory(shared, [Graveyard.clientsDirectoryName, client.name])
+        do throws(GraveyardError) {
+            state = try Graveyard.makePrivateDirectory(shared, [Graveyard.clientsDirectoryName, client.name])
             Graveyard.moveLegacyState(from: shared, to: state)
-            grave = try Graveyard.makeDirectory(state, [Graveyard.graveyardName])
+            grave = try Graveyard.makePrivateDirectory(state, [Graveyard.graveyardName])
             for i in 0..<Graveyard.shardCount {
-                shards.append(try Graveyard.makeDirectory(grave, [Graveyard.hex(UInt64(i), digits: 2)]))
+                shards.append(try Graveyard.makePrivateDirectory(grave, [Graveyard.hex(UInt64(i), digits: 2)]))
             }
-            device = try Sys.fstat(grave).st_dev
+            do throws(Errno) { device = try Sys.fstat(grave).st_dev } catch { throw .cannotCreate(error) }
         } catch {
             shards.forEach(Sys.close)
             if grave >= 0 { Sys.close(grave) }
             if state >= 0 { Sys.close(state) }
             Sys.close(shared)
-            throw .cannotCreate(error)
+            throw error
         }
         stateFD = state
         graveyardFD = grave
@@ -91,22 +97,48 @@ public final class Graveyard: @unchecked Sendable {
     }
 
     /// mkdir (mode 0700) and open (O_PATH) each name of `path` in turn,
-    /// starting at `dirFD`; ones already there are opened, never followed.
+    /// starting at `dirFD`; ones already there are opened, never followed,
+    /// and refused with EPERM unless private (see `makePrivateDirectory`).
     static func makeDirectory(_ dirFD: Int32, _ path: [String]) throws(Errno) -> Int32 {
+        do throws(GraveyardError) { return try makePrivateDirectory(dirFD, path) } catch { throw error.errno }
+    }
+
+    /// `makeDirectory`, saying which directory another user could have written.
+    static func makePrivateDirectory(_ dirFD: Int32, _ path: [String]) throws(GraveyardError) -> Int32 {
         var at = dirFD
         for (i, name) in path.enumerated() {
-            do throws(Errno) { try Sys.mkdirat(at, name, 0o700) } catch .fileExists {}
             let next: Int32
             do throws(Errno) {
+                do throws(Errno) { try Sys.mkdirat(at, name, 0o700) } catch .fileExists {}
                 next = try Sys.openat(at, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
             } catch {
                 if i > 0 { Sys.close(at) }
-                throw error
+                throw .cannotCreate(error)
             }
             if i > 0 { Sys.close(at) }
             at = next
+            do throws(GraveyardError) { try checkPrivate(at, name) } catch {
+                Sys.close(at)
+                throw error
+            }
         }
         return at
+    }
+
+    /// Refuses a directory of the state that anyone but the daemon's own
+    /// user could have written or read: one another user made (before the
+    /// first mount, in a source they may write) could hold an unlink log to
+    /// replay, or a graveyard that catches the daemon's deletions.
+    public static func checkPrivate(_ fd: Int32, _ name: String) throws(GraveyardError) {
+        let st: stat
+        do throws(Errno) { st = try Sys.fstat(fd) } catch { throw .cannotCreate(error) }
+        let me = geteuid()
+        if st.st_uid != me {
+            throw .untrusted(name, "it belongs to uid \(st.st_uid), not to the daemon's user, uid \(me)")
+        }
+        if st.st_mode & 0o077 != 0 {
+            throw .untrusted(name, "its mode is \(String(st.st_mode & 0o7777, radix: 8)), not 700")
+        }
     }
 
     /// A state directory from before per-client directories kept its
@@ -245,6 +277,17 @@ public enum GraveyardError: Error, CustomStringConvertible, Equatable {
     case cannotCreate(Errno)
     /// There is no state directory, and none was to be made.
     case absent
+    /// A directory of the state (named) that another user could have written, and why.
+    case untrusted(String, String)
+
+    /// The errno for callers that speak only errno.
+    var errno: Errno {
+        switch self {
+        case .cannotCreate(let e): e
+        case .absent: .noSuchFileOrDirectory
+        case .notOurs, .untrusted: .notPermitted
+        }
+    }
 
     public var description: String {
         switch self {
@@ -258,6 +301,13 @@ public enum GraveyardError: Error, CustomStringConvertible, Equatable {
             return "there is no \(Graveyard.stateDirectoryName) state directory"
         case .cannotCreate(let errno):
             return "cannot create the graveyard in the source's \(Graveyard.stateDirectoryName): \(errno)"
+        case .untrusted(let name, let why):
+            return """
+                refusing the source's \(Graveyard.stateDirectoryName) state directory: \(name) is not private \
+                to this daemon's user (\(why)), so another user could have planted or changed what it holds. \
+                If it is Vanish's own, make it so (chown -R and chmod -R go= on \(Graveyard.stateDirectoryName)); \
+                otherwise move it aside. Then mount again.
+                """
         }
     }
 }

@@ -106,6 +106,11 @@ public final class UnlinkIntents: Sendable {
         fd = try Sys.openat(stateFD, name, O_RDWR | O_CREAT | O_NOFOLLOW, 0o600)
         let st: stat
         do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
+        // Replaying a log someone else wrote would delete what they name.
+        guard st.st_uid == geteuid(), st.st_mode & S_IFMT == S_IFREG, st.st_mode & 0o022 == 0 else {
+            Sys.close(fd)
+            throw .notPermitted
+        }
         allocated.store(Int(st.st_size), ordering: .relaxed)
         let (gen, _) = Self.readHeader(fd)
         generation.store(gen, ordering: .relaxed)
@@ -357,8 +362,17 @@ extension UnlinkIntents {
         } else {
             throw .noSuchFileOrDirectory
         }
-        let root = try Sys.open("/", VANISH_O_PATH | O_DIRECTORY)
-        defer { Sys.close(root) }
-        return (try Graveyard.makeDirectory(root, base.split(separator: "/").map(String.init)), base)
+        // The directories above are the system's or the user's own: made if
+        // missing, as mkdir -p would; only the last one must be private.
+        var parent = try Sys.open("/", VANISH_O_PATH | O_DIRECTORY)
+        defer { Sys.close(parent) }
+        let names = base.split(separator: "/").map(String.init)
+        for name in names.dropLast() {
+            do throws(Errno) { try Sys.mkdirat(parent, name, 0o755) } catch .fileExists {}
+            let next = try Sys.openat(parent, name, VANISH_O_PATH | O_DIRECTORY)
+            Sys.close(parent)
+            parent = next
+        }
+        return (try Graveyard.makeDirectory(parent, [names.last!]), base)
     }
 }

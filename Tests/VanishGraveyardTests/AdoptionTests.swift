@@ -137,7 +137,7 @@ struct AdoptionTests {
     func legacyLayout() throws {
         try withRoot { dir, fd in
             #expect(try sh("""
-                mkdir -p .vanish/graveyard/07/0-0-1/sub .vanish/events/abc && touch .vanish/VANISH-STATE-DIRECTORY
+                (umask 077 && mkdir -p .vanish/graveyard/07/0-0-1/sub .vanish/events/abc && touch .vanish/VANISH-STATE-DIRECTORY)
                 echo data > .vanish/graveyard/07/0-0-1/sub/f && touch .vanish/unlinks
                 """, cwd: dir).ok)
             _ = try Graveyard(rootFD: fd, client: client("first"))
