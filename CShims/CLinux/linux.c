@@ -277,3 +277,31 @@ int vanish_proc_events_changed(const void *buf, int len, pid_t *out, int cap) {
 int vanish_set_mmap_threshold(int bytes) { return mallopt(M_MMAP_THRESHOLD, bytes); }
 
 int vanish_malloc_trim(void) { return malloc_trim(0); }
+
+// The raw syscalls change the calling thread's credentials only; glibc's
+// wrappers of the same names change every thread of the process.
+int vanish_thread_setfsuid(uid_t uid) { return (int)syscall(SYS_setfsuid, uid); }
+int vanish_thread_setfsgid(gid_t gid) { return (int)syscall(SYS_setfsgid, gid); }
+int vanish_thread_setgroups(size_t count, const gid_t *groups) {
+    return (int)syscall(SYS_setgroups, count, groups);
+}
+
+int vanish_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid) {
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return -1;
+    if (len != sizeof(cred)) { errno = EINVAL; return -1; }
+    *pid = cred.pid;
+    *uid = cred.uid;
+    *gid = cred.gid;
+    return 0;
+}
+
+int vanish_peer_groups(int fd, gid_t *groups, int capacity) {
+    socklen_t len = (socklen_t)(capacity * (int)sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) != 0) {
+        if (errno == ERANGE) return (int)(len / sizeof(gid_t));
+        return -1;
+    }
+    return (int)(len / sizeof(gid_t));
+}

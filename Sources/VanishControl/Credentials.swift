@@ -3,20 +3,10 @@ import Glibc
 import LinuxSyscalls
 import SystemPackage
 
-/// Who asks, as the kernel vouches for it (SO_PEERCRED on the control
-/// socket): permission checks for listing, restoring and watching use
-/// these, never the daemon's own rights.
-public struct Credentials: Sendable {
-    public var uid: uid_t
-    public var gid: gid_t
-    public var groups: [gid_t]
-
-    public init(uid: uid_t, gid: gid_t, groups: [gid_t]) {
-        self.uid = uid
-        self.gid = gid
-        self.groups = groups
-    }
-
+/// Who asks on the control socket, as the kernel vouches for it
+/// (SO_PEERCRED, SO_PEERGROUPS): permission checks for listing, restoring
+/// and watching use these, never the daemon's own rights.
+extension Credentials {
     /// Whether the mode bits of `st` grant all of `mask` (R=4, W=2, X=1),
     /// as the kernel's generic_permission decides (root passes, except that
     /// execute needs some x bit).

@@ -36,24 +36,25 @@ extension PassthroughFilesystem {
     }
 
     /// Buries the entry `ino` was last looked up as, after checking that the
-    /// caller could delete it with rm: write and search permission on its
-    /// directory, and the sticky-bit rule. Checked with the caller's uid and
-    /// groups, never the daemon's.
+    /// caller could delete it, and all it holds, with rm -r (`RemovalCheck`,
+    /// with the caller's own credentials, never the daemon's). A file with
+    /// other hard links is refused (EMLINK): the request names the inode,
+    /// not which of its names the caller meant.
     func deleteByTrigger(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
         let node = inode(ino)
         guard node !== table.root else { throw .resourceBusy }
         guard let (parent, name) = table.location(of: node) else { throw .noSuchFileOrDirectory }
         let caller = req.caller
+        let permissions = try RemovalCheck(req, caller)
         try name.withUnsafeBufferPointer { n throws(Errno) in
             try namespace.removing(parent, n.baseAddress!) { pfd throws(Errno) in
                 let entry = try Sys.lstatat(pfd, n.baseAddress!)
                 guard entry.st_dev == node.key.dev, entry.st_ino == node.key.ino else { throw .noSuchFileOrDirectory }
-                if caller.uid != 0 {
-                    let dir = try Sys.fstat(pfd)
-                    try checkMayDelete(req, caller: caller, dir: dir, entry: entry)
-                }
+                let isDirectory = entry.st_mode & S_IFMT == S_IFDIR
+                if !isDirectory && entry.st_nlink > 1 { throw .tooManyLinks }
                 // As rm -r would stop at it: the caller unmounts it first.
-                if entry.st_mode & S_IFMT == S_IFDIR, hasMounts(below: pfd, n.baseAddress!) { throw .resourceBusy }
+                if isDirectory, hasMounts(below: pfd, n.baseAddress!) { throw .resourceBusy }
+                try permissions.check(pfd, n.baseAddress!, recursive: isDirectory)
                 let id = observing ? fileID(pfd, n.baseAddress!) : ""
                 let grave = try bury(pfd, n.baseAddress!, st: entry, from: parent, caller: caller, wantEntry: observing)
                 if entry.st_mode & S_IFMT == S_IFDIR { table.markBuried(node) }
@@ -65,34 +66,6 @@ extension PassthroughFilesystem {
         if !invalidations.expire(parent: table.nodeID(parent), name: name, timeout: 1_000_000_000) {
             log.debug("answering a delete trigger before the kernel dropped the entry (its parent stayed locked)")
         }
-    }
-
-    private func checkMayDelete(_ req: Request, caller: Caller, dir: stat, entry: stat) throws(Errno) {
-        let wx: mode_t = 0o3
-        let granted: mode_t
-        if caller.uid == dir.st_uid {
-            granted = (dir.st_mode >> 6) & 0o7
-        } else if inGroup(req, caller: caller, dir.st_gid) {
-            granted = (dir.st_mode >> 3) & 0o7
-        } else {
-            granted = dir.st_mode & 0o7
-        }
-        guard granted & wx == wx else { throw .permissionDenied }
-        if dir.st_mode & S_ISVTX != 0 && caller.uid != dir.st_uid && caller.uid != entry.st_uid {
-            throw .notPermitted
-        }
-    }
-
-    /// Whether the caller belongs to `gid` (primary or supplementary group).
-    private func inGroup(_ req: Request, caller: Caller, _ gid: gid_t) -> Bool {
-        if caller.gid == gid { return true }
-        var groups = [gid_t](repeating: 0, count: 64)
-        var n = fuse_req_getgroups(req.raw, Int32(groups.count), &groups)
-        if n > groups.count {
-            groups = [gid_t](repeating: 0, count: Int(n))
-            n = fuse_req_getgroups(req.raw, Int32(groups.count), &groups)
-        }
-        return n > 0 && groups.prefix(Int(n)).contains(gid)
     }
 
     /// "on", or "off: " and why (an option, the kernel, the daemon's rights).

@@ -91,23 +91,34 @@ struct RemoveCommand: ParsableCommand {
     }
 
     private static func remove(_ path: UnsafePointer<CChar>, shown: String, recursive: Bool, force: Bool) throws {
-        var st = stat()
-        guard lstat(path, &st) == 0 else {
+        // The directory is opened without following a symlink, and the
+        // trigger is set on what was opened, not on the path again: a user
+        // who may write a directory on the path cannot swap in a symlink
+        // between the check and the delete (root's rm -r of their tree).
+        let fd = open(path, VANISH_O_PATH | O_NOFOLLOW | O_CLOEXEC)
+        guard fd >= 0 else {
             if errno == ENOENT && force { return }
             throw RuntimeError("cannot remove \(shown): \(String(cString: strerror(errno)))")
         }
+        defer { close(fd) }
+        var st = stat()
+        guard fstatat(fd, "", &st, VANISH_AT_EMPTY_PATH) == 0 else {
+            throw RuntimeError("cannot remove \(shown): \(String(cString: strerror(errno)))")
+        }
         guard st.st_mode & S_IFMT == S_IFDIR else {
+            // unlink(2) acts on the name, as rm does, and never follows a symlink.
             guard unlink(path) == 0 else { throw RuntimeError("cannot remove \(shown): \(String(cString: strerror(errno)))") }
             return
         }
         guard recursive else { throw RuntimeError("cannot remove \(shown): Is a directory (use -r)") }
         // Not even FUSE: no Vanish mount, whatever attributes the directory has.
-        guard vanish_filesystem_type_at(path) == VANISH_FUSE_SUPER_MAGIC else { throw notOnVanish(shown) }
+        guard vanish_filesystem_type(fd) == VANISH_FUSE_SUPER_MAGIC else { throw notOnVanish(shown) }
         // XATTR_REPLACE: elsewhere no such attribute exists to be replaced,
         // so nothing is stored and the call fails (ENODATA); Vanish takes the
         // trigger whatever the flags. This spares reading /proc/self/mountinfo
-        // on every call.
-        guard setxattr(path, ControlProtocol.deleteAttribute, "", 0, Int32(XATTR_REPLACE)) == 0 else {
+        // on every call. O_PATH fds refuse fsetxattr; their /proc link
+        // reaches the same inode without a path walk.
+        guard setxattr("/proc/self/fd/\(fd)", ControlProtocol.deleteAttribute, "", 0, Int32(XATTR_REPLACE)) == 0 else {
             let e = errno
             if e == ENODATA || e == ENOTSUP || e == EOPNOTSUPP { throw notOnVanish(shown) }
             if e == EBUSY {

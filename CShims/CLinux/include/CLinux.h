@@ -57,6 +57,21 @@ int vanish_attributes_protected(uint64_t attributes);
 /// fchmodat2 (Linux 6.6): chmod of the inode behind an O_PATH fd with AT_EMPTY_PATH.
 int vanish_fchmodat2(int dirfd, const char *path, mode_t mode, int flags);
 int vanish_faccessat2(int dirfd, const char *path, int mode, int flags);
+
+/// setfsuid(2), setfsgid(2) and setgroups(2) of the calling thread alone
+/// (the raw syscalls; glibc's wrappers change every thread). setfsuid and
+/// setfsgid return the previous id, as the syscalls do.
+int vanish_thread_setfsuid(uid_t uid);
+int vanish_thread_setfsgid(gid_t gid);
+int vanish_thread_setgroups(size_t count, const gid_t *groups);
+
+/// SO_PEERCRED of a connected Unix socket: who the peer was when it connected.
+int vanish_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
+/// SO_PEERGROUPS: the peer's supplementary groups when it connected, from
+/// the socket itself (a pid's /proc entry may belong to another process by
+/// the time it is read). Returns how many there are (more than `capacity`:
+/// call again with room for that many), or -1 with errno.
+int vanish_peer_groups(int fd, gid_t *groups, int capacity);
 ssize_t vanish_copy_file_range(int fd_in, off_t *off_in, int fd_out, off_t *off_out, size_t len, unsigned int flags);
 int vanish_fallocate(int fd, int mode, off_t offset, off_t len);
 

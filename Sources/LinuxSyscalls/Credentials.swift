@@ -1,0 +1,60 @@
+import CLinux
+import Glibc
+import SystemPackage
+
+/// A user's identity for file access: whom a request or a connection came
+/// from, as the kernel vouches for it. `acting` takes it on for the calling
+/// thread alone, so that the kernel itself checks what that user may do
+/// (modes, ACLs, the sticky bit, capabilities dropped with a non-zero
+/// fsuid) instead of a copy of its rules; only a daemon with CAP_SETUID and
+/// CAP_SETGID (root) can.
+public struct Credentials: Sendable {
+    public var uid: uid_t
+    public var gid: gid_t
+    public var groups: [gid_t]
+
+    public init(uid: uid_t, gid: gid_t, groups: [gid_t]) {
+        self.uid = uid
+        self.gid = gid
+        self.groups = groups
+    }
+
+    /// Whether this process may take other users' identities.
+    public static var canSwitch: Bool { geteuid() == 0 }
+
+    /// Runs `body` with these credentials for file access on this thread,
+    /// then puts the thread's own back, also when `body` throws.
+    public func acting<R>(_ body: () throws(Errno) -> R) throws(Errno) -> R {
+        let saved = Credentials.current()
+        try Credentials.apply(self)
+        defer {
+            // Puts back what was there; failing that, the thread would go on
+            // with a user's rights, so the daemon stops instead.
+            do throws(Errno) { try Credentials.apply(saved) } catch {
+                fatalError("cannot restore the thread's own credentials: \(error)")
+            }
+        }
+        return try body()
+    }
+
+    /// The calling thread's file-system identity.
+    public static func current() -> Credentials {
+        let n = Glibc.getgroups(0, nil)
+        var groups = [gid_t](repeating: 0, count: Int(max(n, 0)))
+        let got = groups.isEmpty ? 0 : Glibc.getgroups(n, &groups)
+        // setfsuid(-1) changes nothing and returns the current fsuid.
+        let uid = uid_t(bitPattern: vanish_thread_setfsuid(uid_t.max))
+        let gid = gid_t(bitPattern: vanish_thread_setfsgid(gid_t.max))
+        return Credentials(uid: uid, gid: gid, groups: Array(groups.prefix(Int(max(got, 0)))))
+    }
+
+    private static func apply(_ c: Credentials) throws(Errno) {
+        let rc = c.groups.withUnsafeBufferPointer { vanish_thread_setgroups($0.count, $0.baseAddress) }
+        if rc != 0 { throw Errno(rawValue: errno) }
+        _ = vanish_thread_setfsgid(c.gid)
+        _ = vanish_thread_setfsuid(c.uid)
+        // Neither call reports failure except by leaving the id unchanged.
+        guard uid_t(bitPattern: vanish_thread_setfsuid(uid_t.max)) == c.uid,
+              gid_t(bitPattern: vanish_thread_setfsgid(gid_t.max)) == c.gid else { throw .notPermitted }
+    }
+}

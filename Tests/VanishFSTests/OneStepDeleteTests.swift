@@ -1,0 +1,174 @@
+import Foundation
+import Glibc
+import Testing
+import VanishTestSupport
+
+/// The one-step delete (`vanish rm -r`, the `user.vanish.delete` trigger)
+/// run by a hostile user on an allow_other mount of a root daemon: it must
+/// refuse exactly where `rm -r` by that user would fail to empty the tree,
+/// and root's own `vanish rm -r` must delete what it checked, nothing else.
+@Suite("one-step delete as another user", .enabled(if: FUSEAvailability.shouldRunAsRoot, "needs /dev/fuse, fusermount3 and root"))
+struct OneStepDeleteTests {
+    /// A tree `case/nb/A` for nobody to remove, built by root, and whether
+    /// nobody's `rm -r` removes it on a plain directory.
+    struct Case {
+        var name: String
+        var setup: String
+        var removable: Bool
+    }
+
+    static let cases: [Case] = [
+        Case(name: "another user's directory inside", setup: """
+            install -d -o nobody nb nb/A && mkdir nb/A/r && echo x > nb/A/r/f
+            """, removable: false),
+        Case(name: "a read-only directory of one's own", setup: """
+            install -d -o nobody nb nb/A nb/A/ro && install -o nobody /dev/null nb/A/ro/f && chmod 555 nb/A/ro
+            """, removable: false),
+        Case(name: "another user's 0700 directory", setup: """
+            install -d -o nobody nb nb/A && install -d -m 700 nb/A/p && echo x > nb/A/p/f
+            """, removable: false),
+        Case(name: "own directory in a sticky one, holding root's", setup: """
+            install -d -m 1777 nb && install -d -o nobody nb/A && mkdir nb/A/r && echo x > nb/A/r/f
+            """, removable: false),
+        Case(name: "root's 0777 directory holding a 0755 one", setup: """
+            install -d -o nobody nb && install -d -m 777 nb/A && install -d -m 755 nb/A/s && echo x > nb/A/s/f
+            """, removable: false),
+        Case(name: "an ACL that denies write", setup: """
+            install -d -o nobody nb && install -d -m 777 nb/A && echo x > nb/A/f && setfacl -m u:nobody:r-x nb/A
+            """, removable: false),
+        Case(name: "another user's file in a sticky directory inside", setup: """
+            install -d -o nobody nb nb/A && install -d -m 1777 nb/A/t && echo x > nb/A/t/f
+            """, removable: false),
+        Case(name: "an immutable file of one's own", setup: """
+            install -d -o nobody nb nb/A && install -o nobody /dev/null nb/A/f && chattr +i nb/A/f
+            """, removable: false),
+        Case(name: "an append-only directory of one's own", setup: """
+            install -d -o nobody nb nb/A nb/A/d && install -o nobody /dev/null nb/A/d/f && chattr +a nb/A/d
+            """, removable: false),
+        Case(name: "own tree with empty unreadable and read-only directories", setup: """
+            install -d -o nobody nb nb/A nb/A/b nb/A/e nb/A/ro && install -o nobody /dev/null nb/A/b/f
+            chmod 0 nb/A/e && chmod 555 nb/A/ro
+            """, removable: true),
+        Case(name: "own files in a sticky directory inside", setup: """
+            install -d -o nobody nb nb/A && install -d -m 1777 nb/A/t && install -o nobody /dev/null nb/A/t/f
+            """, removable: true),
+        Case(name: "another user's world-writable directory inside", setup: """
+            install -d -o nobody nb nb/A && install -d -m 777 nb/A/w && echo x > nb/A/w/f
+            """, removable: true),
+        Case(name: "an ACL that grants write", setup: """
+            install -d -o nobody nb nb/A && install -d -m 755 nb/A/g && echo x > nb/A/g/f && setfacl -m u:nobody:rwx nb/A/g
+            """, removable: true),
+    ]
+
+    /// Builds every case in `dir`, one subdirectory each.
+    static func build(in dir: String) throws {
+        for (i, c) in cases.enumerated() {
+            let r = try sh("mkdir case\(i) && cd case\(i) && " + c.setup, cwd: dir)
+            guard r.ok else { throw TestFailure("setting up \(c.name): \(r.stderr)") }
+        }
+    }
+
+    /// Takes the immutable and append-only flags off, so the trees can be removed.
+    static func unprotect(_ dir: String) {
+        _ = try? sh("chattr -R -i -a . 2>/dev/null", cwd: dir)
+    }
+
+    @Test("vanish rm -r refuses as nobody exactly where nobody's rm -r fails, and keeps the whole tree")
+    func parityWithRm() throws {
+        let plain = try makeTempDirectory()
+        defer { OneStepDeleteTests.unprotect(plain); removeTree(plain) }
+        chmod(plain, 0o755)
+        try OneStepDeleteTests.build(in: plain)
+        var source = ""
+        defer { if !source.isEmpty { OneStepDeleteTests.unprotect(source) } }
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            source = src
+            try OneStepDeleteTests.build(in: src)
+        }) { m in
+            let binary = m.base + "/vanish"
+            #expect(try run(["cp", vanishBinary, binary]).ok)
+            for (i, c) in OneStepDeleteTests.cases.enumerated() {
+                let native = try runAsNobody(["rm", "-r", "nb/A"], cwd: plain + "/case\(i)")
+                #expect(native.ok == c.removable, "the fixture: rm -r as nobody, \(c.name): \(native.stderr)")
+                let before = try sh("find case\(i) | sort", cwd: m.source).stdout
+                let vanish = try runAsNobody([binary, "rm", "-r", "nb/A"], cwd: m.path("case\(i)"))
+                #expect(vanish.ok == c.removable, "vanish rm -r as nobody, \(c.name): \(vanish.stderr)")
+                if c.removable {
+                    #expect(access(m.backing("case\(i)/nb/A"), F_OK) != 0, "\(c.name): removed")
+                } else {
+                    #expect(try sh("find case\(i) | sort", cwd: m.source).stdout == before, "\(c.name): untouched")
+                    // The trigger any program can set takes the same path.
+                    let trigger = try runAsNobody(["setfattr", "-n", "user.vanish.delete", "nb/A"], cwd: m.path("case\(i)"))
+                    if trigger.ok {
+                        Issue.record("the trigger removed \(c.name)")
+                    }
+                    #expect(try sh("find case\(i) | sort", cwd: m.source).stdout == before, "\(c.name): untouched by the trigger")
+                }
+            }
+        }
+    }
+
+    @Test("root's vanish rm -r deletes what it checked, never where a user's symlink swapped in points")
+    func symlinkRace() throws {
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            let r = try sh("""
+                mkdir -p victim/data && echo precious > victim/data/f
+                install -d -o nobody user && chmod 755 .
+                """, cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            // nobody swaps its directory `build` with a symlink to root's
+            // victim, over and over, while root removes user/build.
+            let swapper = m.base + "/swap.py"
+            try """
+                import ctypes, os, sys
+                libc = ctypes.CDLL(None, use_errno=True)
+                os.chdir(sys.argv[1])
+                end = sys.argv[2]
+                while not os.path.exists(end):
+                    if not os.path.lexists("build"):
+                        os.mkdir("build")
+                    if not os.path.lexists("link"):
+                        os.symlink(sys.argv[3], "link")
+                    libc.renameat2(-100, b"build", -100, b"link", 2)  # RENAME_EXCHANGE
+                """.write(toFile: swapper, atomically: true, encoding: .utf8)
+            let stop = m.base + "/stop"
+            let attacker = try spawn(["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
+                                      "/usr/bin/python3", swapper, m.path("user"), stop, m.path("victim")])
+            defer {
+                _ = FileManager.default.createFile(atPath: stop, contents: nil)
+                var status: Int32 = 0
+                waitpid(attacker, &status, 0)
+            }
+            var removed = 0
+            for _ in 0..<300 {
+                if try run([vanishBinary, "rm", "-r", "-f", m.path("user/build")]).ok { removed += 1 }
+                #expect(access(m.backing("victim/data/f"), F_OK) == 0, "root's victim tree was deleted through the symlink")
+                if access(m.backing("victim/data/f"), F_OK) != 0 { break }
+            }
+            #expect(removed > 0, "the race never let root remove nobody's directory")
+        }
+    }
+
+    @Test("the delete trigger on a name with other hard links removes nothing")
+    func hardLinkedFile() throws {
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            let r = try sh("""
+                mkdir private pub && chmod 777 private pub
+                install -o nobody /dev/null private/secret && ln private/secret pub/link
+                """, cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            // Both names looked up: the daemon's inode knows one of them.
+            _ = try sh("stat pub/link private/secret >/dev/null", cwd: m.mountpoint)
+            let r = try runAsNobody(["setfattr", "-n", "user.vanish.delete", "pub/link"], cwd: m.mountpoint)
+            #expect(!r.ok)
+            #expect(r.stderr.contains("Too many links"), "\(r.stderr)")
+            #expect(access(m.backing("private/secret"), F_OK) == 0)
+            #expect(access(m.backing("pub/link"), F_OK) == 0)
+            // A plain unlink of the name works as ever.
+            #expect(try runAsNobody(["rm", "pub/link"], cwd: m.mountpoint).ok)
+            #expect(access(m.backing("private/secret"), F_OK) == 0)
+        }
+    }
+}
