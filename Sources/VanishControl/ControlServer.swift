@@ -84,8 +84,8 @@ public final class ControlServer: Sendable {
             mkdir(dir, 0o700)
         }
         var st = stat()
-        // Never use a directory someone else planted.
-        if lstat(dir, &st) != 0 || st.st_uid != uid || st.st_mode & S_IFMT != S_IFDIR {
+        // Never use a directory someone else planted, or could write in.
+        if lstat(dir, &st) != 0 || st.st_uid != uid || st.st_mode & S_IFMT != S_IFDIR || st.st_mode & 0o022 != 0 {
             // A fresh owner-only directory nobody can have planted (mkdtemp).
             var template = Array("/tmp/vanish-\(uid)-XXXXXX".utf8CString)
             if let made = mkdtemp(&template) { dir = String(cString: made) }
@@ -456,35 +456,23 @@ final class Connection: Sendable {
 
     /// The uid of the peer on `fd` (SO_PEERCRED), or nil.
     static func peerUID(_ fd: Int32) -> uid_t? {
-        var cred: (pid: pid_t, uid: uid_t, gid: gid_t) = (0, 0, 0)
-        var len = socklen_t(MemoryLayout<(pid_t, uid_t, gid_t)>.size)
-        guard getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0, len == 12 else { return nil }
-        return cred.uid
+        var pid: pid_t = 0, uid: uid_t = 0, gid: gid_t = 0
+        return vanish_peer_credentials(fd, &pid, &uid, &gid) == 0 ? uid : nil
     }
 
-    /// The peer's uid, gid and groups, as the kernel reports them.
+    /// The peer's uid, gid and groups as they were when it connected, as
+    /// the kernel reports them (SO_PEERCRED, SO_PEERGROUPS).
     func peer() -> Credentials? {
-        // struct ucred { pid_t pid; uid_t uid; gid_t gid; } (Glibc hides it behind _GNU_SOURCE).
-        var cred: (pid: pid_t, uid: uid_t, gid: gid_t) = (0, 0, 0)
-        var len = socklen_t(MemoryLayout<(pid_t, uid_t, gid_t)>.size)
-        guard getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0, len == 12 else { return nil }
-        return Credentials(uid: cred.uid, gid: cred.gid, groups: Connection.groups(of: cred.pid))
-    }
-
-    /// Supplementary groups of `pid` (what fuse_req_getgroups reads too).
-    static func groups(of pid: pid_t) -> [gid_t] {
-        guard let f = fopen("/proc/\(pid)/status", "r") else { return [] }
-        defer { fclose(f) }
-        var line: UnsafeMutablePointer<CChar>?
-        var cap = 0
-        defer { free(line) }
-        while getline(&line, &cap, f) > 0 {
-            let text = String(cString: line!)
-            guard text.hasPrefix("Groups:") else { continue }
-            return text.dropFirst("Groups:".count).split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" })
-                .compactMap { gid_t($0) }
+        var pid: pid_t = 0, uid: uid_t = 0, gid: gid_t = 0
+        guard vanish_peer_credentials(fd, &pid, &uid, &gid) == 0 else { return nil }
+        var groups = [gid_t](repeating: 0, count: 32)
+        var n = vanish_peer_groups(fd, &groups, Int32(groups.count))
+        if n > groups.count {
+            groups = [gid_t](repeating: 0, count: Int(n))
+            n = vanish_peer_groups(fd, &groups, Int32(groups.count))
         }
-        return []
+        guard n >= 0, n <= groups.count else { return nil }
+        return Credentials(uid: uid, gid: gid, groups: Array(groups.prefix(Int(n))))
     }
 
     /// True once the peer hung up (checked while no events flow).

@@ -86,7 +86,7 @@ struct EventsCommand: ParsableCommand {
             let event: Event?
             do { event = try subscription.next() } catch { throw RuntimeError(error.description) }
             guard let event else { return }
-            guard writeAll(1, Array((EventsCommand.describe(event) + "\n").utf8)) else { return }
+            guard writeAll(1, Array((TerminalText.escaped(EventsCommand.describe(event)) + "\n").utf8)) else { return }
             if once && event.type == EventType.scanCompleted.rawValue { return }
         }
     }

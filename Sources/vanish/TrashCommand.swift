@@ -35,8 +35,8 @@ struct TrashCommand: ParsableCommand {
                 let when = localTime(nanoseconds: e["deleted_ns"]?.uint64 ?? 0)
                 let size = e["bytes"]?.int.map { bytes($0) } ?? "-"
                 let uid = UInt32(e["uid"]?.int ?? 0)
-                let user = getpwuid(uid).map { String(cString: $0.pointee.pw_name) } ?? "\(uid)"
-                let path = PathBytes.get(e, key: "path")?.description ?? "?"
+                let user = TerminalText.escaped(getpwuid(uid).map { String(cString: $0.pointee.pw_name) } ?? "\(uid)")
+                let path = TerminalText.escaped(PathBytes.get(e, key: "path")?.description ?? "?")
                 let kind = e["kind"]?.string == "directory" ? "/" : ""
                 print("\(e["id"]?.string ?? "?")  \(when)  \(pad(size, 9)) \(pad(user, 8)) \(path)\(kind)")
             }
@@ -112,7 +112,7 @@ struct RestoreCommand: ParsableCommand {
         }
         for item in answer["restored"]?.array ?? [] {
             let p = PathBytes.get(item, key: "path")?.description ?? "?"
-            print("restored \(mountpoint == "/" ? "" : mountpoint)/\(p)")
+            print("restored " + TerminalText.escaped("\(mountpoint == "/" ? "" : mountpoint)/\(p)"))
         }
     }
 
