@@ -365,9 +365,8 @@ extension ControlServer {
             guard conn.write(["type": JSON(EventType.scanStarted.rawValue), "instance": JSON(journal.instance), "cursor": JSON(start)]) else { return }
             var alive = true
             var count = 0
-            TreeWalk.walk(filesystem) { path, st, id in
+            TreeWalk.walk(filesystem, as: peer.uid == 0 ? nil : peer) { path, st, id in
                 if let prefixes, !prefixes.contains(where: { ControlServer.isWithin(path, $0) }) { return true }
-                if !peer.mayObserve(path, under: filesystem.backingRoot) { return true }
                 var o: [String: JSON] = ["type": JSON(EventType.exists.rawValue), "kind": JSON(ControlServer.kind(st.st_mode)), "id": JSON(id),
                                          "size": JSON(st.st_size), "mode": JSON(st.st_mode & 0o7777),
                                          "owner_uid": JSON(st.st_uid), "owner_gid": JSON(st.st_gid)]
@@ -380,6 +379,7 @@ extension ControlServer {
                                      "entries": JSON(count)]) else { return }
         }
         let filtered = types != nil || prefixes != nil || peer.uid != 0
+        var sight = Sight(peer: peer, root: filesystem.backingRoot)
         // Live delivery is background work: it must not take the CPU from
         // the handlers (2 vCPUs here: every preempting wakeup showed in
         // the metadata benchmark with a subscriber attached).
@@ -407,7 +407,7 @@ extension ControlServer {
                 var start = 0
                 while let nl = run[start...].firstIndex(of: 0x0A) {
                     let line = Array(run[start...nl])
-                    if visible(line, types: types, prefixes: prefixes, peer: peer) { kept += line }
+                    if let shown = visible(line, types: types, prefixes: prefixes, sight: &sight) { kept += shown }
                     start = nl + 1
                 }
                 run = kept
@@ -416,30 +416,91 @@ extension ControlServer {
         }
     }
 
-    private func visible(_ line: [UInt8], types: Set<String>?, prefixes: [[UInt8]]?, peer: Credentials) -> Bool {
+    /// What of `line` the subscriber may read: the line itself, a line
+    /// rewritten to what they could see (a move into their sight is a
+    /// `created`, out of it a `deleted`), or nil. Another user's change is
+    /// shown only if its path was visible to others when it happened (the
+    /// journal marks it otherwise) and still is to this subscriber; reaped
+    /// entries and trusted.* attribute names only to root.
+    private func visible(_ line: [UInt8], types: Set<String>?, prefixes: [[UInt8]]?, sight: inout Sight) -> [UInt8]? {
         if let types {
             // Journal lines carry their type at a fixed place: most lines a
             // type filter drops need no parsing at all.
             let type = line.withUnsafeBytes { EventLine.type(of: $0).map { String(decoding: $0, as: UTF8.self) } }
-            if let type, !types.contains(type) { return false }
+            if let type, !types.contains(type) { return nil }
         }
-        if prefixes == nil && peer.uid == 0 { return true }
-        guard let o = JSON.parse(line) else { return false }
-        if let types, !types.contains(o["type"]?.string ?? "") { return false }
-        let paths = ControlServer.pathFields.compactMap { PathBytes.get(o, key: $0)?.bytes }
+        let peer = sight.peer
+        if prefixes == nil && peer.uid == 0 { return line }
+        guard let parsed = JSON.parse(line), var o = parsed.object else { return nil }
+        if let types, !types.contains(o["type"]?.string ?? "") { return nil }
+        let paths = ControlServer.pathFields.compactMap { PathBytes.get(parsed, key: $0)?.bytes }
         if let prefixes {
             // Lifecycle events (no path) always pass; a move counts at either end.
-            if !paths.isEmpty && !paths.contains(where: { p in prefixes.contains { ControlServer.isWithin(p, $0) } }) { return false }
+            if !paths.isEmpty && !paths.contains(where: { p in prefixes.contains { ControlServer.isWithin(p, $0) } }) { return nil }
         }
-        if peer.uid != 0 && o["uid"]?.int != Int(peer.uid) {
-            if !paths.allSatisfy({ peer.mayObserve($0, under: filesystem.backingRoot) }) { return false }
+        guard peer.uid != 0, o["uid"]?.int != Int(peer.uid) else { return line }
+        let type = o["type"]?.string
+        if type == EventType.reaped.rawValue { return nil }
+        if o["xattr"]?.string?.hasPrefix("trusted.") == true { return nil }
+        func seen(_ key: String) -> Bool? {
+            guard let p = PathBytes.get(parsed, key: key)?.bytes else { return nil }
+            return o[key + "_private"]?.bool != true && sight.mayObserve(p)
         }
-        return true
+        let pathSeen = seen("path"), fromSeen = seen("from")
+        var rewritten = false
+        func drop(_ key: String) {
+            for k in [key, key + "_b64", key + "_private", key + "_id"] { o[k] = nil }
+            rewritten = true
+        }
+        switch (pathSeen, fromSeen) {
+        case (false, false), (false, nil), (nil, false): return nil
+        case (true, false):
+            // Moved in from where they could not see: for them it appears.
+            drop("from")
+            if type == EventType.renamed.rawValue { o["type"] = JSON(EventType.created.rawValue) }
+        case (false, true):
+            // Moved out of their sight: for them it is gone.
+            guard type == EventType.renamed.rawValue else { return nil }
+            for k in ["path", "path_b64"] { o[k] = o["from" + k.dropFirst(4)] }
+            drop("from")
+            o["path_private"] = nil
+            o["type"] = JSON(EventType.deleted.rawValue)
+        default: break
+        }
+        for key in ["target", "copied_from"] where seen(key) == false { drop(key) }
+        return rewritten ? Array((JSON.object(o).serialized + "\n").utf8) : line
     }
 
     /// Every event field that names a path in the mount: each must be one
     /// the subscriber could see, or the event is not theirs to read.
     static let pathFields = ["path", "from", "target", "copied_from"]
+
+    /// One subscriber's view: whether they could see a path, remembered
+    /// per directory for a second, so a burst of events in one deep
+    /// directory costs one walk down to it, not one per event.
+    struct Sight {
+        let peer: Credentials
+        let root: Int32
+        private var verdicts: [[UInt8]: (seen: Bool, at: UInt64)] = [:]
+        static let remembered = 4096
+        static let lifetime: UInt64 = 1_000_000_000
+
+        init(peer: Credentials, root: Int32) {
+            self.peer = peer
+            self.root = root
+        }
+
+        mutating func mayObserve(_ path: [UInt8]) -> Bool {
+            if peer.uid == 0 { return true }
+            let directory = path.lastIndex(of: 0x2F).map { Array(path[..<$0]) } ?? []
+            let now = Condition.now()
+            if let v = verdicts[directory], now &- v.at < Sight.lifetime { return v.seen }
+            if verdicts.count >= Sight.remembered { verdicts.removeAll(keepingCapacity: true) }
+            let seen = peer.mayObserve(path, under: root)
+            verdicts[directory] = (seen, now)
+            return seen
+        }
+    }
 
     static func isWithin(_ path: [UInt8], _ dir: [UInt8]) -> Bool {
         dir.isEmpty || path == dir || (path.count > dir.count && path[dir.count] == 0x2F && Array(path[..<dir.count]) == dir)

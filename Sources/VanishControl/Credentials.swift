@@ -25,13 +25,14 @@ extension Credentials {
 
     /// Opens the directory `components` below `root` as these credentials
     /// would reach it on the mount: one name at a time, never following a
-    /// symlink, with search permission on every directory on the way and
-    /// `needing` (R=4, W=2, X=1) on the last. Close the result unless it is `root`.
-    func openDirectory(_ components: [[UInt8]], under root: Int32, needing: mode_t) throws(Errno) -> Int32 {
+    /// symlink, with search permission (`listing`: read and search) on every
+    /// directory on the way and `needing` (R=4, W=2, X=1) on the last. Close the result unless it is `root`.
+    func openDirectory(_ components: [[UInt8]], under root: Int32, needing: mode_t,
+                       listing: Bool = false) throws(Errno) -> Int32 {
         var dirFD = root
         do throws(Errno) {
             for p in components {
-                guard permits(try Sys.fstat(dirFD), 1) else { throw Errno.permissionDenied }
+                guard permits(try Sys.fstat(dirFD), listing ? 5 : 1) else { throw Errno.permissionDenied }
                 let next = try (p + [0]).withUnsafeBufferPointer { b throws(Errno) in
                     try Sys.openat(dirFD, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
                                    VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
@@ -47,13 +48,13 @@ extension Credentials {
         }
     }
 
-    /// Whether these credentials could see the entry at `path` below `root`
-    /// (search permission on every directory above it, read permission on
-    /// its own directory), as the kernel would decide on the mount.
+    /// Whether these credentials could see the entry at `path` below `root`:
+    /// read and search permission on every directory above it, so that
+    /// every name on the path is one they could have listed.
     func mayObserve(_ path: [UInt8], under root: Int32) -> Bool {
         if uid == 0 { return true }
         let parts = path.split(separator: 0x2F).dropLast().map { Array($0) }
-        guard let fd = try? openDirectory(parts, under: root, needing: 5) else { return false }
+        guard let fd = try? openDirectory(parts, under: root, needing: 5, listing: true) else { return false }
         if fd != root { Sys.close(fd) }
         return true
     }

@@ -6,7 +6,8 @@ import VanishFS
 /// `user.vanish.status` attribute.
 enum StatusReport {
     /// Restorable counts and bytes are the caller's own (everything for
-    /// root): another user's deletions are not theirs to learn of.
+    /// root), and only root learns how many entries were buried: another
+    /// user's deletions are not theirs to learn of.
     static func json(_ f: StatusFacts, for uid: uid_t) -> String {
         let allRestorable = f.restorable.count
         var (pending, restorable) = (f.pendingEntries, allRestorable)
@@ -31,7 +32,7 @@ enum StatusReport {
             "reap_entries_per_second": JSON(Int(f.pace.entriesPerSecond)),
             "reaped_entries": JSON(s.entries), "freed_files": JSON(s.freed.files),
             "freed_directories": JSON(s.freed.directories), "freed_data_bytes": JSON(s.freed.dataBytes),
-            "freed_bytes": JSON(s.freed.diskBytes), "buried_entries": JSON(s.buried),
+            "freed_bytes": JSON(s.freed.diskBytes), "buried_entries": uid == 0 ? JSON(s.buried) : .null,
             "reaper_workers": JSON(f.reaperWorkers), "free_bytes": JSON(f.freeBytes),
             "restorable_entries": JSON(restorable), "stuck_entries": JSON(f.stuckEntries),
             "restorable_bytes": JSON(restorableBytes), "keep_seconds": JSON(f.keepSeconds),

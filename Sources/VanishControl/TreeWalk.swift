@@ -8,33 +8,82 @@ import VanishGraveyard
 enum TreeWalk {
     /// Visits every entry under the root of `fs` (never a state directory),
     /// parents before children, with fd-relative calls that never follow a
-    /// symlink and go into nested filesystems too. `visit` returns false to stop.
-    static func walk(_ fs: PassthroughFilesystem, _ visit: (_ path: [UInt8], _ st: stat, _ id: String) -> Bool) {
+    /// symlink and go into nested filesystems too. With `peer`, only what
+    /// that user could list (read and search on every directory on the way,
+    /// decided once per directory). `visit` returns false to stop.
+    ///
+    /// One fd is open at a time, whatever the depth: each directory's names
+    /// are read whole before going down, and the walk comes back up by `..`,
+    /// checked to be the directory it left (a tree moved meanwhile ends the
+    /// walk). Memory is the names of the directories on the current path.
+    static func walk(_ fs: PassthroughFilesystem, as peer: Credentials? = nil,
+                     _ visit: (_ path: [UInt8], _ st: stat, _ id: String) -> Bool) {
         // An unlink already in the journal must not show up as existing.
         fs.settle()
         let graveyards = fs.hasGraveyard
-        var stop = false
-        // `top`: a root whose `.vanish` is a graveyard (the source's, or a nested filesystem's).
-        func descend(_ dirFD: Int32, _ prefix: [UInt8], top: Bool) {
-            guard let fd = try? Sys.openat(dirFD, ".", O_RDONLY | O_DIRECTORY), let dp = fdopendir(fd) else { return }
-            defer { closedir(dp) }
-            while !stop, let d = Glibc.readdir(dp) {
-                let name = vanish_dirent_name(d)!
-                if isDotOrDotDot(name) { continue }
-                if top && strcmp(name, Graveyard.stateDirectoryName) == 0 { continue }
-                guard let st = try? Sys.lstatat(dirfd(dp), name) else { continue }
-                var path = prefix
-                if !path.isEmpty { path.append(0x2F) }
-                path.append(contentsOf: UnsafeRawBufferPointer(start: name, count: strlen(name)))
-                if !visit(path, st, fs.fileID(dirfd(dp), name)) { stop = true; return }
-                if st.st_mode & S_IFMT == S_IFDIR,
-                   let sub = try? Sys.openat(dirfd(dp), name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) {
-                    let nestedRoot = graveyards && st.st_dev != (try? Sys.fstat(dirfd(dp)))?.st_dev
-                    descend(sub, path, top: nestedRoot && Graveyard.isStateDirectory(in: sub))
-                    Sys.close(sub)
-                }
+        guard let rootStat = try? Sys.fstat(fs.backingRoot), peer?.permits(rootStat, 5) ?? true,
+              var current = try? Sys.openat(fs.backingRoot, ".", VANISH_O_PATH | O_DIRECTORY | O_CLOEXEC),
+              let rootNames = names(in: current, skippingState: graveyards) else { return }
+        defer { Sys.close(current) }
+        var stack = [Frame(dev: rootStat.st_dev, ino: rootStat.st_ino, prefix: [], names: rootNames)]
+        while let frame = stack.last {
+            guard frame.next < frame.names.count else {
+                stack.removeLast()
+                guard let up = stack.last else { return }
+                guard let parent = try? Sys.openat(current, "..", VANISH_O_PATH | O_DIRECTORY | O_CLOEXEC) else { return }
+                Sys.close(current)
+                current = parent
+                guard let st = try? Sys.fstat(parent), st.st_dev == up.dev, st.st_ino == up.ino else { return }
+                continue
             }
+            stack[stack.count - 1].next += 1
+            let done = frame.names[frame.next].withUnsafeBufferPointer { n -> Bool in
+                let name = n.baseAddress!
+                guard let st = try? Sys.lstatat(current, name) else { return false }
+                var path = frame.prefix
+                if !path.isEmpty { path.append(0x2F) }
+                path.append(contentsOf: UnsafeRawBufferPointer(start: name, count: n.count - 1))
+                if !visit(path, st, fs.fileID(current, name)) { return true }
+                guard st.st_mode & S_IFMT == S_IFDIR, peer?.permits(st, 5) ?? true,
+                      let sub = try? Sys.openat(current, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                else { return false }
+                let top = graveyards && st.st_dev != frame.dev && Graveyard.isStateDirectory(in: sub)
+                guard let opened = try? Sys.fstat(sub), opened.st_dev == st.st_dev, opened.st_ino == st.st_ino,
+                      let subNames = names(in: sub, skippingState: top) else {
+                    Sys.close(sub)
+                    return false
+                }
+                stack.append(Frame(dev: st.st_dev, ino: st.st_ino, prefix: path, names: subNames))
+                Sys.close(current)
+                current = sub
+                return false
+            }
+            if done { return }
         }
-        descend(fs.backingRoot, [], top: graveyards)
+    }
+
+    /// A directory on the walk's path: what is left of its names.
+    private struct Frame {
+        var dev: dev_t
+        var ino: ino_t
+        var prefix: [UInt8]
+        var names: [[CChar]]
+        var next = 0
+    }
+
+    /// The names in the directory `fd` but `.`, `..` and (`skippingState`)
+    /// the state directory, each NUL-terminated; nil if it cannot be read.
+    private static func names(in fd: Int32, skippingState: Bool) -> [[CChar]]? {
+        guard let listing = try? Sys.openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) else { return nil }
+        guard let dp = fdopendir(listing) else { Sys.close(listing); return nil }
+        defer { closedir(dp) }
+        var out: [[CChar]] = []
+        while let d = Glibc.readdir(dp) {
+            let name = vanish_dirent_name(d)!
+            if isDotOrDotDot(name) { continue }
+            if skippingState && strcmp(name, Graveyard.stateDirectoryName) == 0 { continue }
+            out.append(Array(UnsafeBufferPointer(start: name, count: strlen(name) + 1)))
+        }
+        return out
     }
 }

@@ -7,7 +7,6 @@ import VanishGraveyard
 /// Why a restore did not happen.
 public enum RestoreError: Error, CustomStringConvertible {
     case noSuchEntry(String)
-    case notYours(String)
     case taken(String)
     case invalidDestination(String)
     case failed(String, Errno)
@@ -15,7 +14,6 @@ public enum RestoreError: Error, CustomStringConvertible {
     public var description: String {
         switch self {
         case .noSuchEntry(let what): "nothing restorable is known as \(what)"
-        case .notYours(let what): "\(what) was deleted by another user; only they or root may restore it"
         case .taken(let path): "\(path) exists; nothing was changed (restore it elsewhere with --to)"
         case .invalidDestination(let why): why
         case .failed(let path, let errno): "cannot restore to \(path): \(errno)"
@@ -25,7 +23,6 @@ public enum RestoreError: Error, CustomStringConvertible {
     public var errno: Int32 {
         switch self {
         case .noSuchEntry: ENOENT
-        case .notYours: EPERM
         case .taken: EEXIST
         case .invalidDestination: EINVAL
         case .failed(_, let e): e.rawValue
@@ -51,16 +48,15 @@ struct UndoWindow {
     func restore(id: String?, path: [UInt8]?, to destination: [UInt8]?,
                  as who: Credentials) throws(RestoreError) -> [[UInt8]] {
         guard filesystem.hasGraveyard else { throw .noSuchEntry("anything (this mount has no graveyard)") }
-        let all = filesystem.restorable
-        let visible = all.filter { who.uid == 0 || $0.record.uid == who.uid }
+        let visible = filesystem.restorable.filter { who.uid == 0 || $0.record.uid == who.uid }
         var plan: [TrashEntry] = []
         if let id {
-            guard let e = all.first(where: { $0.id == id }) else { throw .noSuchEntry(id) }
-            guard who.uid == 0 || e.record.uid == who.uid else { throw refusal(id, path: e.record.path, as: who) }
+            // Another user's entry gets the answer for one that never was.
+            guard let e = visible.first(where: { $0.id == id }) else { throw .noSuchEntry(id) }
             plan = [e]
         } else if let path {
             let shown = String(decoding: path, as: UTF8.self)
-            let exact = all.filter { $0.record.path == path }
+            let exact = visible.filter { $0.record.path == path }
             guard let top = exact.last else {
                 // The directory itself is not in the trash (it never went, or
                 // an interrupted restore brought it back): what was deleted
@@ -69,7 +65,6 @@ struct UndoWindow {
                 guard !plan.isEmpty, destination == nil else { throw .noSuchEntry(shown) }
                 return try restoreAll(plan, to: nil, as: who, insideOnly: true)
             }
-            guard who.uid == 0 || top.record.uid == who.uid else { throw refusal(shown, path: path, as: who) }
             plan = [top]
             if top.record.kind == .directory && destination == nil {
                 // rm -rf removes children first: they were deleted before the
@@ -81,13 +76,6 @@ struct UndoWindow {
             throw .invalidDestination("name an entry by id or by path")
         }
         return try restoreAll(plan, to: destination, as: who, insideOnly: false)
-    }
-
-    /// Why `who` may not restore another user's entry: they are told whose
-    /// it is only if they could see its path; otherwise the answer is the
-    /// one for a name never deleted, so no guessed name can be tested.
-    private func refusal(_ what: String, path: [UInt8], as who: Credentials) -> RestoreError {
-        who.mayObserve(path, under: filesystem.backingRoot) ? .notYours(what) : .noSuchEntry(what)
     }
 
     /// Restores `plan` in order (the first to `destination` if given). The

@@ -19,8 +19,8 @@ extension PassthroughFilesystem {
             try namespace.withFD(node) { fd throws(Errno) in try Sys.fstatWithBirth(fd) }
         }
         notice(node, st)
+        node.sawAttributes(st)
         st = devices.present(st)
-        node.attributesSent.store(InodeTable.coarseMilliseconds(), ordering: .relaxed)
         req.reply(attr: &st, timeout: options.attrTimeout, birth: birth)
     }
 
@@ -66,9 +66,9 @@ extension PassthroughFilesystem {
         // An open handle reaches the file even after its name is gone.
         var st = if let openFD { try apply(openFD) } else { try namespace.withFD(node, apply) }
         if let before { writing.attributesChanged(node, before: before, after: st) }
+        node.sawAttributes(st)
         if observing { emitAttributes(req.caller, node, toSet: toSet, st: st, xattr: nil) }
         st = devices.present(st)
-        node.attributesSent.store(InodeTable.coarseMilliseconds(), ordering: .relaxed)
         req.reply(attr: &st, timeout: options.attrTimeout)
     }
 
@@ -153,6 +153,13 @@ extension PassthroughFilesystem {
 
     public func listxattr(_ req: Request, _ ino: fuse_ino_t, size: Int) throws(Errno) {
         let node = inode(ino)
+        // The kernel lists trusted.* names only to CAP_SYS_ADMIN; the daemon,
+        // which has it when it runs as root, lists them for root's calls only
+        // (uid 0 stands for it).
+        if req.caller.uid != 0 && actsForOthers {
+            try listXattrsWithoutTrusted(req, node, size: size)
+            return
+        }
         if size == 0 {
             req.reply(xattrSize: try listXattrs(node, nil))
             return
@@ -161,6 +168,36 @@ extension PassthroughFilesystem {
         defer { buffer.deallocate() }
         let n = try listXattrs(node, buffer)
         req.reply(bytes: UnsafeRawBufferPointer(rebasing: buffer[..<n]))
+    }
+
+    /// listxattr without trusted.* names: the whole list is read (the size
+    /// the kernel asks first must be that of what is then given).
+    private func listXattrsWithoutTrusted(_ req: Request, _ node: Inode, size: Int) throws(Errno) {
+        var capacity = max(size, 256)
+        while true {
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: capacity, alignment: 1)
+            defer { buffer.deallocate() }
+            let n: Int
+            do throws(Errno) { n = try listXattrs(node, buffer) } catch .outOfRange {
+                capacity = try listXattrs(node, nil) + 256
+                continue
+            }
+            var kept = 0
+            var i = 0
+            while i < n {
+                let start = buffer.baseAddress! + i
+                let length = strlen(start.assumingMemoryBound(to: CChar.self)) + 1
+                if !(length > 8 && memcmp(start, "trusted.", 8) == 0) {
+                    if kept != i { memmove(buffer.baseAddress! + kept, start, length) }
+                    kept += length
+                }
+                i += length
+            }
+            if size == 0 { req.reply(xattrSize: kept); return }
+            guard kept <= size else { throw .outOfRange }
+            req.reply(bytes: UnsafeRawBufferPointer(rebasing: buffer[..<kept]))
+            return
+        }
     }
 
     /// getxattr of `node`. `ls -l` asks for an xattr of every entry right

@@ -356,9 +356,24 @@ extension PassthroughFilesystem {
 extension EventRecord {
     /// Adds the path of `name` in `dir` (of `dir` itself without a name)
     /// without building it as an array first.
+    /// Marks it `<key>_private` when other users could not have seen it
+    /// then (`InodeTable.othersMaySee`): subscribers other than root and
+    /// the user who made the change are never shown it, whatever the
+    /// directories' modes when they read it.
     mutating func path(_ key: StaticString, of dir: Inode, appending name: UnsafePointer<CChar>? = nil,
                        in table: InodeTable) {
         table.withPath(of: dir, appending: name) { path(key, $0) }
+        if !table.othersMaySee(dir, named: name != nil) { bool(EventRecord.privateKey(key), true) }
+    }
+
+    /// `path` → `path_private`, `from` → `from_private`, and so on.
+    static func privateKey(_ key: StaticString) -> StaticString {
+        switch key.utf8Start[0] {
+        case UInt8(ascii: "f"): "from_private"
+        case UInt8(ascii: "t"): "target_private"
+        case UInt8(ascii: "c"): "copied_from_private"
+        default: "path_private"
+        }
     }
 }
 

@@ -64,6 +64,9 @@ final class Inode: @unchecked Sendable {
     /// For a directory: when (CLOCK_MONOTONIC_COARSE ms, 0: never) a listing
     /// of it last began to carry attributes (see `opendir`).
     let listedWithAttributes = Atomic<UInt32>(0)
+    /// For a directory: its mode as last sent to the kernel (0 before), for
+    /// telling whether other users could see a change in it when it happened.
+    let modeSeen = Atomic<UInt32>(0)
 
     // Atomic (see `ExternalChanges.swift`).
     /// For a directory: its mtime (ns) when a getattr or lookup last read it; 0 before.
@@ -106,6 +109,14 @@ final class Inode: @unchecked Sendable {
     }
 
     var isDirectory: Bool { type == S_IFDIR }
+
+    /// Its attributes are on their way to the kernel, which keeps them for
+    /// the attribute timeout.
+    @inline(__always)
+    func sawAttributes(_ st: stat) {
+        attributesSent.store(InodeTable.coarseMilliseconds(), ordering: .relaxed)
+        if type == S_IFDIR { modeSeen.store(UInt32(st.st_mode), ordering: .relaxed) }
+    }
     var isSymlink: Bool { type == S_IFLNK }
 
     static func copyName(_ name: UnsafePointer<CChar>) -> ContiguousArray<CChar> {

@@ -367,6 +367,27 @@ final class InodeTable: @unchecked Sendable {
         }
     }
 
+    /// Whether any user could have seen the entry `name` in `dir` (with no
+    /// name: `dir`'s own entry in its parent) as things stand: the modes last
+    /// sent to the kernel grant others read and search on its directory and
+    /// on every one above. Group rights and ACLs are not counted, so
+    /// an entry only a group or a named user could see counts as private.
+    func othersMaySee(_ dir: Inode, named: Bool) -> Bool {
+        lock.withLock { _ in
+            var node: Inode? = named ? dir : dir.parent
+            guard let parent = node, parent.modeSeen.load(ordering: .relaxed) & 0o005 == 0o005 else {
+                return !named && dir === root
+            }
+            node = parent.parent
+            while let n = node {
+                if n.modeSeen.load(ordering: .relaxed) & 0o005 != 0o005 { return false }
+                if n === root { break }
+                node = n.parent
+            }
+            return true
+        }
+    }
+
     /// The highest directory above `inode` (or itself) on the same device:
     /// the root of the filesystem it lives on, as mounted inside the source.
     func topmostOnDevice(from inode: Inode) -> Inode {

@@ -136,6 +136,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
                          parent: nil, name: "")
         root.fd = fd
         root.lookups = 1
+        root.sawAttributes(st)
         rootFD = fd
         table = InodeTable(root: root)
         self.options = options
@@ -311,7 +312,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// The reply for a name that now refers to `node`.
     @inline(__always)
     func entry(_ node: Inode, _ st: stat) -> fuse_entry_param {
-        node.attributesSent.store(InodeTable.coarseMilliseconds(), ordering: .relaxed)
+        node.sawAttributes(st)
         var e = fuse_entry_param()
         e.ino = table.nodeID(node)
         e.generation = node.generation

@@ -1,0 +1,91 @@
+import Foundation
+import Glibc
+import Testing
+import VanishTestSupport
+
+/// What another user's event stream, snapshot and restore answers may
+/// reveal: only names they could have seen when the change happened.
+@Suite("event visibility for other users", .enabled(if: FUSEAvailability.shouldRunAsRoot, "needs /dev/fuse, fusermount3 and root"))
+struct EventVisibilityTests {
+    @Test("root's changes in a private directory stay hidden after nobody makes a directory of the same name")
+    func judgedWhenTheyHappened() throws {
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            let r = try sh("""
+                mkdir -m 1777 tmp && mkdir -m 777 pub && mkdir -m 700 private && echo x > private/X
+                """, cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let root = try Subscriber(m, name: "root")
+            defer { root.stop() }
+            try attach(root, m)
+            let instance = try #require(root.header?["instance"] as? String)
+            #expect(try sh("""
+                set -e
+                mkdir -m 700 tmp/job-42 && echo x > tmp/job-42/SECRET-CUSTOMER-NAME.csv
+                rm tmp/job-42/SECRET-CUSTOMER-NAME.csv && rmdir tmp/job-42
+                """, cwd: m.mountpoint).ok)
+            #expect(try runAsNobody(["mkdir", m.path("tmp/job-42")]).ok)
+            #expect(try sh("""
+                set -e
+                mv private/X pub/now-public
+                setfattr -n trusted.secret-name -v 1 pub/now-public
+                touch pub/end
+                """, cwd: m.mountpoint).ok)
+            let s = try Subscriber(m, ["--since", "\(instance):0"], name: "nobody", asNobody: true)
+            defer { s.stop() }
+            try s.waitFor("pub/end") { $0["path"] as? String == "pub/end" }
+            let all = s.events.map { "\($0)" }.joined(separator: "\n")
+            #expect(!all.contains("SECRET-CUSTOMER-NAME"), "\(all)")
+            #expect(!all.contains("private/X"), "\(all)")
+            #expect(!all.contains("trusted."), "\(all)")
+            #expect(!s.events.contains { $0["type"] as? String == "reaped" }, "\(all)")
+            // What moved into their sight appears to them, as it would to a rescan.
+            #expect(s.events.contains { $0["type"] as? String == "created" && $0["path"] as? String == "pub/now-public" },
+                    "\(all)")
+            // nobody's own directory is theirs to see.
+            #expect(s.events.contains { $0["type"] as? String == "created" && $0["path"] as? String == "tmp/job-42" })
+
+            // Restoring root's name and a name never deleted get one answer.
+            let binary = m.base + "/vanish-for-nobody"
+            let deleted = try runAsNobody([binary, "restore", m.path("tmp/job-42/SECRET-CUSTOMER-NAME.csv")])
+            let never = try runAsNobody([binary, "restore", m.path("tmp/job-42/GUESSED-NAME.csv")])
+            #expect(deleted.status == 1 && deleted.stderr.contains("nothing restorable is known"), "\(deleted.stderr)")
+            #expect(deleted.stderr.replacingOccurrences(of: "SECRET-CUSTOMER-NAME", with: "GUESSED-NAME") == never.stderr)
+            let status = try runAsNobody([binary, "status", "--json", m.mountpoint]).stdout
+            #expect(status.contains("\"buried_entries\":null"), "\(status)")
+        }
+    }
+
+    @Test("nobody's snapshot of a 3000-deep chain costs the daemon time in proportion to the entries, not their depth squared")
+    func deepChain() throws {
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            let r = try run(["python3", "-c", """
+                import os, sys
+                os.chdir(sys.argv[1])
+                for i in range(3000):
+                    os.mkdir("d")
+                    os.chdir("d")
+                """, src])
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let binary = m.base + "/vanish-for-nobody"
+            #expect(try run(["cp", vanishBinary, binary]).ok)
+            let before = try cpuTicks(m.pid)
+            let r = try runAsNobody([binary, "events", "--json", "--snapshot", "--once", m.mountpoint])
+            let used = try cpuTicks(m.pid) - before
+            #expect(r.ok, "\(r.stderr)")
+            #expect(r.stdout.components(separatedBy: "\"type\":\"exists\"").count - 1 == 3000)
+            // Quadratic checks took 17.5 s for this; a linear walk takes milliseconds.
+            #expect(used < 300, "the daemon used \(used) ticks (1/100 s) for one snapshot")
+        }
+    }
+
+    /// utime + stime of `pid`, in clock ticks.
+    private func cpuTicks(_ pid: pid_t) throws -> Int {
+        let stat = try String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)
+        guard let close = stat.lastIndex(of: ")") else { throw TestFailure("unreadable stat") }
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        guard fields.count > 13, let u = Int(fields[11]), let s = Int(fields[12]) else { throw TestFailure("stat fields") }
+        return u + s
+    }
+}
