@@ -20,6 +20,22 @@ public struct Request: @unchecked Sendable {
 
     /// `fuse_reply_err`.
     @inlinable
+    /// The caller's supplementary groups (libfuse reads them from the
+    /// caller's /proc entry, which cannot be another process's while the
+    /// caller waits in this request). Not for the hot path.
+    public func groups() -> [gid_t] {
+        var groups = [gid_t](repeating: 0, count: 64)
+        var n = fuse_req_getgroups(raw, Int32(groups.count), &groups)
+        if n > groups.count {
+            groups = [gid_t](repeating: 0, count: Int(n))
+            n = fuse_req_getgroups(raw, Int32(groups.count), &groups)
+        }
+        return Array(groups.prefix(Int(max(0, min(n, Int32(groups.count))))))
+    }
+
+    /// Whether the caller is in `gid`, as its primary group or another.
+    public func isInGroup(_ gid: gid_t) -> Bool { caller.gid == gid || groups().contains(gid) }
+
     public func reply(error: Errno) { _ = fuse_reply_err(raw, error.rawValue) }
 
     /// `fuse_reply_err(req, 0)`: success for operations that return nothing.

@@ -136,6 +136,8 @@ public final class Daemon {
         c.afterMount?(c.mountpoint)
         let notifier = session.notifier
         fs.setEntryInvalidator { parent, name, expireOnly in
+            // A negative offset drops the attributes and keeps the page cache.
+            if name.isEmpty { _ = notifier.invalidateInode(parent, offset: -1); return }
             name.withUnsafeBufferPointer {
                 if expireOnly {
                     _ = notifier.expireEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)

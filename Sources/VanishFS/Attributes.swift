@@ -33,6 +33,7 @@ extension PassthroughFilesystem {
         // A truncate by anyone but root clears setuid/setgid, as a write does.
         let clears = actsForOthers && toSet & FUSE_SET_ATTR_SIZE != 0 && toSet & FUSE_SET_ATTR_MODE == 0
             && req.caller.uid != 0
+        let outsideGroup = { (gid: gid_t) in !req.isInGroup(gid) }
         let apply = { (fd: Int32) throws(Errno) -> stat in
             if toSet & FUSE_SET_ATTR_MODE != 0 {
                 if let openFD { try Sys.fchmod(openFD, attr.pointee.st_mode) } else { try Sys.chmod(pathFD: fd, attr.pointee.st_mode) }
@@ -44,7 +45,11 @@ extension PassthroughFilesystem {
             }
             if toSet & FUSE_SET_ATTR_SIZE != 0 {
                 if let openFD { try Sys.ftruncate(openFD, attr.pointee.st_size) } else { try Sys.truncate(pathFD: fd, attr.pointee.st_size) }
-                if clears { self.clearPrivileges(openFD ?? fd, pathFD: openFD == nil) }
+                if clears, let st = try? Sys.fstat(openFD ?? fd) {
+                    // The reply carries the new mode: nothing for the kernel to drop.
+                    let kills = PrivilegeKill(outsideGroup: st.st_mode & S_ISGID != 0 && outsideGroup(st.st_gid))
+                    self.clearPrivileges(openFD ?? fd, kills, nil, pathFD: openFD == nil)
+                }
             }
             if toSet & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME) != 0 {
                 var times = (timespec(tv_sec: 0, tv_nsec: VANISH_UTIME_OMIT), timespec(tv_sec: 0, tv_nsec: VANISH_UTIME_OMIT))
@@ -125,7 +130,17 @@ extension PassthroughFilesystem {
         }
         // The status name answers reads only; stored, it would shadow nothing and mislead.
         if isControlName(name) { throw .notPermitted }
-        try namespace.withFD(inode(ino)) { fd throws(Errno) in try Sys.setxattr(pathFD: fd, name, value, size, flags) }
+        try namespace.withFD(inode(ino)) { fd throws(Errno) in
+            try Sys.setxattr(pathFD: fd, name, value, size, flags)
+            // Setting an access ACL clears setgid when the caller is not in
+            // the file's group (FUSE_SETXATTR_ACL_KILL_SGID, which libfuse
+            // 3.14 does not pass on); the daemon's own rights would keep it.
+            if actsForOthers, req.caller.uid != 0, strcmp(name, "system.posix_acl_access") == 0,
+               let st = try? Sys.fstat(fd), st.st_mode & S_ISGID != 0, !req.isInGroup(st.st_gid) {
+                try Sys.chmod(pathFD: fd, st.st_mode & 0o7777 & ~S_ISGID)
+                invalidations.attributes(of: ino)
+            }
+        }
         if observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: name) }
         req.replyOK()
     }

@@ -219,7 +219,7 @@ extension PassthroughFilesystem {
                 throw error
             }
         } answer: { (fd, node, st) in
-            let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi)
+            let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi, req)
             var e = entry(node, st)
             if req.reply(created: &e, fi, backing: backing) == -ENOENT { abandonHandle(node, fi) }
         }
@@ -254,7 +254,7 @@ extension PassthroughFilesystem {
                 throw error
             }
         }
-        let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi)
+        let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi, req)
         _ = namespace.holdIfOpen(node)
         var e = entry(node, st)
         if req.reply(created: &e, fi, backing: backing) == -ENOENT { abandonHandle(node, fi) }

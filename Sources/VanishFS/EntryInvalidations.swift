@@ -11,7 +11,7 @@ import LinuxSyscalls
 final class EntryInvalidations: @unchecked Sendable {
     /// Sends one notice; `expireOnly`: mark the entry expired (the next
     /// lookup of it asks the daemon) instead of dropping it and every
-    /// cached entry below it.
+    /// cached entry below it. An empty name: drop `parent`'s own attributes.
     typealias Invalidate = @Sendable (_ parent: fuse_ino_t, _ name: ContiguousArray<CChar>, _ expireOnly: Bool) -> Void
 
     private struct Pending {
@@ -70,6 +70,18 @@ final class EntryInvalidations: @unchecked Sendable {
         let ticket = queued
         enqueue(Pending(parent: parent, name: name))
         return waitUntilSent(ticket, deadline: Condition.now() &+ timeout)
+    }
+
+    /// Tells the kernel to drop the attributes it keeps for `ino` (a mode
+    /// the daemon changed on its own) and waits until it was told, up to a
+    /// second, so the caller's next stat shows the change. Dropping
+    /// attributes takes no lock the caller may hold.
+    func attributes(of ino: fuse_ino_t) {
+        condition.lock()
+        defer { condition.unlock() }
+        guard invalidate != nil else { return }
+        enqueue(Pending(parent: ino, name: []))
+        _ = waitUntilSent(queued, deadline: Condition.now() &+ 1_000_000_000)
     }
 
     /// With the lock held: waits until `ticket` notices were sent.

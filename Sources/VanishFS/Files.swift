@@ -26,7 +26,7 @@ extension PassthroughFilesystem {
             }
         }
         let caller = req.caller
-        let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: known, fi)
+        let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: known, fi, req)
         if req.reply(open: fi, backing: backing) == -ENOENT { abandonHandle(node, fi) }
     }
 
@@ -34,11 +34,11 @@ extension PassthroughFilesystem {
     /// returns the backing id its reply carries (0: none). For open and
     /// create (which has the new file's `stat` already).
     func opened(_ node: Inode, fd: Int32, flags: Int32, caller: Caller, stat known: stat?,
-                _ fi: UnsafeMutablePointer<fuse_file_info>) -> Int32 {
-        let kills = node.type == S_IFREG && mustClearPrivileges(fd: fd, flags: flags, caller: caller, stat: known)
+                _ fi: UnsafeMutablePointer<fuse_file_info>, _ req: Request) -> Int32 {
+        let kills = node.type == S_IFREG ? privilegesToClear(node, fd: fd, flags: flags, stat: known, req) : nil
         let (kind, backing) = node.type == S_IFREG && passthrough.active
-            ? passthrough.open(node, fd: fd, throughDaemon: kills) : (OpenKind.daemon, Int32(0))
-        fi.pointee.fh = FileHandle.make(fd: fd, kind: kind, killsPrivileges: kills)
+            ? passthrough.open(node, fd: fd, throughDaemon: kills != nil) : (OpenKind.daemon, Int32(0))
+        fi.pointee.fh = FileHandle.make(fd: fd, kind: kind, kills: kills)
         configure(fi, kind, node)
         namespace.opened(node)
         if observing && writesData(node, fi) {
@@ -62,7 +62,7 @@ extension PassthroughFilesystem {
         let fd = FileHandle.fd(fi.pointee.fh)
         let n = vanish_write_buf_to_fd(buf, fd, offset)
         if n < 0 { throw Errno(rawValue: Int32(-n)) }
-        if FileHandle.killsPrivileges(fi.pointee.fh) { clearPrivileges(fd) }
+        if let kills = FileHandle.kills(fi.pointee.fh) { clearPrivileges(fd, kills, ino) }
         if observing { writing.wrote(fd, inode(ino), req.caller) }
         req.reply(written: n)
     }
@@ -130,7 +130,7 @@ extension PassthroughFilesystem {
                           _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let fd = FileHandle.fd(fi.pointee.fh)
         try Sys.fallocate(fd, mode, offset, length)
-        if FileHandle.killsPrivileges(fi.pointee.fh) { clearPrivileges(fd) }
+        if let kills = FileHandle.kills(fi.pointee.fh) { clearPrivileges(fd, kills, ino) }
         if observing { writing.wrote(fd, inode(ino), req.caller) }
         req.replyOK()
     }
@@ -142,7 +142,7 @@ extension PassthroughFilesystem {
         let inFD = FileHandle.fd(fiIn.pointee.fh)
         let outFD = FileHandle.fd(fiOut.pointee.fh)
         let n = try Sys.copyFileRange(inFD, inputOffset, outFD, outputOffset, length, UInt32(bitPattern: flags))
-        if FileHandle.killsPrivileges(fiOut.pointee.fh) { clearPrivileges(outFD) }
+        if let kills = FileHandle.kills(fiOut.pointee.fh) { clearPrivileges(outFD, kills, output) }
         // The new file's data comes from another file in the mount: say which.
         if observing {
             writing.wrote(outFD, inode(output), req.caller, source: (path(of: inode(input)), fileID(of: inode(input), fd: inFD)))
@@ -161,33 +161,29 @@ extension PassthroughFilesystem {
 // as root never would, and with KILLPRIV_V2 (and passthrough, which the
 // daemon never sees writes of) the kernel leaves it to the daemon.
 extension PassthroughFilesystem {
-    /// Whether writes through a new handle must clear privileges: a root
+    /// What writes through a new handle must clear, or nil: for a root
     /// daemon, a caller other than root, a writable open of a file that has
-    /// any to clear. Such handles stay off passthrough, so their writes come here.
-    func mustClearPrivileges(fd: Int32, flags: Int32, caller: Caller, stat known: stat?) -> Bool {
-        guard actsForOthers, caller.uid != 0, flags & O_ACCMODE != O_RDONLY else { return false }
-        guard let st = known ?? (try? Sys.fstat(fd)) else { return false }
-        if hasPrivileges(st.st_mode) {
-            if flags & O_TRUNC != 0 { clearPrivileges(fd) }
-            return true
+    /// anything to clear. Such handles stay off passthrough, so their
+    /// writes come here. An O_TRUNC open clears at once.
+    func privilegesToClear(_ node: Inode, fd: Int32, flags: Int32, stat known: stat?, _ req: Request) -> PrivilegeKill? {
+        guard actsForOthers, req.caller.uid != 0, flags & O_ACCMODE != O_RDONLY else { return nil }
+        guard let st = known ?? (try? Sys.fstat(fd)) else { return nil }
+        let kills = PrivilegeKill(outsideGroup: st.st_mode & S_ISGID != 0 && !req.isInGroup(st.st_gid))
+        if kills.cleared(st.st_mode) != st.st_mode {
+            if flags & O_TRUNC != 0 { clearPrivileges(fd, kills, table.nodeID(node)) }
+            return kills
         }
-        return fgetxattr(fd, "security.capability", nil, 0) >= 0
+        return fgetxattr(fd, "security.capability", nil, 0) >= 0 ? kills : nil
     }
 
-    /// setuid, or setgid on a group-executable file (a setgid file without
-    /// group execute marks mandatory locking and keeps its bit).
-    @inline(__always)
-    func hasPrivileges(_ mode: mode_t) -> Bool {
-        mode & S_ISUID != 0 || mode & (S_ISGID | S_IXGRP) == (S_ISGID | S_IXGRP)
-    }
-
-    /// Clears setuid/setgid and security.capability of the file `fd` is
-    /// open on (an O_PATH fd when `pathFD`).
-    func clearPrivileges(_ fd: Int32, pathFD: Bool = false) {
-        if let st = try? Sys.fstat(fd), hasPrivileges(st.st_mode) {
-            var mode = st.st_mode & 0o7777 & ~S_ISUID
-            if mode & S_IXGRP != 0 { mode &= ~S_ISGID }
+    /// Clears what `kills` says of the file `fd` is open on (an O_PATH fd
+    /// when `pathFD`), and security.capability; the kernel is told to drop
+    /// the mode it keeps for `ino`, which would otherwise still show the
+    /// bits for the attribute timeout (for ever with cache=always).
+    func clearPrivileges(_ fd: Int32, _ kills: PrivilegeKill, _ ino: fuse_ino_t?, pathFD: Bool = false) {
+        if let st = try? Sys.fstat(fd), case let mode = kills.cleared(st.st_mode & 0o7777), mode != st.st_mode & 0o7777 {
             if pathFD { try? Sys.chmod(pathFD: fd, mode) } else { try? Sys.fchmod(fd, mode) }
+            if let ino { invalidations.attributes(of: ino) }
         }
         if pathFD {
             // The magic link names the inode itself; nothing is resolved by name.

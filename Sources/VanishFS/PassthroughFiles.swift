@@ -27,18 +27,39 @@ enum OpenKind: UInt64 {
 /// open is served and whether its writes must clear setuid/setgid.
 enum FileHandle {
     private static let killPrivBit: UInt64 = 1 << 40
+    private static let outsideGroupBit: UInt64 = 1 << 41
 
-    static func make(fd: Int32, kind: OpenKind, killsPrivileges: Bool) -> UInt64 {
-        UInt64(UInt32(bitPattern: fd)) | kind.rawValue << 32 | (killsPrivileges ? killPrivBit : 0)
+    static func make(fd: Int32, kind: OpenKind, kills: PrivilegeKill?) -> UInt64 {
+        var fh = UInt64(UInt32(bitPattern: fd)) | kind.rawValue << 32
+        if let kills { fh |= killPrivBit | (kills.outsideGroup ? outsideGroupBit : 0) }
+        return fh
+    }
+
+    /// What writes through the handle must clear, if anything.
+    @inline(__always)
+    static func kills(_ fh: UInt64) -> PrivilegeKill? {
+        fh & killPrivBit == 0 ? nil : PrivilegeKill(outsideGroup: fh & outsideGroupBit != 0)
     }
 
     @inline(__always)
     static func fd(_ fh: UInt64) -> Int32 { Int32(truncatingIfNeeded: fh) }
 
     static func kind(_ fh: UInt64) -> OpenKind { OpenKind(rawValue: (fh >> 32) & 0xFF) ?? .daemon }
+}
 
-    @inline(__always)
-    static func killsPrivileges(_ fh: UInt64) -> Bool { fh & killPrivBit != 0 }
+/// A write by a user without CAP_FSETID clears setuid, and setgid where the
+/// group could execute the file or the writer is not in its group (the
+/// kernel's setattr_should_drop_sgid).
+struct PrivilegeKill {
+    /// The writer is not in the file's group.
+    var outsideGroup: Bool
+
+    /// The mode once the writer's change cleared what it must.
+    func cleared(_ mode: mode_t) -> mode_t {
+        var m = mode & ~S_ISUID
+        if m & S_IXGRP != 0 || outsideGroup { m &= ~S_ISGID }
+        return m
+    }
 }
 
 /// Passthrough opens, as libfuse's passthrough_hp (3.17) keeps them: one

@@ -1,4 +1,3 @@
-import CFuse
 import CLinux
 import FUSEKit
 import Glibc
@@ -33,13 +32,7 @@ struct RemovalCheck {
     init(_ req: Request, _ caller: Caller) throws(Errno) {
         if caller.uid == 0 { credentials = nil; return }
         guard Credentials.canSwitch || caller.uid == geteuid() else { throw .notPermitted }
-        var groups = [gid_t](repeating: 0, count: 64)
-        var n = fuse_req_getgroups(req.raw, Int32(groups.count), &groups)
-        if n > groups.count {
-            groups = [gid_t](repeating: 0, count: Int(n))
-            n = fuse_req_getgroups(req.raw, Int32(groups.count), &groups)
-        }
-        credentials = Credentials(uid: caller.uid, gid: caller.gid, groups: Array(groups.prefix(Int(max(n, 0)))))
+        credentials = Credentials(uid: caller.uid, gid: caller.gid, groups: req.groups())
     }
 
     init(credentials: Credentials?) { self.credentials = credentials }

@@ -151,8 +151,8 @@ struct PassthroughTests {
                 #expect(chmod(name, mode_t(perms)) == 0)
                 let w = try runAsNobody(["/bin/sh", "-c", "echo x >> \(shellQuote(name))"])
                 #expect(w.ok, "\(w.stderr)")
-                // setgid without group execute marks mandatory locking, not privilege: it stays.
-                let expected = perms == 0o2767 ? 0o2767 : 0o777
+                // setgid without group execute goes too: nobody is not in the file's group.
+                let expected = perms == 0o2767 ? 0o767 : 0o777
                 #expect(try statMode(m.backing("s\(i)")) == expected, "mode \(String(perms, radix: 8))")
             }
             let f = m.path("s0")
@@ -168,6 +168,47 @@ struct PassthroughTests {
             #expect(try runAsNobody(["/bin/sh", "-c", "echo z >> \(shellQuote(f))"]).ok)
             #expect(try statMode(m.backing("s0")) == 0o777, "nobody beside root's open")
             #expect(try String(contentsOfFile: m.backing("s0"), encoding: .utf8) == "xz\n")
+        }
+    }
+}
+
+/// The kernel's rules for privilege bits on another user's change, which
+/// the daemon owns since KILLPRIV_V2: the same script as nobody on a plain
+/// directory and on the mount, each mode read right after the change
+/// (through the kernel's attribute cache on the mount).
+@Suite("privilege bits as another user", .enabled(if: FUSEAvailability.shouldRunAsRoot, "needs /dev/fuse, fusermount3 and root"))
+struct PrivilegeBitsTests {
+    static func prepare(_ dir: String) throws {
+        let r = try sh("""
+            for p in 4777 6666 2767 2766; do touch f$p && chmod $p f$p; done
+            chgrp nogroup f2766
+            touch fall && chmod 6666 fall
+            touch acl && chown nobody acl && chmod 2777 acl
+            touch mine && chown nobody:nogroup mine && chmod 2777 mine
+            """, cwd: dir)
+        guard r.ok else { throw TestFailure(r.stderr) }
+    }
+
+    static let script = """
+        stat -c '%n %a' f* acl mine >/dev/null
+        for p in 4777 6666 2767 2766; do printf x >> f$p; stat -c '%n %a' f$p; done
+        fallocate -l 4096 fall; stat -c '%n %a' fall
+        setfacl -m u:daemon:r acl; stat -c '%n %a' acl
+        setfacl -m u:daemon:r mine; stat -c '%n %a' mine
+        """
+
+    @Test("writes, fallocate and ACLs by nobody clear what they clear natively, and the mount shows it at once",
+          arguments: ["cache=auto", "cache=always"])
+    func parity(cache: String) throws {
+        let plain = try makeTempDirectory()
+        defer { removeTree(plain) }
+        chmod(plain, 0o755)
+        try PrivilegeBitsTests.prepare(plain)
+        let expected = try runAsNobody(["/bin/sh", "-c", PrivilegeBitsTests.script], cwd: plain)
+        #expect(expected.stdout.contains("f2767 767") && expected.stdout.contains("acl 777"), "the fixture: \(expected.stdout)")
+        try withVanishMount(options: ["allow_other", cache], prepare: PrivilegeBitsTests.prepare) { m in
+            let actual = try runAsNobody(["/bin/sh", "-c", PrivilegeBitsTests.script], cwd: m.mountpoint)
+            #expect(actual.stdout == expected.stdout, "\(actual.stderr)")
         }
     }
 }
