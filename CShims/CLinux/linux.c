@@ -305,3 +305,48 @@ int vanish_peer_groups(int fd, gid_t *groups, int capacity) {
     }
     return (int)(len / sizeof(gid_t));
 }
+
+pid_t vanish_fork_unlinker(const char *path, char *argv_area, size_t argv_length) {
+    struct stat made;
+    if (lstat(path, &made) != 0) return -1;
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        // The child of a threaded process: async-signal-safe calls only.
+        // It holds nothing of the parent's but the pipe's read end (no
+        // /dev/fuse fd, which would keep the mount alive), is out of the
+        // terminal's process group, and ignores the signals that stop the
+        // daemon, so it outlives whatever ends the daemon.
+        if (dup2(fds[0], 0) != 0) _exit(1);
+        close_range(1, ~0U, 0);
+        setsid();
+        if (chdir("/") != 0) _exit(1);
+        struct sigaction ignore;
+        memset(&ignore, 0, sizeof(ignore));
+        ignore.sa_handler = SIG_IGN;
+        sigaction(SIGINT, &ignore, NULL);
+        sigaction(SIGTERM, &ignore, NULL);
+        sigaction(SIGHUP, &ignore, NULL);
+        // Not the daemon's command line: ps and pgrep must not take it for one.
+        static const char title[] = "vanish-unlinker";
+        if (argv_area != NULL && argv_length > sizeof(title)) {
+            memset(argv_area, 0, argv_length);
+            memcpy(argv_area, title, sizeof(title));
+        }
+        prctl(PR_SET_NAME, title, 0, 0, 0);
+        char byte;
+        while (read(0, &byte, 1) < 0 && errno == EINTR) {}
+        struct stat now;
+        if (lstat(path, &now) == 0 && now.st_dev == made.st_dev && now.st_ino == made.st_ino) unlink(path);
+        _exit(0);
+    }
+    close(fds[0]);
+    // The write end stays open, close-on-exec, for the daemon's life.
+    return pid;
+}

@@ -125,9 +125,19 @@ public final class ControlServer: Sendable {
         init(_ description: String) { self.description = description }
     }
 
-    /// Starts accepting (after any fork: threads don't survive it).
+    /// Starts accepting (after any fork: threads don't survive it), with a
+    /// small process that removes the socket file once this one is gone:
+    /// after a SIGKILL it would be left for the next mount to sweep.
     public func start() {
         spawnThread("vanish-control") { [self] in serveLoop() }
+        let argv = CommandLine.unsafeArgv
+        let first = argv[0]
+        let last = argv[Int(CommandLine.argc) - 1]
+        let length = first.flatMap { f in last.map { UnsafeRawPointer($0) - UnsafeRawPointer(f) + strlen($0) + 1 } } ?? 0
+        if vanish_fork_unlinker(path, first, length) < 0 {
+            log.warning("no process to remove the control socket if the daemon is killed",
+                        metadata: ["error": "\(String(cString: strerror(errno)))"])
+        }
     }
 
     /// Stops accepting and removes the socket file, then gives the peers

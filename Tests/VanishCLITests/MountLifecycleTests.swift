@@ -280,8 +280,8 @@ struct ArgumentErrorTests {
         }
     }
 
-    @Test("a killed daemon's control socket is removed by the next mount; live ones stay")
-    func staleSocketsRemoved() throws {
+    @Test("a killed daemon's control socket goes with it; live ones stay")
+    func killedDaemonsSocketRemoved() throws {
         try withVanishMount { live in
             let liveSocket = try socketPath(live)
             let dead = try VanishMount()
@@ -289,11 +289,42 @@ struct ArgumentErrorTests {
             let deadSocket = try socketPath(dead)
             kill(dead.pid, SIGKILL)
             _ = try dead.waitForExit()
-            #expect(access(deadSocket, F_OK) == 0, "a SIGKILLed daemon leaves its socket")
+            try waitFor("the killed daemon's socket to go") { access(deadSocket, F_OK) != 0 }
+            #expect(access(liveSocket, F_OK) == 0)
+        }
+    }
+
+    @Test("a socket left by a daemon killed with its unlinker is removed by the next mount; live ones stay")
+    func staleSocketsRemoved() throws {
+        try withVanishMount { live in
+            let liveSocket = try socketPath(live)
+            let dead = try VanishMount()
+            defer { dead.close() }
+            let deadSocket = try socketPath(dead)
+            let unlinker = try #require(children(of: dead.pid, named: "vanish-unlinker").first)
+            kill(unlinker, SIGKILL)
+            try waitFor("the unlinker to go") { children(of: dead.pid, named: "vanish-unlinker").isEmpty }
+            kill(dead.pid, SIGKILL)
+            _ = try dead.waitForExit()
+            #expect(access(deadSocket, F_OK) == 0, "with no unlinker a SIGKILLed daemon leaves its socket")
             try withVanishMount { _ in
                 #expect(access(deadSocket, F_OK) != 0, "the next mount removed it")
                 #expect(access(liveSocket, F_OK) == 0)
             }
+        }
+    }
+
+    /// Living children of `pid` whose command name is `name`.
+    private func children(of pid: pid_t, named name: String) -> [pid_t] {
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+        return entries.compactMap { entry -> pid_t? in
+            guard let child = pid_t(entry),
+                  let stat = try? String(contentsOfFile: "/proc/\(entry)/stat", encoding: .utf8),
+                  let open = stat.firstIndex(of: "("), let close = stat.lastIndex(of: ")") else { return nil }
+            let fields = stat[stat.index(close, offsetBy: 2)...].split(separator: " ")
+            guard stat[stat.index(after: open)..<close] == name, fields.count > 1, fields[0] != "Z",
+                  pid_t(fields[1]) == pid else { return nil }
+            return child
         }
     }
 

@@ -65,6 +65,13 @@ int vanish_thread_setfsuid(uid_t uid);
 int vanish_thread_setfsgid(gid_t gid);
 int vanish_thread_setgroups(size_t count, const gid_t *groups);
 
+/// Forks a process that unlinks `path` (if it is still the file it is now)
+/// once this process is gone, however it ended (SIGKILL included): it waits
+/// for EOF on a pipe whose write end only this process holds. `argv_area`
+/// (the process's argv strings, `argv_length` bytes) is overwritten in the
+/// child so that it does not pass for the daemon. Returns its pid or -1.
+pid_t vanish_fork_unlinker(const char *path, char *argv_area, size_t argv_length);
+
 /// SO_PEERCRED of a connected Unix socket: who the peer was when it connected.
 int vanish_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
 /// SO_PEERGROUPS: the peer's supplementary groups when it connected, from
