@@ -1,3 +1,4 @@
+import CLinux
 import FUSEKit
 import Glibc
 import LinuxSyscalls
@@ -57,10 +58,46 @@ final class ReadingHandles: Sendable {
     }
 }
 
+/// How many bytes each user may have the daemon read back to compare
+/// copies: a token bucket per uid, so one user closing large "copies" in a
+/// loop spends their own share of the daemon's time, not everyone's. A
+/// compare that would overdraw it is not made (no `copied_from`, which is
+/// only ever said when certain).
+final class CompareBudget: Sendable {
+    static let bytesPerSecond = Double(128 << 20)
+    static let burst = Double(512 << 20)
+    /// Users whose buckets are kept; past that, full ones are forgotten.
+    static let remembered = 1024
+
+    private let buckets = Lock<[uid_t: (tokens: Double, at: UInt64)]>([:])
+
+    /// Takes `bytes` from `uid`'s bucket; false (taking nothing) if it has not that many.
+    func take(_ bytes: Int, for uid: uid_t) -> Bool {
+        let now = Condition.now()
+        return buckets.withLock { b in
+            var bucket = b[uid] ?? (CompareBudget.burst, now)
+            let elapsed = Double(now &- bucket.at) / 1e9
+            bucket.tokens = min(CompareBudget.burst, bucket.tokens + elapsed * CompareBudget.bytesPerSecond)
+            bucket.at = now
+            let granted = bucket.tokens >= Double(bytes)
+            if granted { bucket.tokens -= Double(bytes) }
+            if b.count >= CompareBudget.remembered {
+                b = b.filter { now &- $0.value.at < UInt64(CompareBudget.burst / CompareBudget.bytesPerSecond * 1e9) }
+            }
+            b[uid] = bucket
+            return granted
+        }
+    }
+}
+
 extension PassthroughFilesystem {
     /// Whether `node` (`size` bytes now) holds the same bytes as `candidate`,
-    /// compared in full; false for an empty file or one over the limit.
-    func sameContent(_ node: Inode, size: off_t, as candidate: Inode) -> Bool {
+    /// compared in full; false for an empty file, one over the limit, or
+    /// when `uid`'s compare budget runs out. Only data is read: a hole in
+    /// `node` is checked against `candidate` by its extent map (reading
+    /// `candidate` there only where it has data), so sparse files cost
+    /// next to nothing.
+    func sameContent(_ node: Inode, size: off_t, as candidate: Inode, uid: uid_t) -> Bool {
         guard size > 0, size <= ReadingHandles.compareLimit, node !== candidate,
               let a = openForComparing(node) else { return false }
         defer { Sys.close(a) }
@@ -70,16 +107,43 @@ extension PassthroughFilesystem {
         let chunk = 1 << 20
         let buffer = UnsafeMutableRawPointer.allocate(byteCount: 2 * chunk, alignment: 4096)
         defer { buffer.deallocate() }
+        /// Compares [from, to): both read where `a` has data; `b` alone, against zeros, in `a`'s holes.
+        func compare(_ from: off_t, _ to: off_t, holeInA: Bool) -> Bool {
+            var offset = from
+            while offset < to {
+                let want = min(chunk, Int(to - offset))
+                guard compareBudget.take(holeInA ? want : 2 * want, for: uid) else { return false }
+                if holeInA {
+                    guard readFully(b, buffer + chunk, want, at: offset) else { return false }
+                    memset(buffer, 0, want)
+                } else {
+                    guard readFully(a, buffer, want, at: offset), readFully(b, buffer + chunk, want, at: offset) else { return false }
+                }
+                guard memcmp(buffer, buffer + chunk, want) == 0 else { return false }
+                offset += off_t(want)
+            }
+            return true
+        }
         var offset: off_t = 0
         while offset < size {
-            let want = min(chunk, Int(size - offset))
-            guard readFully(a, buffer, want, at: offset), readFully(b, buffer + chunk, want, at: offset),
-                  memcmp(buffer, buffer + chunk, want) == 0 else { return false }
-            offset += off_t(want)
+            // Where a's next data begins: all after is a hole if there is none.
+            let data = min(size, (try? Sys.lseek(a, offset, VANISH_SEEK_DATA)) ?? size)
+            // In a's hole, b must read as zeros: only b's data there is read.
+            var at = offset
+            while at < data {
+                let bData = min(data, (try? Sys.lseek(b, at, VANISH_SEEK_DATA)) ?? data)
+                guard bData < data else { break }
+                let bHole = min(data, (try? Sys.lseek(b, bData, VANISH_SEEK_HOLE)) ?? data)
+                guard compare(bData, bHole, holeInA: true) else { return false }
+                at = bHole
+            }
+            guard data < size else { break }
+            let hole = min(size, (try? Sys.lseek(a, data, VANISH_SEEK_HOLE)) ?? size)
+            guard compare(data, hole, holeInA: false) else { return false }
+            offset = hole
         }
         return true
     }
-
     private func openForComparing(_ node: Inode) -> Int32? {
         try? namespace.withFD(node) { pathFD throws(Errno) in
             try Sys.withProcPath(pathFD) { path throws(Errno) in try Sys.open(path, O_RDONLY) }

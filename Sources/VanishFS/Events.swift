@@ -281,7 +281,7 @@ extension PassthroughFilesystem {
         let id = fileID(of: node, fd: fd)
         var source = session.source
         if source == nil, let candidate = session.copyCandidate, let st,
-           sameContent(node, size: st.st_size, as: candidate) {
+           sameContent(node, size: st.st_size, as: candidate, uid: caller.uid) {
             source = (path(of: candidate), fileID(of: candidate))
         }
         emit(.written, caller) { e in

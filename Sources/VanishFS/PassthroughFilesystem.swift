@@ -58,6 +58,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     let writing = WritingHandles()
     /// Read-only handles by process, for telling copies (`copied_from`).
     let reading = ReadingHandles()
+    /// What each user may have the daemon read to compare copies.
+    let compareBudget = CompareBudget()
     /// Backing ids of files opened in passthrough mode.
     let passthrough: PassthroughFiles
     /// The session's device for registering backing files; set after

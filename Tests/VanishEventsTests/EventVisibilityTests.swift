@@ -79,13 +79,4 @@ struct EventVisibilityTests {
             #expect(used < 300, "the daemon used \(used) ticks (1/100 s) for one snapshot")
         }
     }
-
-    /// utime + stime of `pid`, in clock ticks.
-    private func cpuTicks(_ pid: pid_t) throws -> Int {
-        let stat = try String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)
-        guard let close = stat.lastIndex(of: ")") else { throw TestFailure("unreadable stat") }
-        let fields = stat[stat.index(after: close)...].split(separator: " ")
-        guard fields.count > 13, let u = Int(fields[11]), let s = Int(fields[12]) else { throw TestFailure("stat fields") }
-        return u + s
-    }
 }
