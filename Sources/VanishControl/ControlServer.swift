@@ -189,9 +189,16 @@ public final class ControlServer: Sendable {
             }
             let at = Condition.now()
             var kept: [Peer] = []
+            // Fair to users: one request of each user is read and answered
+            // per pass; a user's further requests wait for the next pass,
+            // so one user's many connections delay another's by one answer.
+            var served: Set<uid_t> = []
             for (i, var p) in peers.enumerated() {
                 // Each branch either keeps the peer or lets it go (and counts it gone) once.
-                if fds[i + 2].revents != 0 {
+                if fds[i + 2].revents != 0 && !p.answering, let uid = p.uid, served.contains(uid) {
+                    kept.append(p)
+                } else if fds[i + 2].revents != 0 {
+                    if !p.answering, let uid = p.uid { served.insert(uid) }
                     if p.answering ? writeSome(&p) : readSome(&p) { kept.append(p) }
                 } else if at < p.deadline {
                     kept.append(p)

@@ -77,7 +77,7 @@ public final class Daemon {
         let instance = Daemon.newInstanceID()
         journal = Daemon.openJournal(configuration, filesystem, instance: instance, log: log)
         control = Daemon.openControlSocket(configuration, filesystem, instance: instance, log: log)
-        filesystem.statusReport = { [unowned filesystem] uid in StatusReport.json(filesystem.statusFacts(), for: uid) }
+        filesystem.statusReport = { [unowned filesystem] uid in StatusReport.json(filesystem.statusFacts(for: uid), for: uid) }
         do {
             session = try Session(filesystem: filesystem, options: configuration.fuseOptions, debug: configuration.debug)
         } catch {

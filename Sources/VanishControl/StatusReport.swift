@@ -9,7 +9,7 @@ enum StatusReport {
     /// root), and only root learns how many entries were buried: another
     /// user's deletions are not theirs to learn of.
     static func json(_ f: StatusFacts, for uid: uid_t) -> String {
-        let allRestorable = f.restorable.count
+        let allRestorable = f.restorableCount
         var (pending, restorable) = (f.pendingEntries, allRestorable)
         var restorableBytes = f.restorableBytes
         if uid != 0 {

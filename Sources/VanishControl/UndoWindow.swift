@@ -38,7 +38,7 @@ struct UndoWindow {
 
     /// The restorable entries `who` may see (their own; everything for root), oldest first.
     func trash(for who: Credentials) -> [TrashEntry] {
-        filesystem.restorable.filter { who.uid == 0 || $0.record.uid == who.uid }
+        filesystem.restorable(for: who.uid)
     }
 
     /// Restores one entry by id, or by original path (its latest deletion,
@@ -48,7 +48,7 @@ struct UndoWindow {
     func restore(id: String?, path: [UInt8]?, to destination: [UInt8]?,
                  as who: Credentials) throws(RestoreError) -> [[UInt8]] {
         guard filesystem.hasGraveyard else { throw .noSuchEntry("anything (this mount has no graveyard)") }
-        let visible = filesystem.restorable.filter { who.uid == 0 || $0.record.uid == who.uid }
+        let visible = filesystem.restorable(for: who.uid)
         var plan: [TrashEntry] = []
         if let id {
             // Another user's entry gets the answer for one that never was.

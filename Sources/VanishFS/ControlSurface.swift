@@ -30,6 +30,13 @@ extension PassthroughFilesystem {
         return graveyard.restorable
     }
 
+    /// The restorable entries `uid` may see (root: all), oldest first.
+    package func restorable(for uid: uid_t) -> [TrashEntry] {
+        guard let graveyard else { return [] }
+        namespace.settle()
+        return uid == 0 ? graveyard.restorable : graveyard.restorable(of: uid)
+    }
+
     /// Why an entry could not be put back.
     package enum PutBackFailure: Error {
         /// It is no longer in the graveyard (restored or reaped meanwhile).

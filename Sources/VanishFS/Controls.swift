@@ -74,15 +74,18 @@ extension PassthroughFilesystem {
         return passthroughReason == "on" ? "off: the kernel refused backing files" : passthroughReason
     }
 
-    /// What `vanish status` shows, gathered for the control plane to render
-    /// (`VanishControl.StatusReport`): counts for the whole mount, and the
-    /// undo window's entries, which it filters by who asks.
-    package func statusFacts() -> StatusFacts {
+    /// What `vanish status` shows `uid`, gathered for the control plane to
+    /// render (`VanishControl.StatusReport`): counts for the whole mount, and
+    /// the undo window's entries of `uid` (none listed for root, who gets
+    /// the totals), from the per-user index.
+    package func statusFacts(for uid: uid_t) -> StatusFacts {
         var fs = statvfs()
         _ = fstatvfs(rootFD, &fs)
         return StatusFacts(
             source: sourcePath, graveyard: graveyard != nil, pendingEntries: pendingEntries,
-            restorable: graveyard?.restorable ?? [], restorableBytes: graveyard?.restorableBytes ?? 0, stuckEntries: stuckEntries,
+            restorable: uid == 0 ? [] : graveyard?.restorable(of: uid) ?? [],
+            restorableCount: graveyard?.restorableCount ?? 0,
+            restorableBytes: graveyard?.restorableBytes ?? 0, stuckEntries: stuckEntries,
             statistics: reapingStatistics, pace: reapingPace, reapersIdle: reapersIdle,
             reaperWorkers: reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize),
             keepSeconds: Double(reaper?.policy.keep ?? 0) / 1e9, socket: controlSocket,
@@ -101,8 +104,10 @@ package struct StatusFacts {
     package var graveyard: Bool
     /// Graveyard entries not yet reaped, kept ones included.
     package var pendingEntries: Int
-    /// Every user's restorable entries.
+    /// The asking user's restorable entries (root's facts list none).
     package var restorable: [TrashEntry]
+    /// Every user's restorable entries, counted.
+    package var restorableCount: Int
     /// Theirs in bytes, with the sizes measured since they were buried.
     package var restorableBytes: UInt64
     package var stuckEntries: Int

@@ -86,8 +86,23 @@ public struct TrashEntry: Sendable {
 final class TrashIndex: Sendable {
     private struct State {
         var entries: [String: TrashEntry] = [:]
+        /// The ids of each user's entries, so one user's listing or restore
+        /// costs in proportion to their own trash, not everyone's.
+        var byUser: [UInt32: Set<String>] = [:]
         /// Entries a restore has taken and not finished with.
         var restoring: Set<String> = []
+
+        mutating func add(_ e: TrashEntry) -> Bool {
+            byUser[e.record.uid, default: []].insert(e.id)
+            return entries.updateValue(e, forKey: e.id) == nil
+        }
+
+        mutating func remove(_ id: String) -> TrashEntry? {
+            guard let e = entries.removeValue(forKey: id) else { return nil }
+            byUser[e.record.uid]?.remove(id)
+            if byUser[e.record.uid]?.isEmpty == true { byUser[e.record.uid] = nil }
+            return e
+        }
     }
     private let state = Mutex(State())
     private let knownBytes = Atomic<UInt64>(0)
@@ -95,7 +110,7 @@ final class TrashIndex: Sendable {
     private let population = Atomic<Int>(0)
 
     func insert(_ e: TrashEntry) {
-        let fresh = state.withLock { s in s.entries.updateValue(e, forKey: e.id) == nil }
+        let fresh = state.withLock { s in s.add(e) }
         if fresh {
             population.wrappingAdd(1, ordering: .relaxed)
             knownBytes.wrappingAdd(e.record.bytes ?? 0, ordering: .relaxed)
@@ -129,7 +144,7 @@ final class TrashIndex: Sendable {
         let id = String(cString: name)
         let (ok, taken): (Bool, TrashEntry?) = state.withLock { s in
             if s.restoring.contains(id) { return (false, nil) }
-            return (true, s.entries.removeValue(forKey: id))
+            return (true, s.remove(id))
         }
         if let taken { removed(taken); had = true }
         return ok
@@ -138,7 +153,7 @@ final class TrashIndex: Sendable {
     /// For a restore: takes the entry so the reaper leaves it alone.
     func claimForRestore(_ id: String) -> TrashEntry? {
         state.withLock { s -> TrashEntry? in
-            guard let e = s.entries.removeValue(forKey: id) else { return nil }
+            guard let e = s.remove(id) else { return nil }
             s.restoring.insert(id)
             knownBytes.wrappingSubtract(e.record.bytes ?? 0, ordering: .relaxed)
             return e
@@ -149,7 +164,7 @@ final class TrashIndex: Sendable {
     func finishRestore(_ e: TrashEntry, restored: Bool) {
         state.withLock { s in
             s.restoring.remove(e.id)
-            if !restored { s.entries[e.id] = e }
+            if !restored { _ = s.add(e) }
         }
         if restored {
             population.wrappingSubtract(1, ordering: .relaxed)
@@ -159,6 +174,11 @@ final class TrashIndex: Sendable {
     }
 
     var all: [TrashEntry] { state.withLock { Array($0.entries.values) } }
+
+    /// One user's entries.
+    func entries(of uid: UInt32) -> [TrashEntry] {
+        state.withLock { s in (s.byUser[uid] ?? []).compactMap { s.entries[$0] } }
+    }
     var count: Int { state.withLock { $0.entries.count } }
     /// Bytes of the entries whose size is known.
     var bytes: UInt64 { knownBytes.load(ordering: .relaxed) }
@@ -283,6 +303,8 @@ extension Graveyard {
 
     /// Entries that can be restored, oldest first.
     public var restorable: [TrashEntry] { trash.all.sorted { $0.id < $1.id } }
+    /// `uid`'s restorable entries, oldest first.
+    public func restorable(of uid: UInt32) -> [TrashEntry] { trash.entries(of: uid).sorted { $0.id < $1.id } }
     public var restorableCount: Int { trash.count }
     /// Bytes the restorable entries hold, as far as known.
     public var restorableBytes: UInt64 { trash.bytes }

@@ -94,6 +94,7 @@ struct ControlPlaneTests {
 
     static func facts(_ restorable: [TrashEntry], pending: Int, stuck: Int = 0, rate: Double = 0) -> StatusFacts {
         StatusFacts(source: "/src\"x", graveyard: true, pendingEntries: pending, restorable: restorable,
+                    restorableCount: restorable.count,
                     restorableBytes: restorable.reduce(0) { $0 + ($1.record.bytes ?? 0) } + 100, stuckEntries: stuck,
                     statistics: .zero, pace: Reaper.Pace(filesPerSecond: rate, entriesPerSecond: rate), reapersIdle: false,
                     reaperWorkers: 2, freeBytes: 1 << 30, keepSeconds: 3600, socket: "/run/vanish/x.sock",

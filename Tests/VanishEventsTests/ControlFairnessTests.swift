@@ -1,0 +1,44 @@
+import Foundation
+import Glibc
+import Testing
+import VanishTestSupport
+
+/// One user's control requests cost the daemon in proportion to that
+/// user's own trash, however large everyone else's is.
+@Suite("control requests per user", .enabled(if: FUSEAvailability.shouldRunAsRoot, "needs /dev/fuse, fusermount3 and root"))
+struct ControlFairnessTests {
+    @Test("nobody's trash lists in a loop, beside 20,000 of root's kept entries, cost the daemon next to nothing")
+    func ownTrashOnly() throws {
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            let r = try sh("mkdir t && cd t && seq 1 20000 | sed 's/^/f/' | xargs touch", cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            #expect(try sh("rm -rf t", cwd: m.mountpoint).ok)
+            let socket = try #require(try statusJSON(m)["socket"] as? String)
+            let script = m.base + "/lists.py"
+            try """
+                import socket, sys
+                for i in range(300):
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    s.connect(sys.argv[1])
+                    s.sendall(b'{"op":"trash-list"}\\n')
+                    data = b""
+                    while not data.endswith(b"\\n"):
+                        chunk = s.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                    s.close()
+                    assert b'"entries":[]' in data, data
+                """.write(toFile: script, atomically: true, encoding: .utf8)
+            let before = try cpuTicks(m.pid)
+            let r = try runAsNobody(["/usr/bin/python3", script, socket])
+            let used = try cpuTicks(m.pid) - before
+            #expect(r.ok, "\(r.stderr)")
+            // Filtering all 20,000 entries for each request took seconds.
+            #expect(used < 100, "the daemon used \(used) ticks (1/100 s) for nobody's 300 lists")
+            let roots = try run([vanishBinary, "trash", "list", "--json", m.mountpoint])
+            #expect(roots.stdout.split(separator: "\n").count >= 20000)
+        }
+    }
+}
