@@ -9,12 +9,15 @@ import SystemPackage
 final class DirectoryHandle {
     let stream: OpaquePointer
     let inode: Inode
+    /// Whose handle share it takes.
+    let owner: uid_t
     /// The telldir cookie of the next entry this handle will return.
     var offset: off_t = 0
 
-    init(stream: OpaquePointer, inode: Inode) {
+    init(stream: OpaquePointer, inode: Inode, owner: uid_t) {
         self.stream = stream
         self.inode = inode
+        self.owner = owner
     }
 
     deinit { closedir(stream) }
@@ -27,23 +30,31 @@ final class DirectoryHandle {
 extension PassthroughFilesystem {
     public func opendir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let node = inode(ino)
-        let fd = try namespace.withFD(node) { pathFD throws(Errno) in
-            try namespace.retryingOnFDExhaustion { () throws(Errno) in
-                try Sys.openat(pathFD, ".", O_RDONLY | O_DIRECTORY)
+        // Read before the reply, which ends the request.
+        let caller = req.caller
+        try handleShares.take(caller.uid)
+        let stream: OpaquePointer
+        do throws(Errno) {
+            let fd = try namespace.withFD(node) { pathFD throws(Errno) in
+                try namespace.retryingOnFDExhaustion { () throws(Errno) in
+                    try Sys.openat(pathFD, ".", O_RDONLY | O_DIRECTORY)
+                }
             }
+            guard let opened = fdopendir(fd) else {
+                let e = Errno(rawValue: errno)
+                Sys.close(fd)
+                throw e
+            }
+            stream = opened
+        } catch {
+            handleShares.giveBack(caller.uid)
+            throw error
         }
-        guard let stream = fdopendir(fd) else {
-            let e = Errno(rawValue: errno)
-            Sys.close(fd)
-            throw e
-        }
-        let handle = DirectoryHandle(stream: stream, inode: node)
+        let handle = DirectoryHandle(stream: stream, inode: node, owner: caller.uid)
         fi.pointee.fh = UInt64(UInt(bitPattern: Unmanaged.passRetained(handle).toOpaque()))
         if cachesListings && (options.cache == .always || node.key.dev == table.root.key.dev) {
             configureListingCache(node, fi)
         }
-        // Read before the reply, which ends the request.
-        let caller = req.caller
         let statWalk = options.readdirPlus == .always || table.listingWantsAttributes(node)
         req.reply(open: fi)
         statahead.opened(node, statWalk: statWalk, caller: caller)
@@ -86,7 +97,9 @@ extension PassthroughFilesystem {
     static let listingReuseMilliseconds: UInt32 = 500
 
     public func releasedir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        Unmanaged<DirectoryHandle>.fromOpaque(UnsafeRawPointer(bitPattern: UInt(fi.pointee.fh))!).release()
+        let handle = Unmanaged<DirectoryHandle>.fromOpaque(UnsafeRawPointer(bitPattern: UInt(fi.pointee.fh))!)
+        handleShares.giveBack(handle.takeUnretainedValue().owner)
+        handle.release()
         req.replyOK()
     }
 

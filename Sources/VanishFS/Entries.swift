@@ -201,6 +201,9 @@ extension PassthroughFilesystem {
         try checkChangeable(p, name)
         let flags = backingOpenFlags(fi.pointee.flags)
         let caller = req.caller
+        try handleShares.take(caller.uid)
+        var handed = false
+        defer { if !handed { handleShares.giveBack(caller.uid) } }
         try namespace.making(p, name) { pfd throws(Errno) -> (Int32, Inode, stat) in
             // O_NOFOLLOW: a symlink raced into place is refused, never followed.
             let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in
@@ -219,6 +222,7 @@ extension PassthroughFilesystem {
                 throw error
             }
         } answer: { (fd, node, st) in
+            handed = true
             let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi, req)
             var e = entry(node, st)
             if req.reply(created: &e, fi, backing: backing) == -ENOENT { abandonHandle(node, fi) }
@@ -237,6 +241,9 @@ extension PassthroughFilesystem {
         if table.isBuried(p) { throw .noSuchFileOrDirectory }
         let flags = (backingOpenFlags(fi.pointee.flags) & ~O_CREAT) | VANISH_O_TMPFILE
         let caller = req.caller
+        try handleShares.take(caller.uid)
+        var handed = false
+        defer { if !handed { handleShares.giveBack(caller.uid) } }
         let (fd, node, st) = try namespace.withFD(p) { pfd throws(Errno) -> (Int32, Inode, stat) in
             let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in try Sys.openat(pfd, ".", flags, mode) }
             do throws(Errno) {
@@ -254,6 +261,7 @@ extension PassthroughFilesystem {
                 throw error
             }
         }
+        handed = true
         let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi, req)
         _ = namespace.holdIfOpen(node)
         var e = entry(node, st)

@@ -13,28 +13,36 @@ extension PassthroughFilesystem {
     public func open(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let node = inode(ino)
         let flags = backingOpenFlags(fi.pointee.flags)
+        let caller = req.caller
+        try handleShares.take(caller.uid)
         var known: stat? = nil
         let fd: Int32
-        if let (byName, st) = namespace.openByName(node, flags: flags) {
-            fd = byName
-            known = st
-        } else {
-            fd = try namespace.withFD(node) { pathFD throws(Errno) in
-                try namespace.retryingOnFDExhaustion { () throws(Errno) in
-                    try Sys.withProcPath(pathFD) { path throws(Errno) in try Sys.open(path, flags) }
+        do throws(Errno) {
+            if let (byName, st) = namespace.openByName(node, flags: flags) {
+                fd = byName
+                known = st
+            } else {
+                fd = try namespace.withFD(node) { pathFD throws(Errno) in
+                    try namespace.retryingOnFDExhaustion { () throws(Errno) in
+                        try Sys.withProcPath(pathFD) { path throws(Errno) in try Sys.open(path, flags) }
+                    }
                 }
             }
+        } catch {
+            handleShares.giveBack(caller.uid)
+            throw error
         }
-        let caller = req.caller
         let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: known, fi, req)
         if req.reply(open: fi, backing: backing) == -ENOENT { abandonHandle(node, fi) }
     }
 
     /// Decides how a new handle of `node` is served, fills in `fi` and
     /// returns the backing id its reply carries (0: none). For open and
-    /// create (which has the new file's `stat` already).
+    /// create (which has the new file's `stat` already), once the caller's
+    /// handle share was taken.
     func opened(_ node: Inode, fd: Int32, flags: Int32, caller: Caller, stat known: stat?,
                 _ fi: UnsafeMutablePointer<fuse_file_info>, _ req: Request) -> Int32 {
+        handleShares.opened(fd, by: caller.uid)
         let kills = node.type == S_IFREG ? privilegesToClear(node, fd: fd, flags: flags, stat: known, req) : nil
         let (kind, backing) = node.type == S_IFREG && passthrough.active
             ? passthrough.open(node, fd: fd, throughDaemon: kills != nil) : (OpenKind.daemon, Int32(0))
@@ -116,6 +124,7 @@ extension PassthroughFilesystem {
                 reading.released(fd)
             }
         }
+        handleShares.released(fd)
         Sys.close(fd)
         if last && table.isBuried(node) { namespace.drop(node) }
     }

@@ -60,6 +60,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     let reading = ReadingHandles()
     /// What each user may have the daemon read to compare copies.
     let compareBudget = CompareBudget()
+    /// How many open handles each user may have the daemon hold.
+    let handleShares = HandleShares(fdLimit: FileLimits.current())
     /// Backing ids of files opened in passthrough mode.
     let passthrough: PassthroughFiles
     /// The session's device for registering backing files; set after
@@ -398,6 +400,13 @@ public enum FileLimits {
             _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &lim)
         }
         return Int(min(lim.rlim_cur, rlim_t(Int32.max)))
+    }
+
+    /// The soft RLIMIT_NOFILE.
+    static func current() -> Int {
+        var lim = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &lim) == 0 else { return 1024 }
+        return Int(min(lim.rlim_cur, 1 << 20))
     }
 
     /// Half the fd limit for cached inode fds, leaving the rest for files

@@ -1,0 +1,65 @@
+import Foundation
+import Glibc
+import Testing
+import VanishTestSupport
+
+/// Every user's open files through the mount are fds of the one daemon:
+/// no user may take so many that root's opens fail.
+@Suite("open handles per user", .enabled(if: FUSEAvailability.shouldRunAsRoot, "needs /dev/fuse, fusermount3 and root"))
+struct HandleSharesTests {
+    @Test("two of nobody's processes holding files open share one user's share, and root still opens, creates and lists")
+    func sharesLeaveRootRoom() throws {
+        // A daemon with 1,024 fds: a user may hold 256 handles, all users 512.
+        try withVanishMount(options: ["allow_other"], fileLimit: 1024, prepare: { src in
+            guard try sh("mkdir -m 777 pub && mkdir roots", cwd: src).ok else { throw TestFailure("mkdir") }
+        }) { m in
+            let holder = m.base + "/hold.py"
+            try """
+                import errno, os, sys, time
+                os.chdir(sys.argv[1])
+                held, error = [], ""
+                for i in range(700):
+                    try:
+                        held.append(os.open("%s-%d" % (sys.argv[2], i), os.O_CREAT | os.O_RDWR, 0o600))
+                    except OSError as e:
+                        error = errno.errorcode[e.errno]
+                        break
+                with open(sys.argv[3] + ".part", "w") as f:
+                    f.write("%d %s" % (len(held), error))
+                os.rename(sys.argv[3] + ".part", sys.argv[3])
+                while not os.path.exists(sys.argv[4]):
+                    time.sleep(0.01)
+                """.write(toFile: holder, atomically: true, encoding: .utf8)
+            chmod(m.base, 0o777)
+            let stop = m.base + "/stop"
+            var holders: [pid_t] = []
+            defer {
+                _ = FileManager.default.createFile(atPath: stop, contents: nil)
+                for h in holders { var st: Int32 = 0; waitpid(h, &st, 0) }
+            }
+            for name in ["a", "b"] {
+                holders.append(try spawn(["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
+                                          "/usr/bin/python3", holder, m.path("pub"), name, m.base + "/held-" + name, stop]))
+            }
+            var held = 0
+            for name in ["a", "b"] {
+                try waitFor("holder \(name) to report") { access(m.base + "/held-" + name, F_OK) == 0 }
+                let report = try String(contentsOfFile: m.base + "/held-" + name, encoding: .utf8)
+                #expect(report.hasSuffix(" ENFILE"), "holder \(name): \(report)")
+                held += Int(report.split(separator: " ")[0]) ?? 0
+            }
+            #expect(held == 256, "nobody's two processes share one user's share")
+            // Root, meanwhile: 200 files open at once, directories made and listed.
+            let r = try run(["python3", "-c", """
+                import os, sys
+                os.chdir(sys.argv[1])
+                fds = [os.open("f%d" % i, os.O_CREAT | os.O_RDWR, 0o600) for i in range(200)]
+                for i in range(20):
+                    os.mkdir("d%d" % i)
+                print(len(os.listdir(".")))
+                """, m.path("roots")])
+            #expect(r.ok, "\(r.stderr)")
+            #expect(r.stdout == "220\n")
+        }
+    }
+}
