@@ -30,6 +30,19 @@ final class WritingHandles: Sendable {
         var unseenSince: Stamp?
         /// A write came through the daemon.
         var wrote: Bool
+        /// How far copy_file_range filled the file from `source`, in one run
+        /// from offset 0 at the same offsets, and the source's size then.
+        var copiedEnd: off_t = 0
+        var sourceSize: off_t = -1
+        /// Data came otherwise too (a write, a copy that was not that run):
+        /// the file is not a copy of `source` alone.
+        var mixed = false
+
+        /// `source`, if the file (`size` bytes now) is exactly a copy of it.
+        func wholeCopy(size: off_t) -> (path: [UInt8], id: String)? {
+            guard let source, !mixed, copiedEnd == size, sourceSize == size else { return nil }
+            return source
+        }
     }
 
     /// The writable handles of one inode and what the released ones did.
@@ -76,20 +89,42 @@ final class WritingHandles: Sendable {
         if stamp != nil { following.add(1, ordering: .relaxed) }
     }
 
-    /// Notes a write by `caller` through the daemon on `fd`; cheap after the first.
+    /// What a copy_file_range into a file brought: from which file, at
+    /// which offsets, how much, how big that file was, and the copy's stamp
+    /// after (a passthrough handle's later writes show as a change from it).
+    struct Copy {
+        var source: (path: [UInt8], id: String)
+        var inputOffset: off_t
+        var outputOffset: off_t
+        var length: Int
+        var sourceSize: off_t
+        var after: Stamp?
+    }
+
+    /// Notes a write by `caller` through the daemon on `fd` (a copy_file_range
+    /// when `copy`); cheap after the first plain one.
     @inline(__always)
-    func wrote(_ fd: Int32, _ node: Inode, _ caller: Caller, source: (path: [UInt8], id: String)? = nil) {
+    func wrote(_ fd: Int32, _ node: Inode, _ caller: Caller, copy: Copy? = nil) {
         state.withLock { m in
             let key = ObjectIdentifier(node)
             guard m[key] != nil else { return }  // not opened for writing (cannot happen) or not observed then
-            if var h = m[key]!.handles[fd] {
-                guard !h.wrote || source != nil else { return }
-                h.wrote = true
-                if source != nil { h.source = source }
-                m[key]!.handles[fd] = h
+            var h = m[key]!.handles[fd] ?? Handle(caller: caller, wrote: false)
+            guard !h.wrote || copy != nil || !h.mixed else { return }
+            h.wrote = true
+            if let copy {
+                if copy.inputOffset == h.copiedEnd, copy.outputOffset == h.copiedEnd,
+                   h.source == nil || h.source?.id == copy.source.id {
+                    h.source = copy.source
+                    h.copiedEnd += off_t(copy.length)
+                    h.sourceSize = copy.sourceSize
+                } else {
+                    h.mixed = true
+                }
+                if let after = copy.after, h.unseenSince != nil { h.unseenSince = after }
             } else {
-                m[key]!.handles[fd] = Handle(caller: caller, source: source, wrote: true)
+                h.mixed = true
             }
+            m[key]!.handles[fd] = h
         }
     }
 
@@ -102,11 +137,16 @@ final class WritingHandles: Sendable {
             let h = s.handles.removeValue(forKey: fd)
             if let h {
                 var wrote = h.wrote
-                if let since = h.unseenSince, let st, Stamp(st) != since { wrote = true }
+                var handle = h
+                // A passthrough handle changed the file since its last copy: a write of its own.
+                if let since = h.unseenSince, let st, Stamp(st) != since {
+                    wrote = true
+                    handle.mixed = true
+                }
                 if wrote {
                     s.wrote = true
                     s.caller = h.caller
-                    if h.source != nil { s.source = h.source }
+                    if let st, let whole = handle.wholeCopy(size: st.st_size) { s.source = whole } else { s.source = nil }
                 }
             }
             s.open -= 1

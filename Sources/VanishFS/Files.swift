@@ -154,7 +154,12 @@ extension PassthroughFilesystem {
         if let kills = FileHandle.kills(fiOut.pointee.fh) { clearPrivileges(outFD, kills, output) }
         // The new file's data comes from another file in the mount: say which.
         if observing {
-            writing.wrote(outFD, inode(output), req.caller, source: (path(of: inode(input)), fileID(of: inode(input), fd: inFD)))
+            let after = try? Sys.fstat(outFD)
+            let copy = WritingHandles.Copy(source: (path(of: inode(input)), fileID(of: inode(input), fd: inFD)),
+                                           inputOffset: inputOffset, outputOffset: outputOffset, length: n,
+                                           sourceSize: (try? Sys.fstat(inFD))?.st_size ?? -1,
+                                           after: after.map(WritingHandles.Stamp.init))
+            writing.wrote(outFD, inode(output), req.caller, copy: copy)
         }
         req.reply(written: n)
     }

@@ -337,6 +337,35 @@ struct EventStreamTests {
         }
     }
 
+    @Test("a file copy_file_range only began is no copy: cat with more after it, a partial copy",
+          arguments: [[], ["passthrough=off"]])
+    func partialCopies(options: [String]) throws {
+        try withVanishMount(options: options) { m in
+            let s = try Subscriber(m)
+            defer { s.stop() }
+            try attach(s, m)
+            let r = try sh("""
+                set -e
+                printf 'hello world\n' > a.txt
+                printf 'extra\n' | cat a.txt - > b.txt
+                cat a.txt > c.txt
+                python3 -c "import os; i = os.open('a.txt', os.O_RDONLY); o = os.open('d.txt', os.O_WRONLY | os.O_CREAT, 0o644); os.copy_file_range(i, o, 5)"
+                python3 -c "import os; i = os.open('a.txt', os.O_RDONLY); o = os.open('e.txt', os.O_WRONLY | os.O_CREAT, 0o644); os.copy_file_range(i, o, 12); os.pwrite(o, b'H', 0)"
+                : > end
+                """, cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            try s.waitFor("end") { $0["path"] as? String == "end" }
+            try s.waitFor("e.txt written") { $0["type"] as? String == "written" && $0["path"] as? String == "e.txt" }
+            func written(_ name: String) -> [String: Any]? {
+                s.events.last { $0["type"] as? String == "written" && $0["path"] as? String == name }
+            }
+            #expect(written("b.txt")?["copied_from"] == nil, "\(String(describing: written("b.txt")))")
+            #expect(written("c.txt")?["copied_from"] as? String == "a.txt", "\(String(describing: written("c.txt")))")
+            #expect(written("d.txt")?["copied_from"] == nil, "\(String(describing: written("d.txt")))")
+            #expect(written("e.txt")?["copied_from"] == nil, "\(String(describing: written("e.txt")))")
+        }
+    }
+
     /// Issue 22, item 4: only copy_file_range was recognized.
     @Test("read-then-write copies name their source; a changed copy or a pipe does not",
           arguments: [[], ["passthrough=off"]])
