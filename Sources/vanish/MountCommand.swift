@@ -117,6 +117,20 @@ struct MountCommand: ParsableCommand {
         let mnt = try MountPaths.resolve(mountpoint ?? source, what: "mountpoint")
         try MountPaths.requireDirectory(src, what: "source")
         try MountPaths.requireDirectory(mnt, what: "mountpoint")
+        // Vanish over Vanish: a second graveyard and journal inside the first
+        // mount, or a second in-place mount stacked on the first.
+        if let m = MountPaths.mount(containing: src), m.type == "fuse.vanish" {
+            if m.point == src && m.source == src {
+                throw ValidationError("\(src) is already mounted in place by Vanish: unmount it first (vanish unmount \(src))")
+            }
+            throw ValidationError("""
+                source \(src) is inside the Vanish mount at \(m.point) (of \(m.source)): mount \(m.source) \
+                itself, or unmount \(m.point) first
+                """)
+        }
+        if MountPaths.mountType(at: mnt) == "fuse.vanish" {
+            throw ValidationError("mountpoint \(mnt) already has a Vanish mount: unmount it first (vanish unmount \(mnt))")
+        }
         if mnt != src && mnt.hasPrefix(src == "/" ? "/" : src + "/") {
             throw ValidationError("""
                 mountpoint \(mnt) is inside source \(src): the mount would contain itself. \

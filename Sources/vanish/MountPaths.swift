@@ -8,19 +8,47 @@ enum MountPaths {
     /// graveyard and the second would delete the first's event journal.
     /// Returns the fd that holds it (closing it lets go; so does exiting),
     /// or -1 for a source that cannot be opened for reading (not locked).
+    ///
+    /// A daemon lets go a moment after its unmount returns (it first joins
+    /// its workers): while no Vanish mount of the source is left, the lock
+    /// is waited for, up to `patience` seconds, saying so once.
     @discardableResult
-    static func lockSource(_ source: String) throws -> Int32 {
+    static func lockSource(_ source: String, patience: Double = 5) throws -> Int32 {
         let fd = open(source, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { return -1 }
-        if flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK {
-            close(fd)
-            throw RuntimeError("""
-                \(source) is in use by another vanish process (a mount of it, or vanish reap): \
-                see `vanish status` on its mountpoint, or unmount it first
-                """)
+        var said = false
+        let deadline = monotonicSeconds() + patience
+        while flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK {
+            if let m = vanishMount(of: source) {
+                close(fd)
+                throw RuntimeError("\(source) is already mounted by Vanish at \(m): unmount it first (vanish unmount \(m))")
+            }
+            if monotonicSeconds() >= deadline {
+                close(fd)
+                throw RuntimeError("""
+                    \(source) is in use by another vanish process (vanish reap, or a daemon that is \
+                    still finishing): try again once it is done
+                    """)
+            }
+            if !said {
+                FileHandleStderr.write("vanish: waiting for the vanish process leaving \(source) to let go of it\n")
+                said = true
+            }
+            usleep(5_000)
         }
         // A daemon that forks into the background keeps the fd, and the lock.
         return fd
+    }
+
+    private static func monotonicSeconds() -> Double {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+    }
+
+    /// The mountpoint of a Vanish mount serving `source` (its device field), if any.
+    static func vanishMount(of source: String) -> String? {
+        mounts().last { $0.type == "fuse.vanish" && $0.source == source }?.point
     }
 
     /// realpath(3), or a validation error naming the path.
@@ -51,18 +79,19 @@ enum MountPaths {
     }
 
     /// Every mount this process sees, in mount order: (mountpoint, fstype,
-    /// device as major:minor).
-    static func mounts() -> [(point: String, type: String, device: String)] {
+    /// device as major:minor, source as mountinfo names it).
+    static func mounts() -> [(point: String, type: String, device: String, source: String)] {
         guard let f = fopen("/proc/self/mountinfo", "r") else { return [] }
         defer { fclose(f) }
-        var out: [(String, String, String)] = []
+        var out: [(String, String, String, String)] = []
         var line: UnsafeMutablePointer<CChar>?
         var cap = 0
         while getline(&line, &cap, f) > 0 {
             let fields = String(cString: line!).split(separator: " ")
             // id parent major:minor root mountpoint opts [optional...] - fstype source superopts
-            guard fields.count > 7, let dash = fields.firstIndex(of: "-"), dash + 1 < fields.count else { continue }
-            out.append((unescape(String(fields[4])), String(fields[dash + 1]), String(fields[2])))
+            guard fields.count > 7, let dash = fields.firstIndex(of: "-"), dash + 2 < fields.count else { continue }
+            out.append((unescape(String(fields[4])), String(fields[dash + 1]), String(fields[2]),
+                        unescape(String(fields[dash + 2]))))
         }
         free(line)
         return out
@@ -74,8 +103,8 @@ enum MountPaths {
     }
 
     /// The innermost mount that holds `path` (the longest mountpoint that is a prefix of it).
-    static func mount(containing path: String) -> (point: String, type: String, device: String)? {
-        var best: (point: String, type: String, device: String)?
+    static func mount(containing path: String) -> (point: String, type: String, device: String, source: String)? {
+        var best: (point: String, type: String, device: String, source: String)?
         for m in mounts() {
             let inside = path == m.point || m.point == "/" || path.hasPrefix(m.point + "/")
             if inside && m.point.count >= (best?.point.count ?? -1) { best = m }

@@ -100,10 +100,10 @@ struct MountLifecycleTests {
         // A second daemon would share the graveyard and delete the first one's event journal.
         let second = try run([vanishBinary, "mount", m.source, other])
         #expect(second.status == 1)
-        #expect(second.stderr.contains("in use by another vanish process"), "\(second.stderr)")
+        #expect(second.stderr.contains("already mounted by Vanish at \(m.mountpoint)"), "\(second.stderr)")
         #expect(mountType(at: other) == nil)
         let reap = try run([vanishBinary, "reap", m.source])
-        #expect(reap.status == 1 && reap.stderr.contains("in use by another vanish process"), "\(reap.stderr)")
+        #expect(reap.status == 1 && reap.stderr.contains("already mounted by Vanish at \(m.mountpoint)"), "\(reap.stderr)")
         // The first mount is untouched, its events too.
         #expect(try sh("echo x > f && cat f", cwd: m.mountpoint).stdout == "x\n")
         #expect(try run([vanishBinary, "events", "--json", "--snapshot", "--once", m.mountpoint]).stdout.contains("\"path\":\"f\""))
@@ -112,6 +112,57 @@ struct MountLifecycleTests {
         let again = try run([vanishBinary, "mount", m.source, other])
         #expect(again.ok, "\(again.stderr)")
         #expect(try run([vanishBinary, "unmount", other]).ok)
+    }
+
+    @Test("a source or mountpoint that is already Vanish's is refused: no mount stacks on another")
+    func noStacking() throws {
+        let inPlace = try VanishMount(inPlace: true)
+        defer { inPlace.close() }
+        let again = try run([vanishBinary, "mount", inPlace.source])
+        #expect(again.status == 64, "\(again.stderr)")
+        #expect(again.stderr.contains("already mounted in place by Vanish"), "\(again.stderr)")
+        let other = try makeTempDirectory()
+        defer { unmountAndRemove(other, base: other) }
+        let over = try run([vanishBinary, "mount", inPlace.source + "/", other])
+        #expect(over.status == 64, "\(over.stderr)")
+        #expect(mountType(at: other) == nil)
+        let m = try VanishMount()
+        defer { m.close() }
+        let sub = m.path("sub")
+        #expect(mkdir(sub, 0o755) == 0)
+        let through = try run([vanishBinary, "mount", sub, other])
+        #expect(through.status == 64 && through.stderr.contains("inside the Vanish mount at \(m.mountpoint)"), "\(through.stderr)")
+        let onto = try run([vanishBinary, "mount", other, m.mountpoint])
+        #expect(onto.status == 64 && onto.stderr.contains("already has a Vanish mount"), "\(onto.stderr)")
+        #expect(try sh("grep -c ' fuse.vanish ' /proc/self/mountinfo | tr -d '\n'").stdout.isEmpty == false)
+        #expect(mountType(at: other) == nil)
+    }
+
+    @Test("mounting right after an unmount waits for the leaving daemon instead of refusing", .timeLimit(.minutes(2)))
+    func remountAtOnce() throws {
+        let base = try makeTempDirectory()
+        let (src, mnt) = (base + "/src", base + "/mnt")
+        defer { unmountAndRemove(mnt, base: base) }
+        #expect(mkdir(src, 0o755) == 0 && mkdir(mnt, 0o755) == 0)
+        // A daemon leaving holds the source's lock a moment after its
+        // unmount returns: a holder of the lock for a second stands for it.
+        let holder = try spawn(["/usr/bin/flock", "-x", src, "-c", "sleep 1"])
+        defer { var st: Int32 = 0; waitpid(holder, &st, 0) }
+        try waitFor("the holder to take the lock") {
+            try run(["/usr/bin/flock", "-n", "-x", src, "true"]).status != 0
+        }
+        let waited = try run([vanishBinary, "mount", src, mnt])
+        #expect(waited.ok, "\(waited.stderr)")
+        #expect(waited.stderr.contains("waiting for the vanish process leaving"), "\(waited.stderr)")
+        #expect(try run(["fusermount3", "-u", mnt]).ok)
+        for i in 0..<30 {
+            let up = try run([vanishBinary, "mount", src, mnt])
+            #expect(up.ok, "mount \(i): \(up.stderr)")
+            guard up.ok else { break }
+            #expect(try sh("touch f\(i) && rm f\(i)", cwd: mnt).ok)
+            let down = try run(["fusermount3", "-u", mnt])
+            #expect(down.ok, "unmount \(i): \(down.stderr)")
+        }
     }
 
     @Test("a dead mount gets a clear message, and vanish unmount clears it")

@@ -170,7 +170,8 @@ public func vanishDaemons(serving mountpoint: String) -> [pid_t] {
 /// the source), killing it if it hangs, then removes `base`.
 public func unmountAndRemove(_ mountpoint: String, base: String, timeout: Double = 20) {
     let pids = vanishDaemons(serving: mountpoint)
-    if mountType(at: mountpoint) != nil { _ = try? run(["fusermount3", "-uz", mountpoint]) }
+    // Mounts may stack (a test of what must refuse to): take off every one.
+    for _ in 0..<8 where mountType(at: mountpoint) != nil { _ = try? run(["fusermount3", "-uz", mountpoint]) }
     let gone = { pids.allSatisfy { kill($0, 0) != 0 && errno == ESRCH } }
     if (try? waitFor("vanish daemons \(pids) to exit", timeout: timeout, gone)) == nil {
         for pid in pids { kill(pid, SIGKILL) }
@@ -314,7 +315,7 @@ public final class VanishMount {
             }
             pid = 0
         }
-        if mountType(at: mountpoint) != nil { _ = try? run(["fusermount3", "-uz", mountpoint]) }
+        for _ in 0..<8 where mountType(at: mountpoint) != nil { _ = try? run(["fusermount3", "-uz", mountpoint]) }
         // What the test mounted in the source (a tmpfs) would keep its
         // directory, and so `base`, from being removed.
         for p in mountPoints(below: base) { _ = try? run(["umount", "-l", p]) }
