@@ -9,6 +9,7 @@
 #include <linux/fs.h>
 #include <linux/ioprio.h>
 #include <linux/magic.h>
+#include <linux/mount.h>
 #include <linux/netlink.h>
 #include <malloc.h>
 #include <poll.h>
@@ -29,6 +30,7 @@
 
 const int VANISH_O_PATH = O_PATH;
 const int VANISH_O_DIRECT = O_DIRECT;
+const int VANISH_O_NOATIME = O_NOATIME;
 const int VANISH_O_TMPFILE = O_TMPFILE;
 const unsigned int VANISH_FS_IOC_GETFLAGS = (unsigned int)FS_IOC_GETFLAGS;
 const unsigned int VANISH_FS_IOC_SETFLAGS = (unsigned int)FS_IOC_SETFLAGS;
@@ -349,4 +351,26 @@ pid_t vanish_fork_unlinker(const char *path, char *argv_area, size_t argv_length
     close(fds[0]);
     // The write end stays open, close-on-exec, for the daemon's life.
     return pid;
+}
+
+const uint64_t VANISH_MOUNT_ATTR_ATIME_MASK = MOUNT_ATTR__ATIME;
+const uint64_t VANISH_MOUNT_ATTR_RELATIME = MOUNT_ATTR_RELATIME;
+const uint64_t VANISH_MOUNT_ATTR_NOATIME = MOUNT_ATTR_NOATIME;
+const uint64_t VANISH_MOUNT_ATTR_STRICTATIME = MOUNT_ATTR_STRICTATIME;
+const uint64_t VANISH_MOUNT_ATTR_NODIRATIME = MOUNT_ATTR_NODIRATIME;
+
+int vanish_open_tree_clone(const char *path, uint64_t attr_set, uint64_t attr_clr) {
+    int fd = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (fd < 0) return -1;
+    struct mount_attr attr;
+    memset(&attr, 0, sizeof(attr));
+    attr.attr_set = attr_set;
+    attr.attr_clr = attr_clr;
+    if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof(attr)) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
 }

@@ -146,7 +146,10 @@ extension PassthroughFilesystem {
     }
     private func openForComparing(_ node: Inode) -> Int32? {
         try? namespace.withFD(node) { pathFD throws(Errno) in
-            try Sys.withProcPath(pathFD) { path throws(Errno) in try Sys.open(path, O_RDONLY) }
+            // The daemon's own reading touches no access time where it may say so.
+            try Sys.withProcPath(pathFD) { path throws(Errno) in
+                try Sys.open(path, O_RDONLY | (actsForOthers ? VANISH_O_NOATIME : 0))
+            }
         }
     }
 

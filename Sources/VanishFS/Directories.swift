@@ -37,7 +37,7 @@ extension PassthroughFilesystem {
         do throws(Errno) {
             let fd = try namespace.withFD(node) { pathFD throws(Errno) in
                 try namespace.retryingOnFDExhaustion { () throws(Errno) in
-                    try Sys.openat(pathFD, ".", O_RDONLY | O_DIRECTORY)
+                    try Sys.openat(pathFD, ".", O_RDONLY | O_DIRECTORY | listingAtimeFlag)
                 }
             }
             guard let opened = fdopendir(fd) else {
@@ -95,6 +95,13 @@ extension PassthroughFilesystem {
     /// How long after a listing sent attributes (which the kernel keeps for
     /// the 1 s of cache=auto) a cached copy of it is still reused.
     static let listingReuseMilliseconds: UInt32 = 500
+
+    /// O_NOATIME for listings under `noatime` and `nodiratime` where no
+    /// private mount carries the option (root's daemon only: others may not).
+    var listingAtimeFlag: Int32 {
+        (options.atime == .noatime || options.atime == .nodiratime) && !sourceIsPrivateMount && actsForOthers
+            ? VANISH_O_NOATIME : 0
+    }
 
     public func releasedir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let handle = Unmanaged<DirectoryHandle>.fromOpaque(UnsafeRawPointer(bitPattern: UInt(fi.pointee.fh))!)

@@ -37,8 +37,29 @@ public enum ReaddirPlusMode: String, Sendable, CaseIterable {
 }
 
 /// The filesystem's own settings (libfuse's mount options are separate).
+/// When reading through the mount updates access times. The kernel leaves
+/// atime to a FUSE filesystem, and the backing files' own follow their
+/// filesystem's mount (relatime, usually), which passthrough reads go
+/// through too. So a root daemon given an atime option serves the source
+/// through a private, unattached copy of its mount carrying that option
+/// (`open_tree` and `mount_setattr`); other daemons open files O_NOATIME
+/// for `noatime` where they may.
+public enum AtimeMode: String, Sendable {
+    /// The backing filesystem's own rule (no option, or `atime`).
+    case backing
+    case relatime
+    case noatime
+    case strictatime
+    case nodiratime
+}
+
 public struct FilesystemOptions: Sendable {
     public var cache: CacheMode = .auto
+    public var atime: AtimeMode = .backing
+    /// A private copy of the source's mount may carry the atime option:
+    /// nothing is mounted inside the source (the copy holds the source's
+    /// own mount only).
+    public var atimeCopyAllowed = true
     public var readdirPlus: ReaddirPlusMode = .walk
     /// Kernel write-back caching of file data (FUSE_CAP_WRITEBACK_CACHE).
     /// The kernel allows no passthrough beside it.

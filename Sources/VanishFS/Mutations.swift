@@ -450,6 +450,7 @@ extension PassthroughFilesystem {
     /// spliced from a pipe, which an O_DIRECT fd refuses (EINVAL).
     func backingOpenFlags(_ requested: Int32) -> Int32 {
         var flags = requested & ~(O_NOCTTY | O_NOFOLLOW | VANISH_O_DIRECT)
+        if options.atime == .noatime && !sourceIsPrivateMount && actsForOthers { flags |= VANISH_O_NOATIME }
         if options.writeback {
             // With write-back caching the kernel may read back pages of a
             // write-only file and does O_APPEND itself.

@@ -178,6 +178,9 @@ extension PassthroughFilesystem {
     /// cross into it: the entry would wait there for ever, with the mounted
     /// filesystem hidden inside it.
     func hasMounts(below parentFD: Int32, _ name: UnsafePointer<CChar>) -> Bool {
+        // A private copy of the source's mount holds no other mount, and its
+        // fds' paths are not the namespace's.
+        if sourceIsPrivateMount { return false }
         // The directory's path as mountinfo prints it, with a slash after.
         var link = [UInt8](repeating: 0, count: Int(PATH_MAX) + 1)
         let n = (try? Sys.withProcPath(parentFD) { path throws(Errno) in

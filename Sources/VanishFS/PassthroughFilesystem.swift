@@ -38,6 +38,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// Whether close(2) of the source's own files never reports an error
     /// (see `configure`).
     let closesSilently: Bool
+    /// The source is served through a private copy of its mount (an atime option).
+    let sourceIsPrivateMount: Bool
     /// The source is a local disk filesystem (ext4, XFS, btrfs, tmpfs):
     /// requests are served in microseconds, so workers may spin for the next.
     public let sourceIsLocalDisk: Bool
@@ -78,7 +80,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
 
     /// Opens `source` (a directory) as the backing root and its graveyard.
     public init(source: String, options: FilesystemOptions, logger: Logger) throws {
-        let fd = try Sys.open(source, VANISH_O_PATH | O_DIRECTORY)
+        let (fd, privateMount) = try PassthroughFilesystem.openSource(source, options, logger)
         let st: stat
         do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
         var grave: Graveyard?
@@ -95,6 +97,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
             }
         }
         graveyard = grave
+        sourceIsPrivateMount = privateMount
         reaper = grave.map {
             Reaper(graveyard: $0, workers: options.reaperWorkers ?? Reaper.defaultWorkers(for: $0),
                    policy: options.reaping)
@@ -161,6 +164,32 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     }
 
     deinit { Sys.close(rootFD) }
+
+    /// The backing root: the source itself, or for an atime option a private
+    /// copy of its mount carrying it (see `AtimeMode`), if the daemon may
+    /// make one; otherwise `noatime` falls back to O_NOATIME opens.
+    private static func openSource(_ source: String, _ options: FilesystemOptions,
+                                   _ log: Logger) throws -> (Int32, Bool) {
+        let attributes: (set: UInt64, clear: UInt64)? = switch options.atime {
+        case .backing: nil
+        case .relatime: (VANISH_MOUNT_ATTR_RELATIME, VANISH_MOUNT_ATTR_ATIME_MASK)
+        case .noatime: (VANISH_MOUNT_ATTR_NOATIME, VANISH_MOUNT_ATTR_ATIME_MASK)
+        case .strictatime: (VANISH_MOUNT_ATTR_STRICTATIME, VANISH_MOUNT_ATTR_ATIME_MASK)
+        case .nodiratime: (VANISH_MOUNT_ATTR_NODIRATIME, 0)
+        }
+        if let attributes {
+            if options.atimeCopyAllowed && geteuid() == 0 {
+                let fd = vanish_open_tree_clone(source, attributes.set, attributes.clear)
+                if fd >= 0 { return (fd, true) }
+                log.warning("cannot give the source a mount of its own with the atime option: files opened O_NOATIME for noatime",
+                            metadata: ["option": "\(options.atime.rawValue)", "error": "\(String(cString: strerror(errno)))"])
+            } else {
+                log.notice("the atime option applies to files the daemon opens itself (a filesystem is mounted in the source, or the daemon is not root)",
+                           metadata: ["option": "\(options.atime.rawValue)"])
+            }
+        }
+        return (try Sys.open(source, VANISH_O_PATH | O_DIRECTORY), false)
+    }
 
     public var fdCacheLimit: Int { namespace.fdLimit }
 

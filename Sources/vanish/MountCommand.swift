@@ -138,6 +138,8 @@ struct MountCommand: ParsableCommand {
                 """)
         }
 
+        // The atime options' private copy of the source's mount holds no mount inside it.
+        parsed.filesystem.atimeCopyAllowed = !MountPaths.mounts().contains { $0.point.hasPrefix(src == "/" ? "/" : src + "/") }
         let foreground = self.foreground || debug
         FileLimits.raise()
         bootstrapLogging(foreground: foreground, logFile: logFile)

@@ -113,6 +113,15 @@ struct MountOptionList {
                     case "off"?: filesystem.passthrough = false
                     default: throw ValidationError("-o passthrough= takes one of: auto, off")
                     }
+                case "noatime":
+                    filesystem.atime = .noatime
+                    fuse.append(item)
+                case "relatime": filesystem.atime = .relatime
+                case "strictatime": filesystem.atime = .strictatime
+                case "nodiratime": filesystem.atime = .nodiratime
+                case "atime", "diratime", "norelatime", "nostrictatime": filesystem.atime = .backing
+                // Accepted for fstab's sake; a FUSE mount has no lazy time updates to give.
+                case "lazytime", "nolazytime": break
                 case "clone_fd": cloneFD = true
                 case "writeback": filesystem.writeback = true
                 case "sync_unlink": filesystem.deferUnlink = false

@@ -63,6 +63,37 @@ struct MountScriptsTests {
         }
     }
 
+    @Test("remount,ro and remount,rw change the mount as mount(8) would; relatime is taken; dev and suid are as on other filesystems unless nodev, nosuid")
+    func remountAndKernelFlags() throws {
+        let (base, src, mnt) = try scratch()
+        defer { unmountAndRemove(mnt, base: base) }
+        try withHelperInstalled {
+            let env = ["VANISH_BINARY": vanishBinary]
+            func flags() throws -> [Substring] {
+                let line = try String(contentsOfFile: "/proc/mounts", encoding: .utf8).split(separator: "\n")
+                    .first { $0.contains(" \(mnt) ") } ?? ""
+                return line.split(separator: " ").dropFirst(3).first?.split(separator: ",") ?? []
+            }
+            let up = try run(["mount", "-t", "fuse.vanish", src, mnt, "-o", "relatime"], environment: env)
+            #expect(up.ok, "\(up.stderr)")
+            let defaults = try flags()
+            #expect(!defaults.contains("nodev") && !defaults.contains("nosuid"), "\(defaults)")
+            let ro = try run(["mount", "-o", "remount,ro", mnt], environment: env)
+            #expect(ro.ok, "\(ro.stderr)")
+            #expect(try flags().contains("ro"))
+            #expect(try !sh("touch f", cwd: mnt).ok, "read-only after remount,ro")
+            let rw = try run(["mount", "-o", "remount,rw", mnt], environment: env)
+            #expect(rw.ok, "\(rw.stderr)")
+            #expect(try sh("touch f && rm f", cwd: mnt).ok)
+            #expect(try run(["umount", mnt]).ok)
+            let safe = try run(["mount", "-t", "fuse.vanish", src, mnt, "-o", "nodev,nosuid"], environment: env)
+            #expect(safe.ok, "\(safe.stderr)")
+            let asked = try flags()
+            #expect(asked.contains("nodev") && asked.contains("nosuid"), "\(asked)")
+            #expect(try run(["umount", mnt]).ok)
+        }
+    }
+
     @Test("manual pages and shell completions are generated from the command-line definitions")
     func manualsAndCompletions() throws {
         let out = try makeTempDirectory()

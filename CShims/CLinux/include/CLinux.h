@@ -18,6 +18,7 @@
 // Flags and values hidden behind _GNU_SOURCE.
 extern const int VANISH_O_PATH;
 extern const int VANISH_O_DIRECT;
+extern const int VANISH_O_NOATIME;
 extern const int VANISH_O_TMPFILE;
 /// The inode-flag ioctls (lsattr/chattr, xfs_io's fsxattr), as the 32-bit
 /// command numbers FUSE carries.
@@ -71,6 +72,17 @@ int vanish_thread_setgroups(size_t count, const gid_t *groups);
 /// (the process's argv strings, `argv_length` bytes) is overwritten in the
 /// child so that it does not pass for the daemon. Returns its pid or -1.
 pid_t vanish_fork_unlinker(const char *path, char *argv_area, size_t argv_length);
+
+/// Mount attributes for access times (linux/mount.h).
+extern const uint64_t VANISH_MOUNT_ATTR_ATIME_MASK;
+extern const uint64_t VANISH_MOUNT_ATTR_RELATIME;
+extern const uint64_t VANISH_MOUNT_ATTR_NOATIME;
+extern const uint64_t VANISH_MOUNT_ATTR_STRICTATIME;
+extern const uint64_t VANISH_MOUNT_ATTR_NODIRATIME;
+/// open_tree(path, OPEN_TREE_CLONE) and mount_setattr on the copy: an O_PATH
+/// fd on a private, unattached copy of the mount at `path` with `attr_set`
+/// set and `attr_clr` cleared (needs CAP_SYS_ADMIN). -1 with errno.
+int vanish_open_tree_clone(const char *path, uint64_t attr_set, uint64_t attr_clr);
 
 /// SO_PEERCRED of a connected Unix socket: who the peer was when it connected.
 int vanish_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
