@@ -40,6 +40,9 @@ public final class Graveyard: @unchecked Sendable {
     public let client: ClientID
     public let device: dev_t
     let counter = Atomic<UInt64>(0)
+    /// The undo window (ns) written into each kept entry's record as it is
+    /// buried, so that it outlives this mount's options (set by the reaper).
+    let window = Atomic<UInt64>(0)
     private let instance: UInt32
     let trash = TrashIndex()
 
@@ -215,11 +218,12 @@ public final class Graveyard: @unchecked Sendable {
         let shard = Int((expired ? n : n >> 6) % UInt64(Graveyard.shardCount))
         let sfd = shardFDs[shard]
         try withUniqueName(n, time: expired ? 0 : unheld ? 1 : time ?? Sys.wallClockNow()) { grave throws(Errno) in
-            guard let record else {
+            guard var record else {
                 try Sys.renameNoReplace(parentFD, name, sfd, grave)
                 named?(grave)
                 return
             }
+            if record.window == nil { record.window = window.load(ordering: .relaxed) }
             try writeSidecar(sfd, grave, record)
             do throws(Errno) {
                 if linking {

@@ -41,6 +41,9 @@ public final class Reaper: @unchecked Sendable {
         /// holds the directory's and the journal's locks and a CPU that a
         /// request then waits for.
         public var yieldToForeground: UInt64 = 20_000_000
+        /// Free kept entries too, whatever their windows (`vanish reap`:
+        /// emptying the graveyard is what was asked for).
+        public var freesKeptEntries = false
 
         public init() {}
     }
@@ -130,6 +133,7 @@ public final class Reaper: @unchecked Sendable {
     public init(graveyard: Graveyard, workers: Int, policy: Policy = Policy()) {
         self.graveyard = graveyard
         self.policy = policy
+        graveyard.window.store(policy.keep, ordering: .relaxed)
         workerCount = max(1, min(workers, Graveyard.shardCount))
         wakeups = (0..<workerCount).map { _ in DispatchSemaphore(value: 0) }
         threads = (0..<workerCount).map { _ in WorkerThread() }
@@ -171,7 +175,8 @@ public final class Reaper: @unchecked Sendable {
     public func start() {
         guard !started.exchange(true, ordering: .relaxed) else { return }
         for w in 0..<workerCount { spawnThread("vanish-reaper") { [self] in work(w) } }
-        if keeps { spawnThread("vanish-keep") { [self] in ward() } }
+        // Entries kept under an earlier mount's window are held to the limits too.
+        if keeps || !graveyard.trash.isEmpty { spawnThread("vanish-keep") { [self] in ward() } }
         // Only a serving mount puts workers in the idle class.
         if foregroundRequests != nil { spawnThread("vanish-watch") { [self] in watch() } }
     }
@@ -335,11 +340,27 @@ public final class Reaper: @unchecked Sendable {
         return .now() + .nanoseconds(Int(max(wait, 50_000_000)))
     }
 
-    /// Whether an entry deleted at `time` may be reaped now.
+    /// A record from before windows were written down is kept this long
+    /// when the mount has no window (it was deleted under one, unknown).
+    static let legacyWindow: UInt64 = 3_600_000_000_000
+
+    /// Whether the entry `name`, deleted at `time`, may be reaped now: a
+    /// kept entry at the end of its own window (whatever this mount's), one
+    /// not (yet) in the index a window after its deletion, and any entry
+    /// older than the horizon (freed early for space) at once.
     @inline(__always)
-    private func isDue(_ time: UInt64, now: UInt64, nextDue: inout UInt64) -> Bool {
-        guard keeps, time != 0, time > horizon.load(ordering: .relaxed) else { return true }
-        let end = time &+ policy.keep
+    private func isDue(_ name: UnsafePointer<CChar>, _ time: UInt64, now: UInt64, nextDue: inout UInt64) -> Bool {
+        guard time > 1, time > horizon.load(ordering: .relaxed), !policy.freesKeptEntries else { return true }
+        let legacy = keeps ? policy.keep : Self.legacyWindow
+        let end: UInt64
+        if !graveyard.trash.isEmpty, let until = graveyard.trash.keptUntil(name, legacyWindow: legacy) {
+            end = until
+        } else if keeps {
+            // Buried under this window, its record not indexed yet.
+            end = time &+ policy.keep
+        } else {
+            return true
+        }
         if end <= now { return true }
         nextDue = min(nextDue, end)
         return false
@@ -363,11 +384,12 @@ public final class Reaper: @unchecked Sendable {
                                       splits.wrappingAdd(1, ordering: .sequentiallyConsistent)
                                       wake(owner(of: shard))
                                   })
-        let now = keeps ? Sys.wallClockNow() : 0
+        let judging = (keeps || !graveyard.trash.isEmpty) && !policy.freesKeptEntries
+        let now = judging ? Sys.wallClockNow() : 0
         while let d = readdir(dp) {
             let name = vanish_dirent_name(d)!
             if name[0] == 0x2E { continue }
-            if keeps && !isDue(Graveyard.deletionTime(name) ?? 0, now: now, nextDue: &nextDue) { continue }
+            if judging && !isDue(name, Graveyard.deletionTime(name) ?? 0, now: now, nextDue: &nextDue) { continue }
             if stuckCount.load(ordering: .relaxed) > 0 && isStuck(name, nextDue: &nextDue) { continue }
             var restorable = false
             // A restore holds it: leave it alone, and look again soon (a

@@ -17,6 +17,10 @@ public struct TrashRecord: Sendable, Equatable {
     /// Bytes its data takes on disk; nil when unknown (a whole tree).
     public var bytes: UInt64?
     public var kind: Kind
+    /// How long (ns) it is kept from its deletion: the window in force when
+    /// it was deleted, whatever later mounts' windows are. nil in records
+    /// from before windows were written down (see `keptUntil`).
+    public var window: UInt64?
 
     public enum Kind: UInt8, Sendable {
         case file = 0x66, directory = 0x64, symlink = 0x6C, other = 0x6F
@@ -33,33 +37,39 @@ public struct TrashRecord: Sendable, Equatable {
         }
     }
 
-    public init(path: [UInt8], uid: UInt32, gid: UInt32, bytes: UInt64?, kind: Kind) {
+    public init(path: [UInt8], uid: UInt32, gid: UInt32, bytes: UInt64?, kind: Kind, window: UInt64? = nil) {
         self.path = path
         self.uid = uid
         self.gid = gid
         self.bytes = bytes
         self.kind = kind
+        self.window = window
     }
 
-    static let magic = "vanish-trash 1\n"
+    static let magic = "vanish-trash 2\n"
+    static let firstMagic = "vanish-trash 1\n"
 
-    /// `vanish-trash 1\n<uid> <gid> <bytes|-> <kind>\n<path bytes>`: the
-    /// path last, so it may hold any byte, newlines included.
+    /// `vanish-trash 2\n<uid> <gid> <bytes|-> <kind> <window ns|->\n<path bytes>`:
+    /// the path last, so it may hold any byte, newlines included. Version 1
+    /// had no window.
     func encoded() -> [UInt8] {
         var out = Array(TrashRecord.magic.utf8)
-        out += Array("\(uid) \(gid) \(bytes.map(String.init) ?? "-") \(Character(Unicode.Scalar(kind.rawValue)))\n".utf8)
+        out += Array(("\(uid) \(gid) \(bytes.map(String.init) ?? "-") \(Character(Unicode.Scalar(kind.rawValue))) "
+                      + "\(window.map(String.init) ?? "-")\n").utf8)
         out += path
         return out
     }
 
     init?(decoding data: [UInt8]) {
-        let magic = Array(TrashRecord.magic.utf8)
-        guard data.count > magic.count, Array(data[..<magic.count]) == magic,
+        let (magic, first) = (Array(TrashRecord.magic.utf8), Array(TrashRecord.firstMagic.utf8))
+        guard data.count > magic.count, Array(data[..<magic.count]) == magic || Array(data[..<magic.count]) == first,
               let nl = data[magic.count...].firstIndex(of: 0x0A) else { return nil }
         let fields = String(decoding: data[magic.count..<nl], as: UTF8.self).split(separator: " ")
-        guard fields.count == 4, let uid = UInt32(fields[0]), let gid = UInt32(fields[1]),
+        let windowed = Array(data[..<magic.count]) == magic
+        guard fields.count == (windowed ? 5 : 4), let uid = UInt32(fields[0]), let gid = UInt32(fields[1]),
               let k = fields[3].utf8.first, let kind = Kind(rawValue: k) else { return nil }
-        self.init(path: Array(data[(nl + 1)...]), uid: uid, gid: gid, bytes: UInt64(fields[2]), kind: kind)
+        self.init(path: Array(data[(nl + 1)...]), uid: uid, gid: gid, bytes: UInt64(fields[2]), kind: kind,
+                  window: windowed ? UInt64(fields[4]) : nil)
     }
 }
 
@@ -174,6 +184,17 @@ final class TrashIndex: Sendable {
     }
 
     var all: [TrashEntry] { state.withLock { Array($0.entries.values) } }
+
+    /// Whether any entry is kept (no lock).
+    var isEmpty: Bool { population.load(ordering: .relaxed) == 0 }
+
+    /// When the kept entry `id` may go (ns since the epoch): its deletion
+    /// and its own window; `legacyWindow` for a record that wrote down none.
+    /// nil if it is not a kept entry.
+    func keptUntil(_ id: UnsafePointer<CChar>, legacyWindow: UInt64) -> UInt64? {
+        let key = String(cString: id)
+        return state.withLock { s in s.entries[key].map { $0.deleted &+ ($0.record.window ?? legacyWindow) } }
+    }
 
     /// One user's entries.
     func entries(of uid: UInt32) -> [TrashEntry] {

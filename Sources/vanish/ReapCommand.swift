@@ -75,7 +75,10 @@ struct ReapCommand: ParsableCommand {
                     }
                     if leftover != nil { UnlinkIntents.removeLeftover(in: graveyard) }
                 }
-                found.append(Reaper(graveyard: graveyard, workers: root == src ? workers ?? Reaper.defaultWorkers(for: graveyard) : 1))
+                var policy = Reaper.Policy()
+                policy.freesKeptEntries = true
+                found.append(Reaper(graveyard: graveyard, workers: root == src ? workers ?? Reaper.defaultWorkers(for: graveyard) : 1,
+                                    policy: policy))
             } catch {
                 throw RuntimeError("cannot reap \(root): \(error)")
             }

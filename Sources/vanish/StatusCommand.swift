@@ -53,7 +53,7 @@ struct StatusCommand: ParsableCommand {
             print("""
                 source:           \(status.source)
                 graveyard:        \(status.pending) entries waiting, \(status.restorable) of them restorable (\(bytes(status.restorableBytes)) known)\(status.stuck > 0 ? ", \(status.stuck) that cannot be deleted (see the daemon's log)" : "")
-                undo window:      \(status.keepSeconds > 0 ? "\(Int(status.keepSeconds)) s" : "none")
+                undo window:      \(status.window)
                 reaped:           \(status.reaped) entries, \(status.freedFiles) files, \(status.freedDirectories) directories, \(bytes(status.freedBytes)) of disk (\(bytes(status.freedDataBytes)) of data)
                 reaping now:      \(status.pace)
                 deleted (mount):  \(status.buried) entries since mount
@@ -100,6 +100,13 @@ struct StatusCommand: ParsableCommand {
         var client: String
         /// One line per other client of a shared source.
         var others: [String]
+
+        /// The undo window for what is deleted from now on; entries deleted
+        /// before keep the window they were deleted under.
+        var window: String {
+            let now = keepSeconds > 0 ? "\(Int(keepSeconds)) s for what is deleted now" : "none for what is deleted now"
+            return restorable > 0 ? now + "; restorable entries keep the window they were deleted under" : now
+        }
 
         /// Nothing is left that the reaper could free now.
         var settled: Bool { pending <= restorable + stuck && idle }

@@ -120,6 +120,33 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("a kept entry keeps its own window across remounts: none, then a shorter one, takes nothing")
+    func windowOutlivesTheMount() throws {
+        let source = try makeTempDirectory()
+        defer { removeTree(source) }
+        do {
+            let first = try VanishMount(arguments: ["--keep", "1h"], existingSource: source)
+            defer { first.close() }
+            #expect(try sh("echo precious > f && mkdir d && echo x > d/g && rm -rf f d", cwd: first.mountpoint).ok)
+            #expect(try trashPaths(first).sorted() == ["d", "d/g", "f"])
+            #expect(try first.unmount() == 0)
+        }
+        for arguments in [[], ["--keep", "1s"]] {
+            let again = try VanishMount(arguments: arguments, existingSource: source)
+            defer { again.close() }
+            // The reaper has done all it would do now: what stays, stays.
+            try waitForReaper(again)
+            #expect(try trashPaths(again).sorted() == ["d", "d/g", "f"], "remounted with \(arguments)")
+            let status = try run([vanishBinary, "status", again.mountpoint]).stdout
+            #expect(status.contains("restorable entries keep the window they were deleted under"), "\(status)")
+            #expect(try again.unmount() == 0)
+        }
+        let last = try VanishMount(existingSource: source)
+        defer { last.close() }
+        #expect(try run([vanishBinary, "restore", last.path("f")]).ok)
+        #expect(try String(contentsOfFile: last.path("f"), encoding: .utf8) == "precious\n")
+    }
+
     @Test("when the window ends the reaper frees the entries")
     func windowEnds() throws {
         try withVanishMount(options: ["keep=1s"]) { m in
