@@ -62,7 +62,7 @@ extension PassthroughFilesystem {
         let p = inode(parent)
         try checkChangeable(p, name)
         try namespace.making(p, name) { pfd throws(Errno) -> (Inode, stat) in
-            try make(pfd)
+            try makingRoom { () throws(Errno) in try make(pfd) }
             let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in
                 try Sys.openat(pfd, name, VANISH_O_PATH | O_NOFOLLOW)
             }
@@ -206,8 +206,10 @@ extension PassthroughFilesystem {
         defer { if !handed { handleShares.giveBack(caller.uid) } }
         try namespace.making(p, name) { pfd throws(Errno) -> (Int32, Inode, stat) in
             // O_NOFOLLOW: a symlink raced into place is refused, never followed.
-            let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in
-                try Sys.openat(pfd, name, flags | O_CREAT | O_NOFOLLOW, mode)
+            let fd = try makingRoom { () throws(Errno) in
+                try namespace.retryingOnFDExhaustion { () throws(Errno) in
+                    try Sys.openat(pfd, name, flags | O_CREAT | O_NOFOLLOW, mode)
+                }
             }
             do throws(Errno) {
                 var (st, birth) = try Sys.fstatWithBirth(fd)

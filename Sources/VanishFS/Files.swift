@@ -44,8 +44,11 @@ extension PassthroughFilesystem {
                 _ fi: UnsafeMutablePointer<fuse_file_info>, _ req: Request) -> Int32 {
         handleShares.opened(fd, by: caller.uid)
         let kills = node.type == S_IFREG ? privilegesToClear(node, fd: fd, flags: flags, stat: known, req) : nil
+        // A writer while the trash holds space it may need writes through
+        // the daemon, which frees kept entries for it rather than fail (ENOSPC).
+        let tight = flags & O_ACCMODE != O_RDONLY && reaper?.spaceIsTight == true
         let (kind, backing) = node.type == S_IFREG && passthrough.active
-            ? passthrough.open(node, fd: fd, throughDaemon: kills != nil) : (OpenKind.daemon, Int32(0))
+            ? passthrough.open(node, fd: fd, throughDaemon: kills != nil || tight) : (OpenKind.daemon, Int32(0))
         fi.pointee.fh = FileHandle.make(fd: fd, kind: kind, kills: kills)
         configure(fi, kind, node)
         namespace.opened(node)
@@ -68,8 +71,11 @@ extension PassthroughFilesystem {
     public func write(_ req: Request, _ ino: fuse_ino_t, _ buf: UnsafeMutablePointer<fuse_bufvec>, offset: off_t,
                       _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let fd = FileHandle.fd(fi.pointee.fh)
-        let n = vanish_write_buf_to_fd(buf, fd, offset)
-        if n < 0 { throw Errno(rawValue: Int32(-n)) }
+        let n = try makingRoom { () throws(Errno) in
+            let n = vanish_write_buf_to_fd(buf, fd, offset)
+            if n < 0 { throw Errno(rawValue: Int32(-n)) }
+            return n
+        }
         if let kills = FileHandle.kills(fi.pointee.fh) { clearPrivileges(fd, kills, ino) }
         if observing { writing.wrote(fd, inode(ino), req.caller) }
         req.reply(written: n)
@@ -138,7 +144,7 @@ extension PassthroughFilesystem {
     public func fallocate(_ req: Request, _ ino: fuse_ino_t, mode: Int32, offset: off_t, length: off_t,
                           _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let fd = FileHandle.fd(fi.pointee.fh)
-        try Sys.fallocate(fd, mode, offset, length)
+        try makingRoom { () throws(Errno) in try Sys.fallocate(fd, mode, offset, length) }
         if let kills = FileHandle.kills(fi.pointee.fh) { clearPrivileges(fd, kills, ino) }
         if observing { writing.wrote(fd, inode(ino), req.caller) }
         req.replyOK()
@@ -150,7 +156,9 @@ extension PassthroughFilesystem {
                               length: Int, flags: Int32) throws(Errno) {
         let inFD = FileHandle.fd(fiIn.pointee.fh)
         let outFD = FileHandle.fd(fiOut.pointee.fh)
-        let n = try Sys.copyFileRange(inFD, inputOffset, outFD, outputOffset, length, UInt32(bitPattern: flags))
+        let n = try makingRoom { () throws(Errno) in
+            try Sys.copyFileRange(inFD, inputOffset, outFD, outputOffset, length, UInt32(bitPattern: flags))
+        }
         if let kills = FileHandle.kills(fiOut.pointee.fh) { clearPrivileges(outFD, kills, output) }
         // The new file's data comes from another file in the mount: say which.
         if observing {
@@ -167,6 +175,21 @@ extension PassthroughFilesystem {
     public func lseek(_ req: Request, _ ino: fuse_ino_t, offset: off_t, whence: Int32,
                       _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         req.reply(offset: try Sys.lseek(FileHandle.fd(fi.pointee.fh), offset, whence))
+    }
+}
+
+extension PassthroughFilesystem {
+    /// Runs `body` once more when the backing filesystem answered ENOSPC
+    /// while the undo window holds entries, once the oldest are freed
+    /// (`Reaper.makeRoom`): deleting never costs a writer its space.
+    @inline(__always)
+    func makingRoom<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
+        do throws(Errno) {
+            return try body()
+        } catch .noSpace {
+            guard let reaper, reaper.makeRoom() else { throw .noSpace }
+            return try body()
+        }
     }
 }
 

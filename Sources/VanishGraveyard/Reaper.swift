@@ -128,6 +128,14 @@ public final class Reaper: @unchecked Sendable {
     private let tallies = Mutex<(origins: [String: Tally], pieces: [String: String])>(([:], [:]))
     /// Set while the backing filesystem is short of space: no stepping aside then.
     private let spaceShort = Atomic<Bool>(false)
+    /// A request met ENOSPC while entries are kept (see `makeRoom`).
+    private let roomWanted = Atomic<Bool>(false)
+    /// Free bytes and the floor in bytes, as the warden last saw them.
+    private let lastFree = Atomic<UInt64>(.max)
+    private let floorBytes = Atomic<UInt64>(0)
+    /// The warden looks at free space once a second only (nothing kept):
+    /// the first entry kept wakes it to look every few milliseconds.
+    private let wardenResting = Atomic<Bool>(true)
     private let spaceCheckedAt = Atomic<UInt64>(0)
 
     public init(graveyard: Graveyard, workers: Int, policy: Policy = Policy()) {
@@ -191,6 +199,10 @@ public final class Reaper: @unchecked Sendable {
         if keeps && !dueNow {
             if let max = policy.keepMaxBytes, graveyard.restorableBytes > max { wardenWakeup.signal() }
             if policy.keepMaxBytes != nil && sizeUnknown { wardenWakeup.signal() }
+            // The first entry kept: the warden starts watching free space closely.
+            if wardenResting.load(ordering: .relaxed) && wardenResting.exchange(false, ordering: .relaxed) {
+                wardenWakeup.signal()
+            }
         } else {
             dirty.bitwiseOr(1 << UInt64(shard), ordering: .sequentiallyConsistent)
             wake(owner(of: shard))
@@ -575,49 +587,147 @@ public final class Reaper: @unchecked Sendable {
         for thread in threads { thread.set(.background) }
     }
 
-    /// Keeps the undo window within its limits: every second (or when a
-    /// delete passes the byte limit) moves the horizon forward, oldest
-    /// entries first, until the restorable bytes fit under keepMaxBytes and
-    /// the filesystem has keepMinFreePercent free.
+    /// Keeps the undo window within its limits: moves the horizon forward,
+    /// oldest entries first, until the restorable bytes fit under
+    /// keepMaxBytes and the filesystem has keepMinFreePercent free. Free
+    /// space is looked at every 10 ms while anything is kept (one statvfs),
+    /// the rest every second or when woken; when space is short the warden
+    /// frees the entries behind the horizon itself, at once: a writer
+    /// through passthrough gets ENOSPC from the backing filesystem, which no
+    /// retry of the daemon's can take back.
     private func ward() {
-        _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(vanish_gettid()), 19)
+        // At the ordinary priority: a look every few milliseconds costs next
+        // to nothing, and when space runs out it must not wait behind the writer.
         var unmeasurable: Set<String> = []
+        var lastFull: UInt64 = 0
+        var woken = true
+        var trend = SpaceTrend()
         while stopState.load(ordering: .relaxed) == Stop.running.rawValue {
-            // Trees are buried with their size unknown (measuring them in the
-            // request would walk them there): measure them here, so the byte
-            // limit counts what they hold.
-            for e in graveyard.restorable where e.record.bytes == nil && !unmeasurable.contains(e.id) {
-                if stopState.load(ordering: .relaxed) != Stop.running.rawValue { break }
-                if graveyard.measure(e) == nil { unmeasurable.insert(e.id) }
+            let now = Condition.now()
+            let runningOut = (try? Sys.fstatvfs(graveyard.stateFD)).map { fs in
+                let floor = Double(fs.f_blocks) * Double(fs.f_frsize) * policy.keepMinFreePercent / 100
+                lastFree.store(UInt64(fs.f_bavail) * UInt64(fs.f_frsize), ordering: .relaxed)
+                floorBytes.store(UInt64(floor), ordering: .relaxed)
+                return trend.runsOutSoon(fs, floor: floor, at: now)
+            } ?? false
+            let short = isSpaceShort(fresh: true) || roomWanted.exchange(false, ordering: .relaxed) || runningOut
+            // Deletions then step aside for no one (see ForegroundGate).
+            if short { spaceShort.store(true, ordering: .relaxed) }
+            if short || woken || now &- lastFull >= 1_000_000_000 {
+                lastFull = now
+                wardOnce(short: short, unmeasurable: &unmeasurable)
             }
-            // Entries already behind the horizon are on their way out, though
-            // still restorable until a worker takes them: counted as kept, a
-            // burst of deletions moved the horizon again each second, past
-            // entries the limit had room for.
-            let current = horizon.load(ordering: .relaxed)
-            let restorable = graveyard.restorable
-            let leaving = restorable.reduce(0) { $1.deleted <= current ? $0 + ($1.record.bytes ?? 0) : $0 }
-            // Counted from the same snapshot, not the index's running total:
-            // an entry a worker is taking right now is out of the snapshot
-            // but may still be in the total, which then counted it as kept
-            // and moved the horizon past an entry the limit had room for.
-            let all = restorable.reduce(0) { $0 + ($1.record.bytes ?? 0) }
-            let wanted = bytesToFree(kept: all - leaving, leaving: leaving)
-            if wanted > 0 {
-                var freed: UInt64 = 0
-                var newHorizon = current
-                for e in restorable where e.deleted > newHorizon {
-                    newHorizon = e.deleted
-                    freed += e.record.bytes ?? 0
-                    if freed >= wanted { break }
-                }
-                if newHorizon > horizon.load(ordering: .relaxed) {
-                    horizon.store(newHorizon, ordering: .relaxed)
-                    for w in 0..<workerCount { wakeups[w].signal() }
-                }
-            }
-            _ = wardenWakeup.wait(timeout: .now() + .seconds(1))
+            let quick = !graveyard.trash.isEmpty
+            wardenResting.store(!quick, ordering: .relaxed)
+            woken = wardenWakeup.wait(timeout: .now() + (quick ? .milliseconds(5) : .seconds(1))) == .success
         }
+    }
+
+    /// Free space as the warden last saw it, to tell a writer filling the
+    /// filesystem before it is full: a writer through passthrough gets
+    /// ENOSPC from the backing filesystem itself.
+    struct SpaceTrend {
+        var free: Double = -1
+        var at: UInt64 = 0
+        var wasFalling = false
+        /// How far ahead (ns) the fall is followed.
+        static let horizon: Double = 250_000_000
+
+        /// Whether free space, falling since the look before last at the
+        /// pace of the last, would pass below `floor` bytes within `horizon`.
+        /// A burst that stopped (one fall, then none) does not count.
+        mutating func runsOutSoon(_ fs: statvfs, floor: Double, at now: UInt64) -> Bool {
+            let current = Double(fs.f_bavail) * Double(fs.f_frsize)
+            defer { (free, at) = (current, now) }
+            guard free >= 0, now > at, current < free else { wasFalling = false; return false }
+            defer { wasFalling = true }
+            guard wasFalling else { return false }
+            let pace = (free - current) / Double(now - at)  // bytes per ns
+            return current - pace * Self.horizon < floor
+        }
+    }
+
+    private func wardOnce(short: Bool, unmeasurable: inout Set<String>) {
+        // Trees are buried with their size unknown (measuring them in the
+        // request would walk them there): measure them here, so the byte
+        // limit counts what they hold. Not while space is short: freeing first.
+        // Background work: at nice 19, as the warden used to run whole.
+        if !short {
+            let unmeasured = graveyard.restorable.filter { $0.record.bytes == nil && !unmeasurable.contains($0.id) }
+            if !unmeasured.isEmpty {
+                let tid = id_t(vanish_gettid())
+                _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), tid, 19)
+                defer { _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), tid, 0) }
+                for e in unmeasured {
+                    if stopState.load(ordering: .relaxed) != Stop.running.rawValue { break }
+                    if graveyard.measure(e) == nil { unmeasurable.insert(e.id) }
+                }
+            }
+        }
+        // Entries already behind the horizon are on their way out, though
+        // still restorable until a worker takes them: counted as kept, a
+        // burst of deletions moved the horizon again each second, past
+        // entries the limit had room for.
+        let current = horizon.load(ordering: .relaxed)
+        let restorable = graveyard.restorable
+        let leaving = restorable.reduce(0) { $1.deleted <= current ? $0 + ($1.record.bytes ?? 0) : $0 }
+        // Counted from the same snapshot, not the index's running total:
+        // an entry a worker is taking right now is out of the snapshot
+        // but may still be in the total, which then counted it as kept
+        // and moved the horizon past an entry the limit had room for.
+        let all = restorable.reduce(0) { $0 + ($1.record.bytes ?? 0) }
+        // Short of space (or a request met ENOSPC): at least the oldest goes.
+        let wanted = max(bytesToFree(kept: all - leaving, leaving: short ? 0 : leaving), short ? 1 : 0)
+        var newHorizon = current
+        if wanted > 0 {
+            var freed: UInt64 = 0
+            for e in restorable where e.deleted > newHorizon {
+                newHorizon = e.deleted
+                freed += e.record.bytes ?? 0
+                if freed >= wanted { break }
+            }
+            if newHorizon > horizon.load(ordering: .relaxed) {
+                horizon.store(newHorizon, ordering: .relaxed)
+                for w in 0..<workerCount { wakeups[w].signal() }
+            }
+        }
+        guard short else { return }
+        // Short of space: the entries behind the horizon go now, from here.
+        let shards = Set(restorable.filter { $0.deleted <= newHorizon }.map(\.shard))
+        for shard in shards.sorted() {
+            var ignored = UInt64.max
+            _ = reap(graveyard.shardFDs[shard], nextDue: &ignored)
+        }
+    }
+
+    /// Whether writers may need the space kept entries hold: free space
+    /// (as the warden saw it a few milliseconds ago) is less than what is
+    /// kept plus the floor. A writer the daemon does not see (passthrough)
+    /// would meet ENOSPC before the warden could free anything; one whose
+    /// writes come through the daemon is given room first (`makeRoom`).
+    public var spaceIsTight: Bool {
+        guard !graveyard.trash.isEmpty else { return false }
+        let free = lastFree.load(ordering: .relaxed)
+        return free < graveyard.trash.bytes &+ floorBytes.load(ordering: .relaxed)
+    }
+
+    /// For a request the backing filesystem answered ENOSPC while entries
+    /// are kept: has the warden free the oldest now, and waits (up to
+    /// `timeout` ns) until there is more free space than before. True if
+    /// there is: the request is worth trying again.
+    public func makeRoom(timeout: UInt64 = 2_000_000_000) -> Bool {
+        guard !graveyard.trash.isEmpty || !isIdle, let before = try? Sys.fstatvfs(graveyard.stateFD) else { return false }
+        let deadline = Condition.now() &+ timeout
+        spaceShort.store(true, ordering: .relaxed)
+        roomWanted.store(true, ordering: .relaxed)
+        wardenWakeup.signal()
+        while Condition.now() < deadline {
+            guard let now = try? Sys.fstatvfs(graveyard.stateFD) else { return false }
+            if now.f_bavail > before.f_bavail { return true }
+            if graveyard.trash.isEmpty && isIdle { return now.f_bavail > before.f_bavail }
+            usleep(1_000)
+        }
+        return false
     }
 
     /// How many bytes must go, beyond the `leaving` already chosen, before

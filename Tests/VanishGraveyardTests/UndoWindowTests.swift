@@ -234,6 +234,28 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("a writer never meets ENOSPC while the trash could make room: the kept entries go first",
+          arguments: ["auto", "off"])
+    func trashGivesWayToWriters(passthrough: String) throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
+        try withVanishMountOnTmpfs(size: "256m", options: ["keep=1h", "passthrough=\(passthrough)"]) { m in
+            for round in 0..<3 {
+                // 150 MiB kept, then 150 MiB more, in a filesystem of 256: room only if the kept go.
+                let r = try sh("""
+                    set -e
+                    head -c 150M /dev/zero > old && rm old
+                    head -c 150M /dev/zero > new
+                    fallocate -l 20M more
+                    rm new more
+                    """, cwd: m.mountpoint)
+                #expect(r.ok, "round \(round): \(r.stderr)")
+            }
+            // Without pressure, what was kept last stays restorable.
+            #expect(try sh("echo keep > small && rm small", cwd: m.mountpoint).ok)
+            #expect(try trashPaths(m).contains("small"))
+        }
+    }
+
     @Test("on a full filesystem rm -rf, rm of a linked file and vanish rm still delete, without a record")
     func fullFilesystem() throws {
         try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
