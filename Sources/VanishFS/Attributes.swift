@@ -117,6 +117,8 @@ extension PassthroughFilesystem {
             vanish_fileattr_ioctl(fd, command, input.baseAddress, input.count, out.baseAddress, count)
         }
         if r < 0 { throw Errno(rawValue: -r) }
+        // The flags moved the file's ctime, which the kernel does not know.
+        if sets { invalidations.attributes(of: ino) }
         if sets && observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: nil, fileFlags: true) }
         withUnsafeBytes(of: &output) { req.reply(ioctl: 0, output: UnsafeRawBufferPointer(rebasing: $0[..<count])) }
     }
@@ -138,11 +140,19 @@ extension PassthroughFilesystem {
             if actsForOthers, req.caller.uid != 0, strcmp(name, "system.posix_acl_access") == 0,
                let st = try? Sys.fstat(fd), st.st_mode & S_ISGID != 0, !req.isInGroup(st.st_gid) {
                 try Sys.chmod(pathFD: fd, st.st_mode & 0o7777 & ~S_ISGID)
-                invalidations.attributes(of: ino)
             }
         }
+        if changesMode(name) { invalidations.attributes(of: ino) }
         if observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: name) }
         req.replyOK()
+    }
+
+    /// Whether setting or removing xattr `name` changes the file's mode (an
+    /// access ACL carries the group and other bits): the kernel, which keeps
+    /// the mode it was last told, must drop it.
+    @inline(__always)
+    func changesMode(_ name: UnsafePointer<CChar>) -> Bool {
+        name[0] == 0x73 && strcmp(name, "system.posix_acl_access") == 0
     }
 
     public func getxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, size: Int) throws(Errno) {
@@ -250,6 +260,7 @@ extension PassthroughFilesystem {
     public func removexattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         if isControlName(name) { throw .notPermitted }
         try namespace.withFD(inode(ino)) { fd throws(Errno) in try Sys.removexattr(pathFD: fd, name) }
+        if changesMode(name) { invalidations.attributes(of: ino) }
         if observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: name) }
         req.replyOK()
     }

@@ -73,15 +73,15 @@ final class EntryInvalidations: @unchecked Sendable {
     }
 
     /// Tells the kernel to drop the attributes it keeps for `ino` (a mode
-    /// the daemon changed on its own) and waits until it was told, up to a
-    /// second, so the caller's next stat shows the change. Dropping
+    /// the daemon changed on its own) and (`wait`) waits until it was told,
+    /// up to a second, so the caller's next stat shows the change. Dropping
     /// attributes takes no lock the caller may hold.
-    func attributes(of ino: fuse_ino_t) {
+    func attributes(of ino: fuse_ino_t, wait: Bool = true) {
         condition.lock()
         defer { condition.unlock() }
         guard invalidate != nil else { return }
         enqueue(Pending(parent: ino, name: []))
-        _ = waitUntilSent(queued, deadline: Condition.now() &+ 1_000_000_000)
+        if wait { _ = waitUntilSent(queued, deadline: Condition.now() &+ 1_000_000_000) }
     }
 
     /// With the lock held: waits until `ticket` notices were sent.

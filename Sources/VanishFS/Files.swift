@@ -122,7 +122,16 @@ extension PassthroughFilesystem {
         let fh = fi.pointee.fh
         let fd = FileHandle.fd(fh)
         let last = namespace.closed(node)
-        passthrough.release(node, kind: FileHandle.kind(fh))
+        let kind = FileHandle.kind(fh)
+        // A shared writable mmap (which needs O_RDWR) of a passthrough file
+        // changes it where neither the daemon nor the kernel's FUSE side
+        // sees (write(2) through passthrough the kernel notes itself): the
+        // kernel's copy of its attributes goes if its mtime moved.
+        if kind == .passthrough && fi.pointee.flags & O_ACCMODE == O_RDWR, let st = try? Sys.fstat(fd),
+           Inode.nanoseconds(st.st_mtim) != node.mtimeSent.load(ordering: .relaxed) {
+            invalidations.attributes(of: table.nodeID(node), wait: false)
+        }
+        passthrough.release(node, kind: kind)
         if observing {
             if writesData(node, fi) {
                 if report { emitWritten(node, fd: fd) } else { _ = writing.released(fd, node, nil) }

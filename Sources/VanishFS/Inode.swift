@@ -67,6 +67,9 @@ final class Inode: @unchecked Sendable {
     /// For a directory: its mode as last sent to the kernel (0 before), for
     /// telling whether other users could see a change in it when it happened.
     let modeSeen = Atomic<UInt32>(0)
+    /// For a file: its mtime (ns) as last sent to the kernel, to tell a
+    /// change the kernel never saw (a passthrough mmap write).
+    let mtimeSent = Atomic<UInt64>(0)
 
     // Atomic (see `ExternalChanges.swift`).
     /// For a directory: its mtime (ns) when a getattr or lookup last read it; 0 before.
@@ -116,8 +119,14 @@ final class Inode: @unchecked Sendable {
     func sawAttributes(_ st: stat) {
         attributesSent.store(InodeTable.coarseMilliseconds(), ordering: .relaxed)
         if type == S_IFDIR { modeSeen.store(UInt32(st.st_mode), ordering: .relaxed) }
+        else if type == S_IFREG { mtimeSent.store(Inode.nanoseconds(st.st_mtim), ordering: .relaxed) }
     }
     var isSymlink: Bool { type == S_IFLNK }
+
+    @inline(__always)
+    static func nanoseconds(_ t: timespec) -> UInt64 {
+        UInt64(truncatingIfNeeded: t.tv_sec) &* 1_000_000_000 &+ UInt64(truncatingIfNeeded: t.tv_nsec)
+    }
 
     static func copyName(_ name: UnsafePointer<CChar>) -> ContiguousArray<CChar> {
         let n = strlen(name)
