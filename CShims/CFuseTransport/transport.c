@@ -22,6 +22,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 #include <fuse_lowlevel.h>
+#include <sched.h>
+#include <time.h>
 
 // Debian 12's <linux/fuse.h> is protocol 7.38; passthrough is 7.40 (Linux
 // 6.9). What it lacks is defined from the kernel's include/uapi/linux/fuse.h.
@@ -163,8 +165,72 @@ static void rename_unknown(void *buf, size_t n) {
     }
 }
 
+// Which request each worker thread is handling, so that events are
+// recorded in the order the kernel gave the requests their ids: a RELEASE
+// (which ends a program's writing session, queued before its close()
+// returned) handled beside that program's next request must not be
+// recorded after it. A slot per thread, claimed on its first request.
+#define ORDER_SLOTS 256
+static _Atomic uint64_t order_unique[ORDER_SLOTS];  // 0: not handling a request
+static _Atomic uint32_t order_opcode[ORDER_SLOTS];
+static _Atomic int order_slots_used;
+static _Thread_local int order_slot = -1;
+static _Thread_local uint64_t order_current;
+
+static void order_idle(void) {
+    if (order_slot >= 0) atomic_store_explicit(&order_unique[order_slot], 0, memory_order_release);
+    order_current = 0;
+}
+
+static void order_begin(const struct fuse_in_header *in) {
+    if (order_slot < 0) {
+        int slot = atomic_fetch_add(&order_slots_used, 1);
+        if (slot >= ORDER_SLOTS) { atomic_fetch_sub(&order_slots_used, 1); return; }
+        order_slot = slot;
+    }
+    atomic_store_explicit(&order_opcode[order_slot], in->opcode, memory_order_relaxed);
+    atomic_store_explicit(&order_unique[order_slot], in->unique, memory_order_release);
+    order_current = in->unique;
+}
+
+// The requests whose handlers record changes (events).
+static int order_records_changes(uint32_t opcode) {
+    switch (opcode) {
+    case FUSE_RELEASE: case FUSE_CREATE: case FUSE_MKNOD: case FUSE_MKDIR: case FUSE_SYMLINK:
+    case FUSE_LINK: case FUSE_UNLINK: case FUSE_RMDIR: case FUSE_RENAME: case FUSE_RENAME2:
+    case FUSE_SETATTR: case FUSE_SETXATTR: case FUSE_REMOVEXATTR: case FUSE_IOCTL:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int vanish_order_wait_for_earlier(uint64_t timeout_ns) {
+    if (order_current == 0) return 1;
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        int earlier = 0;
+        int used = atomic_load_explicit(&order_slots_used, memory_order_relaxed);
+        if (used > ORDER_SLOTS) used = ORDER_SLOTS;
+        for (int i = 0; i < used && !earlier; i++) {
+            if (i == order_slot) continue;
+            uint64_t u = atomic_load_explicit(&order_unique[i], memory_order_acquire);
+            earlier = u != 0 && u < order_current &&
+                      order_records_changes(atomic_load_explicit(&order_opcode[i], memory_order_relaxed));
+        }
+        if (!earlier) return 1;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        uint64_t elapsed = (uint64_t)(now.tv_sec - start.tv_sec) * 1000000000u + (uint64_t)(now.tv_nsec - start.tv_nsec);
+        if (elapsed >= timeout_ns) return 0;
+        sched_yield();
+    }
+}
+
 static ssize_t read_request(int fd, void *buf, size_t len) {
+    order_idle();
     ssize_t n = read(fd, buf, len);
+    if (n >= (ssize_t)sizeof(struct fuse_in_header)) order_begin(buf);
     if (n == tmpfile_request_size || n == statx_request_size) rename_unknown(buf, (size_t)n);
     if (n >= (ssize_t)(sizeof(struct fuse_in_header) + offsetof(struct fuse_init_in, unused)) &&
         !atomic_load_explicit(&init_done, memory_order_relaxed)) {
@@ -252,6 +318,8 @@ static ssize_t write_statx_reply(int fd, const struct fuse_out_header *out, cons
 static ssize_t t_writev(int fd, struct iovec *iov, int count, void *userdata) {
     (void)userdata;
     const struct fuse_out_header *out = iov[0].iov_base;
+    // Answered: what it recorded is recorded.
+    if (out->unique != 0 && out->unique == order_current) order_idle();
     if (out->unique != 0 && statx_forget(out->unique) && out->error == 0) {
         if (count == 2 && iov[1].iov_len == sizeof(struct fuse_attr_out)) {
             return write_statx_reply(fd, out, iov[1].iov_base);
@@ -338,6 +406,8 @@ static ssize_t t_splice_receive(int fdin, off_t *offin, int fdout, off_t *offout
                                 void *userdata) {
     (void)userdata;
     struct splice_args a = { offin, fdout, offout, len, flags };
+    // A spliced request's header stays in the pipe: not ordered.
+    order_idle();
     ssize_t n = vanish_workers_receive(fdin, atomic_load_explicit(&init_done, memory_order_acquire), splice_from, &a);
     if (n == tmpfile_request_size || n == statx_request_size) rename_spliced(fdout, (size_t)n);
     return n;

@@ -33,6 +33,15 @@ public struct Request: @unchecked Sendable {
         return Array(groups.prefix(Int(max(0, min(n, Int32(groups.count))))))
     }
 
+    /// Before recording a change this request made: waits (up to `timeout`
+    /// ns) for the handlers of change-recording requests the kernel sent
+    /// earlier to finish, so the record follows the kernel's order (see the
+    /// transport). False if it waited that long in vain.
+    @discardableResult
+    public static func waitForEarlierChanges(timeout: UInt64 = 50_000_000) -> Bool {
+        vanish_order_wait_for_earlier(timeout) != 0
+    }
+
     /// Whether the caller is in `gid`, as its primary group or another.
     public func isInGroup(_ gid: gid_t) -> Bool { caller.gid == gid || groups().contains(gid) }
 

@@ -220,6 +220,9 @@ extension PassthroughFilesystem {
     /// Appends an event caused by `caller` (nil for Vanish's own doing).
     func emit(_ type: EventType, _ caller: Caller?, _ fill: (inout EventRecord) -> Void) {
         guard let events else { return }
+        // In the kernel's order of requests: a RELEASE handled beside its
+        // program's next request is recorded first (causal order per process).
+        if caller != nil { Request.waitForEarlierChanges() }
         let comm = caller.map { CommandNames.shared.name(of: $0.pid) }
         events.append(type) { e in
             fill(&e)

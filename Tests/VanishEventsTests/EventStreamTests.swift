@@ -366,6 +366,45 @@ struct EventStreamTests {
         }
     }
 
+    @Test("each program's events come in the order it made its changes, with four programs at once")
+    func causalOrderPerProcess() throws {
+        try withVanishMount { m in
+            let s = try Subscriber(m)
+            defer { s.stop() }
+            try attach(s, m)
+            let script = m.base + "/order.py"
+            try """
+                import os, sys
+                os.chdir(sys.argv[1])
+                me = sys.argv[2]
+                for i in range(400):
+                    with open("t-%s-%d" % (me, i), "w") as f:
+                        f.write("x")
+                    os.close(os.open("n-%s-%d" % (me, i), os.O_CREAT | os.O_WRONLY, 0o644))
+                    os.rename("t-%s-%d" % (me, i), "t-%s-%d.done" % (me, i))
+                """.write(toFile: script, atomically: true, encoding: .utf8)
+            let programs = try (0..<4).map { try spawn(["/usr/bin/python3", script, m.mountpoint, "p\($0)"]) }
+            for p in programs { var st: Int32 = 0; waitpid(p, &st, 0); #expect(st == 0) }
+            #expect(try sh(": > end", cwd: m.mountpoint).ok)
+            try s.waitFor("end", timeout: 60) { $0["path"] as? String == "end" }
+            // Where each file's written, the next name's created and its rename stand in the stream.
+            var position: [String: Int] = [:]
+            for (i, e) in s.events.enumerated() {
+                guard let type = e["type"] as? String, let path = e["path"] as? String else { continue }
+                position["\(type) \(path)"] = i
+            }
+            var late = 0
+            for p in 0..<4 {
+                for i in 0..<400 {
+                    guard let written = position["written t-p\(p)-\(i)"] else { late += 1; continue }
+                    if let created = position["created n-p\(p)-\(i)"], created < written { late += 1 }
+                    if let renamed = position["renamed t-p\(p)-\(i).done"], renamed < written { late += 1 }
+                }
+            }
+            #expect(late == 0, "\(late) of 3,200 written events came after their program's next change")
+        }
+    }
+
     /// Issue 22, item 4: only copy_file_range was recognized.
     @Test("read-then-write copies name their source; a changed copy or a pipe does not",
           arguments: [[], ["passthrough=off"]])

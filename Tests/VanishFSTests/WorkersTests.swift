@@ -28,7 +28,10 @@ struct WorkersTests {
     @Test("a request held up below the mount holds up no other caller",
           arguments: [("lookup", "spin=50"), ("fsync", "spin=50"), ("lookup", "spin=0")])
     func heldUpRequest(_ held: String, _ spin: String) throws {
-        let lower = try VanishMount(options: ["cache=always"])
+        // Below the mount, another FUSE filesystem whose daemon the test can
+        // stop (Vanish refuses a source inside a Vanish mount): bindfs, its
+        // entries and attributes kept by its kernel for an hour.
+        let lower = try FUSELower()
         defer { lower.close() }
         let scratch = try makeTempDirectory()
         defer { removeTree(scratch) }
@@ -137,4 +140,45 @@ struct WorkersTests {
             #expect(used * 10 < hz, "the daemon used \(used) ticks (of \(hz)/s) in a second without requests")
         }
     }
+}
+
+/// bindfs in the foreground over a fresh directory, as a FUSE filesystem
+/// below a Vanish mount; `close()` unmounts it and reaps the daemon.
+final class FUSELower {
+    let base: String
+    let mountpoint: String
+    private(set) var pid: pid_t = 0
+
+    init() throws {
+        base = try makeTempDirectory()
+        mountpoint = base + "/mnt"
+        mkdir(base + "/src", 0o755)
+        mkdir(mountpoint, 0o755)
+        chmod(base, 0o755)
+        pid = try spawn([which("bindfs") ?? "/usr/bin/bindfs", "-f", "-o", "attr_timeout=3600,entry_timeout=3600",
+                         base + "/src", mountpoint])
+        do {
+            try waitFor("bindfs at \(mountpoint)") { mountType(at: mountpoint)?.hasPrefix("fuse") == true }
+        } catch {
+            close()
+            throw error
+        }
+    }
+
+    func path(_ relative: String) -> String { mountpoint + "/" + relative }
+
+    func close() {
+        guard pid > 0 else { return }
+        kill(pid, SIGCONT)
+        for _ in 0..<4 where mountType(at: mountpoint) != nil { _ = try? run(["fusermount3", "-uz", mountpoint]) }
+        var status: Int32 = 0
+        if (try? waitFor("bindfs to exit", timeout: 10, { waitpid(pid, &status, WNOHANG) == pid })) == nil {
+            kill(pid, SIGKILL)
+            waitpid(pid, &status, 0)
+        }
+        pid = 0
+        removeTree(base)
+    }
+
+    deinit { close() }
 }

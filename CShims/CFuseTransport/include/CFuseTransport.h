@@ -66,6 +66,12 @@ uint32_t vanish_workers_spin_microseconds(void);
 /// thread id: lets another worker receive if callers are queueing.
 void vanish_workers_begin(pid_t caller);
 
+/// From a handler about to record a change (an event): waits until no
+/// other worker is handling a change-recording request the kernel sent
+/// earlier (a smaller request id), up to `timeout_ns`, so changes are
+/// recorded in the kernel's order. 1 if none was left, 0 on timeout.
+int vanish_order_wait_for_earlier(uint64_t timeout_ns);
+
 /// Closes what the transport opened (once the loop has ended), so the
 /// session's own fd is the last one on the connection.
 void vanish_transport_close(void);
