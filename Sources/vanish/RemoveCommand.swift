@@ -9,10 +9,12 @@ struct RemoveCommand: ParsableCommand {
         abstract: "Remove files or whole trees inside a Vanish mount, in one step whatever their size.",
         discussion: """
             A directory goes to the graveyard with one rename (through the xattr trigger \
-            user.vanish.delete, which any program can set too), so this returns in milliseconds; \
-            the reaper frees the data later. The same rules as rm -r apply to the calling user: \
-            write and search permission on the parent, and the sticky bit. Other entries are \
-            unlinked, which on a Vanish mount is the same single rename.
+            user.vanish.delete, which any program can set too); the reaper frees the data later. \
+            It is refused exactly where rm -r by the calling user would fail to empty the tree: \
+            the daemon checks every directory in it with the caller's own rights (modes, ACLs, \
+            sticky bits, immutable entries, mounts inside), a walk that takes a fraction of what \
+            deleting would. Other entries are unlinked, which on a Vanish mount is the same \
+            single rename.
             """
     )
 
