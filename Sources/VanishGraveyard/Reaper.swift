@@ -133,6 +133,8 @@ public final class Reaper: @unchecked Sendable {
     /// Free bytes and the floor in bytes, as the warden last saw them.
     private let lastFree = Atomic<UInt64>(.max)
     private let floorBytes = Atomic<UInt64>(0)
+    /// When (CLOCK_MONOTONIC ns) the warden last looked.
+    private let lastLook = Atomic<UInt64>(0)
     /// The warden looks at free space once a second only (nothing kept):
     /// the first entry kept wakes it to look every few milliseconds.
     private let wardenResting = Atomic<Bool>(true)
@@ -590,8 +592,8 @@ public final class Reaper: @unchecked Sendable {
     /// Keeps the undo window within its limits: moves the horizon forward,
     /// oldest entries first, until the restorable bytes fit under
     /// keepMaxBytes and the filesystem has keepMinFreePercent free. Free
-    /// space is looked at every 10 ms while anything is kept (one statvfs),
-    /// the rest every second or when woken; when space is short the warden
+    /// space is looked at every 5 to 50 ms while anything is kept (one
+    /// statvfs), the rest every second or when woken; when space is short the warden
     /// frees the entries behind the horizon itself, at once: a writer
     /// through passthrough gets ENOSPC from the backing filesystem, which no
     /// retry of the daemon's can take back.
@@ -608,6 +610,7 @@ public final class Reaper: @unchecked Sendable {
                 let floor = Double(fs.f_blocks) * Double(fs.f_frsize) * policy.keepMinFreePercent / 100
                 lastFree.store(UInt64(fs.f_bavail) * UInt64(fs.f_frsize), ordering: .relaxed)
                 floorBytes.store(UInt64(floor), ordering: .relaxed)
+                lastLook.store(now, ordering: .relaxed)
                 return trend.runsOutSoon(fs, floor: floor, at: now)
             } ?? false
             let short = isSpaceShort(fresh: true) || roomWanted.exchange(false, ordering: .relaxed) || runningOut
@@ -617,9 +620,13 @@ public final class Reaper: @unchecked Sendable {
                 lastFull = now
                 wardOnce(short: short, unmeasurable: &unmeasurable)
             }
-            let quick = !graveyard.trash.isEmpty
-            wardenResting.store(!quick, ordering: .relaxed)
-            woken = wardenWakeup.wait(timeout: .now() + (quick ? .milliseconds(5) : .seconds(1))) == .success
+            // Nothing kept: once a second. Kept entries the space may be
+            // needed for, or space falling: every 5 ms; otherwise every 50 ms.
+            let kept = !graveyard.trash.isEmpty
+            wardenResting.store(!kept, ordering: .relaxed)
+            let interval: DispatchTimeInterval = !kept ? .seconds(1)
+                : spaceIsTight || trend.wasFalling || short ? .milliseconds(5) : .milliseconds(50)
+            woken = wardenWakeup.wait(timeout: .now() + interval) == .success
         }
     }
 
@@ -707,8 +714,15 @@ public final class Reaper: @unchecked Sendable {
     /// writes come through the daemon is given room first (`makeRoom`).
     public var spaceIsTight: Bool {
         guard !graveyard.trash.isEmpty else { return false }
-        let free = lastFree.load(ordering: .relaxed)
-        return free < graveyard.trash.bytes &+ floorBytes.load(ordering: .relaxed)
+        var free = lastFree.load(ordering: .relaxed)
+        var floor = floorBytes.load(ordering: .relaxed)
+        // The warden's look may be older than the deletion that filled the
+        // trash (it wakes for it, but may not have run yet): look again.
+        if Condition.now() &- lastLook.load(ordering: .relaxed) > 10_000_000, let fs = try? Sys.fstatvfs(graveyard.stateFD) {
+            free = UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
+            floor = UInt64(Double(fs.f_blocks) * Double(fs.f_frsize) * policy.keepMinFreePercent / 100)
+        }
+        return free < graveyard.trash.bytes &+ floor
     }
 
     /// For a request the backing filesystem answered ENOSPC while entries
