@@ -50,7 +50,9 @@ struct MountCommand: ParsableCommand {
     @Flag(help: "Serve requests on one thread (for debugging).")
     var singleThreaded = false
 
-    @Option(help: ArgumentHelp("""
+    // Parsed unconditionally, so that `--keep -5m` gets the duration's own
+    // message rather than the parser's "missing value".
+    @Option(parsing: .unconditional, help: ArgumentHelp("""
         How long deleted entries stay restorable (vanish trash, vanish restore) before the reaper \
         frees them: 0 (default, free at once), or e.g. 90s, 30m, 12h, 7d.
         """, valueName: "duration"))
@@ -76,7 +78,7 @@ struct MountCommand: ParsableCommand {
             throw ValidationError("--threads takes a number from 1 to 256")
         }
         if let keep, Quantity.duration(keep) == nil {
-            throw ValidationError("--keep takes a duration such as 0, 90s, 30m, 12h or 7d")
+            throw ValidationError("--keep takes a duration with a unit: 0, or e.g. 90s, 30m, 12h, 7d (not \(keep))")
         }
         if let keepMaxBytes, Quantity.bytes(keepMaxBytes) == nil {
             throw ValidationError("--keep-max-bytes takes a size such as 500M, 20G or 1T")
@@ -91,8 +93,10 @@ struct MountCommand: ParsableCommand {
         }
         // libfuse's options: an unknown one is bad input (64), found before the source is touched.
         let parsed = try MountOptionList(options)
-        if let why = Session.rejectedOptions(parsed.fuseOptions(source: "/")) {
-            throw ValidationError("libfuse does not know the option(s) in: \(why) (see vanish mount --help)")
+        if Session.rejectedOptions(parsed.fuseOptions(source: "/")) != nil {
+            // Named one by one: the list libfuse saw holds options the user never typed.
+            let unknown = parsed.fuse.filter { Session.rejectedOptions([$0]) != nil }
+            throw ValidationError("unknown mount option(s): \(unknown.joined(separator: ",")) (see vanish mount --help)")
         }
     }
 

@@ -72,7 +72,7 @@ struct MountOptionList {
                     filesystem.leaseLength = ns
                 case "keep":
                     guard let v = value, let ns = Quantity.duration(v) else {
-                        throw ValidationError("-o keep= takes a duration such as 0, 90s, 30m, 12h or 7d")
+                        throw ValidationError("-o keep= takes a duration with a unit: 0, or e.g. 90s, 30m, 12h, 7d")
                     }
                     filesystem.reaping.keep = ns
                 case "keep_max_bytes":
@@ -181,17 +181,19 @@ struct MountOptionList {
 /// Durations and sizes as people write them.
 enum Quantity {
     /// "90", "90s", "5ms", "30m", "12h", "7d" → ns.
+    /// A bare number other than 0 is refused: `--keep 1` meaning one
+    /// second surprised everyone who meant something else.
     static func duration(_ text: String) -> UInt64? {
         let units: [Character: Double] = ["s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604_800]
         var number = Substring(text)
-        var scale = 1.0
+        var scale: Double? = nil
         if text.hasSuffix("ms") {
             number = number.dropLast(2); scale = 0.001
         } else if let last = text.last, let u = units[last] {
             number = number.dropLast(); scale = u
         }
-        guard let v = Double(number), v >= 0, v * scale < 3e9 else { return nil }
-        return UInt64(v * scale * 1e9)
+        guard let v = Double(number), v >= 0, v == 0 || scale != nil, v * (scale ?? 1) < 3e9 else { return nil }
+        return UInt64(v * (scale ?? 1) * 1e9)
     }
 
     /// "4096", "500K", "500M", "20G", "1T" (powers of 1024; a trailing "B" or "iB" is allowed) → bytes.

@@ -108,6 +108,11 @@ struct RemoveCommand: ParsableCommand {
             throw RuntimeError("cannot remove \(shown): \(String(cString: strerror(errno)))")
         }
         guard st.st_mode & S_IFMT == S_IFDIR else {
+            // One rule for files and trees: only inside a Vanish mount.
+            guard vanish_filesystem_type(fd) == VANISH_FUSE_SUPER_MAGIC,
+                  MountPaths.mountType(containing: MountPaths.lexicallyAbsolute(RawArguments.string(
+                      UnsafeBufferPointer(start: UnsafeRawPointer(path).assumingMemoryBound(to: UInt8.self), count: strlen(path))))) == "fuse.vanish"
+            else { throw notOnVanish(shown) }
             // unlink(2) acts on the name, as rm does, and never follows a symlink.
             guard unlink(path) == 0 else { throw RuntimeError("cannot remove \(shown): \(String(cString: strerror(errno)))") }
             return

@@ -238,6 +238,11 @@ struct GraveyardTests {
         }
         var st = stat()
         #expect(lstat(elsewhere + "/d", &st) == 0, "the directory elsewhere is untouched")
+        // One rule for files too: outside a Vanish mount nothing is removed.
+        #expect(close(open(elsewhere + "/f", O_CREAT | O_WRONLY, 0o644)) == 0)
+        let file = try run([vanishBinary, "rm", elsewhere + "/f"])
+        #expect(file.status == 1 && file.stderr.contains("not inside a Vanish mount"), "\(file)")
+        #expect(access(elsewhere + "/f", F_OK) == 0, "the file elsewhere is untouched")
     }
 
     @Test("vanish rm and the xattr trigger obey rm's rules for another user")
