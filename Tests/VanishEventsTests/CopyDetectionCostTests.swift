@@ -12,9 +12,8 @@ struct CopyDetectionCostTests {
         try withVanishMount(options: ["allow_other"], prepare: { src in
             guard try sh("mkdir -m 777 pub", cwd: src).ok else { throw TestFailure("mkdir") }
         }) { m in
-            let s = try Subscriber(m)
+            let s = try attachedSubscriber(m)
             defer { s.stop() }
-            try attach(s, m)
             let script = m.base + "/copies.py"
             try """
                 import os, sys

@@ -69,6 +69,13 @@ final class Subscriber {
     }
 }
 
+/// A subscriber of `m`'s events (as root), attached; the caller stops it.
+func attachedSubscriber(_ m: VanishMount) throws -> Subscriber {
+    let s = try Subscriber(m)
+    do { try attach(s, m) } catch { s.stop(); throw error }
+    return s
+}
+
 /// Makes the subscriber provably attached: touches a marker until its event shows.
 func attach(_ s: Subscriber, _ m: VanishMount) throws {
     var n = 0
@@ -94,9 +101,8 @@ struct EventStreamTests {
     @Test("shell sequences give exactly the expected events, in order")
     func shellSequences() throws {
         try withVanishMount { m in
-            let s = try Subscriber(m)
+            let s = try attachedSubscriber(m)
             defer { s.stop() }
-            try attach(s, m)
             let r = try sh("""
                 mkdir -p src/sub && printf a > src/sub/f && cp -r src dst
                 mv dst/sub/f other && echo old > t && echo new > n && mv n t
@@ -139,9 +145,8 @@ struct EventStreamTests {
     @Test("an O_TMPFILE file is created when linkat names it and written at its last close; one never named is no event")
     func tmpfileEvents() throws {
         try withVanishMount { m in
-            let s = try Subscriber(m)
+            let s = try attachedSubscriber(m)
             defer { s.stop() }
-            try attach(s, m)
             let r = try run(["python3", "-c", """
                 import ctypes, os
                 libc = ctypes.CDLL(None, use_errno=True)
@@ -165,9 +170,8 @@ struct EventStreamTests {
     func inodeFlagEvents() throws {
         try withVanishMount { m in
             #expect(try sh("echo x > f", cwd: m.mountpoint).ok)
-            let s = try Subscriber(m)
+            let s = try attachedSubscriber(m)
             defer { s.stop() }
-            try attach(s, m)
             #expect(try sh("lsattr f && chattr +A f && : > end", cwd: m.mountpoint).ok)
             try s.waitFor("the end marker") { $0["path"] as? String == "end" }
             #expect(changes(s) == ["attributes f", "created end"])
@@ -180,9 +184,8 @@ struct EventStreamTests {
     @Test("each event names the program that made it, also after the process execs another or renames itself")
     func commandAfterExec() throws {
         try withVanishMount { m in
-            let s = try Subscriber(m)
+            let s = try attachedSubscriber(m)
             defer { s.stop() }
-            try attach(s, m)
             // The shell creates a (the redirection), then the same process becomes mv.
             #expect(try run(["/bin/sh", "-c", "cd \(shellQuote(m.mountpoint)) && : > a && exec mv a b"]).ok)
             try s.waitFor("the rename") { $0["type"] as? String == "renamed" && $0["path"] as? String == "b" }
@@ -220,9 +223,8 @@ struct EventStreamTests {
                 """, cwd: src)
             guard r.ok else { throw TestFailure(r.stderr) }
         }) { m in
-            let s = try Subscriber(m)
+            let s = try attachedSubscriber(m)
             defer { s.stop() }
-            try attach(s, m)
             let r = try run(["git", "-C", m.path("r"), "checkout", "-q", "other"])
             #expect(r.ok, "\(r.stderr)")
             // Git's last step: its index is replaced by one rename of the lock
@@ -250,9 +252,8 @@ struct EventStreamTests {
           arguments: [[], ["passthrough=off"]])
     func writtenAfterLastWriter(options: [String]) throws {
         try withVanishMount(options: options) { m in
-            let s = try Subscriber(m)
+            let s = try attachedSubscriber(m)
             defer { s.stop() }
-            try attach(s, m)
             // Each step leaves a marker file, so the stream shows what came before it.
             let script = """
                 import os
@@ -288,9 +289,8 @@ struct EventStreamTests {
     func passthroughWrites() throws {
         try withVanishMount { m in
             try m.waitForLog("passthrough=on")
-            let s = try Subscriber(m)
+            let s = try attachedSubscriber(m)
             defer { s.stop() }
-            try attach(s, m)
             let r = try sh("""
                 set -e
                 echo data > a
@@ -324,9 +324,8 @@ struct EventStreamTests {
     @Test("cp names the file it copied from (copy_file_range)")
     func copies() throws {
         try withVanishMount { m in
-            let s = try Subscriber(m)
+            let s = try attachedSubscriber(m)
             defer { s.stop() }
-            try attach(s, m)
             #expect(try sh("echo data > orig && cp orig copy", cwd: m.mountpoint).ok)
             try s.waitFor("the copy") { $0["type"] as? String == "written" && $0["path"] as? String == "copy" }
             let orig = try #require(s.events.first { $0["type"] as? String == "created" && $0["path"] as? String == "orig" })
@@ -341,9 +340,8 @@ struct EventStreamTests {
           arguments: [[], ["passthrough=off"]])
     func partialCopies(options: [String]) throws {
         try withVanishMount(options: options) { m in
-            let s = try Subscriber(m)
+            let s = try attachedSubscriber(m)
             defer { s.stop() }
-            try attach(s, m)
             let r = try sh("""
                 set -e
                 printf 'hello world\n' > a.txt
@@ -369,9 +367,8 @@ struct EventStreamTests {
     @Test("each program's events come in the order it made its changes, with four programs at once")
     func causalOrderPerProcess() throws {
         try withVanishMount { m in
-            let s = try Subscriber(m)
+            let s = try attachedSubscriber(m)
             defer { s.stop() }
-            try attach(s, m)
             let script = m.base + "/order.py"
             try """
                 import os, sys
@@ -410,9 +407,8 @@ struct EventStreamTests {
           arguments: [[], ["passthrough=off"]])
     func readWriteCopies(options: [String]) throws {
         try withVanishMount(options: options) { m in
-            let s = try Subscriber(m)
+            let s = try attachedSubscriber(m)
             defer { s.stop() }
-            try attach(s, m)
             let r = try sh("""
                 set -e
                 head -c 3000000 /dev/urandom > orig
@@ -442,9 +438,8 @@ struct EventStreamTests {
         // cache=never: every stat reaches the daemon, which reads the directory's mtime each time.
         try withVanishMount(options: ["cache=never"]) { m in
             #expect(try sh("mkdir d && touch d/a && stat d >/dev/null", cwd: m.mountpoint).ok)
-            let s = try Subscriber(m)
+            let s = try attachedSubscriber(m)
             defer { s.stop() }
-            try attach(s, m)
             #expect(try sh("touch d/own && mv d/own d/own2 && rm d/a && mkdir d/sub && touch -d @5 d && stat d >/dev/null",
                            cwd: m.mountpoint).ok)
             #expect(try sh("touch d/behind", cwd: m.source).ok)
@@ -706,9 +701,8 @@ struct EventStreamTests {
     @Test("names with newlines and invalid UTF-8 round-trip")
     func oddNames() throws {
         try withVanishMount { m in
-            let s = try Subscriber(m)
+            let s = try attachedSubscriber(m)
             defer { s.stop() }
-            try attach(s, m)
             let r = try run(["python3", "-c", """
                 import os, sys
                 os.close(os.open(os.path.join(sys.argv[1].encode(), b"new\\nline"), os.O_CREAT | os.O_WRONLY))
