@@ -432,3 +432,23 @@ public func withFUSEDeviceOpenToAll<R>(_ body: () throws -> R) rethrows -> R {
     defer { if oldMode != 0o666 { chmod("/dev/fuse", oldMode) } }
     return try body()
 }
+
+/// Runs `body` with the directory where a fresh filesystem of `type`
+/// (`ext4`, `xfs`) is mounted from a loop device (root only): for tests of
+/// what depends on the backing filesystem. It is unmounted and its image
+/// removed afterwards, also when the test fails.
+public func withLoopFilesystem<R>(_ type: String, size: String = "320M", _ body: (String) throws -> R) throws -> R {
+    let base = try makeTempDirectory("vanish-test-loop")
+    let image = base + "/image", dir = base + "/fs"
+    mkdir(dir, 0o755)
+    defer {
+        for _ in 0..<4 where mountType(at: dir) != nil { _ = try? run(["umount", "-l", dir]) }
+        removeTree(base)
+    }
+    let make = type == "xfs" ? ["mkfs.xfs", "-q", "-f", image] : ["mkfs.\(type)", "-q", "-F", image]
+    for step in [["truncate", "-s", size, image], make, ["mount", "-o", "loop", image, dir]] {
+        let r = try run(step)
+        guard r.ok else { throw TestFailure("\(step.joined(separator: " ")): \(r.stderr)") }
+    }
+    return try body(dir)
+}
