@@ -64,6 +64,7 @@ int vanish_fileattr_ioctl(int fd, unsigned int cmd, const void *in, size_t in_si
     return -ENOTTY;
 }
 const int VANISH_AT_EMPTY_PATH = AT_EMPTY_PATH;
+const int VANISH_MAX_HANDLE_SZ = MAX_HANDLE_SZ;
 const unsigned int VANISH_RENAME_NOREPLACE = RENAME_NOREPLACE;
 const unsigned int VANISH_RENAME_EXCHANGE = RENAME_EXCHANGE;
 const unsigned int VANISH_RENAME_WHITEOUT = RENAME_WHITEOUT;
@@ -217,6 +218,15 @@ int vanish_file_handle(int dirfd, const char *name, int flags, unsigned char *ou
     memcpy(out, &h.h.handle_type, 4);
     memcpy(out + 4, h.h.f_handle, h.h.handle_bytes);
     return (int)h.h.handle_bytes + 4;
+}
+
+int vanish_open_by_handle(int mount_fd, const unsigned char *in, int length, int flags) {
+    struct { struct file_handle h; unsigned char data[MAX_HANDLE_SZ]; } h;
+    if (length < 4 || length - 4 > MAX_HANDLE_SZ) { errno = EINVAL; return -1; }
+    memcpy(&h.h.handle_type, in, 4);
+    h.h.handle_bytes = (unsigned)(length - 4);
+    memcpy(h.h.f_handle, in + 4, (size_t)(length - 4));
+    return open_by_handle_at(mount_fd, &h.h, flags);
 }
 
 int vanish_spawn_closefrom(posix_spawn_file_actions_t *actions, int from) {

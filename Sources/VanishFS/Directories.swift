@@ -169,7 +169,8 @@ extension PassthroughFilesystem {
                         e.attr.st_mode = mode_t(d.pointee.d_type) << 12
                     } else {
                         guard let (st, birth) = try? Sys.lstatatWithBirth(dfd, name) else { h.offset = next; continue }
-                        let node = table.remember(st, birth: birth, parent: h.inode, name: name)
+                        let node = table.remember(st, birth: birth, parent: h.inode, name: name,
+                                                  generation: generationForID(dfd, name, st, birth: birth))
                         e = entry(node, st)
                     }
                     added = fuse_add_direntry_plus(req.raw, base + used, room, name, &e, next)

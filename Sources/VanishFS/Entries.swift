@@ -8,12 +8,19 @@ import SystemPackage
 // Name-space operations: finding, making, linking, renaming entries.
 extension PassthroughFilesystem {
     public func lookup(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+        // "." and "..": only for file handles (path walks resolve them in the kernel).
+        if name[0] == 0x2E && (name[1] == 0 || (name[1] == 0x2E && name[2] == 0)) {
+            return try lookupByHandle(req, parent, dotDot: name[1] != 0)
+        }
         let p = inode(parent)
-        let (st, birth): (stat, UInt64)
+        let (st, birth, generation): (stat, UInt64, UInt32?)
         do throws(Errno) {
             // The state directory does not exist as far as the mount is concerned.
             if isReserved(p, name) { throw Errno.noSuchFileOrDirectory }
-            (st, birth) = try namespace.atName(p, name) { pfd throws(Errno) in try Sys.lstatatWithBirth(pfd, name) }
+            (st, birth, generation) = try namespace.atName(p, name) { pfd throws(Errno) in
+                let (st, birth) = try Sys.lstatatWithBirth(pfd, name)
+                return (st, birth, generationForID(pfd, name, st, birth: birth))
+            }
         } catch .noSuchFileOrDirectory where options.negativeTimeout > 0 {
             // A negative entry: the kernel remembers the name is absent, which
             // spares compilers and shells a round trip per failed probe.
@@ -23,7 +30,8 @@ extension PassthroughFilesystem {
             return
         }
         if st.st_dev != p.key.dev { noteCrossing(into: st, at: name) }
-        let node = table.remember(st, birth: birth, parent: p, name: name, lookedUp: options.readdirPlus == .walk)
+        let node = table.remember(st, birth: birth, parent: p, name: name, lookedUp: options.readdirPlus == .walk,
+                                  generation: generation)
         notice(node, st)
         var e = entry(node, st)
         req.reply(entry: &e)
@@ -71,7 +79,8 @@ extension PassthroughFilesystem {
                 if try adoptOwnership(fd: fd, parentFD: pfd, caller: req.caller, mode: mode, st: &st, pathFD: true) {
                     st = try Sys.fstat(fd)
                 }
-                let node = table.remember(st, birth: birth, parent: p, name: name)
+                let node = table.remember(st, birth: birth, parent: p, name: name,
+                                          generation: generationForID(fd, nil, st, birth: birth))
                 emitCreated(req.caller, parent: p, name: name, node: node, st: st, fd: fd)
                 namespace.adopt(node, fd: fd)
                 return (node, st)
@@ -97,7 +106,8 @@ extension PassthroughFilesystem {
             let target = observing && !unnamed ? path(of: node) : []
             try namespace.withFD(node) { fd throws(Errno) in try Sys.link(fd: fd, npfd, newName) }
             let (st, birth) = try Sys.lstatatWithBirth(npfd, newName)
-            let linked = table.remember(st, birth: birth, parent: np, name: newName)
+            let linked = table.remember(st, birth: birth, parent: np, name: newName,
+                                        generation: generationForID(npfd, newName, st, birth: birth))
             if unnamed && observing {
                 namespace.withFDIfPossible(linked) { fd in
                     emitCreated(req.caller, parent: np, name: newName, node: linked, st: st, fd: fd)
@@ -216,7 +226,8 @@ extension PassthroughFilesystem {
                 if try adoptOwnership(fd: fd, parentFD: pfd, caller: caller, mode: mode, st: &st, pathFD: false) {
                     st = try Sys.fstat(fd)
                 }
-                let node = table.remember(st, birth: birth, parent: p, name: name)
+                let node = table.remember(st, birth: birth, parent: p, name: name,
+                                          generation: generationForID(fd, nil, st, birth: birth))
                 emitCreated(caller, parent: p, name: name, node: node, st: st, fd: fd)
                 return (fd, node, st)
             } catch {
@@ -255,7 +266,8 @@ extension PassthroughFilesystem {
                 }
                 let pathFD = try Sys.withProcPath(fd) { path throws(Errno) in try Sys.open(path, VANISH_O_PATH) }
                 // No name: a reopen by name finds nothing (ENOENT), never another file.
-                let node = table.remember(st, birth: birth, parent: p, name: "")
+                let node = table.remember(st, birth: birth, parent: p, name: "",
+                                          generation: generationForID(fd, nil, st, birth: birth))
                 namespace.adopt(node, fd: pathFD)
                 return (fd, node, st)
             } catch {

@@ -179,7 +179,7 @@ final class FDCache: @unchecked Sendable {
 
     /// Opens `inode` again from where it was last seen and checks it is still the same file.
     private func reopen(_ inode: Inode) throws(Errno) -> Int32 {
-        guard let (parent, name) = table.location(of: inode) else { throw Errno(rawValue: ESTALE) }
+        guard let (parent, name) = table.location(of: inode) else { return try reopenByHandle(inode) }
         let fd: Int32
         do throws(Errno) {
             fd = try withFD(parent) { pfd throws(Errno) in
@@ -195,6 +195,24 @@ final class FDCache: @unchecked Sendable {
         let st: stat
         do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
         guard st.st_dev == inode.key.dev, st.st_ino == inode.key.ino else {
+            Sys.close(fd)
+            throw Errno(rawValue: ESTALE)
+        }
+        return fd
+    }
+
+    /// Opens `inode`, which has no known name (the kernel asked for it by
+    /// handle, see `ExportedHandles`), by the backing handle its id carries.
+    private func reopenByHandle(_ inode: Inode) throws(Errno) -> Int32 {
+        guard let codec = table.codec, let (ino, generation) = NodeID.decoded(inode.id) else {
+            throw Errno(rawValue: ESTALE)
+        }
+        let fd = try retryingOnFDExhaustion { () throws(Errno) in
+            let fd = codec.open(ino: ino, generation: generation, flags: VANISH_O_PATH)
+            guard fd >= 0 else { throw errno == EMFILE || errno == ENFILE ? Errno(rawValue: errno) : Errno(rawValue: ESTALE) }
+            return fd
+        }
+        guard let st = try? Sys.fstat(fd), st.st_dev == inode.key.dev, st.st_ino == inode.key.ino else {
             Sys.close(fd)
             throw Errno(rawValue: ESTALE)
         }

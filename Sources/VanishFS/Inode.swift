@@ -9,8 +9,8 @@ struct InodeKey: Hashable, Sendable {
 
 /// One backing file known to the kernel.
 ///
-/// Its FUSE node id is the object's address (as passthrough_hp uses its
-/// `Inode*`), retained while the kernel holds lookups on it. It does *not*
+/// Its FUSE node id names the backing file where it can (`NodeID`); the
+/// table holds it while the kernel holds lookups on it. It does *not*
 /// own an fd: the kernel can cache far more inodes than the fd limit allows,
 /// so `FDCache` opens an O_PATH fd on demand (through `parent` and `name`)
 /// and closes the least recently used ones.
@@ -18,6 +18,8 @@ final class Inode: @unchecked Sendable {
     let key: InodeKey
     /// The S_IFMT bits; an inode never changes type.
     let type: mode_t
+    /// Its FUSE node id (see `NodeID`) and the generation paired with it in the kernel's handles.
+    let id: UInt64
     let generation: UInt64
     /// The backing inode's birth time (ns; 0 if unknown): with `key`, its identity.
     let birth: UInt64
@@ -101,10 +103,11 @@ final class Inode: @unchecked Sendable {
     /// while any exist the kernel refuses a passthrough open (ETXTBSY).
     var cachedOpens: Int32 = 0
 
-    init(key: InodeKey, type: mode_t, generation: UInt64, birth: UInt64 = 0, parent: Inode?,
+    init(key: InodeKey, type: mode_t, id: UInt64, generation: UInt64, birth: UInt64 = 0, parent: Inode?,
          name: UnsafePointer<CChar>) {
         self.key = key
         self.type = type
+        self.id = id
         self.generation = generation
         self.birth = birth
         self.parent = parent

@@ -12,33 +12,88 @@ import Synchronization
 /// mutable fields are guarded by this lock and FDCache's.
 final class InodeTable: @unchecked Sendable {
     let root: Inode
+    /// The backing filesystem's handle layout when node ids carry backing
+    /// handles (see `NodeID`): the daemon can open files by handle and the
+    /// source's filesystem has handles of a known shape. Nil otherwise.
+    let codec: HandleCodec?
+    /// The FUSE generation of counted ids: drawn at random per mount, so
+    /// that a handle from an earlier mount, whose counted id this mount may
+    /// have given to another file, is refused (ESTALE) rather than honoured.
+    let countedGeneration = UInt64(UInt32.random(in: 1...UInt32.max))
+    /// The inode a node id the table does not hold stands for: it has no
+    /// fd and cannot get one, so whatever a request does with it fails ESTALE.
+    let stale = Inode(key: InodeKey(dev: 0, ino: 0), type: 0, id: 0, generation: 0, parent: nil, name: "")
+
+    struct Maps {
+        /// The inode the kernel knows by each backing (st_dev, st_ino).
+        var byKey: [InodeKey: Inode]
+        /// Every inode the kernel holds, by node id; it holds them alive.
+        var byID: [UInt64: Inode]
+    }
     // Storage is allocated here, at mount, for this and the other maps the
     // request path fills: the first allocation of a dictionary type makes
     // Swift instantiate its storage's metadata, which finds the key's
     // Hashable conformance by scanning every conformance in the binary.
     // Left to the first requests, that took a fresh mount's first unlink
     // from about 0.2 to 0.4 ms.
-    private let lock = Lock<[InodeKey: Inode]>(Dictionary(minimumCapacity: 1024))
-    private let generations = Atomic<UInt64>(1)
+    private let lock = Lock(Maps(byKey: Dictionary(minimumCapacity: 1024), byID: Dictionary(minimumCapacity: 1024)))
+    private let countedIDs = Atomic<UInt64>(0)
     /// Whether any inode was ever marked buried: until then, `isBuried` is one load.
     private let anyBuried = Atomic<Bool>(false)
     /// The most inodes held at once since the last `compact`.
     private let highWater = Atomic<Int>(0)
 
-    init(root: Inode) { self.root = root }
+    init(root: Inode, codec: HandleCodec?) {
+        self.root = root
+        self.codec = codec
+    }
 
     /// The FUSE node id for `inode`.
     @inline(__always)
-    func nodeID(_ inode: Inode) -> fuse_ino_t {
-        inode === root ? fuse_ino_t(FUSE_ROOT_ID) : fuse_ino_t(UInt(bitPattern: Unmanaged.passUnretained(inode).toOpaque()))
-    }
+    func nodeID(_ inode: Inode) -> fuse_ino_t { fuse_ino_t(inode.id) }
 
-    /// The inode behind a node id the kernel sent. Valid because the kernel
-    /// only sends ids it holds a lookup on.
+    /// The inode behind a node id the kernel sent; `stale` for one the table
+    /// does not hold (the kernel sends only ids it holds a lookup on, but a
+    /// miscount must not take the mount down).
     @inline(__always)
     func inode(_ id: fuse_ino_t) -> Inode {
         if id == fuse_ino_t(FUSE_ROOT_ID) { return root }
-        return Unmanaged<Inode>.fromOpaque(UnsafeRawPointer(bitPattern: UInt(id))!).takeUnretainedValue()
+        return lock.withLock { $0.byID[UInt64(id)] } ?? stale
+    }
+
+    /// The inode the kernel holds under node id `id`, if any.
+    func held(_ id: UInt64) -> Inode? {
+        if id == UInt64(FUSE_ROOT_ID) { return root }
+        return lock.withLock { $0.byID[id] }
+    }
+
+    /// Whether a new node for the file `st` describes would carry its
+    /// backing handle (see `NodeID`), so its generation is wanted: node ids
+    /// carry handles, the file is on the source's filesystem, its number fits,
+    /// and the kernel does not hold it already.
+    func wantsGeneration(_ st: stat, birth: UInt64) -> Bool {
+        guard codec != nil, st.st_dev == root.key.dev, UInt64(st.st_ino) < NodeID.countedBit else { return false }
+        let key = InodeKey(dev: st.st_dev, ino: st.st_ino)
+        if key == root.key { return false }
+        return lock.withLock { maps in
+            guard let known = maps.byKey[key] else { return true }
+            return !Self.same(known, type: st.st_mode & S_IFMT, birth: birth, generation: nil)
+        }
+    }
+
+    /// Whether `known` is the file of type `type` born at `birth` (0: unknown)
+    /// of backing generation `generation` (nil: unknown).
+    private static func same(_ known: Inode, type: mode_t, birth: UInt64, generation: UInt32?) -> Bool {
+        guard known.type == type, known.birth == birth || known.birth == 0 || birth == 0 else { return false }
+        guard let generation, let carried = NodeID.decoded(known.id) else { return true }
+        return carried.generation == generation
+    }
+
+    /// A new node's id and FUSE generation: the encoded id when `generation`
+    /// (the backing file's) is given and fits, else a counted one.
+    private func newID(_ st: stat, generation: UInt32?) -> (UInt64, UInt64) {
+        if let generation, let id = NodeID.encoded(ino: UInt64(st.st_ino), generation: generation) { return (id, 0) }
+        return (NodeID.counted(countedIDs.wrappingAdd(1, ordering: .relaxed).newValue), countedGeneration)
     }
 
     /// Records one more kernel lookup of the file `st` describes (born at
@@ -46,13 +101,14 @@ final class InodeTable: @unchecked Sendable {
     /// returns its inode (new or known).
     /// `lookedUp`: a LOOKUP found it, which for a file stamps `parent` (see
     /// `stamp`) under the same lock.
+    /// `generation`: the backing file's, when `wantsGeneration` asked for it.
     func remember(_ st: stat, birth: UInt64, parent: Inode, name: UnsafePointer<CChar>,
-                  lookedUp: Bool = false) -> Inode {
+                  lookedUp: Bool = false, generation: UInt32? = nil) -> Inode {
         let key = InodeKey(dev: st.st_dev, ino: st.st_ino)
         let type = st.st_mode & S_IFMT
         if key == root.key { return root }
         let stamp = lookedUp && type != S_IFDIR ? Self.coarseSeconds() : 0
-        return lock.withLock { map in
+        return lock.withLock { maps in
             if stamp != 0 { Self.stamp(parent, stamp) }
             // A known inode of another type or birth time means the number
             // was reused: start a new node, the old one lives until forgotten.
@@ -62,7 +118,16 @@ final class InodeTable: @unchecked Sendable {
             // gets the same number at once; given the old node, the kernel
             // took it for the old file and kept its attributes (a link count
             // of 0 made link(2) of the new file fail with ENOENT).
-            if let known = map[key], known.type == type, (known.birth == birth || known.birth == 0 || birth == 0) {
+            // A generation is given only for a file the table did not know
+            // (or knew as another file): with it, the node is the one its id names.
+            var found = maps.byKey[key].flatMap { Self.same($0, type: type, birth: birth, generation: generation) ? $0 : nil }
+            let (id, fuseGeneration) = found == nil ? newID(st, generation: generation) : (0, 0)
+            if found == nil, let holder = maps.byID[id] {
+                // The kernel holds this very file by handle (a LOOKUP of "."), nameless till now.
+                found = holder
+                maps.byKey[key] = holder
+            }
+            if let known = found {
                 known.lookups += 1
                 if known.parent !== parent || !known.nameEquals(name) {
                     known.parent = parent
@@ -70,14 +135,50 @@ final class InodeTable: @unchecked Sendable {
                 }
                 return known
             }
-            let fresh = Inode(key: key, type: type, generation: generations.wrappingAdd(1, ordering: .relaxed).newValue,
+            let fresh = Inode(key: key, type: type, id: id, generation: fuseGeneration,
                               birth: birth, parent: parent, name: name)
             fresh.lookups = 1
-            map[key] = fresh
-            if map.count > highWater.load(ordering: .relaxed) { highWater.store(map.count, ordering: .relaxed) }
-            _ = Unmanaged.passRetained(fresh)
+            maps.byKey[key] = fresh
+            maps.byID[id] = fresh
+            if maps.byID.count > highWater.load(ordering: .relaxed) { highWater.store(maps.byID.count, ordering: .relaxed) }
             return fresh
         }
+    }
+
+    /// A LOOKUP of "." or ".." (the kernel met a handle of a file it no
+    /// longer holds, or looks for a directory's parent) found the file `st`
+    /// describes, of backing generation `generation` (nil: unknown): counts
+    /// the lookup on the node the table holds for it, or makes one with no
+    /// known name (a lookup by name gives it one later, see `remember`).
+    func foundByHandle(_ st: stat, birth: UInt64, generation: UInt32?) -> Inode {
+        let key = InodeKey(dev: st.st_dev, ino: st.st_ino)
+        let type = st.st_mode & S_IFMT
+        if key == root.key { return root }
+        return lock.withLock { maps in
+            if let known = maps.byKey[key], Self.same(known, type: type, birth: birth, generation: generation) {
+                known.lookups += 1
+                return known
+            }
+            let (id, fuseGeneration) = newID(st, generation: generation)
+            if let held = maps.byID[id] {
+                held.lookups += 1
+                maps.byKey[key] = held
+                return held
+            }
+            let fresh = Inode(key: key, type: type, id: id, generation: fuseGeneration, birth: birth,
+                              parent: nil, name: "")
+            fresh.lookups = 1
+            // The live file of that number: another node under the key is an older file's.
+            maps.byKey[key] = fresh
+            maps.byID[id] = fresh
+            return fresh
+        }
+    }
+
+    /// A LOOKUP of "." found a node the kernel holds already: counts the lookup.
+    func lookedUpAgain(_ inode: Inode) {
+        if inode === root || inode === stale { return }
+        lock.withLock { _ in inode.lookups += 1 }
     }
 
     /// How long a directory's files being looked up keeps listings near it
@@ -132,8 +233,8 @@ final class InodeTable: @unchecked Sendable {
     /// `window` ms before `now`: listing it with attributes again tells the
     /// kernel nothing it does not have.
     func attributesFresh(dev: dev_t, ino: ino_t, type: mode_t, now: UInt32, window: UInt32) -> Bool {
-        lock.withLock { map in
-            guard let known = map[InodeKey(dev: dev, ino: ino)], known.lookups > 0,
+        lock.withLock { maps in
+            guard let known = maps.byKey[InodeKey(dev: dev, ino: ino)], known.lookups > 0,
                   type == 0 || known.type == type else { return false }
             let sent = known.attributesSent.load(ordering: .relaxed)
             return sent != 0 && now &- sent < window
@@ -172,8 +273,8 @@ final class InodeTable: @unchecked Sendable {
     /// so the backing filesystem most likely still has them cached.
     func listedLately(dev: dev_t, ino: ino_t, window: UInt32) -> Bool {
         let now = Self.coarseMilliseconds()
-        return lock.withLock { map in
-            guard let dir = map[InodeKey(dev: dev, ino: ino)] else { return false }
+        return lock.withLock { maps in
+            guard let dir = maps.byKey[InodeKey(dev: dev, ino: ino)] else { return false }
             let listed = dir.listedWithAttributes.load(ordering: .relaxed)
             return listed != 0 && now &- listed < window
         }
@@ -244,16 +345,15 @@ final class InodeTable: @unchecked Sendable {
     /// Drops `count` kernel lookups; returns true when the inode is gone
     /// from the kernel (its fd should be closed).
     func forget(_ inode: Inode, count: UInt64) -> Bool {
-        if inode === root { return false }
-        let gone: Bool = lock.withLock { map in
+        if inode === root || inode === stale { return false }
+        return lock.withLock { maps in
             // Clamp rather than trap: a miscount must not take the mount down.
             inode.lookups -= min(count, inode.lookups)
             guard inode.lookups == 0 else { return false }
-            if map[inode.key] === inode { map[inode.key] = nil }
+            if maps.byKey[inode.key] === inode { maps.byKey[inode.key] = nil }
+            if maps.byID[inode.id] === inode { maps.byID[inode.id] = nil }
             return true
         }
-        if gone { Unmanaged.passUnretained(inode).release() }
-        return gone
     }
 
     /// After a rename through the mount or a restore: the file `st` now
@@ -261,8 +361,8 @@ final class InodeTable: @unchecked Sendable {
     @discardableResult
     func moved(_ st: stat, to parent: Inode, name: UnsafePointer<CChar>) -> Inode? {
         let key = InodeKey(dev: st.st_dev, ino: st.st_ino)
-        return lock.withLock { map in
-            guard let known = map[key] else { return nil }
+        return lock.withLock { maps in
+            guard let known = maps.byKey[key] else { return nil }
             known.parent = parent
             known.name = Inode.copyName(name)
             known.buried = false
@@ -282,7 +382,7 @@ final class InodeTable: @unchecked Sendable {
     /// would otherwise make files in the graveyard, where they are lost.
     /// Whether `node` has never had a name: an O_TMPFILE file not yet linked.
     func isUnnamed(_ node: Inode) -> Bool {
-        lock.withLock { _ in node.name.first == 0 }
+        lock.withLock { _ in node.name.first == 0 && node.parent != nil }
     }
 
     func isBuried(_ dir: Inode) -> Bool {
@@ -309,7 +409,7 @@ final class InodeTable: @unchecked Sendable {
     func known(_ st: stat) -> Inode? {
         let key = InodeKey(dev: st.st_dev, ino: st.st_ino)
         if key == root.key { return nil }
-        return lock.withLock { $0[key] }
+        return lock.withLock { $0.byKey[key] }
     }
 
     /// Where `inode` was last seen, for reopening it.
@@ -399,7 +499,7 @@ final class InodeTable: @unchecked Sendable {
     }
 
     /// Number of inodes the kernel holds (for status and tests).
-    var count: Int { lock.withLock { $0.count } }
+    var count: Int { lock.withLock { $0.byID.count } }
 
     /// How many fewer inodes the kernel holds than at the peak since the last `compact`.
     var shrinkage: Int { max(0, highWater.load(ordering: .relaxed) - count) }
@@ -408,13 +508,18 @@ final class InodeTable: @unchecked Sendable {
     /// itself, and one sized for a burst of 200,000 files kept 6 MiB.
     /// O(inodes held), under the lock: for quiet moments.
     func compact() {
-        lock.withLock { map in
-            if map.capacity > 4 * map.count + 1024 {
-                var fresh = [InodeKey: Inode](minimumCapacity: max(1024, 2 * map.count))
-                for (key, node) in map { fresh[key] = node }
-                map = fresh
+        lock.withLock { maps in
+            if maps.byKey.capacity > 4 * maps.byKey.count + 1024 {
+                var fresh = [InodeKey: Inode](minimumCapacity: max(1024, 2 * maps.byKey.count))
+                for (key, node) in maps.byKey { fresh[key] = node }
+                maps.byKey = fresh
             }
-            highWater.store(map.count, ordering: .relaxed)
+            if maps.byID.capacity > 4 * maps.byID.count + 1024 {
+                var fresh = [UInt64: Inode](minimumCapacity: max(1024, 2 * maps.byID.count))
+                for (id, node) in maps.byID { fresh[id] = node }
+                maps.byID = fresh
+            }
+            highWater.store(maps.byID.count, ordering: .relaxed)
         }
     }
 }

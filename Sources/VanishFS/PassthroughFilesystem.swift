@@ -54,6 +54,10 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     let invalidations = EntryInvalidations()
     /// Reads directories ahead of programs that stat what they list.
     let statahead: Statahead
+    /// For handles of files the kernel no longer holds: the graveyard's
+    /// files (refused) and the state directory (never passed). See ExportedHandles.
+    let buriedNumbers: BuriedNumbers?
+    let stateDirectoryKey: InodeKey?
     let sourcePath: String
     /// The event journal, when observing (set before mounting).
     var events: Journal?
@@ -139,13 +143,16 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         case .never: false
         }
         localUnlinkLog = localLog
-        let root = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, generation: 0,
-                         parent: nil, name: "")
+        let root = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, id: UInt64(FUSE_ROOT_ID),
+                         generation: 0, parent: nil, name: "")
         root.fd = fd
         root.lookups = 1
         root.sawAttributes(st)
         rootFD = fd
-        table = InodeTable(root: root)
+        let codec = Self.handleCodec(rootFD: fd, root: st)
+        table = InodeTable(root: root, codec: codec)
+        buriedNumbers = codec != nil ? grave.map(BuriedNumbers.init) : nil
+        stateDirectoryKey = grave.flatMap { g in (try? Sys.fstat(g.sharedFD)).map { InodeKey(dev: $0.st_dev, ino: $0.st_ino) } }
         self.options = options
         log = logger
         passthrough = PassthroughFiles(log: logger)
@@ -163,7 +170,10 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         statahead.skip = { [unowned self] dir, name in isReserved(dir, name) }
     }
 
-    deinit { Sys.close(rootFD) }
+    deinit {
+        Sys.close(rootFD)
+        if let codec = table.codec { Sys.close(codec.mountFD) }
+    }
 
     /// The backing root: the source itself, or for an atime option a private
     /// copy of its mount carrying it (see `AtimeMode`), if the daemon may
@@ -209,6 +219,10 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         // the mode bits alone, which let through a user an ACL shuts out.
         // Inode-flag ioctls (lsattr, chattr) on directories too, not only files.
         if capable & UInt32(FUSE_CAP_IOCTL_DIR) != 0 { conn.pointee.want |= UInt32(FUSE_CAP_IOCTL_DIR) }
+        // Node ids that name their files: the kernel may then ask for a file by id (see ExportedHandles).
+        if table.codec != nil && capable & UInt32(FUSE_CAP_EXPORT_SUPPORT) != 0 {
+            conn.pointee.want |= UInt32(FUSE_CAP_EXPORT_SUPPORT)
+        }
         if options.posixACLs && capable & UInt32(FUSE_CAP_POSIX_ACL) != 0 {
             conn.pointee.want |= UInt32(FUSE_CAP_POSIX_ACL)
         }

@@ -29,11 +29,11 @@ struct BackingNamespaceTests {
             mkdir(base + "/grave", 0o755)
             let rootFD = try Sys.open(base, VANISH_O_PATH | O_DIRECTORY)
             let rootStat = try Sys.fstat(rootFD)
-            let root = VanishFS.Inode(key: InodeKey(dev: rootStat.st_dev, ino: rootStat.st_ino), type: S_IFDIR, generation: 0,
+            let root = VanishFS.Inode(key: InodeKey(dev: rootStat.st_dev, ino: rootStat.st_ino), type: S_IFDIR, id: 1, generation: 0,
                              parent: nil, name: "")
             root.fd = rootFD
             root.lookups = 1
-            let table = InodeTable(root: root)
+            let table = InodeTable(root: root, codec: nil)
             namespace = BackingNamespace(table: table, fdLimit: 64, intents: nil)
             let st = try Sys.lstatat(rootFD, "dir")
             dir = table.remember(st, birth: 0, parent: root, name: "dir")

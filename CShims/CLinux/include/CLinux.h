@@ -32,6 +32,8 @@ extern const unsigned int VANISH_FS_IOC_FSSETXATTR;
 /// 0 or -errno (-ENOTTY for any other command or a size that does not fit).
 int vanish_fileattr_ioctl(int fd, unsigned int cmd, const void *in, size_t in_size, void *out, size_t out_size);
 extern const int VANISH_AT_EMPTY_PATH;
+/// The largest file handle name_to_handle_at gives (bytes, without its type).
+extern const int VANISH_MAX_HANDLE_SZ;
 extern const unsigned int VANISH_RENAME_NOREPLACE;
 extern const unsigned int VANISH_RENAME_EXCHANGE;
 extern const unsigned int VANISH_RENAME_WHITEOUT;
@@ -137,6 +139,11 @@ const char *vanish_dirent_name(const struct dirent *d);
 /// The handle names the inode and its generation, so it survives renames
 /// and remounts and is not reused for another file: Vanish's file id.
 int vanish_file_handle(int dirfd, const char *name, int flags, unsigned char *out, int capacity);
+
+/// open_by_handle_at(2) of a handle in `vanish_file_handle`'s form (type,
+/// then the handle; `length` bytes in all) on the filesystem of `mount_fd`.
+/// Needs CAP_DAC_READ_SEARCH. Returns the fd, or -1 with errno.
+int vanish_open_by_handle(int mount_fd, const unsigned char *in, int length, int flags);
 
 /// posix_spawn_file_actions_addclosefrom_np (glibc 2.34): a spawned child
 /// gets no descriptor above `from`, so it cannot hold open files of a mount
