@@ -416,6 +416,20 @@ class GitStatus(Workload):
         sh(f"git -C {target}/repo status --porcelain > /dev/null")
 
 
+class GitStatusAgain(GitStatus):
+    """The second git status of a session, two seconds after the first: what a
+    user pays at every prompt once a one-second attribute cache has run out."""
+    cold = False
+
+    def __init__(self, files):
+        super().__init__(files)
+        self.name = f"git status again 2 s later, {files // 1000}k-file repository"
+
+    def prepare_mounted(self, target):
+        sh(f"git -C {target}/repo status --porcelain > /dev/null")
+        time.sleep(2)
+
+
 class GitCheckout(GitStatus):
     def __init__(self, files):
         super().__init__(files)
@@ -813,7 +827,7 @@ def workloads(quick):
         Create(n), NamesWalk(n), Walk(n, warm=False), Walk(n, warm=True), DiskUsage(n), ListBigDir(n), ParallelStat(n),
         HeaderProbe(),
         SeqWrite(mib), SeqRead(mib), WarmRead(mib), SeqWrite(mib, direct=True), SeqRead(mib, direct=True),
-        RandRead(mib), RandRead(mib, engine="mmap"), TarExtract(), TarCreate(), GitStatus(repo), GitCheckout(repo),
+        RandRead(mib), RandRead(mib, engine="mmap"), TarExtract(), TarCreate(), GitStatus(repo), GitStatusAgain(repo), GitCheckout(repo),
         MetadataOps(n // 5 if not quick else n), RmRf(n), RemoveTreeOneStep(n), RemoveCachedTreeOneStep(n), RemoveTreeInProcess(n), ReaperDrain(n),
         LatencyWhileReaping(n), UnlinkBig(1 if quick else 10),
     ]

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/connector.h>
+#include <sys/fanotify.h>
 #include <linux/cn_proc.h>
 #include <linux/fs.h>
 #include <linux/ioprio.h>
@@ -227,6 +228,78 @@ int vanish_open_by_handle(int mount_fd, const unsigned char *in, int length, int
     h.h.handle_bytes = (unsigned)(length - 4);
     memcpy(h.h.f_handle, in + 4, (size_t)(length - 4));
     return open_by_handle_at(mount_fd, &h.h, flags);
+}
+
+#define VANISH_FAN_ENTRY_MASK (FAN_CREATE | FAN_DELETE | FAN_MOVED_FROM | FAN_MOVED_TO)
+#define VANISH_FAN_OBJECT_MASK (FAN_ATTRIB | FAN_MODIFY | FAN_DELETE_SELF | FAN_MOVE_SELF)
+const uint64_t VANISH_FAN_ENTRY_CHANGED = VANISH_FAN_ENTRY_MASK;
+const uint64_t VANISH_FAN_OBJECT_CHANGED = VANISH_FAN_OBJECT_MASK;
+const uint64_t VANISH_FAN_Q_OVERFLOW = FAN_Q_OVERFLOW;
+
+int vanish_fanotify_watch(int mount_fd) {
+    int fd = fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_UNLIMITED_QUEUE | FAN_REPORT_DFID_NAME | FAN_REPORT_FID,
+                           O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    if (fanotify_mark(fd, FAN_MARK_ADD | FAN_MARK_FILESYSTEM,
+                      VANISH_FAN_ENTRY_MASK | VANISH_FAN_OBJECT_MASK | FAN_ONDIR, mount_fd, NULL) != 0) {
+        int saved = errno;
+        close(fd);
+        errno = saved;
+        return -1;
+    }
+    return fd;
+}
+
+/// Copies a record's file handle into `out` in vanish_file_handle's form.
+static int copy_fan_handle(const struct file_handle *h, const unsigned char *end, unsigned char *out) {
+    if ((const unsigned char *)h->f_handle > end || h->handle_bytes > 128
+        || (const unsigned char *)h->f_handle + h->handle_bytes > end) return 0;
+    memcpy(out, &h->handle_type, 4);
+    memcpy(out + 4, h->f_handle, h->handle_bytes);
+    return 4 + (int)h->handle_bytes;
+}
+
+int vanish_fanotify_event(const unsigned char *buffer, int length, int *offset, struct vanish_fan_event *out) {
+    int at = *offset;
+    if (length - at < (int)sizeof(struct fanotify_event_metadata)) return 0;
+    const struct fanotify_event_metadata *m = (const void *)(buffer + at);
+    if (m->event_len < sizeof *m || (int)m->event_len > length - at) return 0;
+    *offset = at + (int)m->event_len;
+    out->mask = m->mask;
+    out->pid = m->pid;
+    out->dir_length = 0;
+    out->object_length = 0;
+    out->name = NULL;
+    if (m->fd >= 0) close(m->fd);
+    const unsigned char *end = buffer + at + m->event_len;
+    const unsigned char *p = buffer + at + m->metadata_len;
+    while (p + sizeof(struct fanotify_event_info_header) <= end) {
+        const struct fanotify_event_info_header *h = (const void *)p;
+        if (h->len < sizeof *h || p + h->len > end) break;
+        if (h->len >= sizeof(struct fanotify_event_info_fid) + sizeof(struct file_handle)) {
+            const struct fanotify_event_info_fid *fid = (const void *)p;
+            const struct file_handle *fh = (const void *)fid->handle;
+            const unsigned char *record_end = p + h->len;
+            if (h->info_type == FAN_EVENT_INFO_TYPE_DFID_NAME || h->info_type == FAN_EVENT_INFO_TYPE_DFID) {
+                out->dir_length = copy_fan_handle(fh, record_end, out->dir_handle);
+                const char *name = (const char *)fh->f_handle + fh->handle_bytes;
+                if (h->info_type == FAN_EVENT_INFO_TYPE_DFID_NAME && out->dir_length > 0
+                    && (const unsigned char *)name < record_end && memchr(name, 0, (size_t)(record_end - (const unsigned char *)name)))
+                    out->name = name;
+            } else if (h->info_type == FAN_EVENT_INFO_TYPE_FID) {
+                out->object_length = copy_fan_handle(fh, record_end, out->object_handle);
+            }
+        }
+        p += h->len;
+    }
+    // An event on a directory itself names it as its own directory, with ".".
+    if (out->name && strcmp(out->name, ".") == 0 && out->object_length == 0) {
+        memcpy(out->object_handle, out->dir_handle, (size_t)out->dir_length);
+        out->object_length = out->dir_length;
+        out->dir_length = 0;
+        out->name = NULL;
+    }
+    return 1;
 }
 
 int vanish_spawn_closefrom(posix_spawn_file_actions_t *actions, int from) {

@@ -40,6 +40,7 @@ enum StatusReport {
             "statahead_entries": JSON(Int(f.stataheadEntries)), "cached_fds": JSON(f.cachedFDs),
             "fd_cache_limit": JSON(f.fdCacheLimit), "kernel_features": JSON(f.kernelFeatures),
             "passthrough": JSON(f.passthrough), "spin_microseconds": JSON(f.spinMicroseconds),
+            "cache_seconds": JSON(f.cacheSeconds), "file_handles": JSON(f.fileHandles),
             "client": f.client.map { JSON($0) } ?? .null, "lease_seconds": JSON(f.leaseSeconds),
             "other_clients": .array(f.otherClients.map { p -> JSON in
                 ["client": JSON(p.client.name), "pending_entries": JSON(p.entries),

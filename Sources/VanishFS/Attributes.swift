@@ -21,7 +21,7 @@ extension PassthroughFilesystem {
         notice(node, st)
         node.sawAttributes(st)
         st = devices.present(st)
-        req.reply(attr: &st, timeout: options.attrTimeout, birth: birth)
+        req.reply(attr: &st, timeout: cacheTimeout(node), birth: birth)
     }
 
     public func setattr(_ req: Request, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>, toSet: Int32,
@@ -74,7 +74,7 @@ extension PassthroughFilesystem {
         node.sawAttributes(st)
         if observing { emitAttributes(req.caller, node, toSet: toSet, st: st, xattr: nil) }
         st = devices.present(st)
-        req.reply(attr: &st, timeout: options.attrTimeout)
+        req.reply(attr: &st, timeout: cacheTimeout(node))
     }
 
     public func readlink(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {

@@ -93,6 +93,8 @@ extension PassthroughFilesystem {
             cachedFDs: namespace.cachedFDs, fdCacheLimit: namespace.fdLimit,
             kernelFeatures: "\(KernelFeatures.granted)", passthrough: passthroughState,
             spinMicroseconds: Workers.spinMicroseconds,
+            cacheSeconds: watch != nil ? SourceWatch.timeout : options.attrTimeout,
+            fileHandles: table.codec != nil ? "exportable" : "while cached",
             client: graveyard?.client.name, leaseSeconds: Double(leases?.length ?? 0) / 1e9,
             otherClients: leases?.peers ?? [])
     }
@@ -127,6 +129,10 @@ package struct StatusFacts {
     package var passthrough: String
     /// How long a worker spins for one caller's next request (µs; 0: never).
     package var spinMicroseconds: Int
+    /// How long the kernel keeps names and attributes of the source's filesystem.
+    package var cacheSeconds: Double
+    /// Whether file handles outlive the kernel's cache and the mount.
+    package var fileHandles: String
     /// This client's id in the source's state directory.
     package var client: String?
     package var leaseSeconds: Double

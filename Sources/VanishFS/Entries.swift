@@ -25,7 +25,7 @@ extension PassthroughFilesystem {
             // A negative entry: the kernel remembers the name is absent, which
             // spares compilers and shells a round trip per failed probe.
             var e = fuse_entry_param()
-            e.entry_timeout = options.negativeTimeout
+            e.entry_timeout = cacheTimeout(p)
             req.reply(entry: &e)
             return
         }

@@ -84,6 +84,15 @@ final class EntryInvalidations: @unchecked Sendable {
         if wait { _ = waitUntilSent(queued, deadline: Condition.now() &+ 1_000_000_000) }
     }
 
+    /// Tells the kernel, without waiting, that `name` in `parent` changed
+    /// behind the mount (made, removed or moved there by another program).
+    func changedBehind(parent: fuse_ino_t, name: ContiguousArray<CChar>) {
+        condition.lock()
+        defer { condition.unlock() }
+        guard invalidate != nil else { return }
+        enqueue(Pending(parent: parent, name: name))
+    }
+
     /// With the lock held: waits until `ticket` notices were sent.
     private func waitUntilSent(_ ticket: UInt64, deadline: UInt64) -> Bool {
         if sent < ticket { Workers.mayBlock() }

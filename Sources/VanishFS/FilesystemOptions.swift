@@ -73,6 +73,10 @@ public struct FilesystemOptions: Sendable {
     /// checks on, and those refresh a directory's attributes before every
     /// unlink in it (a GETATTR each, measured: rm -rf 1.85× slower).
     public var posixACLs = false
+    /// With `cache=auto`, follow changes behind the mount on the source's
+    /// filesystem (`SourceWatch`) and let the kernel keep what it was told
+    /// for an hour; off (`-o nowatch`): a second.
+    public var watchSource = true
     /// Most O_PATH fds kept open for inodes; nil picks half the fd limit.
     public var fdCacheLimit: Int?
     /// This client's name in a shared source's state directory; nil: the

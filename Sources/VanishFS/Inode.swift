@@ -72,6 +72,9 @@ final class Inode: @unchecked Sendable {
     /// For a file: its mtime (ns) as last sent to the kernel, to tell a
     /// change the kernel never saw (a passthrough mmap write).
     let mtimeSent = Atomic<UInt64>(0)
+    /// The watch told the kernel to drop its attributes and it has not
+    /// asked for them since: a further change need not tell it again.
+    let attributesDropped = Atomic<Bool>(false)
 
     // Atomic (see `ExternalChanges.swift`).
     /// For a directory: its mtime (ns) when a getattr or lookup last read it; 0 before.
@@ -121,6 +124,7 @@ final class Inode: @unchecked Sendable {
     @inline(__always)
     func sawAttributes(_ st: stat) {
         attributesSent.store(InodeTable.coarseMilliseconds(), ordering: .relaxed)
+        attributesDropped.store(false, ordering: .releasing)
         if type == S_IFDIR { modeSeen.store(UInt32(st.st_mode), ordering: .relaxed) }
         else if type == S_IFREG { mtimeSent.store(Inode.nanoseconds(st.st_mtim), ordering: .relaxed) }
     }

@@ -405,6 +405,23 @@ final class InodeTable: @unchecked Sendable {
         return id
     }
 
+    /// The inode the kernel holds for the file numbered `ino` on the
+    /// source's filesystem, of backing generation `generation`, if any.
+    func held(ino: UInt64, generation: UInt32) -> Inode? {
+        let key = InodeKey(dev: root.key.dev, ino: ino_t(ino))
+        if key == root.key { return root }
+        return lock.withLock { maps in
+            guard let known = maps.byKey[key] else { return nil }
+            if let carried = NodeID.decoded(known.id), carried.generation != generation { return nil }
+            return known
+        }
+    }
+
+    /// Every inode the kernel holds, with where it was last seen (node ids).
+    func everyNode() -> [(id: UInt64, parent: UInt64?, name: ContiguousArray<CChar>)] {
+        lock.withLock { maps in maps.byID.values.map { ($0.id, $0.parent?.id, $0.name) } }
+    }
+
     /// The inode the kernel knows for `st`, if any (no lookup counted).
     func known(_ st: stat) -> Inode? {
         let key = InodeKey(dev: st.st_dev, ino: st.st_ino)

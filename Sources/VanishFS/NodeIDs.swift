@@ -82,15 +82,20 @@ struct HandleCodec: Sendable {
     /// The generation in `handle`, the handle of the file numbered `ino`;
     /// nil if the handle does not have the root's layout.
     func generation(of handle: UnsafeRawBufferPointer, ino: UInt64) -> UInt32? {
-        guard handle.count == template.count, Self.field(handle, 4 + shape.ino, shape.inoWidth) == ino else {
-            return nil
-        }
+        guard let (number, generation) = numberAndGeneration(of: handle), number == ino else { return nil }
+        return generation
+    }
+
+    /// The inode number and generation `handle` carries; nil if it does not have the root's layout.
+    func numberAndGeneration(of handle: UnsafeRawBufferPointer) -> (ino: UInt64, generation: UInt32)? {
+        guard handle.count == template.count else { return nil }
         let inoRange = (4 + shape.ino)..<(4 + shape.ino + shape.inoWidth)
         let generationRange = (4 + shape.generation)..<(4 + shape.generation + 4)
         for i in 0..<template.count where !inoRange.contains(i) && !generationRange.contains(i) {
             if handle[i] != template[i] { return nil }
         }
-        return UInt32(truncatingIfNeeded: Self.field(handle, 4 + shape.generation, 4))
+        return (Self.field(handle, 4 + shape.ino, shape.inoWidth),
+                UInt32(truncatingIfNeeded: Self.field(handle, 4 + shape.generation, 4)))
     }
 
     /// Calls `body` with the handle of the file numbered `ino` of generation `generation`.

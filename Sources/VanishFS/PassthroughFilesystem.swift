@@ -58,6 +58,9 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// files (refused) and the state directory (never passed). See ExportedHandles.
     let buriedNumbers: BuriedNumbers?
     let stateDirectoryKey: InodeKey?
+    /// Changes behind the mount as they happen: with it, the kernel keeps
+    /// names and attributes of the source's filesystem for an hour (`cacheTimeout`).
+    let watch: SourceWatch?
     let sourcePath: String
     /// The event journal, when observing (set before mounting).
     var events: Journal?
@@ -153,6 +156,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         table = InodeTable(root: root, codec: codec)
         buriedNumbers = codec != nil ? grave.map(BuriedNumbers.init) : nil
         stateDirectoryKey = grave.flatMap { g in (try? Sys.fstat(g.sharedFD)).map { InodeKey(dev: $0.st_dev, ino: $0.st_ino) } }
+        watch = options.cache == .auto && localDisk && options.watchSource ? codec.flatMap(SourceWatch.init) : nil
         self.options = options
         log = logger
         passthrough = PassthroughFiles(log: logger)
@@ -249,7 +253,9 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         let names = observing ? (CommandNames.shared.remembers ? "remembered" : "read each time") : "-"
         log.info("session started", metadata: ["fd_cache": "\(namespace.fdLimit)", "cache": "\(options.cache.rawValue)",
                                                 "reapers": "\(reaper?.workerCount ?? 0)", "caller_names": "\(names)",
-                                                "passthrough": "\(passthrough.active ? "on" : "off")"])
+                                                "passthrough": "\(passthrough.active ? "on" : "off")",
+                                                "watch": "\(watch != nil ? "on" : "off")",
+                                                "file_handles": "\(table.codec != nil ? "exportable" : "while cached")"])
         if graveyard != nil, vanish_filesystem_type(rootFD) == VANISH_OVERLAYFS_SUPER_MAGIC {
             log.warning("""
                 the source is on overlayfs: a file from a lower layer is copied up before it can move \
@@ -364,9 +370,16 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         e.ino = table.nodeID(node)
         e.generation = node.generation
         e.attr = devices.present(st)
-        e.attr_timeout = options.attrTimeout
-        e.entry_timeout = options.entryTimeout
+        e.attr_timeout = cacheTimeout(node)
+        e.entry_timeout = e.attr_timeout
         return e
+    }
+
+    /// How long the kernel may keep `node`'s name and attributes: an hour
+    /// on the source's own filesystem while it is watched, else the cache mode's.
+    @inline(__always)
+    func cacheTimeout(_ node: Inode) -> Double {
+        watch != nil && node.key.dev == table.root.key.dev ? SourceWatch.timeout : options.attrTimeout
     }
 
     /// Applies the cache policy to a freshly opened file served as `kind`.

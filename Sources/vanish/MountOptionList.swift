@@ -22,7 +22,7 @@ struct MountOptionList {
     static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache", "reapers",
                                        "keep", "keep_max_bytes", "keep_min_free", "reap_rate", "reap_yield", "noevents",
                                        "events_max_bytes", "sync_unlink", "readdirplus", "readahead", "passthrough",
-                                       "client", "lease", "spin"]
+                                       "client", "lease", "spin", "watch", "nowatch"]
 
     init(_ lists: [String]) throws {
         for list in lists {
@@ -125,6 +125,8 @@ struct MountOptionList {
                 case "clone_fd": cloneFD = true
                 case "writeback": filesystem.writeback = true
                 case "sync_unlink": filesystem.deferUnlink = false
+                case "watch": filesystem.watchSource = true
+                case "nowatch": filesystem.watchSource = false
                 case "no_default_permissions", "nodefault_permissions":
                     throw ValidationError("""
                         Vanish always lets the kernel check permissions when other users may \

@@ -99,6 +99,7 @@ struct ControlPlaneTests {
                     statistics: .zero, pace: Reaper.Pace(filesPerSecond: rate, entriesPerSecond: rate), reapersIdle: false,
                     reaperWorkers: 2, freeBytes: 1 << 30, keepSeconds: 3600, socket: "/run/vanish/x.sock",
                     knownInodes: 7, stataheadEntries: 0, cachedFDs: 3, fdCacheLimit: 100, kernelFeatures: "passthrough", passthrough: "on", spinMicroseconds: 50,
+                    cacheSeconds: 3600, fileHandles: "exportable",
                     client: "host-0123456789ab", leaseSeconds: 60, otherClients: [])
     }
 

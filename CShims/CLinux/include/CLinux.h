@@ -140,6 +140,36 @@ const char *vanish_dirent_name(const struct dirent *d);
 /// and remounts and is not reused for another file: Vanish's file id.
 int vanish_file_handle(int dirfd, const char *name, int flags, unsigned char *out, int capacity);
 
+/// One event read from a fanotify fd made by `vanish_fanotify_watch`.
+struct vanish_fan_event {
+    uint64_t mask;
+    int pid;
+    /// The directory the event names an entry of, in `vanish_file_handle`'s
+    /// form (type, then handle); `dir_length` 0 if none.
+    int dir_length;
+    unsigned char dir_handle[4 + 128];
+    /// The entry's name in that directory (in the read buffer), or NULL.
+    const char *name;
+    /// The object the event is about, likewise; `object_length` 0 if none.
+    int object_length;
+    unsigned char object_handle[4 + 128];
+};
+
+/// A fanotify fd reporting, by file handle and name, entries made, removed
+/// and moved and attributes and data changed anywhere on the filesystem of
+/// `mount_fd` (FAN_MARK_FILESYSTEM; needs CAP_SYS_ADMIN), with an unlimited
+/// queue. Returns the fd, or -1 with errno.
+int vanish_fanotify_watch(int mount_fd);
+
+/// Decodes the event at `*offset` of the `length` bytes read from that fd
+/// into `out` and moves `*offset` past it. Returns 1, or 0 when no whole
+/// event is left.
+int vanish_fanotify_event(const unsigned char *buffer, int length, int *offset, struct vanish_fan_event *out);
+
+extern const uint64_t VANISH_FAN_ENTRY_CHANGED;   // created, deleted, moved from or to
+extern const uint64_t VANISH_FAN_OBJECT_CHANGED;  // attributes or data changed, deleted or moved itself
+extern const uint64_t VANISH_FAN_Q_OVERFLOW;
+
 /// open_by_handle_at(2) of a handle in `vanish_file_handle`'s form (type,
 /// then the handle; `length` bytes in all) on the filesystem of `mount_fd`.
 /// Needs CAP_DAC_READ_SEARCH. Returns the fd, or -1 with errno.
