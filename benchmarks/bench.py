@@ -31,7 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 EXAMPLES = "/usr/share/doc/libfuse3-dev/examples"
-PACKAGES = ["libfuse3-dev", "fuse3", "bindfs", "mergerfs", "fio", "git", "gcc", "pkg-config"]
+PACKAGES = ["libfuse3-dev", "fuse3", "bindfs", "mergerfs", "fio", "git", "gcc", "pkg-config", "rsync", "python3"]
 
 
 def sh(cmd, check=True, **kw):
@@ -392,6 +392,62 @@ class TarExtract(Workload):
 
     def run(self, target):
         sh(f"tar xf {self.tarball} -C {target}")
+
+
+class ListTreeAgain(Workload):
+    """ls -lR of a source tree two seconds after a first: a tool that walks a
+    tree it walked a moment ago, once a one-second attribute cache ran out."""
+    name = "ls -lR of the extracted tarball again 2 s later"
+    cold = False
+
+    def prepare_source(self, src, cache):
+        sh(f"tar xf {self.tarball} -C {src}")
+
+    def prepare_mounted(self, target):
+        sh(f"ls -lR {target} > /dev/null")
+        time.sleep(2)
+
+    def run(self, target):
+        sh(f"ls -lR {target} > /dev/null")
+
+
+class RsyncNoop(Workload):
+    """rsync -aHAX between two identical copies: stats, ACLs and xattrs of
+    every file on both sides, nothing copied."""
+    name = "rsync -aHAX --dry-run, nothing to copy (two copies of the tarball), cold"
+
+    def prepare_source(self, src, cache):
+        for side in ("a", "b"):
+            os.mkdir(f"{src}/{side}")
+            sh(f"tar xf {self.tarball} -C {src}/{side}")
+
+    def run(self, target):
+        sh(f"rsync -aHAX --dry-run {target}/a/ {target}/b/ > /dev/null")
+
+
+class CompileallNoop(Workload):
+    """python -m compileall where everything is compiled already, two seconds
+    after a first run: what a rebuild with nothing to do costs."""
+    name = "python -m compileall with nothing to do (six stdlib packages) again 2 s later"
+    cold = False
+
+    def prepare_source(self, src, cache):
+        lib = f"/usr/lib/python3.{sys.version_info.minor}"
+        if not os.path.isdir(lib):
+            lib = next(d for d in sorted(os.listdir("/usr/lib")) if d.startswith("python3."))
+            lib = f"/usr/lib/{lib}"
+        os.mkdir(f"{src}/py")
+        for package in ("email", "json", "http", "xml", "logging", "unittest"):
+            if os.path.isdir(f"{lib}/{package}"):
+                shutil.copytree(f"{lib}/{package}", f"{src}/py/{package}")
+        sh(f"python3 -m compileall -q {src}/py > /dev/null")
+
+    def prepare_mounted(self, target):
+        sh(f"python3 -m compileall -q {target}/py > /dev/null")
+        time.sleep(2)
+
+    def run(self, target):
+        sh(f"python3 -m compileall -q {target}/py > /dev/null")
 
 
 class TarCreate(Workload):
@@ -827,7 +883,7 @@ def workloads(quick):
         Create(n), NamesWalk(n), Walk(n, warm=False), Walk(n, warm=True), DiskUsage(n), ListBigDir(n), ParallelStat(n),
         HeaderProbe(),
         SeqWrite(mib), SeqRead(mib), WarmRead(mib), SeqWrite(mib, direct=True), SeqRead(mib, direct=True),
-        RandRead(mib), RandRead(mib, engine="mmap"), TarExtract(), TarCreate(), GitStatus(repo), GitStatusAgain(repo), GitCheckout(repo),
+        RandRead(mib), RandRead(mib, engine="mmap"), TarExtract(), TarCreate(), ListTreeAgain(), RsyncNoop(), CompileallNoop(), GitStatus(repo), GitStatusAgain(repo), GitCheckout(repo),
         MetadataOps(n // 5 if not quick else n), RmRf(n), RemoveTreeOneStep(n), RemoveCachedTreeOneStep(n), RemoveTreeInProcess(n), ReaperDrain(n),
         LatencyWhileReaping(n), UnlinkBig(1 if quick else 10),
     ]

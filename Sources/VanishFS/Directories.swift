@@ -75,7 +75,8 @@ extension PassthroughFilesystem {
     /// rather than a LOOKUP per entry), caching that listing in turn.
     private func configureListingCache(_ node: Inode, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         fi.pointee.cache_readdir = 1
-        if options.cache == .always { fi.pointee.keep_cache = 1; return }
+        // Watched, the listing and its entries' attributes last until a change drops them.
+        if options.cache == .always || watch != nil { fi.pointee.keep_cache = 1; return }
         let namesOnly = switch options.readdirPlus {
         case .never: true
         case .walk: !table.listingWantsAttributes(node)
@@ -88,9 +89,11 @@ extension PassthroughFilesystem {
         }
     }
 
-    /// How long (ms) after attributes were sent the kernel surely still
-    /// has them: half the timeout it was given.
-    var freshAttributesWindow: UInt32 { UInt32(options.attrTimeout * 500) }
+    /// How long (ms) after attributes of a file on `dev` were sent the
+    /// kernel surely still has them: half the timeout it was given.
+    func freshAttributesWindow(_ dev: dev_t) -> UInt32 {
+        UInt32((watch != nil && dev == table.root.key.dev ? SourceWatch.timeout : options.attrTimeout) * 500)
+    }
 
     /// How long after a listing sent attributes (which the kernel keeps for
     /// the 1 s of cache=auto) a cached copy of it is still reused.
@@ -159,7 +162,7 @@ extension PassthroughFilesystem {
                     var e = fuse_entry_param()
                     if isDotOrDotDot(name) || !attributes
                         || table.attributesFresh(dev: dev, ino: d.pointee.d_ino, type: mode_t(d.pointee.d_type) << 12,
-                                                 now: now, window: freshAttributesWindow) {
+                                                 now: now, window: freshAttributesWindow(dev)) {
                         // No lookup for . and .., for names only, nor for
                         // files the kernel got attributes of just now (git
                         // status lists directories right after lstat'ing

@@ -235,7 +235,8 @@ final class InodeTable: @unchecked Sendable {
     func attributesFresh(dev: dev_t, ino: ino_t, type: mode_t, now: UInt32, window: UInt32) -> Bool {
         lock.withLock { maps in
             guard let known = maps.byKey[InodeKey(dev: dev, ino: ino)], known.lookups > 0,
-                  type == 0 || known.type == type else { return false }
+                  type == 0 || known.type == type,
+                  !known.attributesDropped.load(ordering: .acquiring) else { return false }
             let sent = known.attributesSent.load(ordering: .relaxed)
             return sent != 0 && now &- sent < window
         }

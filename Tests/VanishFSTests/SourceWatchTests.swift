@@ -21,9 +21,10 @@ struct SourceWatchTests {
         }
     }
 
-    @Test("every kind of change behind the mount shows through it at once, though the kernel keeps what it was told an hour")
-    func changesShow() throws {
-        try withVanishMount(prepare: { src in
+    @Test("every kind of change behind the mount shows through it at once, though the kernel keeps what it was told an hour",
+          arguments: [[String](), ["passthrough=off"]])
+    func changesShow(options: [String]) throws {
+        try withVanishMount(options: options, prepare: { src in
             let r = try sh("mkdir -p d/e && echo one > d/f && echo a > d/a && echo g > d/gone", cwd: src)
             guard r.ok else { throw TestFailure(r.stderr) }
         }) { m in
