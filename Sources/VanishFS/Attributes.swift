@@ -15,6 +15,8 @@ extension PassthroughFilesystem {
         // statx, for the birth time a program may have asked for (FUSE_STATX).
         var (st, birth) = if let fi, !node.isDirectory {
             try Sys.fstatWithBirth(Int32(truncatingIfNeeded: fi.pointee.fh))
+        } else if let found = namespace.statByName(node) {
+            found
         } else {
             try namespace.withFD(node) { fd throws(Errno) in try Sys.fstatWithBirth(fd) }
         }

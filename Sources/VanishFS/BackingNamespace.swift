@@ -111,6 +111,22 @@ final class BackingNamespace: Sendable {
         return try fds.withFD(node, body)
     }
 
+    /// The attributes (and birth time) of the non-directory `node` read by
+    /// its last known name in its parent: one statx and no fd, where `withFD`
+    /// would open an O_PATH fd and check it (the kernel asks again after
+    /// every read of a file, for its access time). nil where it cannot serve
+    /// (an fd is cached already, no known name, the name now holds another
+    /// file, any error): the caller then goes through `withFD`.
+    func statByName(_ node: Inode) -> (stat, UInt64)? {
+        guard !node.isDirectory, !fds.isCached(node), let (parent, name) = table.location(of: node),
+              name.first != 0 else { return nil }
+        let found = try? fds.withFD(parent) { pfd throws(Errno) in
+            try name.withUnsafeBufferPointer { n throws(Errno) in try Sys.lstatatWithBirth(pfd, n.baseAddress!) }
+        }
+        guard let (st, birth) = found, st.st_dev == node.key.dev, st.st_ino == node.key.ino else { return nil }
+        return (st, birth)
+    }
+
     /// Opens the regular file `node` with `flags` through its parent and
     /// last known name: one openat, and an fstat (returned) that checks it
     /// is still the same file. That spares an open without a cached fd the
