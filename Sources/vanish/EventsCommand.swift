@@ -51,13 +51,22 @@ struct EventsCommand: ParsableCommand {
             }
         }
         if once && !snapshot { throw ValidationError("--once needs --snapshot") }
+        // A directory outside the mount has no events: refused, not streamed as silence for ever.
+        let root = MountPaths.lexicallyAbsolute(mountpoint)
+        for p in path {
+            let abs = MountPaths.lexicallyAbsolute(p.hasPrefix("/") ? p : root + "/" + p)
+            if abs != root && !abs.hasPrefix(root + "/") {
+                throw ValidationError("--path \(p) is not inside the mount at \(root): give a directory in it, relative to it or absolute")
+            }
+        }
     }
 
     func run() throws {
         let root = MountPaths.lexicallyAbsolute(mountpoint)
-        let paths = path.map { p -> String in
-            let abs = p.hasPrefix("/") ? MountPaths.lexicallyAbsolute(p) : p
-            return abs.hasPrefix(root + "/") ? String(abs.dropFirst(root.count + 1)) : abs
+        // Relative to the mount; the mount itself is no filter.
+        let paths = path.compactMap { p -> String? in
+            let abs = MountPaths.lexicallyAbsolute(p.hasPrefix("/") ? p : root + "/" + p)
+            return abs.hasPrefix(root + "/") ? String(abs.dropFirst(root.count + 1)) : nil
         }
         let subscription: EventSubscription
         do {

@@ -249,6 +249,8 @@ struct ArgumentErrorTests {
         (["mount", "-o", "spin=fast", "/tmp", "/tmp"], "spin="),
         (["mount", "--log-file", "/nonexistent-vanish-dir/log", "/tmp", "/tmp"], "/nonexistent-vanish-dir/log"),
         (["unmount", "/tmp"], "not a mountpoint"),
+        (["events", "--path", "/etc", "/tmp"], "--path /etc is not inside the mount"),
+        (["events", "--path", "src/../../x", "/tmp"], "is not inside the mount"),
         (["frobnicate"], "frobnicate"),
     ])
     func badArguments(_ args: [String], _ mentions: String) throws {
