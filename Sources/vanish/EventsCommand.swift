@@ -59,6 +59,7 @@ struct EventsCommand: ParsableCommand {
                 throw ValidationError("--path \(p) is not inside the mount at \(root): give a directory in it, relative to it or absolute")
             }
         }
+        try target.requireVanishRoot()
     }
 
     func run() throws {

@@ -1,5 +1,7 @@
 import ArgumentParser
+import CLinux
 import Glibc
+import VanishClient
 
 /// Facts about paths and mounts the mount and unmount commands check first.
 enum MountPaths {
@@ -154,4 +156,21 @@ enum MountPaths {
 struct MountpointArgument: ParsableArguments {
     @Argument(help: "The mountpoint.")
     var mountpoint: String
+
+    /// For the commands that talk to a live mount (status, events, trash):
+    /// a path that is no Vanish mount's root is a bad argument, exit 64 with
+    /// the subcommand's usage, the same for every one. A mount whose daemon
+    /// is gone (ENOTCONN) is left to the command, which says how to fix it.
+    func requireVanishRoot() throws {
+        var byte: UInt8 = 0
+        guard getxattr(mountpoint, ControlProtocol.statusAttribute, &byte, 0) < 0 else { return }
+        switch errno {
+        case ENODATA, ENOTSUP, EOPNOTSUPP:
+            throw ValidationError("\(mountpoint) is not the root of a Vanish mount")
+        case ENOENT, ENOTDIR, EACCES:
+            throw ValidationError("\(mountpoint): \(String(cString: strerror(errno)))")
+        default:
+            return
+        }
+    }
 }

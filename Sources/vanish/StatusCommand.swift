@@ -20,6 +20,8 @@ struct StatusCommand: ParsableCommand {
     @OptionGroup var target: MountpointArgument
     var mountpoint: String { target.mountpoint }
 
+    func validate() throws { try target.requireVanishRoot() }
+
     func run() throws {
         var status = try read()
         if wait {

@@ -21,6 +21,8 @@ struct TrashCommand: ParsableCommand {
         @OptionGroup var target: MountpointArgument
         var mountpoint: String { target.mountpoint }
 
+        func validate() throws { try target.requireVanishRoot() }
+
         func run() throws {
             let entries = try TrashCommand.list(mountpoint)
             if json {

@@ -251,6 +251,11 @@ struct ArgumentErrorTests {
         (["unmount", "/tmp"], "not a mountpoint"),
         (["events", "--path", "/etc", "/tmp"], "--path /etc is not inside the mount"),
         (["events", "--path", "src/../../x", "/tmp"], "is not inside the mount"),
+        // Not a Vanish mount: the same exit and message from every command that talks to one.
+        (["events", "/tmp"], "is not the root of a Vanish mount"),
+        (["status", "/tmp"], "is not the root of a Vanish mount"),
+        (["trash", "list", "/tmp"], "is not the root of a Vanish mount"),
+        (["status", "/nonexistent-vanish-mount"], "/nonexistent-vanish-mount: No such file or directory"),
         (["frobnicate"], "frobnicate"),
     ])
     func badArguments(_ args: [String], _ mentions: String) throws {
