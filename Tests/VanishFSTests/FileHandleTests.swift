@@ -46,28 +46,31 @@ struct FileHandleTests {
             print("OK %s %s" % (path, body))
         """
 
-    let script: String
+    /// `helper`, written into a test's own directory (which goes with it).
+    struct Helper {
+        let script: String
 
-    init() throws {
-        script = try makeTempDirectory() + "/handles.py"
-        try Self.helper.write(toFile: script, atomically: true, encoding: .utf8)
-    }
+        init(in dir: String) throws {
+            script = dir + "/handles.py"
+            try FileHandleTests.helper.write(toFile: script, atomically: true, encoding: .utf8)
+        }
 
-    func handle(_ path: String) throws -> String {
-        let r = try run(["python3", script, "get", path])
-        guard r.ok else { throw TestFailure(r.stderr) }
-        return r.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
-    }
+        func handle(_ path: String) throws -> String {
+            let r = try run(["python3", script, "get", path])
+            guard r.ok else { throw TestFailure(r.stderr) }
+            return r.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        }
 
-    func forged(_ backingPath: String) throws -> String {
-        let r = try run(["python3", script, "forge", backingPath])
-        guard r.ok else { throw TestFailure(r.stderr) }
-        return r.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
-    }
+        func forged(_ backingPath: String) throws -> String {
+            let r = try run(["python3", script, "forge", backingPath])
+            guard r.ok else { throw TestFailure(r.stderr) }
+            return r.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        }
 
-    /// What opening `handle` on `mountpoint` gives: `OK path content` or `ERR errno`.
-    func open(_ mountpoint: String, _ handle: String) throws -> String {
-        try run(["python3", script, "open", mountpoint, handle]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        /// What opening `handle` on `mountpoint` gives: `OK path content` or `ERR errno`.
+        func open(_ mountpoint: String, _ handle: String) throws -> String {
+            try run(["python3", script, "open", mountpoint, handle]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        }
     }
 
     /// Drops the kernel's dentries and inodes, and waits until the daemon
@@ -79,61 +82,61 @@ struct FileHandleTests {
         }
     }
 
-    /// A fresh filesystem of `type` mounted for the test, with `src` in it.
-    func withBacking(_ type: String, _ body: (String) throws -> Void) throws {
-        if type != "tmpfs" { return try withLoopFilesystem(type, body) }
+    /// A fresh filesystem of `type` mounted for the test, and the helper in it.
+    func withBacking(_ type: String, _ body: (String, Helper) throws -> Void) throws {
+        if type != "tmpfs" { return try withLoopFilesystem(type) { dir in try body(dir, Helper(in: dir)) } }
         let dir = try makeTempDirectory()
         defer {
             _ = try? run(["umount", "-l", dir])
             removeTree(dir)
         }
         guard try run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", dir]).ok else { throw TestFailure("tmpfs") }
-        try body(dir)
+        try body(dir, Helper(in: dir))
     }
 
     @Test("a handle opens its file after the kernel forgot it and after a remount", arguments: ["tmpfs", "ext4", "xfs"])
     func outlivesCacheAndMount(fs: String) throws {
-        try withBacking(fs) { dir in
+        try withBacking(fs) { dir, h in
             let src = dir + "/src"
             guard try sh("mkdir -p src/d/e && echo hello > src/d/e/f && ln -s f src/d/e/l", cwd: dir).ok else {
                 throw TestFailure("prepare")
             }
             let m = try VanishMount(existingSource: src)
             defer { m.close() }
-            let file = try handle(m.path("d/e/f")), directory = try handle(m.path("d/e"))
-            #expect(try open(m.mountpoint, file).hasSuffix(" hello"))
+            let file = try h.handle(m.path("d/e/f")), directory = try h.handle(m.path("d/e"))
+            #expect(try h.open(m.mountpoint, file).hasSuffix(" hello"))
             try forget(m)
-            #expect(try open(m.mountpoint, file).hasSuffix(" hello"))
+            #expect(try h.open(m.mountpoint, file).hasSuffix(" hello"))
             // A directory is put back in the tree ("..", then its name in the parent's listing).
-            #expect(try open(m.mountpoint, directory) == "OK \(m.path("d/e")) f l")
+            #expect(try h.open(m.mountpoint, directory) == "OK \(m.path("d/e")) f l")
             // Found by handle, then by name: one node, which events and renames know by its name.
             #expect(try sh("mv d/e/f d/e/g && cat d/e/g", cwd: m.mountpoint).stdout == "hello\n")
             try m.unmount()
 
             let again = try VanishMount(existingSource: src)
             defer { again.close() }
-            #expect(try open(again.mountpoint, file).hasSuffix(" hello"))
-            #expect(try open(again.mountpoint, directory) == "OK \(again.path("d/e")) g l")
+            #expect(try h.open(again.mountpoint, file).hasSuffix(" hello"))
+            #expect(try h.open(again.mountpoint, directory) == "OK \(again.path("d/e")) g l")
         }
     }
 
     @Test("a handle of a file or directory deleted through the mount is stale, as on the backing filesystem",
           arguments: [[String](), ["keep=1h"]])
     func deletedIsStale(options: [String]) throws {
-        try withBacking("ext4") { dir in
+        try withBacking("ext4") { dir, h in
             let src = dir + "/src"
             guard try sh("mkdir -p src/t/u src/r && echo x > src/f && echo y > src/t/u/v && echo z > native", cwd: dir).ok else {
                 throw TestFailure("prepare")
             }
             // The backing filesystem itself: a deleted file's handle is stale.
-            let native = try handle(dir + "/native")
+            let native = try h.handle(dir + "/native")
             _ = try sh("rm native", cwd: dir)
             _ = try sh("sync; echo 2 > /proc/sys/vm/drop_caches")
-            #expect(try open(dir, native) == "ERR \(ESTALE)")
+            #expect(try h.open(dir, native) == "ERR \(ESTALE)")
 
             let m = try VanishMount(options: options, existingSource: src)
             defer { m.close() }
-            let file = try handle(m.path("f")), tree = try handle(m.path("t/u")), empty = try handle(m.path("r"))
+            let file = try h.handle(m.path("f")), tree = try h.handle(m.path("t/u")), empty = try h.handle(m.path("r"))
             let ino = try sh("stat -c %i f", cwd: src).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
             #expect(try sh("rm f && rmdir r", cwd: m.mountpoint).ok)
             #expect(try run([vanishBinary, "rm", "-r", m.path("t")]).ok)
@@ -142,15 +145,15 @@ struct FileHandleTests {
                 #expect(try sh("find .vanish -inum \(ino)", cwd: src).stdout.contains("graveyard"))
             }
             try forget(m)
-            #expect(try open(m.mountpoint, file) == "ERR \(ESTALE)")
-            #expect(try open(m.mountpoint, tree) == "ERR \(ESTALE)")
-            #expect(try open(m.mountpoint, empty) == "ERR \(ESTALE)")
+            #expect(try h.open(m.mountpoint, file) == "ERR \(ESTALE)")
+            #expect(try h.open(m.mountpoint, tree) == "ERR \(ESTALE)")
+            #expect(try h.open(m.mountpoint, empty) == "ERR \(ESTALE)")
         }
     }
 
     @Test("a forged handle never reaches the state directory or a directory outside the source")
     func forgedStaysInside() throws {
-        try withBacking("ext4") { dir in
+        try withBacking("ext4") { dir, h in
             let src = dir + "/src"
             guard try sh("mkdir -p src/inside outside && echo secret > outside/s", cwd: dir).ok else {
                 throw TestFailure("prepare")
@@ -161,10 +164,10 @@ struct FileHandleTests {
             let shard = try sh("dirname $(find .vanish -path '*graveyard/*/*' -print -quit)", cwd: src).stdout
                 .trimmingCharacters(in: .whitespacesAndNewlines)
             #expect(shard.contains("graveyard/"))
-            let handles = try [src + "/inside", src + "/.vanish", src + "/" + shard, dir + "/outside"].map(forged)
+            let handles = try [src + "/inside", src + "/.vanish", src + "/" + shard, dir + "/outside"].map(h.forged)
             try forget(m)
-            #expect(try open(m.mountpoint, handles[0]) == "OK \(m.path("inside"))")
-            for h in handles.dropFirst() { #expect(try open(m.mountpoint, h) == "ERR \(ESTALE)", "\(h)") }
+            #expect(try h.open(m.mountpoint, handles[0]) == "OK \(m.path("inside"))")
+            for handle in handles.dropFirst() { #expect(try h.open(m.mountpoint, handle) == "ERR \(ESTALE)", "\(handle)") }
         }
     }
 }
