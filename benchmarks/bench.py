@@ -405,12 +405,15 @@ class AgainLater:
         time.sleep(2)
 
 
-class ListTreeAgain(AgainLater, Workload):
-    """ls -lR of a source tree it walked a moment ago."""
-    name = "ls -lR of the extracted tarball again 2 s later"
-
+class ExtractedTarball(Workload):
+    """A workload over the source tarball (/usr/include), extracted before mounting."""
     def prepare_source(self, src, cache):
         sh(f"tar xf {self.tarball} -C {src}")
+
+
+class ListTreeAgain(AgainLater, ExtractedTarball):
+    """ls -lR of a source tree it walked a moment ago."""
+    name = "ls -lR of the extracted tarball again 2 s later"
 
     def run(self, target):
         sh(f"ls -lR {target} > /dev/null")
@@ -450,11 +453,8 @@ class CompileallNoop(AgainLater, Workload):
         sh(f"python3 -m compileall -q {target}/py > /dev/null")
 
 
-class TarCreate(Workload):
+class TarCreate(ExtractedTarball):
     name = "re-archive the extracted tarball (tar cf - | cat)"
-
-    def prepare_source(self, src, cache):
-        sh(f"tar xf {self.tarball} -C {src}")
 
     def run(self, target):
         sh(f"tar cf - -C {target} . | cat > /dev/null")
