@@ -58,8 +58,12 @@ public func removeTree(_ path: String) {
     if let t = mountType(at: path) { print("not removing \(path): a \(t) mount is still there"); return }
     try? FileManager.default.removeItem(atPath: path)
     // FileManager goes by path and gives up below PATH_MAX (the deep-tree
-    // tests make 3,000 levels); rm works fd-relative.
-    if access(path, F_OK) == 0 { _ = try? run(["rm", "-rf", "--one-file-system", path]) }
+    // tests make 3,000 levels), and no one may remove an immutable or
+    // append-only file a test left: clear those flags, then rm, fd-relative.
+    if access(path, F_OK) == 0 {
+        _ = try? run(["chattr", "-R", "-f", "-i", "-a", path])
+        _ = try? run(["rm", "-rf", "--one-file-system", path])
+    }
 }
 
 /// Waits for `condition` to hold, checking every few milliseconds, up to `timeout` seconds.
