@@ -174,6 +174,9 @@ extension PassthroughFilesystem {
                         guard let (st, birth) = try? Sys.lstatatWithBirth(dfd, name) else { h.offset = next; continue }
                         let node = table.remember(st, birth: birth, parent: h.inode, name: name,
                                                   generation: generationForID(dfd, name, st, birth: birth))
+                        // The kernel may answer stats from these attributes:
+                        // a later change behind the mount is measured from them.
+                        notice(node, st)
                         e = entry(node, st)
                     }
                     added = fuse_add_direntry_plus(req.raw, base + used, room, name, &e, next)

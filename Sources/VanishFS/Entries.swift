@@ -81,6 +81,7 @@ extension PassthroughFilesystem {
                 }
                 let node = table.remember(st, birth: birth, parent: p, name: name,
                                           generation: generationForID(fd, nil, st, birth: birth))
+                notice(node, st)
                 emitCreated(req.caller, parent: p, name: name, node: node, st: st, fd: fd)
                 namespace.adopt(node, fd: fd)
                 return (node, st)

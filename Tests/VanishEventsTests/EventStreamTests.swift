@@ -452,6 +452,30 @@ struct EventStreamTests {
         }
     }
 
+    @Test("a directory the kernel learned from a listing or a mkdir, changed behind the mount, is a rescan too")
+    func changesBehindDirectoriesNeverStatted() throws {
+        // The kernel answers the stats right after from what the listing and
+        // the mkdir told it: the daemon's first stat of each comes after the
+        // change, which must still be measured from what the kernel was told.
+        // ls -ld, not stat(1): stat asks for the birth time, which the kernel
+        // does not keep, so each of its calls reaches the daemon.
+        try withVanishMount(options: ["nowatch", "readdirplus=always"], prepare: { src in mkdir(src + "/listed", 0o755) }) { m in
+            #expect(try sh("ls -l >/dev/null && mkdir made && ls -ld listed made >/dev/null", cwd: m.mountpoint).ok)
+            let s = try attachedSubscriber(m)
+            defer { s.stop() }
+            #expect(try sh("touch listed/behind made/behind", cwd: m.source).ok)
+            func rescanned() -> Set<String> {
+                Set(s.events.filter { $0["type"] as? String == "rescan" }.compactMap { $0["path"] as? String })
+            }
+            // The kernel keeps attributes 1 s with cache=auto; a stat after that reaches the daemon.
+            try waitFor("rescans of both directories", timeout: 15) {
+                _ = try sh("ls -ld listed made >/dev/null", cwd: m.mountpoint)
+                return rescanned().isSuperset(of: ["listed", "made"])
+            }
+            #expect(rescanned() == ["listed", "made"])
+        }
+    }
+
     @Test("--path sends only events under that directory; a move counts at either end")
     func pathFilter() throws {
         try withVanishMount(prepare: { src in mkdir(src + "/a", 0o755); mkdir(src + "/b", 0o755) }) { m in
