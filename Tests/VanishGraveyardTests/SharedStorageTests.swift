@@ -75,9 +75,15 @@ struct SharedStorageTests {
             #expect(events().first?["client"] as? String == "beta")
             #expect(try sh("stat keep >/dev/null", cwd: b.mountpoint).ok)
             #expect(try sh("echo new > keep/new", cwd: a.mountpoint).ok)
-            try waitFor("beta to notice keep changed", timeout: 30) {
-                _ = try sh("stat keep >/dev/null", cwd: b.mountpoint)
-                return events().contains { $0["type"] as? String == "rescan" && $0["path"] as? String == "keep" }
+            do {
+                try waitFor("beta to notice keep changed", timeout: 30) {
+                    _ = try sh("stat keep >/dev/null", cwd: b.mountpoint)
+                    return events().contains { $0["type"] as? String == "rescan" && $0["path"] as? String == "keep" }
+                }
+            } catch {
+                // What each side saw, for the next one to read this failure.
+                let seen = try sh("stat -c '%n %y' keep; stat -c '%n %y' \(shellQuote(v.clients[1]))/keep", cwd: b.mountpoint)
+                throw TestFailure("\(error): \(seen.stdout)\(seen.stderr) events: \(events().suffix(5))")
             }
             #expect(!events().contains { ($0["path"] as? String ?? "").hasPrefix("keep/") }, "never a made-up event")
 
