@@ -39,7 +39,8 @@ let package = Package(
             name: "CFuseTransport",
             dependencies: ["CFuse"],
             path: "CShims/CFuseTransport",
-            cSettings: [.define("_GNU_SOURCE")]
+            cSettings: [.define("_GNU_SOURCE")],
+            linkerSettings: [.linkedLibrary("uring")]
         ),
         // Typed wrappers over the Linux system calls the filesystem makes.
         .target(
@@ -130,7 +131,7 @@ let package = Package(
         ),
         .testTarget(
             name: "VanishControlTests",
-            dependencies: ["VanishControl", "VanishFS", "VanishGraveyard", "VanishClient", "LinuxSyscalls",
+            dependencies: ["VanishControl", "VanishFS", "FUSEKit", "VanishGraveyard", "VanishClient", "LinuxSyscalls",
                            .product(name: "SystemPackage", package: "swift-system")],
             swiftSettings: strict
         ),

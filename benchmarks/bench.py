@@ -31,7 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 EXAMPLES = "/usr/share/doc/libfuse3-dev/examples"
-PACKAGES = ["libfuse3-dev", "fuse3", "bindfs", "mergerfs", "fio", "git", "gcc", "pkg-config", "rsync", "python3"]
+PACKAGES = ["libfuse3-dev", "liburing-dev", "fuse3", "bindfs", "mergerfs", "fio", "git", "gcc", "pkg-config", "rsync", "python3"]
 
 
 def sh(cmd, check=True, **kw):
@@ -685,6 +685,31 @@ class ParallelStat(ListBigDir):
                 raise RuntimeError("a stat process failed")
 
 
+class XattrRoundTrip(Workload):
+    """One request per call whatever the cache: the kernel keeps no xattrs
+    of a FUSE file but POSIX ACLs, so each getxattr of security.selinux
+    (GNU ls -l asks it of every entry) is a round trip to the daemon. The
+    time per call is the round trip's floor."""
+    read_only = True
+    cold = False
+
+    def __init__(self, calls):
+        self.calls = calls
+        self.name = f"getxattr round trip, {calls // 1000}k calls on one file"
+
+    def prepare_source(self, src, cache):
+        with open(os.path.join(src, "f"), "w") as f:
+            f.write("x")
+
+    def run(self, target):
+        code = ("import os, sys\n"
+                "p, n = sys.argv[1], int(sys.argv[2])\n"
+                "for _ in range(n):\n"
+                "    try: os.getxattr(p, 'security.selinux', follow_symlinks=False)\n"
+                "    except OSError: pass\n")
+        sh([sys.executable, "-c", code, os.path.join(target, "f"), str(self.calls)])
+
+
 class UnlinkBig(Workload):
     """The unlink alone, of a file the caller has just looked at (as rm does:
     it stats before it unlinks), so the figure is what deleting costs and how
@@ -798,6 +823,9 @@ def build_peers(cache, only, vanish_options=""):
         binary = build_vanish()
         extra = [vanish_options] if vanish_options else []
         peers.append(Vanish(binary, options=",".join(extra)))
+        # io_uring against /dev/fuse: an A/B column on every row (see main for the kernel's switch).
+        peers.append(Vanish(binary, options=",".join(extra + ["io_uring=off"]), name="vanish, /dev/fuse"))
+        peers[-1].variant = False
         peers.append(Vanish(binary, options=",".join(extra + ["noevents"]), name="vanish, events off"))
         peers.append(Vanish(binary, options=",".join(extra), subscriber=True, name="vanish + subscriber"))
         peers.append(Vanish(binary, options=",".join(extra + ["passthrough=off"]), name="vanish, passthrough off",
@@ -873,6 +901,7 @@ def workloads(quick):
     mib = 256 if quick else 1024
     repo = 5_000 if quick else 20_000
     return [
+        XattrRoundTrip(20_000),
         Create(n), NamesWalk(n), Walk(n, warm=False), Walk(n, warm=True), DiskUsage(n), ListBigDir(n), ParallelStat(n),
         HeaderProbe(),
         SeqWrite(mib), SeqRead(mib), WarmRead(mib), SeqWrite(mib, direct=True), SeqRead(mib, direct=True),
@@ -1034,7 +1063,7 @@ def main():
     os.makedirs(args.dir, exist_ok=True)
     cache = os.path.join(args.dir, "cache")
     os.makedirs(cache, exist_ok=True)
-    with PageReportingOff():
+    with PageReportingOff(), RingOffered():
         if args.ramdisk:
             # Room for the full run's 10 GiB unlink (fallocated, so nearly free) and its trees.
             with RamDisk(args.ramdisk, 16 if args.quick else 32) as disk:
@@ -1054,7 +1083,37 @@ def run_backend(args, runs, base_dir, cache, ramdisk=None):
         run_all(args, runs, base_dir, cache, ramdisk=ramdisk)
 
 
-class PageReportingOff:
+class KernelSetting:
+    """A sysfs setting held at VALUE for the run, restored after (left alone
+    where the file does not exist)."""
+    PATH, VALUE = "", ""
+
+    def __enter__(self):
+        self.saved = None
+        try:
+            with open(self.PATH) as f:
+                saved = f.read().strip()
+            with open(self.PATH, "w") as f:
+                f.write(self.VALUE + "\n")
+            self.saved = saved
+        except OSError:
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            with open(self.PATH, "w") as f:
+                f.write(self.saved + "\n")
+
+
+class RingOffered(KernelSetting):
+    """Lets the kernel offer FUSE over io_uring for the run, so that the
+    "vanish" column runs over it and "vanish, /dev/fuse" does not
+    (io_uring=off). The switch only offers: the other peers do not ask."""
+    PATH, VALUE = "/sys/module/fuse/parameters/enable_uring", "Y"
+
+
+class PageReportingOff(KernelSetting):
     """Holds a VM's free page reporting off for the run (restored after).
 
     With virtio_balloon's free page reporting, memory that stays free for
@@ -1065,24 +1124,7 @@ class PageReportingOff:
     reads through the page cache, so a figure said more about the order of
     the peers than about them. Free blocks are reported from
     page_reporting_order up; past the largest order there are none."""
-    PATH = "/sys/module/page_reporting/parameters/page_reporting_order"
-
-    def __enter__(self):
-        self.saved = None
-        try:
-            with open(self.PATH) as f:
-                saved = f.read().strip()
-            with open(self.PATH, "w") as f:
-                f.write("11\n")
-            self.saved = saved
-        except OSError:
-            pass
-        return self
-
-    def __exit__(self, *exc):
-        if self.saved is not None:
-            with open(self.PATH, "w") as f:
-                f.write(self.saved + "\n")
+    PATH, VALUE = "/sys/module/page_reporting/parameters/page_reporting_order", "11"
 
 
 def run_all(args, runs, base_dir, cache, ramdisk=None, backend=None):

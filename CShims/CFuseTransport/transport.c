@@ -2,6 +2,7 @@
 #define FUSE_USE_VERSION 314
 
 #include "CFuseTransport.h"
+#include "ring.h"
 #include "workers.h"
 
 #include <errno.h>
@@ -100,6 +101,10 @@ static _Atomic uint64_t wanted;        // set by the init callback
 static _Atomic uint32_t stack_depth;
 static _Atomic uint64_t granted;       // what the INIT reply said
 static _Atomic int init_done;
+static struct fuse_session *session;
+static _Atomic int ring_mode;          // VANISH_RING_*
+static _Atomic int ring_error;         // errno of a ring that could not be made
+static _Atomic int ring_asked;         // the INIT reply asks for the ring
 
 // The backing id the open or create reply being written on this thread
 // carries: libfuse writes a reply synchronously in the replying thread.
@@ -205,6 +210,58 @@ static int order_records_changes(uint32_t opcode) {
     }
 }
 
+// Over io_uring a request is not seen in the kernel's order: the thread an
+// entry belongs to may run after another's, and a RELEASE (background) may
+// be dispatched after the caller's next request. So there, a change also
+// waits until every request the kernel numbered before it has arrived
+// (request ids go up by 2: FUSE_INT_REQ_BIT marks interrupts). `seen_low`:
+// every id below it arrived (or was given up on after a wait timed out);
+// `seen` holds the ones above it, in a window of `seen_window` ids.
+enum { seen_window = 8192 };
+static pthread_mutex_t seen_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic uint64_t seen_low;
+static uint8_t seen[seen_window / 8];
+
+static int seen_bit(uint64_t unique) {
+    uint64_t i = (unique / 2) % seen_window;
+    return (seen[i / 8] >> (i % 8)) & 1;
+}
+
+static void set_seen_bit(uint64_t unique, int on) {
+    uint64_t i = (unique / 2) % seen_window;
+    if (on) seen[i / 8] |= (uint8_t)(1u << (i % 8));
+    else seen[i / 8] &= (uint8_t)~(1u << (i % 8));
+}
+
+// Moves `seen_low` past `up_to` (0: only past what arrived). Under seen_lock.
+static void advance_seen_locked(uint64_t up_to) {
+    uint64_t low = atomic_load_explicit(&seen_low, memory_order_relaxed);
+    while (low <= up_to || seen_bit(low)) {
+        set_seen_bit(low, 0);
+        low += 2;
+    }
+    atomic_store_explicit(&seen_low, low, memory_order_release);
+}
+
+static void mark_seen(uint64_t unique) {
+    if (unique & 1 || !atomic_load_explicit(&ring_asked, memory_order_relaxed)) return;
+    pthread_mutex_lock(&seen_lock);
+    uint64_t low = atomic_load_explicit(&seen_low, memory_order_relaxed);
+    if (low == 0) atomic_store_explicit(&seen_low, low = unique, memory_order_relaxed);  // the first after INIT
+    if (unique >= low) {
+        // Far ahead: what falls out of the window is given up on.
+        if ((unique - low) / 2 >= seen_window) advance_seen_locked(unique - 2 * seen_window);
+        set_seen_bit(unique, 1);
+        advance_seen_locked(0);
+    }
+    pthread_mutex_unlock(&seen_lock);
+}
+
+static int all_earlier_seen(uint64_t unique) {
+    if (!atomic_load_explicit(&ring_asked, memory_order_relaxed)) return 1;
+    return atomic_load_explicit(&seen_low, memory_order_acquire) > unique;
+}
+
 int vanish_order_wait_for_earlier(uint64_t timeout_ns) {
     if (order_current == 0) return 1;
     struct timespec start, now;
@@ -219,18 +276,37 @@ int vanish_order_wait_for_earlier(uint64_t timeout_ns) {
             earlier = u != 0 && u < order_current &&
                       order_records_changes(atomic_load_explicit(&order_opcode[i], memory_order_relaxed));
         }
-        if (!earlier) return 1;
+        if (!earlier && all_earlier_seen(order_current)) return 1;
         clock_gettime(CLOCK_MONOTONIC, &now);
         uint64_t elapsed = (uint64_t)(now.tv_sec - start.tv_sec) * 1000000000u + (uint64_t)(now.tv_nsec - start.tv_nsec);
-        if (elapsed >= timeout_ns) return 0;
+        if (elapsed >= timeout_ns) {
+            // An id that never came (a request the kernel dropped before
+            // sending it): no later change waits for it again.
+            if (!all_earlier_seen(order_current)) {
+                pthread_mutex_lock(&seen_lock);
+                advance_seen_locked(order_current);
+                pthread_mutex_unlock(&seen_lock);
+            }
+            return 0;
+        }
         sched_yield();
     }
+}
+
+void vanish_transport_received(void *request, size_t n) {
+    order_idle();
+    order_begin(request);
+    mark_seen(((const struct fuse_in_header *)request)->unique);
+    if (n == tmpfile_request_size || n == statx_request_size) rename_unknown(request, n);
 }
 
 static ssize_t read_request(int fd, void *buf, size_t len) {
     order_idle();
     ssize_t n = read(fd, buf, len);
-    if (n >= (ssize_t)sizeof(struct fuse_in_header)) order_begin(buf);
+    if (n >= (ssize_t)sizeof(struct fuse_in_header)) {
+        order_begin(buf);
+        mark_seen(((const struct fuse_in_header *)buf)->unique);
+    }
     if (n == tmpfile_request_size || n == statx_request_size) rename_unknown(buf, (size_t)n);
     if (n >= (ssize_t)(sizeof(struct fuse_in_header) + offsetof(struct fuse_init_in, unused)) &&
         !atomic_load_explicit(&init_done, memory_order_relaxed)) {
@@ -275,6 +351,25 @@ static void patch_init(struct fuse_init_out *out) {
     if (add & FUSE_PASSTHROUGH) {
         uint32_t depth = atomic_load(&stack_depth);
         memcpy((char *)out + INIT_OUT_MAX_STACK_DEPTH, &depth, sizeof depth);
+    }
+    // The ring is asked for only once its queues exist: from the reply on,
+    // the kernel sends requests nowhere else.
+    if (vanish_transport_ring_wanted()) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        size_t payload = out->max_write;
+        if ((size_t)out->max_pages * page > payload) payload = (size_t)out->max_pages * page;
+        if (payload < FUSE_MIN_READ_BUFFER) payload = FUSE_MIN_READ_BUFFER;
+        uint64_t spin = (uint64_t)vanish_workers_spin_microseconds() * 1000;
+        int r = ring_prepare(session, fuse_session_fd(session), payload, spin);
+        if (r == 0) {
+            flags = (uint64_t)out->flags | (uint64_t)out->flags2 << 32 | FUSE_INIT_EXT | VANISH_RING_INIT_FLAG;
+            out->flags = (uint32_t)flags;
+            out->flags2 = (uint32_t)(flags >> 32);
+            add |= VANISH_RING_INIT_FLAG;
+            atomic_store(&ring_asked, 1);
+        } else {
+            atomic_store(&ring_error, -r);
+        }
     }
     atomic_store(&granted, add);
 }
@@ -347,8 +442,16 @@ static ssize_t t_writev(int fd, struct iovec *iov, int count, void *userdata) {
             struct iovec patched[2] = { iov[0], { &body, sizeof body } };
             memcpy(&body, iov[1].iov_base, sizeof body);
             patch_init(&body);
+            // Over the ring, /dev/fuse carries only forgets and interrupts:
+            // nothing to spin for.
+            if (atomic_load(&ring_asked)) vanish_workers_configure(fd, 0);
             atomic_store(&init_done, 1);
-            return vanish_workers_write_reply(fd, patched, 2, out->unique);
+            ssize_t n = vanish_workers_write_reply(fd, patched, 2, out->unique);
+            if (atomic_load(&ring_asked)) {
+                if (n > 0) ring_start();
+                else ring_stop();
+            }
+            return n;
         }
     }
     return vanish_workers_write_reply(fd, iov, count, out->unique);
@@ -421,6 +524,7 @@ static ssize_t t_splice_send(int fdin, off_t *offin, int fdout, off_t *offout, s
 }
 
 int vanish_transport_install(struct fuse_session *se) {
+    session = se;
     static const struct fuse_custom_io io = {
         .writev = t_writev,
         .read = t_read,
@@ -447,7 +551,25 @@ void vanish_transport_set_spin(struct fuse_session *se, uint32_t microseconds) {
     vanish_workers_configure(fuse_session_fd(se), microseconds);
 }
 
-void vanish_transport_close(void) { vanish_workers_close(); }
+void vanish_transport_close(void) {
+    ring_stop();
+    vanish_workers_close();
+}
+
+void vanish_transport_set_ring(int mode) { atomic_store(&ring_mode, mode); }
+
+int vanish_transport_ring_wanted(void) {
+    return atomic_load(&ring_mode) != VANISH_RING_OFF && (atomic_load(&offered) & VANISH_RING_INIT_FLAG) &&
+           (atomic_load(&offered) & FUSE_INIT_EXT);
+}
+
+void vanish_transport_ring_info(struct vanish_ring_info *info) {
+    memset(info, 0, sizeof *info);
+    ring_info(info);
+    info->mode = atomic_load(&ring_mode);
+    info->error = atomic_load(&ring_error);
+    info->offered = (atomic_load(&offered) & VANISH_RING_INIT_FLAG) != 0;
+}
 
 int vanish_reply_open_backing(struct fuse_req *req, const struct fuse_file_info *fi, int32_t backing_id) {
     reply_backing_id = backing_id;

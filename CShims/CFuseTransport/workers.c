@@ -2,6 +2,7 @@
 #define FUSE_USE_VERSION 314
 
 #include "workers.h"
+#include "ring.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -188,6 +189,7 @@ void vanish_workers_begin(pid_t caller) {
 }
 
 void vanish_workers_may_block(void) {
+    if (ring_may_block()) return;
     if (!atomic_load_explicit(&spin_ns, memory_order_relaxed)) return;
     pthread_mutex_lock(&lock);
     hand_over_locked();
@@ -236,6 +238,8 @@ ssize_t vanish_workers_receive(int fd, int initialized, ssize_t (*call)(int from
 }
 
 ssize_t vanish_workers_write_reply(int fd, const struct iovec *iov, int count, uint64_t unique) {
+    ssize_t written;
+    if (ring_reply(unique, iov, count, &written)) return written;
     int clone = spin_fd;
     if (unique == 0 || clone < 0) return writev(fd, iov, count);
     int first = served_from_clone ? clone : fd;

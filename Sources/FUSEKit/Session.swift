@@ -22,12 +22,16 @@ public struct LoopConfig: Sendable, Equatable {
     /// others wait in the daemon (workers.c); with 0, every idle worker
     /// waits in the kernel, as libfuse has them. nil: the caller decides.
     public var spinMicroseconds: Int?
+    /// Whether requests may come over io_uring instead (`RequestChannel`).
+    public var ring: RingMode
 
-    public init(maxThreads: Int = 10, idleThreads: Int? = nil, cloneFD: Bool = false, spinMicroseconds: Int? = nil) {
+    public init(maxThreads: Int = 10, idleThreads: Int? = nil, cloneFD: Bool = false, spinMicroseconds: Int? = nil,
+                ring: RingMode = .auto) {
         self.maxThreads = maxThreads
         self.idleThreads = idleThreads
         self.cloneFD = cloneFD
         self.spinMicroseconds = spinMicroseconds
+        self.ring = ring
     }
 }
 
@@ -141,6 +145,7 @@ public final class Session {
         if let idle = config.idleThreads { fuse_loop_cfg_set_idle_threads(cfg, UInt32(idle)) }
         fuse_loop_cfg_set_clone_fd(cfg, config.cloneFD ? 1 : 0)
         vanish_transport_set_spin(raw, UInt32(config.spinMicroseconds ?? 0))
+        vanish_transport_set_ring(Int32(config.ring == .off ? VANISH_RING_OFF : VANISH_RING_AUTO))
         stopper.loopStarts()
         defer { stopper.end() }
         return fuse_session_loop_mt(raw, cfg)
@@ -149,6 +154,7 @@ public final class Session {
     /// Runs the single-threaded loop (for debugging races).
     public func runSingleThreaded() -> Int32 {
         vanish_transport_set_spin(raw, 0)
+        vanish_transport_set_ring(Int32(VANISH_RING_OFF))
         stopper.loopStarts()
         defer { stopper.end() }
         return fuse_session_loop(raw)

@@ -41,6 +41,10 @@ enum StatusReport {
             "fd_cache_limit": JSON(f.fdCacheLimit), "kernel_features": JSON(f.kernelFeatures),
             "passthrough": JSON(f.passthrough), "spin_microseconds": JSON(f.spinMicroseconds),
             "cache_seconds": JSON(f.cacheSeconds), "file_handles": JSON(f.fileHandles),
+            "requests": ["channel": JSON(f.requests.name), "why": f.requests.reason.map { JSON($0) } ?? .null,
+                         "queues": JSON(f.requests.queues), "queue_depth": JSON(f.requests.depth),
+                         "threads": JSON(f.requests.threads), "buffer_bytes": JSON(Int(f.requests.bufferBytes)),
+                         "spin_microseconds": JSON(f.requests.spinMicroseconds)],
             "client": f.client.map { JSON($0) } ?? .null, "lease_seconds": JSON(f.leaseSeconds),
             "other_clients": .array(f.otherClients.map { p -> JSON in
                 ["client": JSON(p.client.name), "pending_entries": JSON(p.entries),

@@ -79,6 +79,7 @@ extension PassthroughFilesystem {
     /// the undo window's entries of `uid` (none listed for root, who gets
     /// the totals), from the per-user index.
     package func statusFacts(for uid: uid_t) -> StatusFacts {
+        let requests = RequestChannel.state
         var fs = statvfs()
         _ = fstatvfs(rootFD, &fs)
         return StatusFacts(
@@ -92,9 +93,9 @@ extension PassthroughFilesystem {
             knownInodes: table.count, stataheadEntries: statahead.prefetched.load(ordering: .relaxed),
             cachedFDs: namespace.cachedFDs, fdCacheLimit: namespace.fdLimit,
             kernelFeatures: "\(KernelFeatures.granted)", passthrough: passthroughState,
-            spinMicroseconds: Workers.spinMicroseconds,
+            spinMicroseconds: requests.ring ? requests.spinMicroseconds : Workers.spinMicroseconds,
             cacheSeconds: watch != nil ? SourceWatch.timeout : options.attrTimeout,
-            fileHandles: table.codec != nil ? "exportable" : "while cached",
+            fileHandles: table.codec != nil ? "exportable" : "while cached", requests: requests,
             client: graveyard?.client.name, leaseSeconds: Double(leases?.length ?? 0) / 1e9,
             otherClients: leases?.peers ?? [])
     }
@@ -127,12 +128,14 @@ package struct StatusFacts {
     package var fdCacheLimit: Int
     package var kernelFeatures: String
     package var passthrough: String
-    /// How long a worker spins for one caller's next request (µs; 0: never).
+    /// How long a worker (or a ring thread) spins for one caller's next request (µs; 0: never).
     package var spinMicroseconds: Int
     /// How long the kernel keeps names and attributes of the source's filesystem.
     package var cacheSeconds: Double
     /// Whether file handles outlive the kernel's cache and the mount.
     package var fileHandles: String
+    /// /dev/fuse or io_uring, and why.
+    package var requests: RequestChannel.State
     /// This client's id in the source's state directory.
     package var client: String?
     package var leaseSeconds: Double

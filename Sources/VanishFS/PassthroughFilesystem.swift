@@ -215,7 +215,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         conn.pointee.max_readahead = UInt32(options.readaheadKB * 1024)
         // Move data between the backing file and /dev/fuse through pipes
         // instead of copying it through our memory (as passthrough_hp does).
-        for cap in [FUSE_CAP_SPLICE_WRITE, FUSE_CAP_SPLICE_MOVE, FUSE_CAP_SPLICE_READ] {
+        // Not over io_uring: requests and replies live in the ring's buffers.
+        for cap in [FUSE_CAP_SPLICE_WRITE, FUSE_CAP_SPLICE_MOVE, FUSE_CAP_SPLICE_READ] where !RequestChannel.ringComing {
             if capable & UInt32(cap) != 0 { conn.pointee.want |= UInt32(cap) }
         }
         // Where the kernel checks access itself (default_permissions), it
@@ -255,6 +256,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
                                                 "reapers": "\(reaper?.workerCount ?? 0)", "caller_names": "\(names)",
                                                 "passthrough": "\(passthrough.active ? "on" : "off")",
                                                 "watch": "\(watch != nil ? "on" : "off")",
+                                                "requests": "\(RequestChannel.ringComing ? "io_uring" : "/dev/fuse")",
                                                 "file_handles": "\(table.codec != nil ? "exportable" : "while cached")"])
         if graveyard != nil, vanish_filesystem_type(rootFD) == VANISH_OVERLAYFS_SUPER_MAGIC {
             log.warning("""

@@ -158,6 +158,16 @@ struct MountCommand: ParsableCommand {
         config.debug = debug
         config.loop = LoopConfig(maxThreads: threads ?? parsed.threads ?? 10, cloneFD: cloneFD || parsed.cloneFD)
         if let spin = parsed.spinMicroseconds { config.loop.spinMicroseconds = spin }
+        config.loop.ring = parsed.ring
+        if parsed.ring == .on && RequestChannel.kernelSwitchOn == false {
+            // The switch only lets the kernel offer io_uring: mounts that do not ask are unaffected.
+            let e = RequestChannel.turnKernelSwitchOn()
+            guard e == 0 else {
+                throw RuntimeError("-o io_uring=on: cannot turn on \(RequestChannel.kernelSwitch): \(String(cString: strerror(e)))"
+                                   + (getuid() != 0 ? " (only root can; or use io_uring=auto)" : ""))
+            }
+            log.notice("turned on the kernel's FUSE over io_uring", metadata: ["switch": "\(RequestChannel.kernelSwitch)"])
+        }
         config.singleThreaded = singleThreaded
         config.sourceLock = try MountPaths.lockSource(src)
         let (readahead, explicit) = (parsed.filesystem.readaheadKB, parsed.readaheadGiven)

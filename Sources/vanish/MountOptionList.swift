@@ -1,4 +1,5 @@
 import ArgumentParser
+import FUSEKit
 import VanishEvents
 import VanishFS
 import VanishGraveyard
@@ -11,6 +12,8 @@ struct MountOptionList {
     var cloneFD = false
     /// `spin=`: how long a worker reads on after a reply (µs).
     var spinMicroseconds: Int?
+    /// `io_uring=`: whether requests may come over io_uring.
+    var ring: RingMode = .auto
     /// Record every change in the event journal (`vanish events`).
     var events = true
     var journalLimits = Journal.Limits()
@@ -22,7 +25,7 @@ struct MountOptionList {
     static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache", "reapers",
                                        "keep", "keep_max_bytes", "keep_min_free", "reap_rate", "reap_yield", "noevents",
                                        "events_max_bytes", "sync_unlink", "readdirplus", "readahead", "passthrough",
-                                       "client", "lease", "spin", "watch", "nowatch"]
+                                       "client", "lease", "spin", "watch", "nowatch", "io_uring"]
 
     init(_ lists: [String]) throws {
         for list in lists {
@@ -49,6 +52,11 @@ struct MountOptionList {
                         throw ValidationError("-o spin= takes a number of microseconds from 0 to 1000")
                     }
                     spinMicroseconds = n
+                case "io_uring":
+                    guard let v = value, let mode = RingMode(rawValue: v) else {
+                        throw ValidationError("-o io_uring= takes one of: \(RingMode.allCases.map(\.rawValue).joined(separator: ", "))")
+                    }
+                    ring = mode
                 case "fd_cache":
                     guard let v = value, let n = Int(v), n >= 8 else {
                         throw ValidationError("-o fd_cache= takes a number of fds, at least 8")

@@ -64,7 +64,8 @@ struct StatusCommand: ParsableCommand {
                 free space:       \(bytes(status.free))
                 file data:        \(status.passthrough == "on" ? "passthrough (kernel to backing file)" : "through the daemon; passthrough \(status.passthrough)")
                 kernel features:  \(status.kernelFeatures)
-                workers:          \(status.spin > 0 ? "one receives and spins up to \(status.spin) µs for a program's next call" : "wait in the kernel (no spin)")
+                requests:         \(status.requests)
+                workers:          \(status.ring ? "forgets and interrupts only" : status.spin > 0 ? "one receives and spins up to \(status.spin) µs for a program's next call" : "wait in the kernel (no spin)")
                 """)
         }
     }
@@ -98,6 +99,9 @@ struct StatusCommand: ParsableCommand {
         var kernelFeatures: String
         /// How long a worker spins for one program's next call (µs; 0: never).
         var spin: Int
+        /// Which channel brings requests, and why.
+        var requests: String
+        var ring: Bool
         /// This client's id in the source's state directory.
         var client: String
         /// One line per other client of a shared source.
@@ -118,6 +122,16 @@ struct StatusCommand: ParsableCommand {
             guard filesPerSecond > 0 else { return "starting (no recent pace yet)" }
             return "\(filesPerSecond) files/s" + (eta.map { ", about \($0) s left for the entries now due" } ?? "")
         }
+    }
+
+    static func requests(_ r: JSON?) -> String {
+        guard let r, let channel = r["channel"]?.string else { return "?" }
+        if channel == "io_uring" {
+            return "io_uring, \(r["queues"]?.int ?? 0) queues of \(r["queue_depth"]?.int ?? 0) entries served on their CPUs "
+                + "by \(r["threads"]?.int ?? 0) threads (\(bytes(r["buffer_bytes"]?.int ?? 0)) of buffers mapped)"
+                + ((r["spin_microseconds"]?.int ?? 0) > 0 ? ", each watched up to \(r["spin_microseconds"]?.int ?? 0) µs after a reply" : "")
+        }
+        return channel + (r["why"]?.string.map { ": " + $0 } ?? "")
     }
 
     func read() throws -> Status {
@@ -144,6 +158,7 @@ struct StatusCommand: ParsableCommand {
                       idle: obj["reaper_idle"]?.bool ?? true, filesPerSecond: int("reap_files_per_second"),
                       eta: obj["eta_seconds"]?.int, passthrough: obj["passthrough"]?.string ?? "?",
                       kernelFeatures: obj["kernel_features"]?.string ?? "?", spin: int("spin_microseconds"),
+                      requests: Self.requests(obj["requests"]), ring: obj["requests"]?["channel"]?.string == "io_uring",
                       client: obj["client"]?.string ?? "none (no graveyard)",
                       others: (obj["other_clients"]?.array ?? []).map { c in
                           let lease = c["lease"]?.string == "expired" ? "lease expired, adopted when it has entries"

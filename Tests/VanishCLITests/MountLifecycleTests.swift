@@ -171,8 +171,12 @@ struct MountLifecycleTests {
         defer { m.close() }
         kill(m.pid, SIGKILL)
         _ = try m.waitForExit()
-        var st = stat()
-        #expect(stat(m.mountpoint, &st) != 0 && errno == ENOTCONN)
+        // Over io_uring the kernel ends the connection once it has torn the
+        // dead daemon's rings down, a moment after its exit.
+        try waitFor("the kernel to end the dead daemon's connection") {
+            var st = stat()
+            return stat(m.mountpoint, &st) != 0 && errno == ENOTCONN
+        }
         let again = try run([vanishBinary, "mount", m.source, m.mountpoint])
         #expect(again.status == 64)
         #expect(again.stderr.contains("Transport endpoint is not connected"))

@@ -30,6 +30,10 @@ struct UnprivilegedTests {
         let status = try runAsNobody([binary, "status", mnt])
         #expect(status.stdout.contains("file data:        through the daemon; passthrough off: registering backing files needs CAP_SYS_ADMIN"),
                 "\(status.stdout)\(status.stderr)")
+        // FUSE over io_uring needs no privilege: where the kernel offers it, nobody's daemon uses it too.
+        if (try? String(contentsOfFile: "/sys/module/fuse/parameters/enable_uring", encoding: .utf8)) == "Y\n" {
+            #expect(status.stdout.contains("requests:         io_uring"), "\(status.stdout)")
+        }
         // Only root may raise a mount's readahead; anyone may lower it (the INIT reply does: the
         // status request above waited for it, since the kernel holds every request until INIT).
         // (From mountinfo: root may not stat a mount another user made without allow_other.)

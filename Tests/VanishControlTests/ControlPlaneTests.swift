@@ -1,3 +1,4 @@
+import FUSEKit
 import Glibc
 import LinuxSyscalls
 import SystemPackage
@@ -100,6 +101,8 @@ struct ControlPlaneTests {
                     reaperWorkers: 2, freeBytes: 1 << 30, keepSeconds: 3600, socket: "/run/vanish/x.sock",
                     knownInodes: 7, stataheadEntries: 0, cachedFDs: 3, fdCacheLimit: 100, kernelFeatures: "passthrough", passthrough: "on", spinMicroseconds: 50,
                     cacheSeconds: 3600, fileHandles: "exportable",
+                    requests: RequestChannel.State(ring: true, queues: 2, depth: 8, threads: 3, bufferBytes: 1 << 24,
+                                                   spinMicroseconds: 50),
                     client: "host-0123456789ab", leaseSeconds: 60, otherClients: [])
     }
 
@@ -118,6 +121,8 @@ struct ControlPlaneTests {
         #expect(all["restorable_bytes"]?.int == 3 * 4096 + 100)
         #expect(all["eta_seconds"]?.int == 2, "7 due entries at 4 a second")
         #expect(all["keep_seconds"]?.double == 3600)
+        #expect(all["requests"]?["channel"]?.string == "io_uring" && all["requests"]?["queues"]?.int == 2)
+        #expect(all["requests"]?["why"] == .null && all["requests"]?["buffer_bytes"]?.int == 1 << 24)
     }
 
     @Test("status: the estimate is unknown (null) while nothing has been reaped yet, and 0 with nothing due")

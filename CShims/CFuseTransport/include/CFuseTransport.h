@@ -72,6 +72,30 @@ void vanish_workers_begin(pid_t caller);
 /// recorded in the kernel's order. 1 if none was left, 0 on timeout.
 int vanish_order_wait_for_earlier(uint64_t timeout_ns);
 
+/// Whether requests may come over io_uring (FUSE_OVER_IO_URING, kernel 6.14+
+/// with the fuse module's enable_uring set): VANISH_RING_AUTO asks for it
+/// where the kernel offers it. Call before the loop.
+enum { VANISH_RING_OFF = 0, VANISH_RING_AUTO = 1 };
+void vanish_transport_set_ring(int mode);
+
+/// From the init callback: whether the INIT reply will ask for the ring
+/// (the mode allows it and the kernel offered it). Splicing does not
+/// mix with it: replies are written into the ring's buffers.
+int vanish_transport_ring_wanted(void);
+
+struct vanish_ring_info {
+    int mode;               // as set (VANISH_RING_*)
+    int active;             // requests come over io_uring
+    int offered;            // the kernel offered it in INIT
+    int error;              // errno of a ring that could not be made (0: none)
+    int queues;             // one per possible CPU
+    int depth;              // entries per queue
+    int threads;            // threads serving the queues now
+    uint32_t spin_microseconds;  // how long a receiver watches its queue after a reply
+    uint64_t buffer_bytes;  // mapped for the entries' buffers (touched as used)
+};
+void vanish_transport_ring_info(struct vanish_ring_info *info);
+
 /// Closes what the transport opened (once the loop has ended), so the
 /// session's own fd is the last one on the connection.
 void vanish_transport_close(void);
