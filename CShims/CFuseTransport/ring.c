@@ -111,6 +111,7 @@ static struct {
     _Atomic int active;
     _Atomic int thread_count;
     _Atomic uint64_t last_request;
+    _Atomic int busy;  // handlers running now
     pthread_t watchdog;
     int watchdog_running;
     pthread_mutex_t start_lock;
@@ -321,7 +322,9 @@ static void *worker_thread(void *arg) {
         w->busy_since = now_ns();
         w->answered = 0;
         pthread_mutex_unlock(&q->lock);
+        atomic_fetch_add_explicit(&ring.busy, 1, memory_order_relaxed);
         serve(w);
+        atomic_fetch_sub_explicit(&ring.busy, 1, memory_order_relaxed);
         pthread_mutex_lock(&q->lock);
         // Answered later by another thread: wait for it (the entry is ours).
         while (!w->answered && !atomic_load(&ring.stopping)) pthread_cond_wait(&w->answer, &q->lock);
@@ -348,8 +351,10 @@ static void *watchdog(void *arg) {
             if (stalled && q->idle == 0) add_worker_locked(q);
             pthread_mutex_unlock(&q->lock);
         }
-        // Every millisecond while requests come, every 50 ms when idle.
-        struct timespec tick = { 0, recent ? 1000000L : 50000000L };
+        // Every millisecond while a handler runs, every 5 ms between
+        // requests, every 50 ms once none came for a second.
+        int busy = atomic_load_explicit(&ring.busy, memory_order_relaxed) > 0;
+        struct timespec tick = { 0, busy ? 1000000L : recent ? 5000000L : 50000000L };
         nanosleep(&tick, NULL);
     }
     return NULL;
