@@ -68,7 +68,7 @@ enum { ring_cmd_register = 1, ring_cmd_commit_and_fetch = 2 };
 _Static_assert(sizeof(struct ring_header) == 288, "fuse_uring_req_header is 288 bytes");
 _Static_assert(sizeof(struct ring_cmd) <= 80, "the command fits the SQE128 command area");
 
-enum { threads_per_queue_at_start = 2, max_threads_per_queue = 16 };
+enum { threads_per_queue_at_start = 4, max_threads_per_queue = 16 };
 static const uint64_t stall_ns = 500 * 1000;
 
 struct queue;

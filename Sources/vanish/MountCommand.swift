@@ -17,7 +17,7 @@ struct MountCommand: ParsableCommand {
             -o takes libfuse/kernel options (allow_other, default_permissions, ro, fsname=, ...) \
             and Vanish's own: cache=auto|always|never, threads=N, spin=MICROSECONDS, clone_fd, writeback, fd_cache=N, reapers=N, sync_unlink, readdirplus=walk|always|auto|never, \
             keep=DURATION, keep_max_bytes=SIZE, keep_min_free=PERCENT, reap_rate=FILES_PER_SECOND, reap_yield=DURATION, \
-            passthrough=auto|off, client=ID, lease=DURATION. \
+            passthrough=auto|off, client=ID, lease=DURATION, io_uring=auto|on|off, watch, nowatch. \
             allow_other always turns default_permissions on, so other users get only what \
             the file modes grant them.
 

@@ -240,6 +240,7 @@ struct ArgumentErrorTests {
     @Test("bad arguments exit 64 with a message and mount nothing", arguments: [
         (["mount", "/nonexistent-vanish-src", "/tmp"], "/nonexistent-vanish-src"),
         (["mount", "-o", "cache=sometimes", "/tmp", "/tmp"], "cache="),
+        (["mount", "-o", "io_uring=maybe", "/tmp", "/tmp"], "io_uring= takes one of: auto, on, off"),
         (["mount", "-o", "readdirplus=sometimes", "/tmp", "/tmp"], "readdirplus="),
         (["mount", "-o", "readahead=lots", "/tmp", "/tmp"], "readahead="),
         (["mount", "--threads", "0", "/tmp"], "--threads"),
