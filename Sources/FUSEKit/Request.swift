@@ -38,7 +38,10 @@ public struct Request: @unchecked Sendable {
     /// earlier to finish, so the record follows the kernel's order (see the
     /// transport). False if it waited that long in vain.
     @discardableResult
-    public static func waitForEarlierChanges(timeout: UInt64 = 50_000_000) -> Bool {
+    /// 250 ms: a `written` event's RELEASE handler (which may read the file
+    /// to tell a copy) took more than 50 ms under CI's load, and its event
+    /// then followed the program's next one.
+    public static func waitForEarlierChanges(timeout: UInt64 = 250_000_000) -> Bool {
         vanish_order_wait_for_earlier(timeout) != 0
     }
 
