@@ -262,6 +262,8 @@ static int all_earlier_seen(uint64_t unique) {
     return atomic_load_explicit(&seen_low, memory_order_acquire) > unique;
 }
 
+void vanish_order_done(void) { order_idle(); }
+
 int vanish_order_wait_for_earlier(uint64_t timeout_ns) {
     if (order_current == 0) return 1;
     struct timespec start, now;

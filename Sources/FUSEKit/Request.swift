@@ -45,6 +45,9 @@ public struct Request: @unchecked Sendable {
         vanish_order_wait_for_earlier(timeout) != 0
     }
 
+    /// This request has recorded all its changes: later ones stop waiting for it.
+    public static func doneRecordingChanges() { vanish_order_done() }
+
     /// Whether the caller is in `gid`, as its primary group or another.
     public func isInGroup(_ gid: gid_t) -> Bool { caller.gid == gid || groups().contains(gid) }
 

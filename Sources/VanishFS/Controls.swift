@@ -63,6 +63,9 @@ extension PassthroughFilesystem {
         }
         // The path must be gone for everyone once the caller has our answer
         // (a program may make it again next), so the kernel drops it first.
+        // That needs the parent's lock, which a later create in it may hold
+        // while it waits for this request's event: it need not any more.
+        Request.doneRecordingChanges()
         if !invalidations.expire(parent: table.nodeID(parent), name: name, timeout: 1_000_000_000) {
             log.debug("answering a delete trigger before the kernel dropped the entry (its parent stayed locked)")
         }

@@ -96,6 +96,12 @@ struct vanish_ring_info {
 };
 void vanish_transport_ring_info(struct vanish_ring_info *info);
 
+/// From a handler that has recorded all it will record and is about to wait
+/// (for the kernel to drop an entry, which may need a lock a later request
+/// holds while it waits in vanish_order_wait_for_earlier): later changes
+/// need not wait for it any more.
+void vanish_order_done(void);
+
 /// Closes what the transport opened (once the loop has ended), so the
 /// session's own fd is the last one on the connection.
 void vanish_transport_close(void);
