@@ -108,6 +108,11 @@ let package = Package(
             swiftSettings: strict
         ),
         .testTarget(
+            name: "FUSEKitTests",
+            dependencies: ["CFuseTransport", "CFuse"],
+            swiftSettings: strict
+        ),
+        .testTarget(
             name: "VanishFSTests",
             dependencies: ["VanishTestSupport", "LinuxSyscalls", "CFuse", "CLinux", "FUSEKit", "VanishFS", "vanish",
                            .product(name: "SystemPackage", package: "swift-system")],

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 struct fuse_session;
 struct fuse_req;
@@ -101,6 +102,12 @@ void vanish_transport_ring_info(struct vanish_ring_info *info);
 /// holds while it waits in vanish_order_wait_for_earlier): later changes
 /// need not wait for it any more.
 void vanish_order_done(void);
+
+/// The transport's receive and reply hooks as libfuse calls them, on any fd
+/// (a pipe), for tests that drive its rewrites with recorded requests and
+/// replies, without a mount.
+ssize_t vanish_transport_receive_hook(int fd, void *buf, size_t len);
+ssize_t vanish_transport_reply_hook(int fd, struct iovec *iov, int count);
 
 /// Closes what the transport opened (once the loop has ended), so the
 /// session's own fd is the last one on the connection.
