@@ -20,6 +20,19 @@ struct RequestChannelTests {
         try (value + "\n").write(toFile: kernelSwitch, atomically: false, encoding: .utf8)
     }
 
+    /// Runs `body` with the kernel offering io_uring (root turns the switch
+    /// on, and back as it was after). Mounts other tests make meanwhile may
+    /// use it too: the suite passes over either channel.
+    static func withKernelOffering(_ body: () throws -> Void) throws {
+        guard let saved = switchValue() else {
+            Issue.record("this kernel has no \(kernelSwitch) (FUSE over io_uring needs Linux 6.14+)")
+            return
+        }
+        defer { try? setSwitch(saved) }
+        try setSwitch("Y")
+        try body()
+    }
+
     func requests(_ m: VanishMount) throws -> [String: Any] {
         try statusJSON(m)["requests"] as? [String: Any] ?? [:]
     }
@@ -48,10 +61,10 @@ struct RequestChannelTests {
 
     @Test("where the kernel offers io_uring, requests come over it, served by threads on their CPUs; io_uring=off keeps /dev/fuse", arguments: [[], ["passthrough=off"]])
     func bothChannels(_ extra: [String]) throws {
-        guard Self.switchValue() == "Y" else {
-            Issue.record("\(Self.kernelSwitch) is \(Self.switchValue() ?? "missing"): mount-scripts/install turns it on")
-            return
-        }
+        try Self.withKernelOffering { try bothChannelsOffered(extra) }
+    }
+
+    func bothChannelsOffered(_ extra: [String]) throws {
         var outputs: [String] = []
         for channel in ["io_uring=auto", "io_uring=off"] {
             try withVanishMount(options: [channel] + extra) { m in
@@ -115,10 +128,10 @@ struct RequestChannelTests {
 
     @Test("a daemon on io_uring stops cleanly on unmount and on SIGTERM, its threads joined, nothing left mounted")
     func teardown() throws {
-        guard Self.switchValue() == "Y" else {
-            Issue.record("\(Self.kernelSwitch) is not Y: mount-scripts/install turns it on")
-            return
-        }
+        try Self.withKernelOffering { try teardownOffered() }
+    }
+
+    func teardownOffered() throws {
         for how in ["unmount", "SIGTERM"] {
             let m = try VanishMount()
             defer { m.close() }
