@@ -78,7 +78,7 @@ public enum RequestChannel {
             s.reason = switch kernelSwitchOn {
             case nil: "this kernel has no FUSE over io_uring (Linux 6.14+ with CONFIG_FUSE_IO_URING)"
             case true?: "the kernel did not offer it to this mount (it was mounted before enable_uring was turned on)"
-            case false?: "the kernel does not offer it: \(kernelSwitch) is N (root: vanish mount -o io_uring=on, or see vanish(8))"
+            case false?: "the kernel does not offer it: \(kernelSwitch) is N (root: vanish mount -o io_uring=on, or mount-scripts/install --io-uring)"
             }
         } else {
             s.reason = "the connection ended"
