@@ -295,6 +295,7 @@ int vanish_order_wait_for_earlier(uint64_t timeout_ns) {
     }
 }
 
+// What every request gets on arrival, read from /dev/fuse or from a ring.
 void vanish_transport_received(void *request, size_t n) {
     order_idle();
     order_begin(request);
@@ -305,11 +306,7 @@ void vanish_transport_received(void *request, size_t n) {
 static ssize_t read_request(int fd, void *buf, size_t len) {
     order_idle();
     ssize_t n = read(fd, buf, len);
-    if (n >= (ssize_t)sizeof(struct fuse_in_header)) {
-        order_begin(buf);
-        mark_seen(((const struct fuse_in_header *)buf)->unique);
-    }
-    if (n == tmpfile_request_size || n == statx_request_size) rename_unknown(buf, (size_t)n);
+    if (n >= (ssize_t)sizeof(struct fuse_in_header)) vanish_transport_received(buf, (size_t)n);
     if (n >= (ssize_t)(sizeof(struct fuse_in_header) + offsetof(struct fuse_init_in, unused)) &&
         !atomic_load_explicit(&init_done, memory_order_relaxed)) {
         const struct fuse_in_header *in = buf;
