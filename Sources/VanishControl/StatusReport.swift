@@ -26,7 +26,7 @@ enum StatusReport {
             ? JSON(Int((Double(due) / f.pace.entriesPerSecond).rounded(.up))) : .null
         let s = f.statistics
         let o: JSON = [
-            "source": JSON(f.source), "pid": JSON(getpid()), "graveyard": JSON(f.graveyard),
+            "version": JSON(VanishVersion.current), "source": JSON(f.source), "pid": JSON(getpid()), "graveyard": JSON(f.graveyard),
             "pending_entries": JSON(pending), "eta_seconds": eta, "reaper_idle": JSON(f.reapersIdle),
             "reap_files_per_second": JSON(Int(f.pace.filesPerSecond)),
             "reap_entries_per_second": JSON(Int(f.pace.entriesPerSecond)),

@@ -53,7 +53,7 @@ struct StatusCommand: ParsableCommand {
             print(status.raw)
         } else {
             print("""
-                source:           \(status.source)
+                source:           \(status.source) (vanish \(status.version), pid \(status.pid))
                 graveyard:        \(status.pending) entries waiting, \(status.restorable) of them restorable (\(bytes(status.restorableBytes)) known)\(status.stuck > 0 ? ", \(status.stuck) that cannot be deleted (see the daemon's log)" : "")
                 undo window:      \(status.window)
                 reaped:           \(status.reaped) entries, \(status.freedFiles) files, \(status.freedDirectories) directories, \(bytes(status.freedBytes)) of disk (\(bytes(status.freedDataBytes)) of data)
@@ -73,6 +73,9 @@ struct StatusCommand: ParsableCommand {
     struct Status {
         var raw: String
         var source: String
+        /// The daemon's release and process.
+        var version: String
+        var pid: Int
         var pending: Int
         var reaped: Int
         var freedFiles: Int
@@ -147,7 +150,8 @@ struct StatusCommand: ParsableCommand {
             throw RuntimeError("unreadable status from \(mountpoint)")
         }
         func int(_ k: String) -> Int { obj[k]?.int ?? 0 }
-        return Status(raw: raw, source: obj["source"]?.string ?? "?", pending: int("pending_entries"),
+        return Status(raw: raw, source: obj["source"]?.string ?? "?",
+                      version: obj["version"]?.string ?? "unknown", pid: int("pid"), pending: int("pending_entries"),
                       reaped: int("reaped_entries"), freedFiles: int("freed_files"),
                       freedDirectories: int("freed_directories"), freedDataBytes: int("freed_data_bytes"),
                       freedBytes: int("freed_bytes"),

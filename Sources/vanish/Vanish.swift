@@ -1,5 +1,6 @@
 import ArgumentParser
 import Glibc
+import VanishClient
 
 /// Runs `vanish rm` without starting the argument parser where it can
 /// (see `RemoveCommand.fastPath`), everything else through it.
@@ -15,8 +16,6 @@ enum Main {
 
 /// `vanish`: the command-line face of the filesystem.
 struct Vanish: ParsableCommand {
-    static let version = "0.1.0"
-
     static let configuration = CommandConfiguration(
         commandName: "vanish",
         abstract: "A FUSE overlay filesystem where deleting is instant.",
@@ -24,7 +23,7 @@ struct Vanish: ParsableCommand {
             Exit codes: 0 success; 1 the operation failed (the message says why); \
             64 bad command-line arguments.
             """,
-        version: version,
+        version: VanishVersion.current,
         subcommands: [MountCommand.self, UnmountCommand.self, RemoveCommand.self, StatusCommand.self, ReapCommand.self,
                       TrashCommand.self, RestoreCommand.self, EventsCommand.self]
     )

@@ -55,6 +55,18 @@ struct MountLifecycleTests {
         #expect(mountType(at: m.mountpoint) == nil)
     }
 
+    @Test("status names the daemon's release and process, as --version prints the release")
+    func statusVersion() throws {
+        let m = try VanishMount()
+        defer { m.close() }
+        let version = try run([vanishBinary, "--version"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        let json = try statusJSON(m)
+        #expect(json["version"] as? String == version)
+        #expect(json["pid"] as? Int == Int(m.pid))
+        let human = try run([vanishBinary, "status", m.mountpoint])
+        #expect(human.stdout.contains("(vanish \(version), pid \(m.pid))"), "\(human.stdout)")
+    }
+
     @Test("fusermount3 -u ends the daemon with status 0")
     func fusermount() throws {
         let m = try VanishMount()
