@@ -34,11 +34,14 @@ struct ReapCommand: ParsableCommand {
     @Argument(help: "The source directory (what was mounted).")
     var source: String
 
+    func validate() throws {
+        try MountPaths.requireDirectory(try MountPaths.resolve(source, what: "source"), what: "source")
+    }
+
     func run() throws {
         // First, before any thread exists, so every thread inherits the block.
         StopSignals.block()
         let src = try MountPaths.resolve(source, what: "source")
-        try MountPaths.requireDirectory(src, what: "source")
         let me: ClientID
         let others: [ClientID]
         do {

@@ -32,7 +32,8 @@ struct RemoveCommand: ParsableCommand {
     }
 
     func run() throws {
-        if !RemoveCommand.removeAll(paths, recursive: recursive, force: force) { throw ExitCode.failure }
+        let code = RemoveCommand.removeAll(paths, recursive: recursive, force: force)
+        if code != 0 { throw ExitCode(code) }
     }
 
     /// `vanish rm` in its common forms (`-r`, `-f`, `-rf`, `--recursive`,
@@ -66,24 +67,29 @@ struct RemoveCommand: ParsableCommand {
             }
         }
         if paths.isEmpty { return nil }
-        return removeAll(paths, recursive: recursive, force: force) ? 0 : 1
+        return removeAll(paths, recursive: recursive, force: force)
     }
 
-    /// Removes each path, reporting failures on stderr; false if any failed.
-    static func removeAll(_ paths: [String], recursive: Bool, force: Bool) -> Bool {
-        var failed = false
+    /// Removes each path, reporting failures on stderr. The exit code: 64 if
+    /// a path is outside every Vanish mount (a bad argument, as for every
+    /// subcommand), else 1 if a removal failed, else 0.
+    static func removeAll(_ paths: [String], recursive: Bool, force: Bool) -> Int32 {
+        var code: Int32 = 0
         for path in paths {
             do {
                 try remove(path, recursive: recursive, force: force)
+            } catch let e as NotOnVanish {
+                FileHandleStderr.write("vanish rm: \(e.description)\n")
+                code = 64
             } catch let e as RuntimeError {
                 FileHandleStderr.write("vanish rm: \(e.description)\n")
-                failed = true
+                if code == 0 { code = 1 }
             } catch {
                 FileHandleStderr.write("vanish rm: \(error)\n")
-                failed = true
+                if code == 0 { code = 1 }
             }
         }
-        return !failed
+        return code
     }
 
     private static func remove(_ argument: String, recursive: Bool, force: Bool) throws {
@@ -141,8 +147,13 @@ struct RemoveCommand: ParsableCommand {
     }
 }
 
-private func notOnVanish(_ path: String) -> RuntimeError {
-    RuntimeError("cannot remove \(path): not inside a Vanish mount (use rm -r there)")
+/// A path outside every Vanish mount: a bad argument (exit 64).
+private struct NotOnVanish: Error, CustomStringConvertible {
+    var description: String
+}
+
+private func notOnVanish(_ path: String) -> NotOnVanish {
+    NotOnVanish(description: "cannot remove \(path): not inside a Vanish mount (use rm there)")
 }
 
 /// Writes to stderr without Foundation.

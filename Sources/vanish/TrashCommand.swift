@@ -82,6 +82,13 @@ struct RestoreCommand: ParsableCommand {
         s.utf8.count == 36 && s.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) || $0 == 0x2D }
     }
 
+    /// A path outside every Vanish mount is a bad argument (exit 64, this command's usage).
+    func validate() throws {
+        if mount == nil && !(RestoreCommand.isID(entry) && access(entry, F_OK) != 0) {
+            _ = try RestoreCommand.vanishMount(holding: MountPaths.lexicallyAbsolute(entry))
+        }
+    }
+
     func run() throws {
         var request: [String: JSON] = ["op": JSON(ControlProtocol.Operation.restore.rawValue)]
         let mountpoint: String
@@ -120,7 +127,7 @@ struct RestoreCommand: ParsableCommand {
 
     static func vanishMount(holding path: String) throws -> String {
         guard let m = MountPaths.mount(containing: path), m.type == "fuse.vanish" else {
-            throw RuntimeError("\(path) is not inside a Vanish mount (name the mount with --mount)")
+            throw ValidationError("\(path) is not inside a Vanish mount (name the mount with --mount)")
         }
         return m.point
     }

@@ -14,15 +14,20 @@ struct UnmountCommand: ParsableCommand {
     @OptionGroup var target: MountpointArgument
     var mountpoint: String { target.mountpoint }
 
-    func run() throws {
-        // realpath fails on a dead mount; fall back to the path as given.
-        let path = (try? MountPaths.resolve(mountpoint, what: "mountpoint")) ?? mountpoint
+    /// realpath fails on a dead mount; the path as given stands in for it.
+    var path: String { (try? MountPaths.resolve(mountpoint, what: "mountpoint")) ?? mountpoint }
+
+    func validate() throws {
         guard let type = MountPaths.mountType(at: path) else {
             throw ValidationError("\(mountpoint) is not a mountpoint")
         }
         guard type == "fuse.vanish" else {
             throw ValidationError("\(mountpoint) is a \(type) mount, not Vanish; use umount or fusermount3 for it")
         }
+    }
+
+    func run() throws {
+        let path = self.path
         var args = ["fusermount3", "-u"]
         if lazy { args.append("-z") }
         args.append(path)

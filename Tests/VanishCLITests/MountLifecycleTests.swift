@@ -273,16 +273,23 @@ struct ArgumentErrorTests {
         (["status", "/tmp"], "is not the root of a Vanish mount"),
         (["trash", "list", "/tmp"], "is not the root of a Vanish mount"),
         (["status", "/nonexistent-vanish-mount"], "/nonexistent-vanish-mount: No such file or directory"),
+        // Paths outside every Vanish mount, for the commands that take one: 64 and the command's own usage.
+        (["rm", "/tmp/f"], "not inside a Vanish mount"),
+        (["rm", "-r", "/tmp"], "not inside a Vanish mount"),
+        (["restore", "/tmp/f"], "Usage: vanish restore"),
+        (["unmount", "/tmp"], "Usage: vanish unmount"),
+        (["reap", "/nonexistent-vanish-source"], "Usage: vanish reap"),
         (["frobnicate"], "frobnicate"),
     ])
     func badArguments(_ args: [String], _ mentions: String) throws {
-        // "/tmp" stands for a scratch directory: a build that let one of these
+        // "/tmp" stands for a scratch directory holding a file f: a build that let one of these
         // through would mount there (a daemonizing mount), never over /tmp.
         let dir = try makeTempDirectory()
         defer {
             if mountType(at: dir) != nil { unmountAndRemove(dir, base: dir) } else { removeTree(dir) }
         }
-        let r = try run([vanishBinary] + args.map { $0 == "/tmp" ? dir : $0 })
+        #expect(close(open(dir + "/f", O_CREAT | O_WRONLY, 0o644)) == 0)
+        let r = try run([vanishBinary] + args.map { $0 == "/tmp" ? dir : $0.hasPrefix("/tmp/") ? dir + $0.dropFirst(4) : $0 })
         #expect(mountType(at: dir) == nil, "\(args) mounted")
         #expect(r.status == 64, "\(args): \(r.stderr)")
         #expect(r.stderr.contains(mentions), "\(args): \(r.stderr)")
