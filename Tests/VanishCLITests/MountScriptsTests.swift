@@ -94,19 +94,54 @@ struct MountScriptsTests {
         }
     }
 
-    @Test("manual pages and shell completions are generated from the command-line definitions")
+    /// A manual page's text as `man` shows it, near enough to search: no
+    /// escaped dashes, no font changes.
+    static func plain(_ page: String) -> String {
+        page.replacingOccurrences(of: "\\-", with: "-").replacingOccurrences(of: "\\fB", with: "")
+            .replacingOccurrences(of: "\\fI", with: "").replacingOccurrences(of: "\\fR", with: "")
+            .replacingOccurrences(of: "\\fP", with: "")
+    }
+
+    @Test("a manual page for vanish and for each subcommand, naming every option the binary takes, with examples and exit status, rendered without warnings; completions from the command-line definitions")
     func manualsAndCompletions() throws {
         let out = try makeTempDirectory()
         defer { removeTree(out) }
         let r = try run([Self.repo + "/mount-scripts/manuals", vanishBinary, out])
         #expect(r.ok, "\(r.stderr)")
-        let pages = try FileManager.default.contentsOfDirectory(atPath: out + "/man1").sorted()
-        for command in ["vanish", "vanish.mount", "vanish.rm", "vanish.events", "vanish.trash.list"] {
-            #expect(pages.contains(command + ".1"), "\(pages)")
+        let pages = [("vanish", ["--version"]), ("vanish-mount", ["mount"]), ("vanish-unmount", ["unmount"]),
+                     ("vanish-rm", ["rm"]), ("vanish-status", ["status"]), ("vanish-reap", ["reap"]),
+                     ("vanish-trash", ["trash", "list"]), ("vanish-restore", ["restore"]), ("vanish-events", ["events"])]
+        // Every subcommand the binary has is in the list above.
+        let top = try run([vanishBinary, "--help"]).stdout
+        let listed = top.components(separatedBy: "SUBCOMMANDS:").last ?? ""
+        for line in listed.split(separator: "\n") {
+            guard let word = line.split(separator: " ").first, line.hasPrefix("  "), !line.hasPrefix("    "), word != "help",
+                  !line.contains("See '") else { continue }
+            #expect(pages.contains { $0.1.first == String(word) }, "vanish \(word) has no manual page")
         }
-        // A page documents its options, taken from the same definitions as --help.
-        let rm = try String(contentsOfFile: out + "/man1/vanish.rm.1", encoding: .utf8)
-        #expect(rm.contains("recursive") && rm.contains("graveyard"))
+        for (name, command) in pages {
+            let path = out + "/man1/\(name).1"
+            let page = Self.plain(try String(contentsOfFile: path, encoding: .utf8))
+            for section in ["NAME", "SYNOPSIS", "DESCRIPTION", "EXAMPLES", "EXIT STATUS", "SEE ALSO"] {
+                #expect(page.contains(".SH \(section)"), "\(name) has no \(section)")
+            }
+            let shown = try run(["man", "-l", "--warnings", path], environment: ["MANWIDTH": "80"])
+            #expect(shown.ok && shown.stderr.isEmpty, "\(name): \(shown.stderr)")
+            guard command != ["--version"] else { continue }
+            // Each long option --help lists is on the page.
+            let help = try run([vanishBinary, "help"] + command).stdout
+            let options = help.components(separatedBy: "OPTIONS:").last ?? ""
+            for match in options.matches(of: /(?m)^  (?:-\w, )*(--[a-z][a-z-]*)/) where !["--version", "--help"].contains(String(match.1)) {
+                #expect(page.contains(String(match.1)), "\(name) does not mention \(match.1)")
+            }
+        }
+        // The mount page names every -o option Vanish takes itself.
+        let mount = Self.plain(try String(contentsOfFile: out + "/man1/vanish-mount.1", encoding: .utf8))
+        let source = try String(contentsOfFile: Self.repo + "/Sources/vanish/MountOptionList.swift", encoding: .utf8)
+        let keys = try #require(source.firstMatch(of: /ownKeys: Set<String> = \[([^\]]*)\]/)).1
+        for key in keys.matches(of: /"([a-z_]+)"/) {
+            #expect(mount.contains(String(key.1)), "vanish-mount.1 does not mention -o \(key.1)")
+        }
         #expect(try run(["bash", "-n", out + "/completions/vanish.bash"]).ok)
         let words = try run(["bash", "-c", """
             source \(shellQuote(out + "/completions/vanish.bash"))
