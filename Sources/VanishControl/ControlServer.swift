@@ -317,6 +317,7 @@ public final class ControlServer: Sendable {
                 var o: [String: JSON] = ["id": JSON(e.id), "deleted_ns": JSON(e.deleted), "uid": JSON(e.record.uid),
                                          "gid": JSON(e.record.gid), "kind": JSON(e.record.kind.name)]
                 if let b = e.record.bytes { o["bytes"] = JSON(b) }
+                if let size = filesystem.apparentSize(of: e) { o["size"] = JSON(size) }
                 PathBytes(e.record.path).put(into: &o, key: "path")
                 return .object(o)
             }

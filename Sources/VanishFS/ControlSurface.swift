@@ -37,6 +37,15 @@ extension PassthroughFilesystem {
         return uid == 0 ? graveyard.restorable : graveyard.restorable(of: uid)
     }
 
+    /// The apparent size (st_size) of a kept file, symlink or other non-directory
+    /// entry, read from the graveyard: the record holds the disk usage the
+    /// window's byte limit counts, which says 4 KiB of a 6-byte file.
+    package func apparentSize(of e: TrashEntry) -> UInt64? {
+        guard let graveyard, e.record.kind != .directory, graveyard.shardFDs.indices.contains(e.shard) else { return nil }
+        return (try? e.id.withCString { id throws(Errno) in try Sys.lstatat(graveyard.shardFDs[e.shard], id) })
+            .map { UInt64($0.st_size) }
+    }
+
     /// Why an entry could not be put back.
     package enum PutBackFailure: Error {
         /// It is no longer in the graveyard (restored or reaped meanwhile).

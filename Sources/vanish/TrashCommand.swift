@@ -12,10 +12,21 @@ struct TrashCommand: ParsableCommand {
     struct List: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "List restorable entries: yours, or everyone's for root.",
-            discussion: "Columns: id, deletion time, size (- when unknown: a whole tree), deleting user, original path."
+            discussion: """
+                One line per deletion: a directory removed with rm -r comes with what was deleted \
+                inside it (restoring it brings all of that back), shown as its count. Columns: id, \
+                deletion time, size (the files' apparent sizes; - when unknown, as for a tree removed \
+                with vanish rm), deleting user, original path.
+                """
         )
 
-        @Flag(help: "One JSON object per line (fields: id, path, path_b64 if not UTF-8, deleted_ns, bytes, kind, uid, gid).")
+        @Flag(help: "One line per entry, also for what was deleted inside a directory.")
+        var expand = false
+
+        @Flag(help: "Add a column with the disk space each entry holds.")
+        var long = false
+
+        @Flag(help: "One JSON object per line, one per entry (fields: id, path, path_b64 if not UTF-8, deleted_ns, size, bytes (disk usage), kind, uid, gid).")
         var json = false
 
         @OptionGroup var target: MountpointArgument
@@ -33,14 +44,20 @@ struct TrashCommand: ParsableCommand {
                 print("nothing restorable on \(mountpoint)")
                 return
             }
-            for e in entries {
+            let groups = expand ? entries.map { TrashGroup(top: $0) } : TrashGroup.grouping(entries)
+            print("ID" + String(repeating: " ", count: 36) + "DELETED              SIZE      "
+                  + (long ? "DISK      " : "") + "USER     PATH")
+            for g in groups {
+                let e = g.top
                 let when = localTime(nanoseconds: e["deleted_ns"]?.uint64 ?? 0)
-                let size = e["bytes"]?.int.map { bytes($0) } ?? "-"
+                let size = g.size.map { bytes(Int($0)) } ?? "-"
+                let disk = g.disk.map { bytes(Int($0)) } ?? "-"
                 let uid = UInt32(e["uid"]?.int ?? 0)
                 let user = TerminalText.escaped(getpwuid(uid).map { String(cString: $0.pointee.pw_name) } ?? "\(uid)")
                 let path = TerminalText.escaped(PathBytes.get(e, key: "path")?.description ?? "?")
                 let kind = e["kind"]?.string == "directory" ? "/" : ""
-                print("\(e["id"]?.string ?? "?")  \(when)  \(pad(size, 9)) \(pad(user, 8)) \(path)\(kind)")
+                print("\(e["id"]?.string ?? "?")  \(when)  \(pad(size, 9)) \(long ? pad(disk, 9) + " " : "")"
+                      + "\(pad(user, 8)) \(path)\(kind)\(g.summary)")
             }
         }
     }
@@ -92,6 +109,7 @@ struct RestoreCommand: ParsableCommand {
     func run() throws {
         var request: [String: JSON] = ["op": JSON(ControlProtocol.Operation.restore.rawValue)]
         let mountpoint: String
+        var named: [UInt8]?
         if RestoreCommand.isID(entry) && access(entry, F_OK) != 0 {
             request["id"] = JSON(entry)
             if let mount {
@@ -108,7 +126,8 @@ struct RestoreCommand: ParsableCommand {
         } else {
             let path = MountPaths.lexicallyAbsolute(entry)
             mountpoint = try mount.map(MountPaths.lexicallyAbsolute) ?? RestoreCommand.vanishMount(holding: path)
-            PathBytes(try RestoreCommand.relative(path, in: mountpoint)).put(into: &request, key: "path")
+            named = try RestoreCommand.relative(path, in: mountpoint)
+            PathBytes(named!).put(into: &request, key: "path")
         }
         if let to {
             PathBytes(try RestoreCommand.relative(MountPaths.lexicallyAbsolute(to), in: mountpoint)).put(into: &request, key: "to")
@@ -119,9 +138,17 @@ struct RestoreCommand: ParsableCommand {
         } catch {
             throw RuntimeError("cannot restore \(entry): \(error.description)")
         }
-        for item in answer["restored"]?.array ?? [] {
-            let p = PathBytes.get(item, key: "path")?.description ?? "?"
-            print("restored " + TerminalText.escaped("\(mountpoint == "/" ? "" : mountpoint)/\(p)"))
+        // One line: what was named, and how much of what was deleted inside it came back with it.
+        let restored = (answer["restored"]?.array ?? []).compactMap { PathBytes.get($0, key: "path") }
+        guard let first = restored.first else { return }
+        func shown(_ p: PathBytes) -> String { TerminalText.escaped("\(mountpoint == "/" ? "" : mountpoint)/\(p.description)") }
+        func entries(_ n: Int) -> String { "\(n) entr\(n == 1 ? "y" : "ies")" }
+        if let named, first.bytes != named {
+            // The directory itself was not deleted: what was deleted inside it came back.
+            print("restored \(entries(restored.count)) inside \(shown(PathBytes(named)))")
+        } else {
+            let inside = restored.count - 1
+            print("restored \(shown(first))" + (inside > 0 ? " and \(entries(inside)) inside it" : ""))
         }
     }
 
@@ -150,4 +177,80 @@ func localTime(nanoseconds ns: UInt64) -> String {
     var buffer = [CChar](repeating: 0, count: 32)
     let n = strftime(&buffer, buffer.count, "%Y-%m-%d %H:%M:%S", &parts)
     return String(decoding: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}
+
+/// One line of `vanish trash list`: a deletion, and for a directory what was
+/// deleted inside it with it (rm -r removes the children first), by the rule
+/// `vanish restore PATH` follows: an entry inside a kept directory, of the
+/// same user, deleted after that path's previous deletion and not after the
+/// directory's.
+struct TrashGroup {
+    var top: JSON
+    var files = 0
+    var directories = 0
+    /// Apparent bytes of the files (nil: none known).
+    var size: UInt64?
+    /// Disk bytes the record counts (nil: unknown).
+    var disk: UInt64?
+
+    init(top: JSON) {
+        self.top = top
+        size = top["size"]?.uint64
+        disk = top["bytes"]?.uint64
+    }
+
+    mutating func add(_ e: JSON) {
+        if e["kind"]?.string == "directory" { directories += 1 } else { files += 1 }
+        if let s = e["size"]?.uint64 { size = (size ?? 0) + s }
+        if let b = e["bytes"]?.uint64 { disk = (disk ?? 0) + b }
+    }
+
+    /// " (3 files, 1 directory inside)", or nothing when alone.
+    var summary: String {
+        guard files + directories > 0 else { return "" }
+        var parts: [String] = []
+        if files > 0 { parts.append("\(files) file\(files == 1 ? "" : "s")") }
+        if directories > 0 { parts.append("\(directories) director\(directories == 1 ? "y" : "ies")") }
+        return "  (" + parts.joined(separator: ", ") + " inside)"
+    }
+
+    /// `entries` (oldest first) folded into one group per deletion, in the
+    /// order of their top entries. Each entry looks for kept directories at
+    /// its ancestors' paths, the outermost first: O(entries × depth).
+    static func grouping(_ entries: [JSON]) -> [TrashGroup] {
+        struct Key: Hashable { var uid: Int; var path: [UInt8] }
+        let paths = entries.map { PathBytes.get($0, key: "path")?.bytes ?? [] }
+        let times = entries.map { $0["deleted_ns"]?.uint64 ?? 0 }
+        // Each kept directory's deletions, oldest first (entries come oldest first).
+        var directories: [Key: [Int]] = [:]
+        for (i, e) in entries.enumerated() where e["kind"]?.string == "directory" {
+            directories[Key(uid: e["uid"]?.int ?? -1, path: paths[i]), default: []].append(i)
+        }
+        var owner = Array(entries.indices)
+        for (i, e) in entries.enumerated() {
+            let uid = e["uid"]?.int ?? -1
+            let path = paths[i]
+            for cut in path.indices where path[cut] == 0x2F && cut > 0 {
+                // The first deletion of this ancestor at or after this entry's own.
+                guard let deletions = directories[Key(uid: uid, path: Array(path[..<cut]))],
+                      let d = deletions.first(where: { times[$0] >= times[i] && $0 != i }) else { continue }
+                owner[i] = d
+                break
+            }
+        }
+        // An owner may itself be inside another: follow to the outermost.
+        func outermost(_ i: Int) -> Int {
+            var j = i
+            while owner[j] != j { j = owner[j] }
+            return j
+        }
+        var groups: [Int: TrashGroup] = [:]
+        var order: [Int] = []
+        for i in entries.indices where outermost(i) == i {
+            groups[i] = TrashGroup(top: entries[i])
+            order.append(i)
+        }
+        for i in entries.indices where outermost(i) != i { groups[outermost(i)]!.add(entries[i]) }
+        return order.map { groups[$0]! }
+    }
 }

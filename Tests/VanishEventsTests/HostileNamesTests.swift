@@ -32,7 +32,7 @@ struct HostileNamesTests {
             let trash = try run([vanishBinary, "trash", "list", m.mountpoint])
             #expect(trash.ok, "\(trash.stderr)")
             let lines = trash.stdout.split(separator: "\n", omittingEmptySubsequences: false).filter { !$0.isEmpty }
-            #expect(lines.count == 2, "one line per deleted file: \(trash.stdout)")
+            #expect(lines.count == 1 + 2, "a header and one line per deleted file: \(trash.stdout)")
             #expect(!trash.stdout.contains("\u{1B}"), "\(trash.stdout)")
             #expect(trash.stdout.contains("gone-x\\n18ea0b20486272b1"), "\(trash.stdout)")
 

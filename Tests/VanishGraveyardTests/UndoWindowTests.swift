@@ -85,6 +85,47 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("trash list reads well: a header, apparent sizes, one line per deletion with what rm -rf took inside it; restore says what came back in one line")
+    func listForPeople() throws {
+        try withVanishMount(arguments: ["--keep", "1h"], prepare: { src in
+            let made = try sh("""
+                mkdir -p build/sub build/empty
+                for i in $(seq 1 30); do printf 'sixbyt' > build/f$i; done
+                for i in $(seq 1 9); do printf 'sixbyt' > build/sub/g$i; done
+                """, cwd: src)
+            guard made.ok else { throw TestFailure(made.stderr) }
+        }) { m in
+            // f1 goes first on its own; restoring build would bring it back too, so it is listed with build.
+            let r = try sh("""
+                rm build/f1 && printf 'sixbyt' > note && rm note && rm -rf build && mkdir kept && echo x > kept/f && rm kept/f
+                """, cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            let entries = try trashList(m)
+            #expect(entries.first { $0["path"] as? String == "note" }?["size"] as? Int == 6, "apparent size: \(entries)")
+            let list = try run([vanishBinary, "trash", "list", m.mountpoint])
+            #expect(list.ok, "\(list.stderr)")
+            let lines = list.stdout.split(separator: "\n").map(String.init)
+            #expect(lines.first?.hasPrefix("ID") == true && lines.first?.contains("PATH") == true, "\(list.stdout)")
+            // note, build with what rm -rf took from it, and kept/f: three deletions.
+            #expect(lines.count == 1 + 3, "\(list.stdout)")
+            let build = try #require(lines.first { $0.contains(" build/") })
+            #expect(build.hasSuffix("build/  (39 files, 2 directories inside)"), "\(build)")
+            #expect(build.contains(" \(39 * 6) B "), "the files' apparent sizes: \(build)")
+            #expect(lines.contains { $0.hasSuffix(" note") && $0.contains(" 6 B ") }, "\(list.stdout)")
+            let expanded = try run([vanishBinary, "trash", "list", "--expand", m.mountpoint])
+            #expect(expanded.stdout.split(separator: "\n").count == 1 + entries.count)
+            let long = try run([vanishBinary, "trash", "list", "--long", m.mountpoint])
+            #expect(long.stdout.hasPrefix("ID") && long.stdout.contains("DISK"), "\(long.stdout)")
+
+            let restored = try run([vanishBinary, "restore", m.path("build")])
+            #expect(restored.ok, "\(restored.stderr)")
+            #expect(restored.stdout == "restored \(m.path("build")) and 41 entries inside it\n", "\(restored.stdout)")
+            #expect(try sh("find build -type f | wc -l", cwd: m.mountpoint).stdout == "39\n")
+            let again = try run([vanishBinary, "restore", m.path("kept")])
+            #expect(again.stdout == "restored 1 entry inside \(m.path("kept"))\n", "\(again.stdout)")
+        }
+    }
+
     @Test("restoring a directory that still exists brings back what was deleted inside it")
     func restoreInsideExistingDirectory() throws {
         try withVanishMount(arguments: ["--keep", "1h"]) { m in
