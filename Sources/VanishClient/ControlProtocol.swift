@@ -19,6 +19,8 @@ public enum ControlProtocol {
         case trashList = "trash-list"
         /// Put entries back (by `id` or `path`, optionally `to`).
         case restore
+        /// Let the caller's kept entries go now (`ids`, `paths`, `older_than_ns`; none: all of them).
+        case trashEmpty = "trash-empty"
         /// A stream of change events (`since`, `paths`, `types`, `snapshot`).
         case events
     }

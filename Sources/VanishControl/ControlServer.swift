@@ -322,6 +322,20 @@ public final class ControlServer: Sendable {
                 return .object(o)
             }
             return ["ok": true, "entries": .array(entries)]
+        case .trashEmpty:
+            let ids = (request["ids"]?.array ?? []).compactMap(\.string)
+            let paths = (request["paths"]?.array ?? []).compactMap { PathBytes.get($0, key: "path")?.bytes }
+            let olderThan = request["older_than_ns"]?.uint64
+            let (chosen, unknown) = UndoWindow(filesystem: filesystem).choose(ids: ids, paths: paths, olderThan: olderThan,
+                                                                               for: peer)
+            let (count, bytes) = filesystem.letGo(chosen)
+            if count > 0 { log.info("trash emptied", metadata: ["uid": "\(peer.uid)", "entries": "\(count)"]) }
+            return ["ok": true, "emptied": JSON(count), "bytes": JSON(bytes),
+                    "unknown": .array(unknown.map { u -> JSON in
+                        var o: [String: JSON] = [:]
+                        PathBytes(u).put(into: &o, key: "name")
+                        return .object(o)
+                    })]
         case .restore:
             let id = request["id"]?.string
             let path = PathBytes.get(request, key: "path")

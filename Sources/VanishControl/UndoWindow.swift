@@ -41,6 +41,37 @@ struct UndoWindow {
         filesystem.restorable(for: who.uid)
     }
 
+    /// The kept entries `who` may let go: those with the given ids, at or
+    /// inside the given paths (every deletion of them), and, of those (or of
+    /// all when neither is given), the ones deleted at least `olderThan` ns
+    /// ago. Also the ids and paths that named none of `who`'s entries: another
+    /// user's entry gets the answer for one that never was.
+    func choose(ids: [String], paths: [[UInt8]], olderThan: UInt64?,
+                for who: Credentials) -> (entries: [TrashEntry], unknown: [[UInt8]]) {
+        let visible = trash(for: who)
+        var chosen: [TrashEntry]
+        var unknown: [[UInt8]] = []
+        if ids.isEmpty && paths.isEmpty {
+            chosen = visible
+        } else {
+            var picked = Set<String>()
+            for id in ids {
+                if visible.contains(where: { $0.id == id }) { picked.insert(id) } else { unknown.append(Array(id.utf8)) }
+            }
+            for path in paths {
+                let matching = visible.filter { $0.record.path == path || Self.isInside($0.record.path, path) }
+                if matching.isEmpty { unknown.append(path) }
+                picked.formUnion(matching.map(\.id))
+            }
+            chosen = visible.filter { picked.contains($0.id) }
+        }
+        if let olderThan {
+            let cutoff = Sys.wallClockNow() &- olderThan
+            chosen = chosen.filter { $0.deleted <= cutoff }
+        }
+        return (chosen, unknown)
+    }
+
     /// Restores one entry by id, or by original path (its latest deletion,
     /// and, for a directory, everything deleted inside it since then that is
     /// still in the trash). Returns the paths put back. `destination`

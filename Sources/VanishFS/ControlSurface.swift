@@ -46,6 +46,24 @@ extension PassthroughFilesystem {
             .map { UInt64($0.st_size) }
     }
 
+    /// Lets `entries` go before their window ends (`vanish trash empty`): the
+    /// reaper frees them now. Returns how many went and the disk bytes they
+    /// held (as far as known); an entry reaped or restored meanwhile is skipped.
+    package func letGo(_ entries: [TrashEntry]) -> (count: Int, bytes: UInt64) {
+        guard let graveyard else { return (0, 0) }
+        var count = 0
+        var bytes: UInt64 = 0
+        var shards = Set<Int>()
+        for e in entries {
+            guard let gone = graveyard.letGo(e.id) else { continue }
+            count += 1
+            bytes += gone.record.bytes ?? 0
+            shards.insert(gone.shard)
+        }
+        for shard in shards { reaper?.dueNow(shard: shard) }
+        return (count, bytes)
+    }
+
     /// Why an entry could not be put back.
     package enum PutBackFailure: Error {
         /// It is no longer in the graveyard (restored or reaped meanwhile).

@@ -211,6 +211,12 @@ public final class Reaper: @unchecked Sendable {
         }
     }
 
+    /// Entries in `shard` became due outside a burial (`Graveyard.letGo`): its worker looks again now.
+    public func dueNow(shard: Int) {
+        dirty.bitwiseOr(1 << UInt64(shard), ordering: .sequentiallyConsistent)
+        wake(owner(of: shard))
+    }
+
     @inline(__always)
     private func owner(of shard: Int) -> Int { shard % workerCount }
 

@@ -335,6 +335,27 @@ extension Graveyard {
     public func claim(_ id: String) -> TrashEntry? { trash.claimForRestore(id) }
     public func release(_ e: TrashEntry) { trash.finishRestore(e, restored: false) }
 
+    /// Lets the kept entry `id` go before its window ends (`vanish trash
+    /// empty`): renamed within its shard to a name of time 1, which no window
+    /// keeps (see `bury`'s `unheld`), then its sidecar goes. A crash between
+    /// the two leaves an orphan sidecar, removed at the next start; the entry
+    /// never comes back into the trash. Returns the entry; nil if it is no
+    /// longer kept (reaped, restored or being restored meanwhile).
+    public func letGo(_ id: String) -> TrashEntry? {
+        guard let e = trash.claimForRestore(id) else { return nil }
+        let sfd = shardFDs[e.shard]
+        let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
+        do throws(Errno) {
+            try withUniqueName(n, time: 1) { grave throws(Errno) in try Sys.renameNoReplace(sfd, e.id, sfd, grave) }
+        } catch {
+            trash.finishRestore(e, restored: false)
+            return nil
+        }
+        e.id.withCString { removeSidecar(sfd, $0) }
+        trash.finishRestore(e, restored: true)
+        return e
+    }
+
     /// Moves a claimed entry back to `name` in `parentFD`, never replacing
     /// what is there (EEXIST). On failure the entry stays claimed: `release` it.
     public func restore(_ e: TrashEntry, to parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {

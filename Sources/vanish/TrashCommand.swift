@@ -6,7 +6,7 @@ struct TrashCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "trash",
         abstract: "See what the undo window (vanish mount --keep) still holds.",
-        subcommands: [List.self]
+        subcommands: [List.self, Empty.self]
     )
 
     struct List: ParsableCommand {
@@ -59,6 +59,78 @@ struct TrashCommand: ParsableCommand {
                 print("\(e["id"]?.string ?? "?")  \(when)  \(pad(size, 9)) \(long ? pad(disk, 9) + " " : "")"
                       + "\(pad(user, 8)) \(path)\(kind)\(g.summary)")
             }
+        }
+    }
+
+    struct Empty: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Free kept entries now instead of at the end of their undo window: yours, or anyone's for root.",
+            discussion: """
+                With no ENTRY, every entry you may list goes (all of them for root). An ENTRY is an id \
+                from `vanish trash list` or an original path (every deletion at it or inside it). \
+                --older-than keeps the more recent ones. The reaper frees what goes at once; \
+                `vanish status --wait` waits for it.
+                """
+        )
+
+        @Option(help: ArgumentHelp("Only entries deleted at least this long ago (e.g. 30m, 12h, 7d).", valueName: "duration"))
+        var olderThan: String?
+
+        @OptionGroup var target: MountpointArgument
+        var mountpoint: String { target.mountpoint }
+
+        @Argument(help: "Ids or original paths of the entries to free (default: all of yours).")
+        var entries: [String] = []
+
+        func validate() throws {
+            if let olderThan, Quantity.duration(olderThan) == nil {
+                throw ValidationError("--older-than takes a duration with a unit: 90s, 30m, 12h, 7d")
+            }
+            try target.requireVanishRoot()
+            for entry in entries where !isID(entry) {
+                let path = MountPaths.lexicallyAbsolute(entry)
+                guard (try? RestoreCommand.relative(path, in: mountpoint)) != nil else {
+                    throw ValidationError("\(path) is not inside the mount at \(mountpoint)")
+                }
+            }
+        }
+
+        /// An id from `trash list`, unless a file of that name is there.
+        func isID(_ entry: String) -> Bool { RestoreCommand.isID(entry) && access(entry, F_OK) != 0 }
+
+        func run() throws {
+            var request: [String: JSON] = ["op": JSON(ControlProtocol.Operation.trashEmpty.rawValue)]
+            var ids: [JSON] = []
+            var paths: [JSON] = []
+            for entry in entries {
+                if isID(entry) {
+                    ids.append(JSON(entry))
+                } else {
+                    var o: [String: JSON] = [:]
+                    let relative = try RestoreCommand.relative(MountPaths.lexicallyAbsolute(entry), in: mountpoint)
+                    PathBytes(relative).put(into: &o, key: "path")
+                    paths.append(.object(o))
+                }
+            }
+            request["ids"] = .array(ids)
+            request["paths"] = .array(paths)
+            if let olderThan, let ns = Quantity.duration(olderThan) { request["older_than_ns"] = JSON(ns) }
+            let answer: JSON
+            do {
+                answer = try ControlClient(mountpoint: mountpoint).call(.object(request))
+            } catch {
+                throw RuntimeError("cannot empty the trash of \(mountpoint): \(error.description)")
+            }
+            let count = answer["emptied"]?.int ?? 0
+            print(count == 0 ? "nothing to free"
+                  : "freeing \(count) entr\(count == 1 ? "y" : "ies") (\(bytes(answer["bytes"]?.int ?? 0)) of disk known); "
+                    + "vanish status --wait \(TerminalText.escaped(mountpoint)) waits for the reaper")
+            let unknown = (answer["unknown"]?.array ?? []).compactMap { PathBytes.get($0, key: "name") }
+            for name in unknown {
+                FileHandleStderr.write("vanish trash empty: nothing restorable of yours is known as "
+                                       + TerminalText.escaped(name.description) + "\n")
+            }
+            if !unknown.isEmpty { throw ExitCode.failure }
         }
     }
 

@@ -110,7 +110,7 @@ struct MountScriptsTests {
         #expect(r.ok, "\(r.stderr)")
         let pages = [("vanish", ["--version"]), ("vanish-mount", ["mount"]), ("vanish-unmount", ["unmount"]),
                      ("vanish-rm", ["rm"]), ("vanish-status", ["status"]), ("vanish-reap", ["reap"]),
-                     ("vanish-trash", ["trash", "list"]), ("vanish-restore", ["restore"]), ("vanish-events", ["events"])]
+                     ("vanish-trash", ["trash", "list"]), ("vanish-trash", ["trash", "empty"]), ("vanish-restore", ["restore"]), ("vanish-events", ["events"])]
         // Every subcommand the binary has is in the list above.
         let top = try run([vanishBinary, "--help"]).stdout
         let listed = top.components(separatedBy: "SUBCOMMANDS:").last ?? ""

@@ -379,6 +379,41 @@ struct UndoWindowTests {
         #expect(try graveyardCount(m.source) == 0)
     }
 
+    @Test("trash empty frees kept entries now: by id, by path (and what was inside), older than a duration, or all; the space comes back and a remount does not bring them back")
+    func emptyTrash() throws {
+        try withVanishMount(arguments: ["--keep", "1h"], prepare: { src in
+            let made = try sh("mkdir -p build/sub && for i in 1 2 3; do echo $i > build/sub/f$i; done && echo a > a && echo b > b && echo c > c",
+                              cwd: src)
+            guard made.ok else { throw TestFailure(made.stderr) }
+        }) { m in
+            #expect(try sh("rm -rf build && rm a b c", cwd: m.mountpoint).ok)
+            let before = try trashList(m)
+            #expect(before.count == 3 + 2 + 3)
+            // A path takes every deletion at it and inside it; an id one entry; an unknown name is reported, exit 1.
+            let bID = try #require(before.first { $0["path"] as? String == "b" }?["id"] as? String)
+            let some = try run([vanishBinary, "trash", "empty", m.mountpoint, m.path("build"), bID, m.path("never")])
+            #expect(some.status == 1 && some.stdout.hasPrefix("freeing 6 entries"), "\(some.stdout)\(some.stderr)")
+            #expect(some.stderr.contains("nothing restorable of yours is known as never"), "\(some.stderr)")
+            #expect(try trashPaths(m) == ["a", "c"])
+            // Nothing is that old: nothing goes.
+            let old = try run([vanishBinary, "trash", "empty", "--older-than", "1h", m.mountpoint])
+            #expect(old.ok && old.stdout == "nothing to free\n", "\(old.stdout)")
+            try waitForReaper(m)
+            #expect(try statusJSON(m)["pending_entries"] as? Int == 2, "what was let go is freed, the rest kept")
+            #expect(try run([vanishBinary, "restore", m.path("build")]).status == 1, "an emptied entry cannot be restored")
+            let all = try run([vanishBinary, "trash", "empty", m.mountpoint])
+            #expect(all.ok && all.stdout.hasPrefix("freeing 2 entries"), "\(all.stdout)")
+            try waitForReaper(m)
+            #expect(try trashList(m).isEmpty)
+            #expect(try statusJSON(m)["pending_entries"] as? Int == 0)
+            // Nothing comes back into the trash with the next mount.
+            #expect(try m.unmount() == 0)
+            let again = try VanishMount(arguments: ["--keep", "1h"], existingSource: m.source)
+            defer { again.close() }
+            #expect(try trashList(again).isEmpty)
+        }
+    }
+
     @Test("another user sees and restores only what they deleted")
     func otherUsers() throws {
         try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root to become nobody")
@@ -422,6 +457,16 @@ struct UndoWindowTests {
                 #expect(!rootStatus.contains("\"restorable_entries\":0,"), "\(rootStatus)")
                 let waits = try runAsNobody(["timeout", "30", binary, "status", "--wait", m.mountpoint])
                 #expect(waits.ok, "status --wait as nobody settles beside root's kept entries: \(waits.stderr)")
+                // Emptying the trash as nobody frees nothing of root's: not by id, not by path, not all.
+                let rootsBefore = try trashList(m).count
+                let byID = try runAsNobody([binary, "trash", "empty", m.mountpoint, rootsID])
+                #expect(byID.status == 1 && byID.stderr.contains("nothing restorable of yours"), "\(byID.stderr)")
+                let byPath = try runAsNobody([binary, "trash", "empty", m.mountpoint, m.path("private")])
+                #expect(byPath.status == 1, "\(byPath.stdout)")
+                #expect(try runAsNobody(["/bin/sh", "-c", "echo t > \(m.path("shared/n3")) && rm \(m.path("shared/n3"))"]).ok)
+                let everything = try runAsNobody([binary, "trash", "empty", m.mountpoint])
+                #expect(everything.ok && everything.stdout.hasPrefix("freeing 1 entry"), "\(everything.stdout)\(everything.stderr)")
+                #expect(try trashList(m).count == rootsBefore, "root's entries are all still kept, nobody's own went")
             }
         }
     }
