@@ -19,11 +19,14 @@ enum StatusReport {
             // Others' kept entries leave the backlog too, or it would count them.
             pending = max(0, f.pendingEntries - (allRestorable - own.count))
         }
-        // Entries the window keeps are not due, nor are those that cannot be
-        // deleted, so neither is in the estimate.
-        let due = max(0, f.pendingEntries - allRestorable - f.stuckEntries)
-        let eta: JSON = due == 0 ? 0 : f.pace.entriesPerSecond > 0
-            ? JSON(Int((Double(due) / f.pace.entriesPerSecond).rounded(.up))) : .null
+        // The files and directories left in due entries (the window's and
+        // stuck ones are not due) at the recent pace; unknown (null) when a
+        // tree's size is, or nothing was freed in the last seconds.
+        let eta: JSON = switch f.remainingWork {
+        case 0: 0
+        case let work? where f.pace.filesPerSecond > 0: JSON(Int((Double(work) / f.pace.filesPerSecond).rounded(.up)))
+        default: .null
+        }
         let s = f.statistics
         let o: JSON = [
             "version": JSON(VanishVersion.current), "source": JSON(f.source), "pid": JSON(getpid()), "graveyard": JSON(f.graveyard),

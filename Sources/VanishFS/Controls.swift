@@ -54,9 +54,12 @@ extension PassthroughFilesystem {
                 if !isDirectory && entry.st_nlink > 1 { throw .tooManyLinks }
                 // As rm -r would stop at it: the caller unmounts it first.
                 if isDirectory, hasMounts(below: pfd, n.baseAddress!) { throw .resourceBusy }
-                try permissions.check(pfd, n.baseAddress!, recursive: isDirectory)
+                let count = try permissions.check(pfd, n.baseAddress!, recursive: isDirectory)
                 let id = observing ? fileID(pfd, n.baseAddress!) : ""
-                let grave = try bury(pfd, n.baseAddress!, st: entry, from: parent, caller: caller, wantEntry: observing)
+                let grave = try bury(pfd, n.baseAddress!, st: entry, from: parent, caller: caller,
+                                     wantEntry: observing || isDirectory)
+                // The walk counted what the reaper will delete: status can tell how long it takes.
+                if isDirectory, count > 1, let grave, entry.st_dev == table.root.key.dev { reaper?.expectTree(grave, count: count) }
                 if entry.st_mode & S_IFMT == S_IFDIR { table.markBuried(node) }
                 emitDeleted(caller, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true, entry: grave)
             }
@@ -90,6 +93,7 @@ extension PassthroughFilesystem {
             restorable: uid == 0 ? [] : graveyard?.restorable(of: uid) ?? [],
             restorableCount: graveyard?.restorableCount ?? 0,
             restorableBytes: graveyard?.restorableBytes ?? 0, stuckEntries: stuckEntries,
+            remainingWork: remainingWork,
             statistics: reapingStatistics, pace: reapingPace, reapersIdle: reapersIdle,
             reaperWorkers: reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize),
             keepSeconds: Double(reaper?.policy.keep ?? 0) / 1e9, socket: controlSocket,
@@ -117,6 +121,8 @@ package struct StatusFacts {
     /// Theirs in bytes, with the sizes measured since they were buried.
     package var restorableBytes: UInt64
     package var stuckEntries: Int
+    /// Files and directories the reapers have left to delete in due entries; nil if unknown.
+    package var remainingWork: Int?
     package var statistics: Reaper.Statistics
     package var pace: Reaper.Pace
     package var reapersIdle: Bool

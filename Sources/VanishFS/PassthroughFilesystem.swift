@@ -331,6 +331,17 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// Entries no reaper could delete, still in their graveyards.
     public var stuckEntries: Int { allReapers.reduce(0) { $0 + $1.stuckEntries().count } }
 
+    /// Files and directories every reaper has left to delete in due
+    /// entries, with burials still pending counted one each; nil if unknown.
+    public var remainingWork: Int? {
+        var sum = namespace.pendingBurials
+        for r in allReapers {
+            guard let w = r.remainingWork() else { return nil }
+            sum += w
+        }
+        return sum
+    }
+
     /// What every reaper (the source's and nested filesystems') has done.
     public var reapingStatistics: Reaper.Statistics {
         allReapers.reduce(into: .zero) { sum, r in

@@ -39,21 +39,24 @@ struct RemovalCheck {
 
     /// Checks that `name` in the directory `parentFD` (an O_PATH fd) may go,
     /// with all it holds if `recursive`; throws the errno `rm` would meet.
-    func check(_ parentFD: Int32, _ name: UnsafePointer<CChar>, recursive: Bool) throws(Errno) {
+    /// Returns how many files and directories go, itself included (what
+    /// the reaper will have to delete).
+    @discardableResult
+    func check(_ parentFD: Int32, _ name: UnsafePointer<CChar>, recursive: Bool) throws(Errno) -> Int {
         guard let credentials, Credentials.canSwitch else { return try checkAsSelf(parentFD, name, recursive) }
-        try credentials.acting { () throws(Errno) in try checkAsSelf(parentFD, name, recursive) }
+        return try credentials.acting { () throws(Errno) -> Int in try checkAsSelf(parentFD, name, recursive) }
     }
 
-    private func checkAsSelf(_ parentFD: Int32, _ name: UnsafePointer<CChar>, _ recursive: Bool) throws(Errno) {
+    private func checkAsSelf(_ parentFD: Int32, _ name: UnsafePointer<CChar>, _ recursive: Bool) throws(Errno) -> Int {
         let (parent, parentProtected) = try Sys.lstatatProtected(parentFD, "")
         if parentProtected { throw .notPermitted }
         if credentials != nil { try Sys.access(parentFD, W_OK | X_OK) }
         let (entry, isProtected) = try Sys.lstatatProtected(parentFD, name)
         try checkEntry(entry, isProtected, in: parent)
-        guard recursive, entry.st_mode & S_IFMT == S_IFDIR else { return }
+        guard recursive, entry.st_mode & S_IFMT == S_IFDIR else { return 1 }
         let fd = try Sys.openat(parentFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
         defer { Sys.close(fd) }
-        try checkDirectory(fd, entry, depth: 1)
+        return 1 + (try checkDirectory(fd, entry, depth: 1))
     }
 
     /// The rules for one entry of a directory `dir` the caller may write.
@@ -67,7 +70,8 @@ struct RemovalCheck {
     }
 
     /// Everything in the directory `fd` (O_PATH; `st` its stat) may go.
-    private func checkDirectory(_ fd: Int32, _ st: stat, depth: Int) throws(Errno) {
+    /// Returns how many entries it holds, at any depth.
+    private func checkDirectory(_ fd: Int32, _ st: stat, depth: Int) throws(Errno) -> Int {
         guard depth <= RemovalCheck.maxDepth else { throw .fileNameTooLong }
         var subdirectories: [(name: [CChar], st: stat)] = []
         let listing: Int32
@@ -75,7 +79,7 @@ struct RemovalCheck {
             listing = try Sys.openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         } catch .permissionDenied {
             // rm -r cannot list it, but removes it if it is empty.
-            if try isEmptyAsDaemon(fd) { return }
+            if try isEmptyAsDaemon(fd) { return 0 }
             throw .permissionDenied
         }
         guard let dp = fdopendir(listing) else {
@@ -85,9 +89,11 @@ struct RemovalCheck {
         }
         defer { closedir(dp) }
         var writable = false
+        var count = 0
         while let d = readdir(dp) {
             let name = vanish_dirent_name(d)!
             if isDotOrDotDot(name) { continue }
+            count += 1
             if !writable {
                 if credentials != nil { try Sys.access(fd, W_OK | X_OK) }
                 writable = true
@@ -105,8 +111,9 @@ struct RemovalCheck {
                 try Sys.openat(fd, n.baseAddress!, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
             }
             defer { Sys.close(child) }
-            try checkDirectory(child, sub.st, depth: depth + 1)
+            count += try checkDirectory(child, sub.st, depth: depth + 1)
         }
+        return count
     }
 
     /// Whether the directory `fd` holds nothing, read with the daemon's own

@@ -126,6 +126,11 @@ public final class Reaper: @unchecked Sendable {
         var freed = Freed()
     }
     private let tallies = Mutex<(origins: [String: Tally], pieces: [String: String])>(([:], [:]))
+    /// How many files and directories each tree buried whole (`vanish rm`)
+    /// holds, counted by the walk that checked it could go: the work left in
+    /// it is that less what its tally freed. In memory only.
+    private let treeSizes = Mutex<[String: UInt64]>([:])
+    private let treesKnown = Atomic<Int>(0)
     /// Set while the backing filesystem is short of space: no stepping aside then.
     private let spaceShort = Atomic<Bool>(false)
     /// A request met ENOSPC while entries are kept (see `makeRoom`).
@@ -252,18 +257,83 @@ public final class Reaper: @unchecked Sendable {
     /// `idleMask` with every worker asleep.
     private var allWorkers: UInt64 { workerCount >= 64 ? ~0 : (1 << UInt64(workerCount)) - 1 }
 
-    /// Entries in the graveyard now (a directory scan: for status, not the hot path).
+    /// Deletions in the graveyard now (a directory scan: for status, not the
+    /// hot path). A tree being taken apart counts once, until its last piece
+    /// is gone, however many pieces it is in; pieces left from before a
+    /// restart count as one. So the count never grows while the reaper works.
     public func pendingEntries() -> Int {
-        var n = 0
+        let pieces = tallies.withLock { $0.pieces }
+        var originals = Set<String>()
+        var split = Set<String>()
+        var untracked = false
+        forEachPending { name, isPiece in
+            let id = String(cString: name)
+            if !isPiece {
+                originals.insert(id)
+            } else if let origin = pieces[id] {
+                split.insert(origin)
+            } else {
+                untracked = true
+            }
+        }
+        return originals.count + split.subtracting(originals).count + (untracked ? 1 : 0)
+    }
+
+    /// Calls `body` with each entry's name in the graveyard and whether it is a piece.
+    private func forEachPending(_ body: (UnsafePointer<CChar>, Bool) -> Void) {
         for shard in graveyard.shardFDs {
             guard let fd = try? Sys.openat(shard, ".", O_RDONLY | O_DIRECTORY), let dp = fdopendir(fd) else { continue }
             while let d = readdir(dp) {
                 let name = vanish_dirent_name(d)!
-                if name[0] != 0x2E { n += 1 }
+                if name[0] != 0x2E { body(name, Graveyard.deletionTime(name) == 0) }
             }
             closedir(dp)
         }
-        return n
+    }
+
+    /// The tree `entry` just buried holds `count` files and directories, itself included.
+    public func expectTree(_ entry: String, count: Int) {
+        treeSizes.withLock { $0[entry] = UInt64(count) }
+        treesKnown.wrappingAdd(1, ordering: .relaxed)
+    }
+
+    /// Files and directories left to delete in the entries that are due (not
+    /// kept by the undo window, not stuck): one for each entry but a tree,
+    /// and what is left of each tree of known size. nil when a piece of a
+    /// tree of unknown size (left from before a restart, or adopted) is
+    /// waiting: the work in it cannot be told without walking it.
+    public func remainingWork() -> Int? {
+        let stuckNow = Set(stuckEntries())
+        let sizes = treeSizes.withLock { $0 }
+        let (origins, pieces) = tallies.withLock { ($0.origins, $0.pieces) }
+        let judging = keeps || !graveyard.trash.isEmpty
+        var work: UInt64 = 0
+        var unknown = false
+        var trees = Set<String>()
+        forEachPending { name, isPiece in
+            let id = String(cString: name)
+            if stuckNow.contains(id) { return }
+            if isPiece {
+                guard let origin = pieces[id], sizes[origin] != nil else { unknown = true; return }
+                trees.insert(origin)
+                return
+            }
+            if judging && !isDue(kept: name) { return }
+            if sizes[id] != nil { trees.insert(id) } else { work += 1 }
+        }
+        if unknown { return nil }
+        for tree in trees {
+            let total = sizes[tree] ?? 0
+            let freed = origins[tree].map { $0.freed.files &+ $0.freed.directories } ?? 0
+            work += total > freed ? total - freed : 0
+        }
+        return Int(work)
+    }
+
+    /// Whether the kept entry `name` has reached the end of its window (or the horizon).
+    private func isDue(kept name: UnsafePointer<CChar>) -> Bool {
+        var ignored = UInt64.max
+        return isDue(name, Graveyard.deletionTime(name) ?? 0, now: Sys.wallClockNow(), nextDue: &ignored)
     }
 
     /// Changes whenever anything lands in the graveyard.
@@ -419,7 +489,7 @@ public final class Reaper: @unchecked Sendable {
                 continue
             }
             found += 1
-            let entry = onReaped == nil ? nil : String(cString: name)
+            let entry = onReaped == nil && treesKnown.load(ordering: .relaxed) == 0 ? nil : String(cString: name)
             remover.origin = entry.flatMap { origin(of: $0, isPiece: Graveyard.deletionTime(name) == 0) }
             let done = remover.remove(dirfd(dp), name)
             remover.report()
@@ -430,7 +500,8 @@ public final class Reaper: @unchecked Sendable {
                 tally(origin, entry: entry, freed: remover.freed, done: gone)
             }
             if gone {
-                progress.entryDone()
+                // A deletion is done once; its pieces are not deletions of their own.
+                if Graveyard.deletionTime(name) != 0 { progress.entryDone() }
                 if stuckCount.load(ordering: .relaxed) > 0 { unstick(name) }
             } else if done, !remover.vanished, let failure = remover.failure, stillThere(dirfd(dp), name) {
                 // Not work done: a pass that found only this must let its worker rest.
@@ -519,7 +590,11 @@ public final class Reaper: @unchecked Sendable {
             t.origins.removeValue(forKey: origin)
             return tally
         }
-        if let finished { onReaped?(origin, finished.freed) }
+        guard let finished else { return }
+        if treesKnown.load(ordering: .relaxed) > 0, treeSizes.withLock({ $0.removeValue(forKey: origin) }) != nil {
+            treesKnown.wrappingSubtract(1, ordering: .relaxed)
+        }
+        onReaped?(origin, finished.freed)
     }
 
     /// What makes a worker step aside for requests through the mount, if anything.

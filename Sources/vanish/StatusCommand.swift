@@ -26,17 +26,21 @@ struct StatusCommand: ParsableCommand {
         var status = try read()
         if wait {
             let start = Condition.now()
-            let firstFreed = status.freedFiles
+            // Progress is what was freed since waiting began, not since the mount.
+            let first = (files: status.freedFiles, directories: status.freedDirectories, bytes: status.freedBytes)
+            let firstDue = status.due
             let terminal = isatty(1) != 0
             var lastLine: UInt64 = 0
             while !status.settled {
                 let now = Condition.now()
                 let elapsed = Double(now - start) / 1e9
-                let average = elapsed > 0 ? Int(Double(status.freedFiles - firstFreed) / elapsed) : 0
+                let freed = status.freedFiles - first.files + status.freedDirectories - first.directories
+                let average = elapsed > 0 ? Int(Double(freed) / elapsed) : 0
                 let rate = status.filesPerSecond > 0 ? status.filesPerSecond : average
-                let line = "waiting: \(status.pending) graveyard entries; \(status.freedFiles) files and \(status.freedDirectories) directories, "
-                    + "\(bytes(status.freedBytes)) freed" + (rate >= 1 ? ", \(rate) files/s" : "")
-                    + (status.eta.map { ", ~\($0) s left" } ?? "")
+                let line = "waiting: \(status.due) of \(max(firstDue, status.due)) deletions left; "
+                    + "\(freed) files and directories, \(bytes(status.freedBytes - first.bytes)) freed in \(duration(elapsed))"
+                    + (rate >= 1 ? ", \(rate)/s" : "")
+                    + (status.eta.map { ", about \(duration(Double($0))) left" } ?? "")
                 if terminal {
                     print("\r\u{1B}[K" + line, terminator: "")
                     fflush(nil)
@@ -113,9 +117,12 @@ struct StatusCommand: ParsableCommand {
         /// The undo window for what is deleted from now on; entries deleted
         /// before keep the window they were deleted under.
         var window: String {
-            let now = keepSeconds > 0 ? "\(Int(keepSeconds)) s for what is deleted now" : "none for what is deleted now"
+            let now = keepSeconds > 0 ? "\(duration(keepSeconds)) for what is deleted now" : "none for what is deleted now"
             return restorable > 0 ? now + "; restorable entries keep the window they were deleted under" : now
         }
+
+        /// Deletions the reaper may free now: neither kept by the window nor stuck.
+        var due: Int { max(0, pending - restorable - stuck) }
 
         /// Nothing is left that the reaper could free now.
         var settled: Bool { pending <= restorable + stuck && idle }
@@ -123,7 +130,7 @@ struct StatusCommand: ParsableCommand {
         var pace: String {
             if settled { return "idle (nothing due)" }
             guard filesPerSecond > 0 else { return "starting (no recent pace yet)" }
-            return "\(filesPerSecond) files/s" + (eta.map { ", about \($0) s left for the entries now due" } ?? "")
+            return "\(filesPerSecond) files/s" + (eta.map { ", about \(duration(Double($0))) left for the entries now due" } ?? "")
         }
     }
 
@@ -170,6 +177,15 @@ struct StatusCommand: ParsableCommand {
                           return "\(c["client"]?.string ?? "?"): \(c["pending_entries"]?.int ?? 0) entries waiting, \(lease)"
                       })
     }
+}
+
+/// A duration as people read it: "45 s", "12 min", "1 h", "1 h 30 min", "7 d".
+func duration(_ seconds: Double) -> String {
+    let s = Int(seconds.rounded(.up))
+    if s < 60 { return "\(s) s" }
+    if s < 3600 { return "\(s / 60) min" + (s % 60 != 0 && s < 600 ? " \(s % 60) s" : "") }
+    if s < 86400 { return "\(s / 3600) h" + ((s % 3600) / 60 != 0 ? " \((s % 3600) / 60) min" : "") }
+    return "\(s / 86400) d" + ((s % 86400) / 3600 != 0 ? " \((s % 86400) / 3600) h" : "")
 }
 
 func bytes(_ n: Int) -> String {

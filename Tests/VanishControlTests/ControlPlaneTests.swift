@@ -93,10 +93,12 @@ struct ControlPlaneTests {
         #expect(Credentials(uid: 0, gid: 0, groups: []).mayObserve(Array("closed/inner/file".utf8), under: root))
     }
 
-    static func facts(_ restorable: [TrashEntry], pending: Int, stuck: Int = 0, rate: Double = 0) -> StatusFacts {
+    static func facts(_ restorable: [TrashEntry], pending: Int, stuck: Int = 0, rate: Double = 0,
+                      work: Int? = nil) -> StatusFacts {
         StatusFacts(source: "/src\"x", graveyard: true, pendingEntries: pending, restorable: restorable,
                     restorableCount: restorable.count,
                     restorableBytes: restorable.reduce(0) { $0 + ($1.record.bytes ?? 0) } + 100, stuckEntries: stuck,
+                    remainingWork: work ?? max(0, pending - restorable.count - stuck),
                     statistics: .zero, pace: Reaper.Pace(filesPerSecond: rate, entriesPerSecond: rate), reapersIdle: false,
                     reaperWorkers: 2, freeBytes: 1 << 30, keepSeconds: 3600, socket: "/run/vanish/x.sock",
                     knownInodes: 7, stataheadEntries: 0, cachedFDs: 3, fdCacheLimit: 100, kernelFeatures: "passthrough", passthrough: "on", spinMicroseconds: 50,
@@ -119,16 +121,22 @@ struct ControlPlaneTests {
         let all = try #require(JSON.parse(Array(StatusReport.json(f, for: 0).utf8)))
         #expect(all["restorable_entries"]?.int == 3)
         #expect(all["restorable_bytes"]?.int == 3 * 4096 + 100)
-        #expect(all["eta_seconds"]?.int == 2, "7 due entries at 4 a second")
+        #expect(all["eta_seconds"]?.int == 2, "7 files due at 4 a second")
         #expect(all["keep_seconds"]?.double == 3600)
         #expect(all["requests"]?["channel"]?.string == "io_uring" && all["requests"]?["queues"]?.int == 2)
         #expect(all["requests"]?["why"] == .null && all["requests"]?["buffer_bytes"]?.int == 1 << 24)
     }
 
-    @Test("status: the estimate is unknown (null) while nothing has been reaped yet, and 0 with nothing due")
+    @Test("status: the estimate is the work left at the recent pace; unknown (null) while nothing has been reaped yet or a tree's size is unknown, and 0 with nothing due")
     func statusEstimate() throws {
         let unknown = try #require(JSON.parse(Array(StatusReport.json(Self.facts([], pending: 5), for: 0).utf8)))
         #expect(unknown["eta_seconds"] == .null)
+        // One tree of 4,005 files and directories, 1,000 of them a second: not one entry a second.
+        let tree = try #require(JSON.parse(Array(StatusReport.json(Self.facts([], pending: 1, rate: 1000, work: 4005), for: 0).utf8)))
+        #expect(tree["eta_seconds"]?.int == 5 && tree["pending_entries"]?.int == 1)
+        var sizeless = Self.facts([], pending: 1, rate: 1000)
+        sizeless.remainingWork = nil
+        #expect(try #require(JSON.parse(Array(StatusReport.json(sizeless, for: 0).utf8)))["eta_seconds"] == .null)
         let none = try #require(JSON.parse(Array(StatusReport.json(Self.facts([], pending: 2, stuck: 2), for: 0).utf8)))
         #expect(none["eta_seconds"]?.int == 0)
     }

@@ -502,6 +502,21 @@ struct UndoWindowTests {
             }
             let pace = seen["reap_files_per_second"] as? Int ?? 0
             #expect(pace <= 1500, "the limit is 1,000 files/s: \(seen)")
+            // The estimate is the work truly left (4,000 files, 4 directories and the tree
+            // itself, less what is freed) at the pace shown: one tree is not one entry a second.
+            let freed = (seen["freed_files"] as? Int ?? 0) + (seen["freed_directories"] as? Int ?? 0)
+            let truth = Double(4005 - freed) / Double(max(pace, 1))
+            let eta = Double(seen["eta_seconds"] as? Int ?? 0)
+            #expect(eta >= truth / 2 && eta <= truth * 2 + 1, "eta \(eta) s for \(4005 - freed) left at \(pace)/s: \(seen)")
+            // Counts never grow while the reaper only reaps: the tree's pieces are not deletions.
+            var last = seen["pending_entries"] as? Int ?? 0
+            #expect(last == 1, "\(seen)")
+            for _ in 0..<5 {
+                let now = try statusJSON(m)
+                let pending = now["pending_entries"] as? Int ?? 0
+                #expect(pending <= last, "\(now)")
+                last = pending
+            }
             // Files count as they go, not when their directory (1,000 files,
             // a second or more at this rate) is gone.
             #expect(seen["reaped_entries"] as? Int ?? 0 < 2, "the pace shows before a directory is done: \(seen)")
