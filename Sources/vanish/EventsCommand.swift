@@ -8,8 +8,10 @@ struct EventsCommand: ParsableCommand {
         commandName: "events",
         abstract: "Follow every change made through a mount, live, lossless and in order.",
         discussion: """
-            Prints readable lines on a terminal and JSON lines otherwise (or with --json); the \
-            schema is in the README. Each event carries seq and instance: resume after it with \
+            Prints readable lines on a terminal (the time, the change and the program that made \
+            it; the reaper's `reaped` lines only with --all) and JSON lines otherwise (or with \
+            --json), every event; the schema is in docs/events.md. Each event carries seq and \
+            instance: resume after it with \
             --since INSTANCE:SEQ and nothing is lost or repeated. A cursor the journal no longer \
             holds, or one from an earlier mount, gets a single `reset` event: rescan (--snapshot). \
             So does a subscriber that falls further behind than the journal keeps \
@@ -33,6 +35,9 @@ struct EventsCommand: ParsableCommand {
 
     @Flag(help: "JSON lines even on a terminal.")
     var json = false
+
+    @Flag(help: "On a terminal, also the reaper's housekeeping (reaped lines).")
+    var all = false
 
     @Flag(help: "Stop after the snapshot instead of following.")
     var once = false
@@ -92,27 +97,42 @@ struct EventsCommand: ParsableCommand {
             }
             guard writeAll(1, lines) else { return }
         }
+        // Housekeeping is noise while watching a build, unless asked for.
+        let asked = Set((type ?? "").split(separator: ",").map(String.init))
+        let hidden: Set<String> = all || asked.contains(EventType.reaped.rawValue) ? [] : [EventType.reaped.rawValue]
         while true {
             let event: Event?
             do { event = try subscription.next() } catch { throw RuntimeError(error.description) }
             guard let event else { return }
-            guard writeAll(1, Array((TerminalText.escaped(EventsCommand.describe(event)) + "\n").utf8)) else { return }
+            if hidden.contains(event.type) { continue }
+            let line = event.type == EventType.stream.rawValue
+                ? "watching \(root) (Ctrl-C to stop; --json for every field)"
+                : EventsCommand.describe(event)
+            guard writeAll(1, Array((TerminalText.escaped(line) + "\n").utf8)) else { return }
             if once && event.type == EventType.scanCompleted.rawValue { return }
         }
     }
 
     static func describe(_ e: Event) -> String {
         let f = e.fields
-        var s = "\(e.seq.map { String($0) } ?? "-") \(e.type)"
+        let when = f["time_ns"]?.uint64.map { String(localTime(nanoseconds: $0).suffix(8)) } ?? "--:--:--"
+        var s = "\(when) \(e.type)"
         if let kind = e.kind { s += " \(kind)" }
         if let from = e.from { s += " \(from) →" }
         if let p = e.path { s += " \(p)" }
         if let size = f["size"]?.uint64, e.type != EventType.exists.rawValue { s += " (\(size) bytes)" }
         if let src = f["copied_from"]?.string { s += " copied from \(src)" }
         if let changed = f["changed"]?.string { s += " [\(changed)]" }
+        if f["replaced"]?.bool == true { s += " (replacing what was there)" }
+        if f["exchange"]?.bool == true { s += " (the two swapped)" }
         if let comm = f["comm"]?.string, let pid = f["pid"]?.int { s += "  by \(comm)[\(pid)]" }
         if e.type == EventType.stream.rawValue {
             s += " of client \(f["client"]?.string ?? "-"): \(f["note"]?.string ?? "")"
+        }
+        if e.type == EventType.reaped.rawValue {
+            let files = f["files"]?.int ?? 0, directories = f["directories"]?.int ?? 0
+            s += " \(files) file\(files == 1 ? "" : "s")" + (directories > 0 ? ", \(directories) director\(directories == 1 ? "y" : "ies")" : "")
+                + ", \(bytes(f["disk_bytes"]?.int ?? 0)) of disk freed"
         }
         if e.type == EventType.rescan.rawValue { s += " (changed behind this mount: rescan it)" }
         if e.type == EventType.reset.rawValue, let reason = f["reason"]?.string { s += ": \(reason)" }

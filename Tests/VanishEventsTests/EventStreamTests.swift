@@ -70,6 +70,12 @@ final class Subscriber {
 }
 
 /// A subscriber of `m`'s events (as root), attached; the caller stops it.
+/// `vanish events` on a terminal (script's pty), its screen collected in `out`; stop it with kill.
+func terminalEvents(_ m: VanishMount, _ extra: [String], out: String) throws -> pid_t {
+    let cmd = ([vanishBinary, "events"] + extra + [m.mountpoint]).map(shellQuote).joined(separator: " ")
+    return try spawn(["/bin/sh", "-c", "exec script -q -f -e -c \(shellQuote(cmd)) /dev/null > \(shellQuote(out))"])
+}
+
 func attachedSubscriber(_ m: VanishMount) throws -> Subscriber {
     let s = try Subscriber(m)
     do { try attach(s, m) } catch { s.stop(); throw error }
@@ -98,6 +104,38 @@ func changes(_ s: Subscriber) -> [String] {
 
 @Suite("event stream", .enabled(if: FUSEAvailability.shouldRun, "needs /dev/fuse and fusermount3"))
 struct EventStreamTests {
+    @Test("on a terminal: a short first line, the time, the program, renames that replaced a file marked, and the reaper's lines only with --all")
+    func terminalLines() throws {
+        try withVanishMount { m in
+            var screens: [(pid: pid_t, out: String)] = []
+            defer {
+                for s in screens {
+                    kill(s.pid, SIGTERM)
+                    var st: Int32 = 0
+                    waitpid(s.pid, &st, 0)
+                }
+            }
+            for extra in [[], ["--all"]] {
+                let out = m.base + "/screen\(screens.count)"
+                screens.append((try terminalEvents(m, extra, out: out), out))
+                try waitFor("the first line") { ((try? String(contentsOfFile: out, encoding: .utf8)) ?? "").contains("watching ") }
+            }
+            #expect(try sh("echo a > a && echo b > b && mv a b && rm b", cwd: m.mountpoint).ok)
+            try waitForReaper(m)
+            let all = screens[1].out
+            try waitFor("the reaped line with --all") {
+                ((try? String(contentsOfFile: all, encoding: .utf8)) ?? "").contains(" reaped 1 file, ")
+            }
+            let plain = try String(contentsOfFile: screens[0].out, encoding: .utf8)
+            let first = plain.split(whereSeparator: \.isNewline).first.map(String.init) ?? ""
+            #expect(first == "watching \(m.mountpoint) (Ctrl-C to stop; --json for every field)", "\(plain)")
+            let renamed = try #require(plain.split(whereSeparator: \.isNewline).first { $0.contains(" renamed ") }.map(String.init))
+            #expect(renamed.contains("a → b") && renamed.contains("(replacing what was there)") && renamed.contains("by mv["), "\(renamed)")
+            #expect(renamed.range(of: #"^\d\d:\d\d:\d\d renamed"#, options: .regularExpression) != nil, "\(renamed)")
+            #expect(plain.contains(" deleted ") && !plain.contains(" reaped "), "\(plain)")
+        }
+    }
+
     @Test("shell sequences give exactly the expected events, in order")
     func shellSequences() throws {
         try withVanishMount { m in
