@@ -39,6 +39,8 @@ enum StatusReport {
             "reaper_workers": JSON(f.reaperWorkers), "free_bytes": JSON(f.freeBytes),
             "restorable_entries": JSON(restorable), "stuck_entries": JSON(f.stuckEntries),
             "restorable_bytes": JSON(restorableBytes), "keep_seconds": JSON(f.keepSeconds),
+            // Waiting to be reaped, the kept entries' known bytes aside.
+            "graveyard_bytes": JSON(f.holdingBytes > f.restorableBytes ? f.holdingBytes - f.restorableBytes : 0),
             "socket": JSON(f.socket), "known_inodes": JSON(f.knownInodes),
             "statahead_entries": JSON(Int(f.stataheadEntries)), "cached_fds": JSON(f.cachedFDs),
             "fd_cache_limit": JSON(f.fdCacheLimit), "kernel_features": JSON(f.kernelFeatures),

@@ -54,12 +54,16 @@ extension PassthroughFilesystem {
                 if !isDirectory && entry.st_nlink > 1 { throw .tooManyLinks }
                 // As rm -r would stop at it: the caller unmounts it first.
                 if isDirectory, hasMounts(below: pfd, n.baseAddress!) { throw .resourceBusy }
-                let count = try permissions.check(pfd, n.baseAddress!, recursive: isDirectory)
+                let extent = try permissions.check(pfd, n.baseAddress!, recursive: isDirectory)
                 let id = observing ? fileID(pfd, n.baseAddress!) : ""
                 let grave = try bury(pfd, n.baseAddress!, st: entry, from: parent, caller: caller,
                                      wantEntry: observing || isDirectory)
-                // The walk counted what the reaper will delete: status can tell how long it takes.
-                if isDirectory, count > 1, let grave, entry.st_dev == table.root.key.dev { reaper?.expectTree(grave, count: count) }
+                // The walk counted what the reaper will delete: status can tell how long it takes,
+                // and how much space waits in the graveyard.
+                if isDirectory, let grave, entry.st_dev == table.root.key.dev {
+                    if extent.entries > 1 { reaper?.expectTree(grave, count: extent.entries) }
+                    reaper?.noteHeld(bytes: extent.bytes &- (UInt64(entry.st_blocks) * 512))
+                }
                 if entry.st_mode & S_IFMT == S_IFDIR { table.markBuried(node) }
                 emitDeleted(caller, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true, entry: grave)
             }
@@ -93,7 +97,7 @@ extension PassthroughFilesystem {
             restorable: uid == 0 ? [] : graveyard?.restorable(of: uid) ?? [],
             restorableCount: graveyard?.restorableCount ?? 0,
             restorableBytes: graveyard?.restorableBytes ?? 0, stuckEntries: stuckEntries,
-            remainingWork: remainingWork,
+            remainingWork: remainingWork, holdingBytes: allReapers.reduce(0) { $0 + $1.holdingBytes },
             statistics: reapingStatistics, pace: reapingPace, reapersIdle: reapersIdle,
             reaperWorkers: reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize),
             keepSeconds: Double(reaper?.policy.keep ?? 0) / 1e9, socket: controlSocket,
@@ -123,6 +127,8 @@ package struct StatusFacts {
     package var stuckEntries: Int
     /// Files and directories the reapers have left to delete in due entries; nil if unknown.
     package var remainingWork: Int?
+    /// Disk space the graveyards hold, kept entries included, as far as known.
+    package var holdingBytes: UInt64
     package var statistics: Reaper.Statistics
     package var pace: Reaper.Pace
     package var reapersIdle: Bool

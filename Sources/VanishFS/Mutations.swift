@@ -258,10 +258,10 @@ extension PassthroughFilesystem {
         do {
             if wantEntry {
                 reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, time: deletedAt) { entry = String(cString: $0) },
-                                  sizeUnknown: record != nil && record?.bytes == nil)
+                                  sizeUnknown: record != nil && record?.bytes == nil, bytes: Self.freedBytes(st))
             } else {
                 reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, time: deletedAt),
-                                  sizeUnknown: record != nil && record?.bytes == nil)
+                                  sizeUnknown: record != nil && record?.bytes == nil, bytes: Self.freedBytes(st))
             }
         } catch .improperLink {
             // On a filesystem mounted inside the source: its own graveyard, if
@@ -298,6 +298,13 @@ extension PassthroughFilesystem {
             }
         }
         return entry
+    }
+
+    /// The disk space reaping an entry of stat `st` gives back: none for a
+    /// file with other links (what a tree holds is added by its walk).
+    @inline(__always)
+    static func freedBytes(_ st: stat) -> UInt64 {
+        st.st_mode & S_IFMT != S_IFDIR && st.st_nlink > 1 ? 0 : UInt64(st.st_blocks) * 512
     }
 
     /// Deletes an entry that cannot reach the graveyard (a nested

@@ -39,24 +39,39 @@ struct RemovalCheck {
 
     /// Checks that `name` in the directory `parentFD` (an O_PATH fd) may go,
     /// with all it holds if `recursive`; throws the errno `rm` would meet.
-    /// Returns how many files and directories go, itself included (what
-    /// the reaper will have to delete).
+    /// Returns what goes: how many files and directories, itself included
+    /// (what the reaper will have to delete), and the disk space deleting
+    /// them gives back (files with other links give none).
     @discardableResult
-    func check(_ parentFD: Int32, _ name: UnsafePointer<CChar>, recursive: Bool) throws(Errno) -> Int {
+    func check(_ parentFD: Int32, _ name: UnsafePointer<CChar>, recursive: Bool) throws(Errno) -> Extent {
         guard let credentials, Credentials.canSwitch else { return try checkAsSelf(parentFD, name, recursive) }
-        return try credentials.acting { () throws(Errno) -> Int in try checkAsSelf(parentFD, name, recursive) }
+        return try credentials.acting { () throws(Errno) -> Extent in try checkAsSelf(parentFD, name, recursive) }
     }
 
-    private func checkAsSelf(_ parentFD: Int32, _ name: UnsafePointer<CChar>, _ recursive: Bool) throws(Errno) -> Int {
+    /// What a tree holds, as the reaper will meet it.
+    struct Extent {
+        var entries = 0
+        var bytes: UInt64 = 0
+
+        mutating func add(_ st: stat) {
+            entries += 1
+            if st.st_mode & S_IFMT == S_IFDIR || st.st_nlink <= 1 { bytes += UInt64(st.st_blocks) * 512 }
+        }
+    }
+
+    private func checkAsSelf(_ parentFD: Int32, _ name: UnsafePointer<CChar>, _ recursive: Bool) throws(Errno) -> Extent {
         let (parent, parentProtected) = try Sys.lstatatProtected(parentFD, "")
         if parentProtected { throw .notPermitted }
         if credentials != nil { try Sys.access(parentFD, W_OK | X_OK) }
         let (entry, isProtected) = try Sys.lstatatProtected(parentFD, name)
         try checkEntry(entry, isProtected, in: parent)
-        guard recursive, entry.st_mode & S_IFMT == S_IFDIR else { return 1 }
+        var extent = Extent()
+        extent.add(entry)
+        guard recursive, entry.st_mode & S_IFMT == S_IFDIR else { return extent }
         let fd = try Sys.openat(parentFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
         defer { Sys.close(fd) }
-        return 1 + (try checkDirectory(fd, entry, depth: 1))
+        try checkDirectory(fd, entry, depth: 1, into: &extent)
+        return extent
     }
 
     /// The rules for one entry of a directory `dir` the caller may write.
@@ -69,9 +84,9 @@ struct RemovalCheck {
         }
     }
 
-    /// Everything in the directory `fd` (O_PATH; `st` its stat) may go.
-    /// Returns how many entries it holds, at any depth.
-    private func checkDirectory(_ fd: Int32, _ st: stat, depth: Int) throws(Errno) -> Int {
+    /// Everything in the directory `fd` (O_PATH; `st` its stat) may go;
+    /// what it holds, at any depth, is added to `extent`.
+    private func checkDirectory(_ fd: Int32, _ st: stat, depth: Int, into extent: inout Extent) throws(Errno) {
         guard depth <= RemovalCheck.maxDepth else { throw .fileNameTooLong }
         var subdirectories: [(name: [CChar], st: stat)] = []
         let listing: Int32
@@ -79,7 +94,7 @@ struct RemovalCheck {
             listing = try Sys.openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         } catch .permissionDenied {
             // rm -r cannot list it, but removes it if it is empty.
-            if try isEmptyAsDaemon(fd) { return 0 }
+            if try isEmptyAsDaemon(fd) { return }
             throw .permissionDenied
         }
         guard let dp = fdopendir(listing) else {
@@ -89,17 +104,16 @@ struct RemovalCheck {
         }
         defer { closedir(dp) }
         var writable = false
-        var count = 0
         while let d = readdir(dp) {
             let name = vanish_dirent_name(d)!
             if isDotOrDotDot(name) { continue }
-            count += 1
             if !writable {
                 if credentials != nil { try Sys.access(fd, W_OK | X_OK) }
                 writable = true
             }
             let (entry, isProtected) = try Sys.lstatatProtected(fd, name)
             try checkEntry(entry, isProtected, in: st)
+            extent.add(entry)
             if entry.st_mode & S_IFMT == S_IFDIR {
                 // Another filesystem mounted here: rmdir would say EBUSY.
                 if entry.st_dev != st.st_dev { throw .resourceBusy }
@@ -111,9 +125,8 @@ struct RemovalCheck {
                 try Sys.openat(fd, n.baseAddress!, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
             }
             defer { Sys.close(child) }
-            count += try checkDirectory(child, sub.st, depth: depth + 1)
+            try checkDirectory(child, sub.st, depth: depth + 1, into: &extent)
         }
-        return count
     }
 
     /// Whether the directory `fd` holds nothing, read with the daemon's own

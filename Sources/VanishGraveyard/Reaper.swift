@@ -131,6 +131,9 @@ public final class Reaper: @unchecked Sendable {
     /// it is that less what its tally freed. In memory only.
     private let treeSizes = Mutex<[String: UInt64]>([:])
     private let treesKnown = Atomic<Int>(0)
+    /// Disk bytes buried since the start (files' blocks, trees' as their walk
+    /// counted them): less what was freed, the space the graveyard holds.
+    private let heldBytes = Atomic<UInt64>(0)
     /// Set while the backing filesystem is short of space: no stepping aside then.
     private let spaceShort = Atomic<Bool>(false)
     /// A request met ENOSPC while entries are kept (see `makeRoom`).
@@ -200,8 +203,9 @@ public final class Reaper: @unchecked Sendable {
     /// atomic load when it does not). `dueNow`: buried without a trash
     /// record (the disk was full), so not held by the undo window.
     @inline(__always)
-    public func noteBuried(shard: Int, dueNow: Bool = false, sizeUnknown: Bool = false) {
+    public func noteBuried(shard: Int, dueNow: Bool = false, sizeUnknown: Bool = false, bytes: UInt64 = 0) {
         buried.wrappingAdd(1, ordering: .sequentiallyConsistent)
+        if bytes != 0 { heldBytes.wrappingAdd(bytes, ordering: .relaxed) }
         // Inside an undo window nothing new is due yet; only the limits may be.
         if keeps && !dueNow {
             if let max = policy.keepMaxBytes, graveyard.restorableBytes > max { wardenWakeup.signal() }
@@ -289,6 +293,17 @@ public final class Reaper: @unchecked Sendable {
             }
             closedir(dp)
         }
+    }
+
+    /// A tree buried whole holds `bytes` more than its own directory's blocks.
+    public func noteHeld(bytes: UInt64) { heldBytes.wrappingAdd(bytes, ordering: .relaxed) }
+
+    /// Disk space the graveyard holds, kept entries included, as far as known:
+    /// what was buried since the start less what was freed (entries left
+    /// from before the start are not in it, nor trees of unknown size).
+    public var holdingBytes: UInt64 {
+        let buried = heldBytes.load(ordering: .relaxed), freed = progress.total.diskBytes
+        return buried > freed ? buried - freed : 0
     }
 
     /// The tree `entry` just buried holds `count` files and directories, itself included.

@@ -65,7 +65,7 @@ struct StatusCommand: ParsableCommand {
                 deleted (mount):  \(status.buried) entries since mount
                 reaper workers:   \(status.workers)
                 client:           \(status.client)\(status.others.isEmpty ? "" : "\nother clients:   " + status.others.joined(separator: "\n                  "))
-                free space:       \(bytes(status.free))
+                free space:       \(status.space)
                 file data:        \(status.passthrough == "on" ? "passthrough (kernel to backing file)" : "through the daemon; passthrough \(status.passthrough)")
                 kernel features:  \(status.kernelFeatures)
                 requests:         \(status.requests)
@@ -93,6 +93,8 @@ struct StatusCommand: ParsableCommand {
         /// Entries the reaper failed to delete (it logged why); tried again later.
         var stuck: Int
         var restorableBytes: Int
+        /// Disk space entries waiting for the reaper hold (kept ones aside), as far as known.
+        var graveyardBytes: Int
         var keepSeconds: Double
         /// All reaper workers asleep (nothing in flight between shards).
         var idle: Bool
@@ -119,6 +121,14 @@ struct StatusCommand: ParsableCommand {
         var window: String {
             let now = keepSeconds > 0 ? "\(duration(keepSeconds)) for what is deleted now" : "none for what is deleted now"
             return restorable > 0 ? now + "; restorable entries keep the window they were deleted under" : now
+        }
+
+        /// Free space, and what deleted entries still hold of the rest.
+        var space: String {
+            var s = bytes(free)
+            if graveyardBytes > 0 { s += ", +\(bytes(graveyardBytes)) as the reaper frees the graveyard" }
+            if restorableBytes > 0 { s += ", +\(bytes(restorableBytes)) kept in the trash" }
+            return s
         }
 
         /// Deletions the reaper may free now: neither kept by the window nor stuck.
@@ -164,7 +174,7 @@ struct StatusCommand: ParsableCommand {
                       freedBytes: int("freed_bytes"),
                       buried: int("buried_entries"), workers: int("reaper_workers"), free: int("free_bytes"),
                       restorable: int("restorable_entries"), stuck: int("stuck_entries"),
-                      restorableBytes: int("restorable_bytes"),
+                      restorableBytes: int("restorable_bytes"), graveyardBytes: int("graveyard_bytes"),
                       keepSeconds: obj["keep_seconds"]?.double ?? 0,
                       idle: obj["reaper_idle"]?.bool ?? true, filesPerSecond: int("reap_files_per_second"),
                       eta: obj["eta_seconds"]?.int, passthrough: obj["passthrough"]?.string ?? "?",

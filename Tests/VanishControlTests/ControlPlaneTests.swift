@@ -98,7 +98,7 @@ struct ControlPlaneTests {
         StatusFacts(source: "/src\"x", graveyard: true, pendingEntries: pending, restorable: restorable,
                     restorableCount: restorable.count,
                     restorableBytes: restorable.reduce(0) { $0 + ($1.record.bytes ?? 0) } + 100, stuckEntries: stuck,
-                    remainingWork: work ?? max(0, pending - restorable.count - stuck),
+                    remainingWork: work ?? max(0, pending - restorable.count - stuck), holdingBytes: 0,
                     statistics: .zero, pace: Reaper.Pace(filesPerSecond: rate, entriesPerSecond: rate), reapersIdle: false,
                     reaperWorkers: 2, freeBytes: 1 << 30, keepSeconds: 3600, socket: "/run/vanish/x.sock",
                     knownInodes: 7, stataheadEntries: 0, cachedFDs: 3, fdCacheLimit: 100, kernelFeatures: "passthrough", passthrough: "on", spinMicroseconds: 50,

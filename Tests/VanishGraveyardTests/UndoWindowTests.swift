@@ -529,6 +529,27 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("status says how much space deleted entries hold: the graveyard until reaped, the trash while kept")
+    func spaceHeld() throws {
+        try withVanishMount(options: ["reap_rate=2"], arguments: ["--keep", "1h"], prepare: { src in
+            let made = try sh("mkdir big && head -c 8M /dev/zero > big/data && echo x > big/small && head -c 1M /dev/zero > kept",
+                              cwd: src)
+            guard made.ok else { throw TestFailure(made.stderr) }
+        }) { m in
+            #expect(try sh("rm kept", cwd: m.mountpoint).ok)
+            // The tree is kept by the window too: emptied, it waits for the (slow) reaper instead.
+            #expect(try run([vanishBinary, "rm", "-r", m.path("big")]).ok)
+            let id = try #require(try trashList(m).first { $0["path"] as? String == "big" }?["id"] as? String)
+            #expect(try run([vanishBinary, "trash", "empty", m.mountpoint, id]).ok)
+            let json = try statusJSON(m)
+            let held = json["graveyard_bytes"] as? Int ?? 0
+            #expect(held >= 8 << 20 && held < 9 << 20, "the tree's 8 MiB wait for the reaper: \(json)")
+            #expect((json["restorable_bytes"] as? Int ?? 0) >= 1 << 20, "\(json)")
+            let text = try run([vanishBinary, "status", m.mountpoint]).stdout
+            #expect(text.contains("as the reaper frees the graveyard") && text.contains("kept in the trash"), "\(text)")
+        }
+    }
+
     @Test("SIGTERM stops a rate-limited reaper at once, even while it waits for its next slot")
     func stopWhileRateLimited() throws {
         // One file every 100 s: after the first deletion the workers wait
