@@ -209,6 +209,8 @@ int vanish_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
 int vanish_pipe_resize(int fd, int bytes) { return fcntl(fd, F_SETPIPE_SZ, bytes); }
 
 const char *vanish_dirent_name(const struct dirent *d) { return d->d_name; }
+unsigned int vanish_major(dev_t dev) { return major(dev); }
+unsigned int vanish_minor(dev_t dev) { return minor(dev); }
 
 int vanish_file_handle(int dirfd, const char *name, int flags, unsigned char *out, int capacity) {
     struct { struct file_handle h; unsigned char data[MAX_HANDLE_SZ]; } h;

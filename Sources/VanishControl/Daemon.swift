@@ -181,7 +181,6 @@ public final class Daemon {
         // No notification may reach libfuse once the session is gone.
         fs.setEntryInvalidator(nil)
         session.unmount()
-        if c.sourceLock >= 0 { close(c.sourceLock) }
         let signal = stopSignal.load(ordering: .sequentiallyConsistent)
         log.info("unmounted", metadata: ["mountpoint": "\(c.mountpoint)", "status": "\(status)", "signal": "\(signal)"])
         // After an unmount the process stays to empty the graveyard (a stop
@@ -189,6 +188,10 @@ public final class Daemon {
         // a signal it stops at once.
         fs.stopReaping(finish: status == 0 && signal == 0)
         journal?.close()
+        // Held until the reaping is over: a new mount of the source meanwhile
+        // asks this process to stop (see MountPaths.lockSource) rather than
+        // reaping the same graveyard beside it.
+        if c.sourceLock >= 0 { close(c.sourceLock) }
         // A signal is a requested, clean stop.
         return status >= 0
     }

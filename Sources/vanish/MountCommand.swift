@@ -169,7 +169,7 @@ struct MountCommand: ParsableCommand {
             log.notice("turned on the kernel's FUSE over io_uring", metadata: ["switch": "\(RequestChannel.kernelSwitch)"])
         }
         config.singleThreaded = singleThreaded
-        config.sourceLock = try MountPaths.lockSource(src)
+        config.sourceLock = try MountPaths.lockSource(src, patience: 30, takeOver: true)
         let (readahead, explicit) = (parsed.filesystem.readaheadKB, parsed.readaheadGiven)
         config.afterMount = { Readahead.apply(kb: readahead, at: $0, explicit: explicit, log: log) }
         do {

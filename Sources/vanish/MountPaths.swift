@@ -13,12 +13,17 @@ enum MountPaths {
     ///
     /// A daemon lets go a moment after its unmount returns (it first joins
     /// its workers): while no Vanish mount of the source is left, the lock
-    /// is waited for, up to `patience` seconds, saying so once.
+    /// is waited for, up to `patience` seconds, saying so once. An unmounted
+    /// daemon may also go on reaping its graveyard for minutes: with
+    /// `takeOver` (a new mount) it is asked to stop (SIGTERM, which leaves
+    /// the rest of the graveyard where it is), and the new mount's reaper
+    /// carries on, instead of two reapers slowing each other down.
     @discardableResult
-    static func lockSource(_ source: String, patience: Double = 5) throws -> Int32 {
+    static func lockSource(_ source: String, patience: Double = 5, takeOver: Bool = false) throws -> Int32 {
         let fd = open(source, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { return -1 }
         var said = false
+        var asked = false
         let deadline = monotonicSeconds() + patience
         while flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK {
             if let m = vanishMount(of: source) {
@@ -32,6 +37,18 @@ enum MountPaths {
                     still finishing): try again once it is done
                     """)
             }
+            if takeOver && !asked {
+                asked = true
+                if let pid = leavingDaemon(holding: fd) {
+                    FileHandleStderr.write("""
+                        vanish: the daemon that served \(source) (pid \(pid)) is still reaping its graveyard: \
+                        asking it to stop; this mount's reaper carries on from there
+
+                        """)
+                    kill(pid, SIGTERM)
+                    said = true
+                }
+            }
             if !said {
                 FileHandleStderr.write("vanish: waiting for the vanish process leaving \(source) to let go of it\n")
                 said = true
@@ -40,6 +57,64 @@ enum MountPaths {
         }
         // A daemon that forks into the background keeps the fd, and the lock.
         return fd
+    }
+
+    /// The unmounted `vanish mount` daemon holding the source lock on the
+    /// directory `fd` is open on, if one is: a process of this user (any,
+    /// for root) running a binary named vanish as `vanish mount`, whose
+    /// /proc fdinfo shows the flock on that very inode. Nothing else is ever
+    /// signalled: not `vanish reap`, not a process another user started.
+    static func leavingDaemon(holding fd: Int32) -> pid_t? {
+        var st = stat()
+        guard fstat(fd, &st) == 0 else { return nil }
+        let inode = ":\(st.st_ino) "
+        // /proc shows the device as major:minor in hex, at least two digits each.
+        func hex(_ v: UInt32) -> String { let s = String(v, radix: 16); return s.count < 2 ? "0" + s : s }
+        let device = hex(vanish_major(st.st_dev)) + ":" + hex(vanish_minor(st.st_dev))
+        guard let proc = opendir("/proc") else { return nil }
+        defer { closedir(proc) }
+        while let d = readdir(proc) {
+            guard let pid = pid_t(String(cString: vanish_dirent_name(d)!)), pid != getpid() else { continue }
+            var owner = stat()
+            guard stat("/proc/\(pid)", &owner) == 0, getuid() == 0 || owner.st_uid == getuid() else { continue }
+            guard let exe = readLink("/proc/\(pid)/exe"), exe.hasSuffix("/vanish") || exe.hasSuffix("/vanish (deleted)"),
+                  let argv = fileBytes("/proc/\(pid)/cmdline")?.split(separator: 0),
+                  argv.count > 1, argv[1].elementsEqual("mount".utf8) else { continue }
+            guard let fds = opendir("/proc/\(pid)/fdinfo") else { continue }
+            defer { closedir(fds) }
+            while let f = readdir(fds) {
+                let name = String(cString: vanish_dirent_name(f)!)
+                guard name.first?.isNumber == true,
+                      let info = fileBytes("/proc/\(pid)/fdinfo/\(name)").map({ String(decoding: $0, as: UTF8.self) }) else { continue }
+                for line in info.split(separator: "\n") where line.hasPrefix("lock:") && line.contains("FLOCK")
+                    && line.contains(" \(device)\(inode)") {
+                    return pid
+                }
+            }
+        }
+        return nil
+    }
+
+    private static func readLink(_ path: String) -> String? {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let n = readlink(path, &buffer, buffer.count - 1)
+        guard n > 0 else { return nil }
+        return String(decoding: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// A small /proc file's bytes.
+    private static func fileBytes(_ path: String) -> [UInt8]? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var out: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n <= 0 { break }
+            out += chunk[..<n]
+        }
+        return out
     }
 
     private static func monotonicSeconds() -> Double {

@@ -177,6 +177,29 @@ struct MountLifecycleTests {
         }
     }
 
+    @Test("a new mount of a source whose unmounted daemon is still reaping takes over: the old one stops, one reaper finishes the graveyard", .timeLimit(.minutes(2)))
+    func takeOverReaping() throws {
+        let base = try makeTempDirectory()
+        let (src, mnt) = (base + "/src", base + "/mnt")
+        defer { unmountAndRemove(mnt, base: base) }
+        #expect(mkdir(src, 0o755) == 0 && mkdir(mnt, 0o755) == 0)
+        #expect(try sh("mkdir t && for i in $(seq 1 600); do echo $i > t/f$i; done", cwd: src).ok)
+        // At 50 deletions a second the first daemon reaps for some 12 s after its unmount.
+        #expect(try run([vanishBinary, "mount", "-o", "reap_rate=50", src, mnt]).ok)
+        let old = pid_t(try #require(try statusJSON(path: mnt)["pid"] as? Int))
+        #expect(try run([vanishBinary, "rm", "-r", mnt + "/t"]).ok)
+        #expect(try run([vanishBinary, "unmount", mnt]).ok)
+        #expect(kill(old, 0) == 0, "the old daemon reaps on after its unmount")
+        let up = try run([vanishBinary, "mount", src, mnt])
+        #expect(up.ok, "\(up.stderr)")
+        #expect(up.stderr.contains("(pid \(old)) is still reaping its graveyard: asking it to stop"), "\(up.stderr)")
+        try waitFor("the old daemon to exit") { kill(old, 0) != 0 }
+        let m = try statusJSON(path: mnt)
+        #expect(m["pid"] as? Int != Int(old))
+        #expect(try run([vanishBinary, "status", "--wait", mnt]).ok)
+        #expect(try graveyardCount(src) == 0, "the new mount's reaper finished what the old one left")
+    }
+
     @Test("a dead mount gets a clear message, and vanish unmount clears it")
     func deadMount() throws {
         let m = try VanishMount()

@@ -5,12 +5,6 @@ import Testing
 import VanishClient
 import VanishTestSupport
 
-/// Entries waiting in the source's graveyard (on the backing filesystem).
-func graveyardCount(_ source: String) throws -> Int {
-    let r = try sh("find .vanish/clients/*/graveyard -mindepth 2 -maxdepth 2 | wc -l", cwd: source)
-    return Int(r.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
-}
-
 
 /// The schedules of `m`'s reaper workers, once both are in SCHED_IDLE (as
 /// a serving mount puts them): a function, to look again later.

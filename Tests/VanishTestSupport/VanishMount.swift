@@ -346,9 +346,18 @@ public func withVanishMountOnTmpfs<R>(size: String, options: [String] = [], argu
     }, body)
 }
 
+/// Entries waiting in the source's graveyard (on the backing filesystem).
+public func graveyardCount(_ source: String) throws -> Int {
+    let r = try sh("find .vanish/clients/*/graveyard -mindepth 2 -maxdepth 2 | wc -l", cwd: source)
+    return Int(r.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
+}
+
 /// `vanish status --json` of the mount, parsed (a failure if it is not a JSON object).
-public func statusJSON(_ m: VanishMount) throws -> [String: Any] {
-    let r = try run([vanishBinary, "status", "--json", m.mountpoint])
+public func statusJSON(_ m: VanishMount) throws -> [String: Any] { try statusJSON(path: m.mountpoint) }
+
+/// `vanish status --json` of the mount at `path`, parsed.
+public func statusJSON(path: String) throws -> [String: Any] {
+    let r = try run([vanishBinary, "status", "--json", path])
     guard r.ok, let json = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any] else {
         throw TestFailure("vanish status --json: \(r.stdout)\(r.stderr)")
     }

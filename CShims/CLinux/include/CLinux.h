@@ -133,6 +133,9 @@ int vanish_pipe_cloexec(int fds[2]);
 int vanish_pipe_resize(int fd, int bytes);
 
 const char *vanish_dirent_name(const struct dirent *d);
+/// A device number's major and minor parts (the macros from <sys/sysmacros.h>).
+unsigned int vanish_major(dev_t dev);
+unsigned int vanish_minor(dev_t dev);
 
 /// name_to_handle_at(2) into a caller's buffer: writes the handle type (4
 /// bytes) and the handle into `out` and returns its length, or -1 with errno.
