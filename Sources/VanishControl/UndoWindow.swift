@@ -10,9 +10,13 @@ public enum RestoreError: Error, CustomStringConvertible {
     case taken(String)
     case invalidDestination(String)
     case failed(String, Errno)
+    /// The directory `path` was in (`directory`) is not there.
+    case directoryGone(String, String)
 
     public var description: String {
         switch self {
+        case .directoryGone(let path, let directory):
+            "cannot restore \(path): its directory \(directory) no longer exists (restore \(directory) first, or give another place with --to)"
         case .noSuchEntry(let what): "nothing restorable is known as \(what)"
         case .taken(let path): "\(path) exists; nothing was changed (restore it elsewhere with --to)"
         case .invalidDestination(let why): why
@@ -26,6 +30,7 @@ public enum RestoreError: Error, CustomStringConvertible {
         case .taken: EEXIST
         case .invalidDestination: EINVAL
         case .failed(_, let e): e.rawValue
+        case .directoryGone: ENOENT
         }
     }
 }
@@ -167,6 +172,8 @@ struct UndoWindow {
         do throws(Errno) {
             // Creating a name needs write and search permission on the directory.
             dirFD = try who.openDirectory(parts, under: root, needing: 3)
+        } catch .noSuchFileOrDirectory where !parts.isEmpty {
+            throw .directoryGone(shown, String(decoding: Array(parts.joined(separator: [0x2F])), as: UTF8.self))
         } catch {
             throw .failed(shown, error)
         }

@@ -235,11 +235,16 @@ struct MountpointArgument: ParsableArguments {
     /// For the commands that talk to a live mount (status, events, trash):
     /// a path that is no Vanish mount's root is a bad argument, exit 64 with
     /// the subcommand's usage, the same for every one. A mount whose daemon
-    /// is gone (ENOTCONN) is left to the command, which says how to fix it.
+    /// is gone (ENOTCONN) is an operation that failed (exit 1), with the fix.
     func requireVanishRoot() throws {
         var byte: UInt8 = 0
         guard getxattr(mountpoint, ControlProtocol.statusAttribute, &byte, 0) < 0 else { return }
         switch errno {
+        case ENOTCONN:
+            throw RuntimeError("""
+                the daemon of the Vanish mount at \(mountpoint) is gone (Transport endpoint is not connected): \
+                clear the dead mount with `vanish unmount \(mountpoint)` and mount it again
+                """)
         case ENODATA, ENOTSUP, EOPNOTSUPP:
             throw ValidationError("\(mountpoint) is not the root of a Vanish mount")
         case ENOENT, ENOTDIR, EACCES:

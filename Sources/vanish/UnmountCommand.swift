@@ -1,4 +1,5 @@
 import ArgumentParser
+import CLinux
 import Glibc
 
 struct UnmountCommand: ParsableCommand {
@@ -32,8 +33,66 @@ struct UnmountCommand: ParsableCommand {
         if lazy { args.append("-z") }
         args.append(path)
         let status = try spawnAndWait(args)
-        if status != 0 { throw RuntimeError("fusermount3 -u \(path) failed (exit \(status))") }
+        guard status != 0 else { return }
+        // Busy: say who holds it, and how to detach it anyway.
+        if !lazy, MountPaths.mountType(at: path) == "fuse.vanish" {
+            let users = Self.processes(using: path)
+            let who = users.isEmpty ? "" : ": in use by " + users.prefix(8).joined(separator: ", ")
+                + (users.count > 8 ? " and \(users.count - 8) more" : "")
+            throw RuntimeError("\(path) is busy\(who); close those, or detach it now with vanish unmount --lazy \(path)")
+        }
+        throw RuntimeError("fusermount3 -u \(path) failed (exit \(status))")
     }
+
+    /// "comm[pid]" of each process (this user's; all for root) whose working
+    /// directory, root, or an open file is at or below `mountpoint`.
+    static func processes(using mountpoint: String) -> [String] {
+        let prefix = mountpoint == "/" ? "/" : mountpoint + "/"
+        func inside(_ link: String) -> Bool {
+            guard let target = readLink(link) else { return false }
+            return target == mountpoint || target.hasPrefix(prefix)
+        }
+        var found: [String] = []
+        guard let proc = opendir("/proc") else { return [] }
+        defer { closedir(proc) }
+        while let d = readdir(proc) {
+            guard let pid = pid_t(String(cString: vanish_dirent_name(d)!)), pid != getpid() else { continue }
+            // A daemon of an in-place mount holds its source, at the same path, beneath the mount.
+            if readLink("/proc/\(pid)/exe")?.hasSuffix("/vanish") == true { continue }
+            var uses = inside("/proc/\(pid)/cwd") || inside("/proc/\(pid)/root")
+            if !uses, let fds = opendir("/proc/\(pid)/fd") {
+                while let f = readdir(fds) {
+                    let name = String(cString: vanish_dirent_name(f)!)
+                    if name.first?.isNumber == true && inside("/proc/\(pid)/fd/\(name)") { uses = true; break }
+                }
+                closedir(fds)
+            }
+            guard uses else { continue }
+            let comm = (readFile("/proc/\(pid)/comm") ?? "?").trimmingSuffix("\n")
+            found.append(TerminalText.escaped("\(comm)[\(pid)]"))
+        }
+        return found
+    }
+
+    private static func readLink(_ path: String) -> String? {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let n = readlink(path, &buffer, buffer.count - 1)
+        guard n > 0 else { return nil }
+        return String(decoding: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    private static func readFile(_ path: String) -> String? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 256)
+        let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        return n > 0 ? String(decoding: buffer[..<n], as: UTF8.self) : nil
+    }
+}
+
+private extension String {
+    func trimmingSuffix(_ suffix: String) -> String { hasSuffix(suffix) ? String(dropLast(suffix.count)) : self }
 }
 
 /// Runs a program from PATH and returns its exit status.

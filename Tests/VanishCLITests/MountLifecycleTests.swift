@@ -200,6 +200,28 @@ struct MountLifecycleTests {
         #expect(try graveyardCount(src) == 0, "the new mount's reaper finished what the old one left")
     }
 
+    @Test("unmounting a busy mount names the processes using it and --lazy; restoring into a directory that is gone says what to do")
+    func helpfulMessages() throws {
+        let m = try VanishMount(arguments: ["--keep", "1h"])
+        defer { m.close() }
+        #expect(try sh("mkdir d && echo x > d/f && rm d/f && rmdir d", cwd: m.mountpoint).ok)
+        let gone = try run([vanishBinary, "restore", m.path("d/f")])
+        #expect(gone.status == 1 && gone.stderr.contains("its directory d no longer exists (restore d first, or give another place with --to)"),
+                "\(gone.stderr)")
+        // As it says: the directory first, which brings back the file deleted in it too.
+        #expect(try run([vanishBinary, "restore", m.path("d")]).ok)
+        #expect(access(m.path("d/f"), F_OK) == 0)
+        let holder = try spawn(["/bin/sh", "-c", "cd \(shellQuote(m.mountpoint)) && exec sleep 60"])
+        defer { kill(holder, SIGKILL); var st: Int32 = 0; waitpid(holder, &st, 0) }
+        try waitFor("the holder inside the mount") {
+            (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(holder)/cwd")) == m.mountpoint
+        }
+        let busy = try run([vanishBinary, "unmount", m.mountpoint])
+        #expect(busy.status == 1, "\(busy.stderr)")
+        #expect(busy.stderr.contains("is busy: in use by sleep[\(holder)]") && busy.stderr.contains("vanish unmount --lazy"), "\(busy.stderr)")
+        #expect(mountType(at: m.mountpoint) == "fuse.vanish", "nothing was detached")
+    }
+
     @Test("a dead mount gets a clear message, and vanish unmount clears it")
     func deadMount() throws {
         let m = try VanishMount()
@@ -216,6 +238,12 @@ struct MountLifecycleTests {
         #expect(again.status == 64)
         #expect(again.stderr.contains("Transport endpoint is not connected"))
         #expect(again.stderr.contains("vanish unmount"))
+        // Every command that talks to the daemon says the same fix.
+        for command in [["status"], ["trash", "list"], ["events"]] {
+            let r = try run([vanishBinary] + command + [m.mountpoint])
+            #expect(r.status == 1 && r.stderr.contains("is gone") && r.stderr.contains("vanish unmount \(m.mountpoint)"),
+                    "\(command): \(r.stderr)")
+        }
         let u = try run([vanishBinary, "unmount", m.mountpoint])
         #expect(u.ok, "\(u.stderr)")
         #expect(mountType(at: m.mountpoint) == nil)
