@@ -385,7 +385,15 @@ extension ControlServer {
         var reader = journal.reader(after: since)
         if reader == nil {
             reader = journal.reader(after: nil)
-            let why = since.map { $0.hasPrefix(journal.instance + ":") ? "the journal no longer holds events after it" : "it is from another mount instance" }
+            let newest = journal.lastSeq
+            let why = since.map { cursor -> String in
+                guard cursor.hasPrefix(journal.instance + ":") else { return "it is from another mount instance" }
+                // A seq this journal never gave out is no lost history.
+                if let seq = UInt64(cursor.dropFirst(journal.instance.count + 1)), seq > newest {
+                    return "it is ahead of this journal, whose newest event is \(journal.instance):\(newest)"
+                }
+                return "the journal no longer holds events after it"
+            }
             guard conn.write(["type": JSON(EventType.reset.rawValue), "instance": JSON(journal.instance), "cursor": JSON(journal.cursor(reader!.next - 1)),
                               "reason": JSON("cursor \(since ?? "") cannot be served: \(why ?? "")")]) else { return }
         }

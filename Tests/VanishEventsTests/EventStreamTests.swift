@@ -587,6 +587,14 @@ struct EventStreamTests {
             defer { stale.stop() }
             try stale.waitFor("reset") { $0["type"] as? String == "reset" }
             #expect(stale.events.first?["type"] as? String == "reset")
+            // A cursor this journal never reached is not history it lost: the reset says so.
+            let instance = last["instance"] as! String
+            let ahead = try Subscriber(m, ["--since", "\(instance):999999"], name: "ahead")
+            defer { ahead.stop() }
+            try ahead.waitFor("reset") { $0["type"] as? String == "reset" }
+            let reason = ahead.events.first?["reason"] as? String ?? ""
+            #expect(reason.contains("ahead of this journal, whose newest event is \(instance):") && !reason.contains("no longer holds"),
+                    "\(reason)")
         }
     }
 
