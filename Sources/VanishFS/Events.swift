@@ -23,6 +23,10 @@ final class WritingHandles: Sendable {
     /// One writable handle, by its backing fd.
     struct Handle {
         var caller: Caller
+        /// The opener's command name, taken while it surely ran: a short-lived
+        /// writer is gone by its RELEASE, and /proc with it. Only where names
+        /// cost a lookup (`CommandNames.remembers`); "" elsewhere.
+        var comm = ""
         /// Set when the data came from another file in the mount (copy_file_range).
         var source: (path: [UInt8], id: String)?
         /// For a passthrough handle, whose writes the daemon never sees: the
@@ -52,6 +56,7 @@ final class WritingHandles: Sendable {
         var wrote = false
         /// The last writer's caller and copy source, for the event.
         var caller: Caller?
+        var comm = ""
         var source: (path: [UInt8], id: String)?
         /// The process that opened the file for writing, while only one did,
         /// and the file it had open for reading then (see `ReadingHandles`).
@@ -78,12 +83,13 @@ final class WritingHandles: Sendable {
     /// for a passthrough handle, whose writes show only in the file.
     /// `candidate`: the file the caller has open for reading, if any.
     func opened(_ fd: Int32, _ node: Inode, _ caller: Caller, passthroughStamp stamp: Stamp?, copyCandidate candidate: Inode?) {
+        let comm = CommandNames.shared.remembers ? CommandNames.shared.name(of: caller.pid) : ""
         state.withLock { m in
             var s = m[ObjectIdentifier(node)] ?? Session(writer: caller.pid, copyCandidate: candidate)
             // A second writing process: the file is not one process's copy.
             if s.writer != caller.pid { s.writer = nil; s.copyCandidate = nil }
             s.open += 1
-            if let stamp { s.handles[fd] = Handle(caller: caller, unseenSince: stamp, wrote: false) }
+            s.handles[fd] = Handle(caller: caller, comm: comm, unseenSince: stamp, wrote: false)
             m[ObjectIdentifier(node)] = s
         }
         if stamp != nil { following.add(1, ordering: .relaxed) }
@@ -108,7 +114,7 @@ final class WritingHandles: Sendable {
         state.withLock { m in
             let key = ObjectIdentifier(node)
             guard m[key] != nil else { return }  // not opened for writing (cannot happen) or not observed then
-            var h = m[key]!.handles[fd] ?? Handle(caller: caller, wrote: false)
+            var h = m[key]!.handles[fd] ?? Handle(caller: caller, comm: "", wrote: false)
             guard !h.wrote || copy != nil || !h.mixed else { return }
             h.wrote = true
             if let copy {
@@ -146,6 +152,7 @@ final class WritingHandles: Sendable {
                 if wrote {
                     s.wrote = true
                     s.caller = h.caller
+                    s.comm = h.comm
                     if let st, let whole = handle.wholeCopy(size: st.st_size) { s.source = whole } else { s.source = nil }
                 }
             }
@@ -218,12 +225,16 @@ extension PassthroughFilesystem {
     public var journal: Journal? { events }
 
     /// Appends an event caused by `caller` (nil for Vanish's own doing).
-    func emit(_ type: EventType, _ caller: Caller?, _ fill: (inout EventRecord) -> Void) {
+    /// `knownComm`: the caller's command name as taken earlier, if it may be gone now.
+    func emit(_ type: EventType, _ caller: Caller?, knownComm: String = "", _ fill: (inout EventRecord) -> Void) {
         guard let events else { return }
         // In the kernel's order of requests: a RELEASE handled beside its
         // program's next request is recorded first (causal order per process).
         if caller != nil { Request.waitForEarlierChanges() }
-        let comm = caller.map { CommandNames.shared.name(of: $0.pid) }
+        let comm = caller.map { c in
+            let now = CommandNames.shared.name(of: c.pid)
+            return now.isEmpty ? knownComm : now
+        }
         events.append(type) { e in
             fill(&e)
             if let caller, let comm {
@@ -327,7 +338,7 @@ extension PassthroughFilesystem {
            sameContent(node, size: st.st_size, as: candidate, uid: caller.uid) {
             source = (path(of: candidate), fileID(of: candidate))
         }
-        emit(.written, caller) { e in
+        emit(.written, caller, knownComm: session.comm) { e in
             e.path("path", of: node, in: table)
             e.string("kind", "file")
             e.string("id", id)

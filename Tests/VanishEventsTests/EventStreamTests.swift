@@ -104,6 +104,23 @@ func changes(_ s: Subscriber) -> [String] {
 
 @Suite("event stream", .enabled(if: FUSEAvailability.shouldRun, "needs /dev/fuse and fusermount3"))
 struct EventStreamTests {
+    @Test("a writer that exits with its file open still has its name on the written event (its RELEASE comes after it is gone)")
+    func shortLivedWriter() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "the name is kept where the daemon has the process connector (root)")
+        try withVanishMount { m in
+            let s = try attachedSubscriber(m)
+            defer { s.stop() }
+            let script = "import os,sys\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)\nos.write(fd, b'x')\nos._exit(0)\n"
+            for i in 0..<40 { #expect(try run(["python3", "-c", script, m.path("p\(i)")]).ok) }
+            try s.waitFor("the last written event") { $0["type"] as? String == "written" && $0["path"] as? String == "p39" }
+            let written = s.events.filter { $0["type"] as? String == "written" && ($0["path"] as? String ?? "").hasPrefix("p") }
+            #expect(written.count == 40)
+            let nameless = written.filter { ($0["comm"] as? String ?? "").isEmpty }
+            #expect(nameless.isEmpty, "\(nameless.count) of \(written.count) without a command name: \(nameless.prefix(3))")
+            #expect(written.allSatisfy { ($0["comm"] as? String ?? "").hasPrefix("python") }, "\(written.prefix(3))")
+        }
+    }
+
     @Test("on a terminal: a short first line, the time, the program, renames that replaced a file marked, and the reaper's lines only with --all")
     func terminalLines() throws {
         try withVanishMount { m in
