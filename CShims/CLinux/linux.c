@@ -119,6 +119,15 @@ int vanish_statx_stat(int dirfd, const char *path, int flags, struct stat *st, u
     return 0;
 }
 
+int vanish_mount_id(int dirfd, const char *path, uint64_t *id) {
+    struct statx x;
+    int flags = AT_SYMLINK_NOFOLLOW | (path[0] == 0 ? AT_EMPTY_PATH : 0);
+    if (statx(dirfd, path, flags, STATX_MNT_ID, &x) != 0) return -1;
+    if (!(x.stx_mask & STATX_MNT_ID)) { errno = ENOSYS; return -1; }
+    *id = x.stx_mnt_id;
+    return 0;
+}
+
 int vanish_stat_birth(int dirfd, const char *path, int flags, struct stat *st, uint64_t *birth) {
     return vanish_statx_stat(dirfd, path, flags, st, birth, NULL);
 }

@@ -29,7 +29,8 @@ enum StatusReport {
         }
         let s = f.statistics
         let o: JSON = [
-            "version": JSON(VanishVersion.current), "source": JSON(f.source), "pid": JSON(getpid()), "graveyard": JSON(f.graveyard),
+            "version": JSON(VanishVersion.current), "source": JSON(f.source), "pid": JSON(getpid()),
+            "state_directory": f.stateDirectory.map { JSON($0) } ?? .null, "graveyard": JSON(f.graveyard),
             "pending_entries": JSON(pending), "eta_seconds": eta, "reaper_idle": JSON(f.reapersIdle),
             "reap_files_per_second": JSON(Int(f.pace.filesPerSecond)),
             "reap_entries_per_second": JSON(Int(f.pace.entriesPerSecond)),

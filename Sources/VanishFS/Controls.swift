@@ -93,7 +93,7 @@ extension PassthroughFilesystem {
         var fs = statvfs()
         _ = fstatvfs(rootFD, &fs)
         return StatusFacts(
-            source: sourcePath, graveyard: graveyard != nil, pendingEntries: pendingEntries,
+            source: sourcePath, stateDirectory: stateDirectory, graveyard: graveyard != nil, pendingEntries: pendingEntries,
             restorable: uid == 0 ? [] : graveyard?.restorable(of: uid) ?? [],
             restorableCount: graveyard?.restorableCount ?? 0,
             restorableBytes: graveyard?.restorableBytes ?? 0, stuckEntries: stuckEntries,
@@ -115,6 +115,7 @@ extension PassthroughFilesystem {
 /// A mount's state at one moment, for `vanish status`.
 package struct StatusFacts {
     package var source: String
+    package var stateDirectory: String?
     package var graveyard: Bool
     /// Graveyard entries not yet reaped, kept ones included.
     package var pendingEntries: Int

@@ -79,6 +79,11 @@ public struct FilesystemOptions: Sendable {
     public var watchSource = true
     /// Most O_PATH fds kept open for inodes; nil picks half the fd limit.
     public var fdCacheLimit: Int?
+    /// Where the state directory may live outside the source (`StateLocation`):
+    /// one found there is used; with `stateOutside` (an in-place mount) one is
+    /// made there, and one in the source moved there.
+    public var stateBases: [String] = []
+    public var stateOutside = false
     /// This client's name in a shared source's state directory; nil: the
     /// host name and a hash of the machine id and the source path.
     public var client: ClientID?

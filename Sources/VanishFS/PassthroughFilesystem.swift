@@ -62,6 +62,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// names and attributes of the source's filesystem for an hour (`cacheTimeout`).
     let watch: SourceWatch?
     let sourcePath: String
+    /// The state directory's path (in the source, or outside it: `StateLocation`); nil without a graveyard.
+    public let stateDirectory: String?
     /// The event journal, when observing (set before mounting).
     var events: Journal?
     let writing = WritingHandles()
@@ -91,9 +93,23 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         let st: stat
         do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
         var grave: Graveyard?
+        var statePlace = source
         if options.graveyard {
+            // Outside the tree if it is there already, or the mount is in place (see StateLocation).
+            let outside = options.stateBases.isEmpty ? nil
+                : StateLocation.directory(for: source, sourceFD: fd, bases: options.stateBases, create: options.stateOutside)
+            defer { if let outside { Sys.close(outside.fd) } }
+            var stateRoot = fd
+            if let outside, options.stateOutside || Graveyard.isStateDirectory(in: outside.fd) {
+                if options.stateOutside && !StateLocation.moveIn(from: fd, to: outside.fd) {
+                    logger.warning("the source has a state directory of its own beside the one outside it; using the outside one",
+                                   metadata: ["source": "\(source)"])
+                }
+                stateRoot = outside.fd
+                statePlace = outside.path
+            }
             do {
-                grave = try Graveyard(rootFD: fd, client: options.client ?? ClientID.local(source: source))
+                grave = try Graveyard(rootFD: stateRoot, client: options.client ?? ClientID.local(source: source))
             } catch GraveyardError.cannotCreate(let why)
                         where [.permissionDenied, .readOnlyFileSystem, .notPermitted].contains(why) {
                 // A source we may read but not write: serve it, deleting in the request.
@@ -104,6 +120,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
             }
         }
         graveyard = grave
+        stateDirectory = grave == nil ? nil : (statePlace == "/" ? "" : statePlace) + "/" + Graveyard.stateDirectoryName
         sourceIsPrivateMount = privateMount
         reaper = grave.map {
             Reaper(graveyard: $0, workers: options.reaperWorkers ?? Reaper.defaultWorkers(for: $0),

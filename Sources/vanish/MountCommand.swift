@@ -142,6 +142,10 @@ struct MountCommand: ParsableCommand {
                 """)
         }
 
+        // An in-place mount keeps its state outside the directory people work in (see StateLocation);
+        // a network source keeps it in the tree, where every client of it looks.
+        parsed.filesystem.stateBases = MountPaths.stateBases(for: src)
+        parsed.filesystem.stateOutside = mnt == src && MountPaths.isLocalDisk(src)
         // The atime options' private copy of the source's mount holds no mount inside it.
         parsed.filesystem.atimeCopyAllowed = !MountPaths.mounts().contains { $0.point.hasPrefix(src == "/" ? "/" : src + "/") }
         let foreground = self.foreground || debug

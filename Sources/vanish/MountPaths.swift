@@ -123,6 +123,34 @@ enum MountPaths {
         return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
     }
 
+    /// Where an in-place mount's state may live outside the source, in order
+    /// (see StateLocation): for root /var/lib/vanish/in-place, then the top of
+    /// the source's own filesystem; for other users their state directory
+    /// ($XDG_STATE_HOME, or ~/.local/state). Never inside the source.
+    static func stateBases(for source: String) -> [String] {
+        var bases: [String]
+        if geteuid() == 0 {
+            bases = ["/var/lib/vanish/in-place"]
+            if let top = mount(containing: source)?.point { bases.append((top == "/" ? "" : top) + "/.vanish-in-place") }
+        } else if let state = getenv("XDG_STATE_HOME").map({ String(cString: $0) }), state.hasPrefix("/") {
+            bases = [state + "/vanish/in-place"]
+        } else if let home = getenv("HOME").map({ String(cString: $0) }), home.hasPrefix("/") {
+            bases = [home + "/.local/state/vanish/in-place"]
+        } else {
+            bases = []
+        }
+        let inside = source == "/" ? "/" : source + "/"
+        return bases.filter { !$0.hasPrefix(inside) }
+    }
+
+    /// Whether `path` is a directory on a local disk filesystem (ext4, XFS, btrfs, tmpfs).
+    static func isLocalDisk(_ path: String) -> Bool {
+        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        return vanish_filesystem_is_local_disk(fd) != 0
+    }
+
     /// The mountpoint of a Vanish mount serving `source` (its device field), if any.
     static func vanishMount(of source: String) -> String? {
         mounts().last { $0.type == "fuse.vanish" && $0.source == source }?.point

@@ -65,25 +65,30 @@ struct ReapCommand: ParsableCommand {
         for root in roots {
             guard let fd = try? Sys.open(root, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else { continue }
             defer { Sys.close(fd) }
-            guard Graveyard.isStateDirectory(in: fd) else { continue }
-            do {
-                let graveyard = try Graveyard(rootFD: fd, client: me, create: false)
-                graveyard.absorbAdopted { _ in }
-                if root == src, let (intents, leftover, _) = try? UnlinkIntents.open(for: graveyard, source: src) {
-                    // Unlinks a killed daemon answered but had not done yet: done now, as a mount would.
-                    for log in [leftover, intents].compactMap({ $0 }) {
-                        let (finished, _) = log.finish(rootFD: fd, graveyard: graveyard, keepingRecords: false,
-                                                       buried: { _ in }, failed: { _ in })
-                        if finished > 0 { print("finished \(finished) unlinks the last mount had answered but not done") }
+            // The source's state may be outside it (an in-place mount's), in it, or both.
+            let outside = root == src
+                ? StateLocation.directory(for: src, sourceFD: fd, bases: MountPaths.stateBases(for: src), create: false) : nil
+            defer { if let outside { Sys.close(outside.fd) } }
+            for stateRoot in [outside?.fd, fd].compactMap({ $0 }) where Graveyard.isStateDirectory(in: stateRoot) {
+                do {
+                    let graveyard = try Graveyard(rootFD: stateRoot, client: me, create: false)
+                    graveyard.absorbAdopted { _ in }
+                    if root == src, let (intents, leftover, _) = try? UnlinkIntents.open(for: graveyard, source: src) {
+                        // Unlinks a killed daemon answered but had not done yet: done now, as a mount would.
+                        for log in [leftover, intents].compactMap({ $0 }) {
+                            let (finished, _) = log.finish(rootFD: fd, graveyard: graveyard, keepingRecords: false,
+                                                           buried: { _ in }, failed: { _ in })
+                            if finished > 0 { print("finished \(finished) unlinks the last mount had answered but not done") }
+                        }
+                        if leftover != nil { UnlinkIntents.removeLeftover(in: graveyard) }
                     }
-                    if leftover != nil { UnlinkIntents.removeLeftover(in: graveyard) }
+                    var policy = Reaper.Policy()
+                    policy.freesKeptEntries = true
+                    found.append(Reaper(graveyard: graveyard, workers: root == src ? workers ?? Reaper.defaultWorkers(for: graveyard) : 1,
+                                        policy: policy))
+                } catch {
+                    throw RuntimeError("cannot reap \(root): \(error)")
                 }
-                var policy = Reaper.Policy()
-                policy.freesKeptEntries = true
-                found.append(Reaper(graveyard: graveyard, workers: root == src ? workers ?? Reaper.defaultWorkers(for: graveyard) : 1,
-                                    policy: policy))
-            } catch {
-                throw RuntimeError("cannot reap \(root): \(error)")
             }
         }
         let reapers = found

@@ -103,6 +103,48 @@ struct MountLifecycleTests {
         }
     }
 
+    @Test("an in-place mount keeps its state outside the directory: git status and git clean -fdx never meet it, the kept trash outlives them, a .vanish from before moves out, vanish reap finds it")
+    func stateOutsideTheTree() throws {
+        let env = ["GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t",
+                   "GIT_COMMITTER_EMAIL": "t@e", "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/tmp"]
+        let base = try makeTempDirectory()
+        defer { unmountAndRemove(base + "/repo", base: base) }
+        let repo = base + "/repo"
+        #expect(try sh("mkdir repo && cd repo && git init -q . && echo a > a && echo b > b && git add a b && git commit -qm one",
+                       cwd: base, environment: env).ok)
+        // A state directory from before, in the tree (as a mount on another mountpoint makes one).
+        mkdir(base + "/mnt", 0o755)
+        #expect(try run([vanishBinary, "mount", "--keep", "1h", repo, base + "/mnt"]).ok)
+        #expect(try sh("rm mnt/a", cwd: base).ok)
+        #expect(try run([vanishBinary, "unmount", base + "/mnt"]).ok)
+        try waitFor("the daemon to let go of the source") { try run(["/usr/bin/flock", "-n", repo, "true"]).ok }
+        #expect(access(repo + "/.vanish", F_OK) == 0)
+
+        #expect(try run([vanishBinary, "mount", "--keep", "1h", repo]).ok)
+        let state = try #require(try statusJSON(path: repo)["state_directory"] as? String)
+        #expect(!state.hasPrefix(repo + "/"), "\(state)")
+        #expect(access(state, F_OK) == 0)
+        #expect(try sh("rm b", cwd: repo).ok)
+        #expect(try run([vanishBinary, "trash", "list", "--json", repo]).stdout.split(separator: "\n").count == 2,
+                "the entry kept before the move is still in the trash, beside the new one")
+        #expect(try run([vanishBinary, "unmount", repo]).ok)
+        try waitFor("the daemon to let go of the source") { try run(["/usr/bin/flock", "-n", repo, "true"]).ok }
+
+        #expect(access(repo + "/.vanish", F_OK) != 0, "the old state moved out of the tree")
+        #expect(try sh("git status --porcelain --ignored", cwd: repo, environment: env).stdout == " D a\n D b\n")
+        #expect(try sh("git clean -fdx", cwd: repo, environment: env).stdout == "")
+        #expect(access(state, F_OK) == 0, "git clean -fdx cannot reach the kept trash")
+
+        #expect(try run([vanishBinary, "mount", repo]).ok)
+        #expect(try run([vanishBinary, "restore", repo + "/b"]).ok)
+        #expect(try String(contentsOfFile: repo + "/b", encoding: .utf8) == "b\n")
+        #expect(try run([vanishBinary, "unmount", repo]).ok)
+        try waitFor("the daemon to let go of the source") { try run(["/usr/bin/flock", "-n", repo, "true"]).ok }
+        // Without a mount, vanish reap finds the state outside and frees what it keeps.
+        let reap = try run([vanishBinary, "reap", repo])
+        #expect(reap.ok && reap.stdout.contains("reaped 1 entries"), "\(reap.stdout)\(reap.stderr)")
+    }
+
     @Test("one mount per source: a second mount and vanish reap are refused until it is unmounted")
     func oneMountPerSource() throws {
         let m = try VanishMount()

@@ -95,7 +95,7 @@ struct ControlPlaneTests {
 
     static func facts(_ restorable: [TrashEntry], pending: Int, stuck: Int = 0, rate: Double = 0,
                       work: Int? = nil) -> StatusFacts {
-        StatusFacts(source: "/src\"x", graveyard: true, pendingEntries: pending, restorable: restorable,
+        StatusFacts(source: "/src\"x", stateDirectory: "/src/.vanish", graveyard: true, pendingEntries: pending, restorable: restorable,
                     restorableCount: restorable.count,
                     restorableBytes: restorable.reduce(0) { $0 + ($1.record.bytes ?? 0) } + 100, stuckEntries: stuck,
                     remainingWork: work ?? max(0, pending - restorable.count - stuck), holdingBytes: 0,

@@ -56,6 +56,7 @@ public func makeTempDirectory(_ prefix: String = "vanish-test") throws -> String
 /// Removes a test directory; refuses to descend into anything still mounted.
 public func removeTree(_ path: String) {
     if let t = mountType(at: path) { print("not removing \(path): a \(t) mount is still there"); return }
+    removeOutsideState(of: path)
     try? FileManager.default.removeItem(atPath: path)
     // FileManager goes by path and gives up below PATH_MAX (the deep-tree
     // tests make 3,000 levels), and no one may remove an immutable or
@@ -63,6 +64,22 @@ public func removeTree(_ path: String) {
     if access(path, F_OK) == 0 {
         _ = try? run(["chattr", "-R", "-f", "-i", "-a", path])
         _ = try? run(["rm", "-rf", "--one-file-system", path])
+    }
+}
+
+/// The state directories in-place mounts of sources at or below `path` made
+/// outside them (StateLocation: each names its source in a SOURCE file),
+/// which would outlive the test's temporary directory.
+public func removeOutsideState(of path: String) {
+    let bases = ["/var/lib/vanish/in-place", "/.vanish-in-place", "/tmp/.vanish-in-place",
+                 NSHomeDirectory() + "/.local/state/vanish/in-place"]
+    for base in bases {
+        for key in (try? FileManager.default.contentsOfDirectory(atPath: base)) ?? [] {
+            let dir = base + "/" + key
+            guard let source = try? String(contentsOfFile: dir + "/SOURCE", encoding: .utf8),
+                  case let s = source.trimmingCharacters(in: .newlines), s == path || s.hasPrefix(path + "/") else { continue }
+            try? FileManager.default.removeItem(atPath: dir)
+        }
     }
 }
 

@@ -133,6 +133,10 @@ int vanish_pipe_cloexec(int fds[2]);
 int vanish_pipe_resize(int fd, int bytes);
 
 const char *vanish_dirent_name(const struct dirent *d);
+/// The id of the mount `path` in `dirfd` is on (statx STATX_MNT_ID, Linux
+/// 5.8+; AT_EMPTY_PATH with ""): a rename works only within one mount.
+/// Returns 0, or -1 with errno set.
+int vanish_mount_id(int dirfd, const char *path, uint64_t *id);
 /// A device number's major and minor parts (the macros from <sys/sysmacros.h>).
 unsigned int vanish_major(dev_t dev);
 unsigned int vanish_minor(dev_t dev);
