@@ -39,6 +39,33 @@ extension Sys {
         try check(Glibc.open(path, flags | O_CLOEXEC))
     }
 
+    /// Everything left to read from `fd` (a small file: a sidecar, a /proc file).
+    public static func readAll(_ fd: Int32) -> [UInt8] {
+        var out: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 { return out }
+            out += chunk[..<n]
+        }
+    }
+
+    /// The bytes of the small file at `path` (never following a final symlink); nil if it cannot be opened.
+    public static func fileBytes(_ path: String) -> [UInt8]? {
+        guard let fd = try? open(path, O_RDONLY | O_NOFOLLOW) else { return nil }
+        defer { close(fd) }
+        return readAll(fd)
+    }
+
+    /// `readlink(2)` of `path` as a string (a /proc link); nil if it is none.
+    public static func readLink(_ path: String) -> String? {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let n = Glibc.readlink(path, &buffer, buffer.count - 1)
+        guard n > 0 else { return nil }
+        return String(decoding: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
     /// `close(2)`. Errors are dropped: on Linux the fd is gone either way.
     @inlinable
     public static func close(_ fd: Int32) { _ = Glibc.close(fd) }

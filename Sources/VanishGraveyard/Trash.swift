@@ -249,14 +249,7 @@ extension Graveyard {
     func readSidecar(_ shardFD: Int32, _ id: String) -> TrashRecord? {
         guard let fd = try? Sys.openat(shardFD, "." + id, O_RDONLY | O_NOFOLLOW) else { return nil }
         defer { Sys.close(fd) }
-        var data: [UInt8] = []
-        var buffer = [UInt8](repeating: 0, count: 8192)
-        while true {
-            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if n <= 0 { break }
-            data += buffer[..<n]
-        }
-        return TrashRecord(decoding: data)
+        return TrashRecord(decoding: Sys.readAll(fd))
     }
 
     /// Writes the sidecar for `id` before the entry moves in, so every kept

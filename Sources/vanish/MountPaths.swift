@@ -1,6 +1,7 @@
 import ArgumentParser
 import CLinux
 import Glibc
+import LinuxSyscalls
 import VanishClient
 
 /// Facts about paths and mounts the mount and unmount commands check first.
@@ -77,15 +78,15 @@ enum MountPaths {
             guard let pid = pid_t(String(cString: vanish_dirent_name(d)!)), pid != getpid() else { continue }
             var owner = stat()
             guard stat("/proc/\(pid)", &owner) == 0, getuid() == 0 || owner.st_uid == getuid() else { continue }
-            guard let exe = readLink("/proc/\(pid)/exe"), exe.hasSuffix("/vanish") || exe.hasSuffix("/vanish (deleted)"),
-                  let argv = fileBytes("/proc/\(pid)/cmdline")?.split(separator: 0),
+            guard let exe = Sys.readLink("/proc/\(pid)/exe"), exe.hasSuffix("/vanish") || exe.hasSuffix("/vanish (deleted)"),
+                  let argv = Sys.fileBytes("/proc/\(pid)/cmdline")?.split(separator: 0),
                   argv.count > 1, argv[1].elementsEqual("mount".utf8) else { continue }
             guard let fds = opendir("/proc/\(pid)/fdinfo") else { continue }
             defer { closedir(fds) }
             while let f = readdir(fds) {
                 let name = String(cString: vanish_dirent_name(f)!)
                 guard name.first?.isNumber == true,
-                      let info = fileBytes("/proc/\(pid)/fdinfo/\(name)").map({ String(decoding: $0, as: UTF8.self) }) else { continue }
+                      let info = Sys.fileBytes("/proc/\(pid)/fdinfo/\(name)").map({ String(decoding: $0, as: UTF8.self) }) else { continue }
                 for line in info.split(separator: "\n") where line.hasPrefix("lock:") && line.contains("FLOCK")
                     && line.contains(" \(device)\(inode)") {
                     return pid
@@ -93,28 +94,6 @@ enum MountPaths {
             }
         }
         return nil
-    }
-
-    private static func readLink(_ path: String) -> String? {
-        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        let n = readlink(path, &buffer, buffer.count - 1)
-        guard n > 0 else { return nil }
-        return String(decoding: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
-    }
-
-    /// A small /proc file's bytes.
-    private static func fileBytes(_ path: String) -> [UInt8]? {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        var out: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 4096)
-        while true {
-            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if n <= 0 { break }
-            out += chunk[..<n]
-        }
-        return out
     }
 
     private static func monotonicSeconds() -> Double {

@@ -1,6 +1,7 @@
 import ArgumentParser
 import CLinux
 import Glibc
+import LinuxSyscalls
 
 struct UnmountCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -49,7 +50,7 @@ struct UnmountCommand: ParsableCommand {
     static func processes(using mountpoint: String) -> [String] {
         let prefix = mountpoint == "/" ? "/" : mountpoint + "/"
         func inside(_ link: String) -> Bool {
-            guard let target = readLink(link) else { return false }
+            guard let target = Sys.readLink(link) else { return false }
             return target == mountpoint || target.hasPrefix(prefix)
         }
         var found: [String] = []
@@ -58,7 +59,7 @@ struct UnmountCommand: ParsableCommand {
         while let d = readdir(proc) {
             guard let pid = pid_t(String(cString: vanish_dirent_name(d)!)), pid != getpid() else { continue }
             // A daemon of an in-place mount holds its source, at the same path, beneath the mount.
-            if readLink("/proc/\(pid)/exe")?.hasSuffix("/vanish") == true { continue }
+            if Sys.readLink("/proc/\(pid)/exe")?.hasSuffix("/vanish") == true { continue }
             var uses = inside("/proc/\(pid)/cwd") || inside("/proc/\(pid)/root")
             if !uses, let fds = opendir("/proc/\(pid)/fd") {
                 while let f = readdir(fds) {
@@ -68,26 +69,10 @@ struct UnmountCommand: ParsableCommand {
                 closedir(fds)
             }
             guard uses else { continue }
-            let comm = (readFile("/proc/\(pid)/comm") ?? "?").trimmingSuffix("\n")
+            let comm = Sys.fileBytes("/proc/\(pid)/comm").map { String(decoding: $0, as: UTF8.self) }?.trimmingSuffix("\n") ?? "?"
             found.append(TerminalText.escaped("\(comm)[\(pid)]"))
         }
         return found
-    }
-
-    private static func readLink(_ path: String) -> String? {
-        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        let n = readlink(path, &buffer, buffer.count - 1)
-        guard n > 0 else { return nil }
-        return String(decoding: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
-    }
-
-    private static func readFile(_ path: String) -> String? {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        var buffer = [UInt8](repeating: 0, count: 256)
-        let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-        return n > 0 ? String(decoding: buffer[..<n], as: UTF8.self) : nil
     }
 }
 

@@ -194,10 +194,8 @@ struct MountLifecycleTests {
 
     @Test("mounting right after an unmount waits for the leaving daemon instead of refusing", .timeLimit(.minutes(2)))
     func remountAtOnce() throws {
-        let base = try makeTempDirectory()
-        let (src, mnt) = (base + "/src", base + "/mnt")
+        let (base, src, mnt) = try makeSourceAndMountpoint()
         defer { unmountAndRemove(mnt, base: base) }
-        #expect(mkdir(src, 0o755) == 0 && mkdir(mnt, 0o755) == 0)
         // A daemon leaving holds the source's lock a moment after its
         // unmount returns: a holder of the lock for a second stands for it.
         let holder = try spawn(["/usr/bin/flock", "-x", src, "-c", "sleep 1"])
@@ -221,10 +219,8 @@ struct MountLifecycleTests {
 
     @Test("a new mount of a source whose unmounted daemon is still reaping takes over: the old one stops, one reaper finishes the graveyard", .timeLimit(.minutes(2)))
     func takeOverReaping() throws {
-        let base = try makeTempDirectory()
-        let (src, mnt) = (base + "/src", base + "/mnt")
+        let (base, src, mnt) = try makeSourceAndMountpoint()
         defer { unmountAndRemove(mnt, base: base) }
-        #expect(mkdir(src, 0o755) == 0 && mkdir(mnt, 0o755) == 0)
         #expect(try sh("mkdir t && for i in $(seq 1 600); do echo $i > t/f$i; done", cwd: src).ok)
         // At 50 deletions a second the first daemon reaps for some 12 s after its unmount.
         #expect(try run([vanishBinary, "mount", "-o", "reap_rate=50", src, mnt]).ok)

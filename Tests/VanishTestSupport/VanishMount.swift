@@ -67,6 +67,16 @@ public func removeTree(_ path: String) {
     }
 }
 
+/// A temporary directory holding empty `src` and `mnt` directories: (base, src, mnt).
+public func makeSourceAndMountpoint() throws -> (String, String, String) {
+    let base = try makeTempDirectory()
+    guard mkdir(base + "/src", 0o755) == 0 && mkdir(base + "/mnt", 0o755) == 0 else {
+        removeTree(base)
+        throw TestFailure("cannot make src and mnt in \(base)")
+    }
+    return (base, base + "/src", base + "/mnt")
+}
+
 /// The state directories in-place mounts of sources at or below `path` made
 /// outside them (StateLocation: each names its source in a SOURCE file),
 /// which would outlive the test's temporary directory.
