@@ -12,9 +12,13 @@ public enum RestoreError: Error, CustomStringConvertible {
     case failed(String, Errno)
     /// The directory `path` was in (`directory`) is not there.
     case directoryGone(String, String)
+    /// The mount keeps nothing: read-only, or a source it may not write.
+    case noTrash
 
     public var description: String {
         switch self {
+        case .noTrash:
+            "this mount keeps no deleted entries (it is read-only, or its source could not hold a graveyard): nothing can be restored"
         case .directoryGone(let path, let directory):
             "cannot restore \(path): its directory \(directory) no longer exists (restore \(directory) first, or give another place with --to)"
         case .noSuchEntry(let what): "nothing restorable is known as \(what)"
@@ -30,7 +34,7 @@ public enum RestoreError: Error, CustomStringConvertible {
         case .taken: EEXIST
         case .invalidDestination: EINVAL
         case .failed(_, let e): e.rawValue
-        case .directoryGone: ENOENT
+        case .directoryGone, .noTrash: ENOENT
         }
     }
 }
@@ -83,7 +87,7 @@ struct UndoWindow {
     /// (relative to the mount root) is allowed only for one entry.
     func restore(id: String?, path: [UInt8]?, to destination: [UInt8]?,
                  as who: Credentials) throws(RestoreError) -> [[UInt8]] {
-        guard filesystem.hasGraveyard else { throw .noSuchEntry("anything (this mount has no graveyard)") }
+        guard filesystem.hasGraveyard else { throw .noTrash }
         let visible = filesystem.restorable(for: who.uid)
         var plan: [TrashEntry] = []
         if let id {

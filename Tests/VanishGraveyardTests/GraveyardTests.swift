@@ -703,6 +703,9 @@ struct NoGraveyardTests {
             #expect(cat.stdout == "x\n")
             #expect(access(m.backing(".vanish"), F_OK) != 0)
             #expect(unlink(m.path("f")) != 0 && errno == EROFS)
+            let restore = try run([vanishBinary, "restore", m.path("f")])
+            #expect(restore.status == 1 && restore.stderr.contains("this mount keeps no deleted entries (it is read-only"),
+                    "\(restore.stderr)")
         }
     }
 
