@@ -433,6 +433,37 @@ class RsyncNoop(Workload):
         sh(f"rsync -aHAX --dry-run {target}/a/ {target}/b/ > /dev/null")
 
 
+def tag_tree(root):
+    """Gives every tenth file of `root` an access ACL and a user xattr, and
+    every directory a default ACL: a tree as backups and CI caches meet it."""
+    sh(f"find {root} -type d -exec setfacl -m d:u:nobody:rx {{}} +")
+    sh(f"find {root} -type f | awk 'NR % 10 == 0' | xargs -r setfacl -m u:nobody:r")
+    sh(f"find {root} -type f | awk 'NR % 10 == 5' | xargs -r -n 200 setfattr -n user.origin -v bench")
+
+
+class CopyWithAcls(Workload):
+    """cp -a of a tree with ACLs and xattrs, inside the mount: every file's
+    stat, ACLs and xattrs read and written."""
+    name = "cp -a of the tarball's tree with ACLs and xattrs"
+
+    def prepare_source(self, src, cache):
+        os.mkdir(f"{src}/a")
+        sh(f"tar xf {self.tarball} -C {src}/a")
+        tag_tree(f"{src}/a")
+
+    def run(self, target):
+        sh(f"cp -a {target}/a {target}/b")
+
+
+class TarWithAcls(CopyWithAcls):
+    """tar -c and -x with --xattrs --acls of that tree, inside the mount."""
+    name = "tar --xattrs --acls of the tarball's tree through a pipe"
+
+    def run(self, target):
+        os.mkdir(f"{target}/b")
+        sh(f"tar --xattrs --acls -cf - -C {target}/a . | tar --xattrs --acls -xf - -C {target}/b")
+
+
 class CompileallNoop(AgainLater, Workload):
     """python -m compileall where everything is compiled already: what a
     rebuild with nothing to do costs."""
@@ -905,7 +936,7 @@ def workloads(quick):
         Create(n), NamesWalk(n), Walk(n, warm=False), Walk(n, warm=True), DiskUsage(n), ListBigDir(n), ParallelStat(n),
         HeaderProbe(),
         SeqWrite(mib), SeqRead(mib), WarmRead(mib), SeqWrite(mib, direct=True), SeqRead(mib, direct=True),
-        RandRead(mib), RandRead(mib, engine="mmap"), TarExtract(), TarCreate(), ListTreeAgain(), RsyncNoop(), CompileallNoop(), GitStatus(repo), GitStatusAgain(repo), GitCheckout(repo),
+        RandRead(mib), RandRead(mib, engine="mmap"), TarExtract(), TarCreate(), ListTreeAgain(), RsyncNoop(), CopyWithAcls(), TarWithAcls(), CompileallNoop(), GitStatus(repo), GitStatusAgain(repo), GitCheckout(repo),
         MetadataOps(n // 5 if not quick else n), RmRf(n), RemoveTreeOneStep(n), RemoveCachedTreeOneStep(n), RemoveTreeInProcess(n), ReaperDrain(n),
         LatencyWhileReaping(n), UnlinkBig(1 if quick else 10),
     ]
