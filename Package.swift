@@ -7,7 +7,6 @@ let strict: [SwiftSetting] = [
 
 let package = Package(
     name: "Vanish",
-    platforms: [.macOS(.v15)],
     products: [
         .executable(name: "vanish", targets: ["vanish"]),
         .library(name: "VanishFS", targets: ["VanishFS"]),
@@ -63,7 +62,7 @@ let package = Package(
         // Change events: the journal request handlers append to and subscribers follow.
         .target(
             name: "VanishEvents",
-            dependencies: ["LinuxSyscalls", "VanishClient", .product(name: "SystemPackage", package: "swift-system")],
+            dependencies: ["CLinux", "LinuxSyscalls", "VanishClient", .product(name: "SystemPackage", package: "swift-system")],
             swiftSettings: strict
         ),
         // The passthrough filesystem: inode table, fd cache, request handlers.

@@ -9,6 +9,7 @@
 #include <linux/cn_proc.h>
 #include <linux/fs.h>
 #include <linux/ioprio.h>
+#include <sched.h>
 #include <linux/magic.h>
 #include <linux/mount.h>
 #include <linux/netlink.h>
@@ -68,7 +69,6 @@ const int VANISH_AT_EMPTY_PATH = AT_EMPTY_PATH;
 const int VANISH_MAX_HANDLE_SZ = MAX_HANDLE_SZ;
 const unsigned int VANISH_RENAME_NOREPLACE = RENAME_NOREPLACE;
 const unsigned int VANISH_RENAME_EXCHANGE = RENAME_EXCHANGE;
-const unsigned int VANISH_RENAME_WHITEOUT = RENAME_WHITEOUT;
 const int VANISH_SEEK_DATA = SEEK_DATA;
 const int VANISH_SEEK_HOLE = SEEK_HOLE;
 const long VANISH_UTIME_NOW = UTIME_NOW;
@@ -196,6 +196,13 @@ ssize_t vanish_listxattrat(int dirfd, const char *path, char *list, size_t size)
 int vanish_set_thread_name(const char *name) {
     return prctl(PR_SET_NAME, (unsigned long)name, 0ul, 0ul, 0ul);
 }
+
+const int VANISH_IOPRIO_CLASS_IDLE = IOPRIO_CLASS_IDLE;
+const int VANISH_IOPRIO_CLASS_BE = IOPRIO_CLASS_BE;
+const int VANISH_IOPRIO_BE_LOWEST = IOPRIO_BE_NR - 1;
+const int VANISH_SCHED_OTHER = SCHED_OTHER;
+const int VANISH_SCHED_BATCH = SCHED_BATCH;
+const int VANISH_SCHED_IDLE = SCHED_IDLE;
 
 int vanish_ioprio_set_thread(int tid, int ioprio_class, int data) {
     return (int)syscall(SYS_ioprio_set, IOPRIO_WHO_PROCESS, tid, IOPRIO_PRIO_VALUE(ioprio_class, data));

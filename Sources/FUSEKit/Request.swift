@@ -57,10 +57,6 @@ public struct Request: @unchecked Sendable {
     @inlinable
     public func replyOK() { _ = fuse_reply_err(raw, 0) }
 
-    /// `fuse_reply_none`, for forget.
-    @inlinable
-    public func replyNone() { fuse_reply_none(raw) }
-
     /// `fuse_reply_entry`.
     @inlinable
     public func reply(entry: inout fuse_entry_param) { _ = fuse_reply_entry(raw, &entry) }

@@ -133,9 +133,6 @@ public final class Session {
     /// Requests this session has begun to serve (forgets not counted).
     public var requests: RequestCounter { box.takeUnretainedValue().requests }
 
-    /// The /dev/fuse fd (for diagnostics).
-    public var fd: Int32 { fuse_session_fd(raw) }
-
     /// Runs the multi-threaded loop until unmount or a signal;
     /// returns 0 on a clean end (an unmount or `stopper.stop()`), else a negative errno.
     public func run(_ config: LoopConfig) -> Int32 {

@@ -1,3 +1,4 @@
+import CLinux
 import Glibc
 
 /// Marks the calling thread as background work: SCHED_BATCH, whose wakeups
@@ -7,6 +8,6 @@ import Glibc
 /// calling thread only.
 public func becomeBackgroundThread(nice: Int32) {
     var param = sched_param(sched_priority: 0)
-    _ = sched_setscheduler(0, 3 /* SCHED_BATCH */, &param)
+    _ = sched_setscheduler(0, VANISH_SCHED_BATCH, &param)
     _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, nice)
 }

@@ -292,21 +292,10 @@ final class DeferredBurials: @unchecked Sendable {
     /// FNV-1a over the directory's identity and the name.
     @inline(__always)
     static func hash(_ dir: InodeKey, _ name: UnsafePointer<CChar>) -> UInt64 {
-        var h: UInt64 = 0xcbf2_9ce4_8422_2325
-        @inline(__always) func mix(_ v: UInt64) {
-            var v = v
-            for _ in 0..<8 {
-                h = (h ^ (v & 0xFF)) &* 0x100_0000_01b3
-                v >>= 8
-            }
-        }
-        mix(UInt64(dir.dev))
-        mix(UInt64(dir.ino))
-        var p = name
-        while p.pointee != 0 {
-            h = (h ^ UInt64(UInt8(bitPattern: p.pointee))) &* 0x100_0000_01b3
-            p += 1
-        }
-        return h
+        var h = FNV1a()
+        h.add(UInt64(dir.dev))
+        h.add(UInt64(dir.ino))
+        h.add(cString: name)
+        return h.value
     }
 }

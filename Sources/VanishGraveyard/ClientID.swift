@@ -68,9 +68,37 @@ public struct ClientIDError: Error, CustomStringConvertible {
 }
 
 /// 64-bit FNV-1a: a stable hash (Swift's Hasher is seeded per process).
-struct FNV1a {
-    private(set) var value: UInt64 = 0xcbf2_9ce4_8422_2325
-    mutating func add(_ bytes: [UInt8]) {
-        for b in bytes { value = (value ^ UInt64(b)) &* 0x0000_0100_0000_01b3 }
+/// The unlink log's record checksum is the 32-bit one, which its on-disk
+/// format fixed (`UnlinkIntents.checksum`).
+public struct FNV1a {
+    @usableFromInline var state: UInt64 = 0xcbf2_9ce4_8422_2325
+    public var value: UInt64 { state }
+
+    @inlinable public init() {}
+
+    @inlinable
+    public mutating func add(_ byte: UInt8) { state = (state ^ UInt64(byte)) &* 0x0000_0100_0000_01b3 }
+
+    @inlinable
+    public mutating func add(_ bytes: [UInt8]) { for b in bytes { add(b) } }
+
+    /// The eight bytes of `v`, lowest first.
+    @inlinable
+    public mutating func add(_ v: UInt64) {
+        var v = v
+        for _ in 0..<8 {
+            add(UInt8(truncatingIfNeeded: v))
+            v >>= 8
+        }
+    }
+
+    /// The bytes of a C string, without its NUL.
+    @inlinable
+    public mutating func add(cString p: UnsafePointer<CChar>) {
+        var p = p
+        while p.pointee != 0 {
+            add(UInt8(bitPattern: p.pointee))
+            p += 1
+        }
     }
 }

@@ -306,6 +306,7 @@ public final class UnlinkIntents: Sendable {
         return out
     }
 
+    /// 32-bit FNV-1a (the 64-bit one is `FNV1a`): the width the log's format fixed.
     private static func checksum(_ header: Header, _ path: UnsafeBufferPointer<UInt8>) -> UInt32 {
         var h = header
         h.checksum = 0

@@ -56,18 +56,18 @@ final class WorkerThread: Sendable {
         switch priority {
         case .idle:
             // The disk serves this thread only when nobody else wants it.
-            _ = vanish_ioprio_set_thread(tid, 3, 0)
+            _ = vanish_ioprio_set_thread(tid, VANISH_IOPRIO_CLASS_IDLE, 0)
             // And a request handler that wakes preempts it at once. At nice 19
             // the scheduler let a running worker finish its slice first (EEVDF
             // runs to parity), and one create in a thousand waited 3-4 ms while
             // the reaper freed a tree (ext4 on a RAM disk).
-            if sched_setscheduler(tid, 5 /* SCHED_IDLE */, &param) != 0 { nice() }
+            if sched_setscheduler(tid, VANISH_SCHED_IDLE, &param) != 0 { nice() }
         case .background:
-            _ = vanish_ioprio_set_thread(tid, 2, 7)
+            _ = vanish_ioprio_set_thread(tid, VANISH_IOPRIO_CLASS_BE, VANISH_IOPRIO_BE_LOWEST)
             nice()
             // Leaving SCHED_IDLE needs CAP_SYS_NICE or an RLIMIT_NICE that
             // allows nice 19; without them the worker stays idle, and slower.
-            _ = sched_setscheduler(tid, 0 /* SCHED_OTHER */, &param)
+            _ = sched_setscheduler(tid, VANISH_SCHED_OTHER, &param)
         }
     }
 

@@ -135,7 +135,7 @@ struct MountCommand: ParsableCommand {
         if MountPaths.mountType(at: mnt) == "fuse.vanish" {
             throw ValidationError("mountpoint \(mnt) already has a Vanish mount: unmount it first (vanish unmount \(mnt))")
         }
-        if mnt != src && mnt.hasPrefix(src == "/" ? "/" : src + "/") {
+        if MountPaths.isBelow(mnt, src) {
             throw ValidationError("""
                 mountpoint \(mnt) is inside source \(src): the mount would contain itself. \
                 Mount in place (vanish mount \(src)) or choose a mountpoint outside the source.
@@ -147,7 +147,7 @@ struct MountCommand: ParsableCommand {
         parsed.filesystem.stateBases = MountPaths.stateBases(for: src)
         parsed.filesystem.stateOutside = mnt == src && MountPaths.isLocalDisk(src)
         // The atime options' private copy of the source's mount holds no mount inside it.
-        parsed.filesystem.atimeCopyAllowed = !MountPaths.mounts().contains { $0.point.hasPrefix(src == "/" ? "/" : src + "/") }
+        parsed.filesystem.atimeCopyAllowed = !MountPaths.mounts().contains { MountPaths.isBelow($0.point, src) }
         let foreground = self.foreground || debug
         FileLimits.raise()
         bootstrapLogging(foreground: foreground, logFile: logFile)

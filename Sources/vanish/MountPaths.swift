@@ -118,8 +118,12 @@ enum MountPaths {
         } else {
             bases = []
         }
-        let inside = source == "/" ? "/" : source + "/"
-        return bases.filter { !$0.hasPrefix(inside) }
+        return bases.filter { !isBelow($0, source) }
+    }
+
+    /// Whether `path` is strictly below the directory `dir` (both absolute, resolved).
+    static func isBelow(_ path: String, _ dir: String) -> Bool {
+        path.hasPrefix(dir == "/" ? "/" : dir + "/") && path != dir
     }
 
     /// Whether `path` is a directory on a local disk filesystem (ext4, XFS, btrfs, tmpfs).

@@ -60,7 +60,7 @@ struct ReapCommand: ParsableCommand {
         }
         if !others.isEmpty { try claim(others, in: src, as: me) }
         // The source's graveyard, and those of filesystems mounted inside it.
-        let roots = [src] + MountPaths.mounts().map(\.point).filter { $0.hasPrefix(src == "/" ? "/" : src + "/") }
+        let roots = [src] + MountPaths.mounts().map(\.point).filter { MountPaths.isBelow($0, src) }
         var found: [Reaper] = []
         for root in roots {
             guard let fd = try? Sys.open(root, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else { continue }

@@ -48,10 +48,9 @@ struct UnmountCommand: ParsableCommand {
     /// "comm[pid]" of each process (this user's; all for root) whose working
     /// directory, root, or an open file is at or below `mountpoint`.
     static func processes(using mountpoint: String) -> [String] {
-        let prefix = mountpoint == "/" ? "/" : mountpoint + "/"
         func inside(_ link: String) -> Bool {
             guard let target = Sys.readLink(link) else { return false }
-            return target == mountpoint || target.hasPrefix(prefix)
+            return target == mountpoint || MountPaths.isBelow(target, mountpoint)
         }
         var found: [String] = []
         guard let proc = opendir("/proc") else { return [] }

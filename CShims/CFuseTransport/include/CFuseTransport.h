@@ -23,7 +23,6 @@ extern const uint64_t VANISH_FUSE_PASSTHROUGH;
 extern const uint64_t VANISH_FUSE_PARALLEL_DIROPS;
 extern const uint64_t VANISH_FUSE_HANDLE_KILLPRIV_V2;
 extern const uint64_t VANISH_FUSE_DIRECT_IO_ALLOW_MMAP;
-extern const uint64_t VANISH_FUSE_WRITEBACK_CACHE;
 
 /// Installs the transport on a mounted session (its /dev/fuse fd). Call once,
 /// after fuse_session_mount and before the loop. 0 or -errno.

@@ -36,7 +36,6 @@ extern const int VANISH_AT_EMPTY_PATH;
 extern const int VANISH_MAX_HANDLE_SZ;
 extern const unsigned int VANISH_RENAME_NOREPLACE;
 extern const unsigned int VANISH_RENAME_EXCHANGE;
-extern const unsigned int VANISH_RENAME_WHITEOUT;
 extern const int VANISH_SEEK_DATA;
 extern const int VANISH_SEEK_HOLE;
 extern const long VANISH_UTIME_NOW;
@@ -121,6 +120,15 @@ ssize_t vanish_listxattrat(int dirfd, const char *path, char *list, size_t size)
 int vanish_set_thread_name(const char *name);
 /// ioprio_set(IOPRIO_WHO_PROCESS, tid (0 = this thread), IOPRIO_PRIO_VALUE(class, data)).
 int vanish_ioprio_set_thread(int tid, int ioprio_class, int data);
+/// The I/O scheduling classes ioprio_set takes, and the lowest best-effort level.
+extern const int VANISH_IOPRIO_CLASS_IDLE;
+extern const int VANISH_IOPRIO_CLASS_BE;
+extern const int VANISH_IOPRIO_BE_LOWEST;
+/// The scheduling policies sched_setscheduler takes (SCHED_IDLE and
+/// SCHED_BATCH are hidden behind _GNU_SOURCE).
+extern const int VANISH_SCHED_OTHER;
+extern const int VANISH_SCHED_BATCH;
+extern const int VANISH_SCHED_IDLE;
 pid_t vanish_gettid(void);
 /// A handler that does nothing but break the blocking call of the one
 /// thread a signal is sent to (pthread_kill): installed without
