@@ -348,9 +348,8 @@ extension Sys {
     public static func withProcPath<R>(_ fd: Int32,
                                        _ body: (UnsafePointer<CChar>) throws(Errno) -> R) throws(Errno) -> R {
         // "/proc/self/fd/" is 14 bytes; an Int32 needs at most 10 digits and a NUL.
-        var storage: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
-        return try withUnsafeMutableBytes(of: &storage) { raw throws(Errno) -> R in
-            let p = raw.baseAddress!.assumingMemoryBound(to: CChar.self)
+        return try withUnsafeTemporaryAllocation(byteCount: 32, alignment: 8) { raw throws(Errno) -> R in
+            let p = raw.bindMemory(to: CChar.self).baseAddress!
             let prefix: StaticString = "/proc/self/fd/"
             prefix.withUTF8Buffer { pre in
                 for i in 0..<pre.count { p[i] = CChar(bitPattern: pre[i]) }

@@ -28,8 +28,9 @@ public struct Event: Sendable {
 
     private static let seqPrefix = Array(#"{"seq":"#.utf8)
 
-    /// The `seq` of a journal line, which always starts `{"seq":N,`.
-    static func seq(of line: UnsafeRawBufferPointer) -> UInt64? {
+    /// The `seq` of a journal line, which always starts `{"seq":N,`; nil for
+    /// any other line (also `{"seq":` with no digits after it).
+    public static func seq(of line: UnsafeRawBufferPointer) -> UInt64? {
         let prefix = seqPrefix
         guard line.count > prefix.count, line.starts(with: prefix) else { return nil }
         var v: UInt64 = 0

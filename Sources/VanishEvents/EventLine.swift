@@ -101,9 +101,8 @@ public struct EventLine: ~Copyable {
     /// `v` in decimal ASCII, without going through String.
     private mutating func number(_ v: UInt64) {
         if v == 0 { buffer.append(0x30); return }
-        var digits: (UInt64, UInt64, UInt64) = (0, 0, 0)
         var n = v
-        withUnsafeMutableBytes(of: &digits) { buf in
+        withUnsafeTemporaryAllocation(byteCount: 24, alignment: 8) { buf in
             // Filled from the end, so the digits are in order for one copy.
             var i = buf.count
             while n > 0 { i -= 1; buf[i] = UInt8(n % 10) + 0x30; n /= 10 }
@@ -147,16 +146,7 @@ public struct EventLine: ~Copyable {
         return UnsafeRawBufferPointer(rebasing: line[i..<end])
     }
 
-    /// The `seq` of a line this type wrote (nil for anything else).
-    public static func seq(of line: UnsafeRawBufferPointer) -> UInt64? {
-        let prefix: StaticString = "{\"seq\":"
-        let count = prefix.utf8CodeUnitCount
-        guard line.count > count, memcmp(line.baseAddress!, prefix.utf8Start, count) == 0 else { return nil }
-        var v: UInt64 = 0
-        for c in line[count...] {
-            guard c >= 0x30 && c <= 0x39 else { break }
-            v = v * 10 + UInt64(c - 0x30)
-        }
-        return v
-    }
+    /// The `seq` of a line this type wrote (nil for anything else): the
+    /// client's reading of it, one rule for both.
+    public static func seq(of line: UnsafeRawBufferPointer) -> UInt64? { Event.seq(of: line) }
 }

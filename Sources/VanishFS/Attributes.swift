@@ -113,16 +113,17 @@ extension PassthroughFilesystem {
         let fd = flags & UInt32(FUSE_IOCTL_DIR) != 0
             ? dirfd(DirectoryHandle.from(fi).stream) : FileHandle.fd(fi.pointee.fh)
         // struct fsxattr, the larger of the two arguments.
-        var output: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
-        let count = min(outputSize, MemoryLayout.size(ofValue: output))
-        let r = withUnsafeMutableBytes(of: &output) { out in
-            vanish_fileattr_ioctl(fd, command, input.baseAddress, input.count, out.baseAddress, count)
+        try withUnsafeTemporaryAllocation(byteCount: 32, alignment: 8) { output throws(Errno) in
+            // Zeroed: what the ioctl does not fill must not carry the stack to the caller.
+            output.initializeMemory(as: UInt8.self, repeating: 0)
+            let count = min(outputSize, output.count)
+            let r = vanish_fileattr_ioctl(fd, command, input.baseAddress, input.count, output.baseAddress, count)
+            if r < 0 { throw Errno(rawValue: -r) }
+            // The flags moved the file's ctime, which the kernel does not know.
+            if sets { invalidations.attributes(of: ino) }
+            if sets && observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: nil, fileFlags: true) }
+            req.reply(ioctl: 0, output: UnsafeRawBufferPointer(rebasing: output[..<count]))
         }
-        if r < 0 { throw Errno(rawValue: -r) }
-        // The flags moved the file's ctime, which the kernel does not know.
-        if sets { invalidations.attributes(of: ino) }
-        if sets && observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: nil, fileFlags: true) }
-        withUnsafeBytes(of: &output) { req.reply(ioctl: 0, output: UnsafeRawBufferPointer(rebasing: $0[..<count])) }
     }
 
     public func setxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, value: UnsafePointer<CChar>?,

@@ -152,8 +152,7 @@ final class ThreadCommandNames {
     }
 
     private static func read(_ fd: Int32) -> String? {
-        var buffer: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
-        return withUnsafeMutableBytes(of: &buffer) { b -> String? in
+        withUnsafeTemporaryAllocation(byteCount: 32, alignment: 8) { b -> String? in
             let n = pread(fd, b.baseAddress, b.count, 0)
             guard n > 0 else { return nil }
             // Names are at most 15 bytes: a small string, no allocation.

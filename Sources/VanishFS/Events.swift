@@ -252,10 +252,7 @@ extension PassthroughFilesystem {
     /// has no handles.
     package func fileID(_ dirFD: Int32, _ name: UnsafePointer<CChar>?) -> String {
         // On the stack: this runs for every event.
-        var storage: (UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64,
-                      UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64) =
-            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        return withUnsafeMutableBytes(of: &storage) { raw in
+        withUnsafeTemporaryAllocation(byteCount: 4 + Int(VANISH_MAX_HANDLE_SZ), alignment: 8) { raw in
             let buffer = raw.bindMemory(to: UInt8.self)
             let empty: CChar = 0
             let n = withUnsafePointer(to: empty) { emptyName in

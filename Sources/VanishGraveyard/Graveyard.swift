@@ -247,9 +247,8 @@ public final class Graveyard: @unchecked Sendable {
     @inline(__always)
     func withUniqueName<R>(_ n: UInt64, time ns: UInt64,
                                    _ body: (UnsafePointer<CChar>) throws(Errno) -> R) throws(Errno) -> R {
-        var storage: (UInt64, UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0, 0)
-        return try withUnsafeMutableBytes(of: &storage) { raw throws(Errno) -> R in
-            let p = raw.baseAddress!.assumingMemoryBound(to: CChar.self)
+        return try withUnsafeTemporaryAllocation(byteCount: 40, alignment: 8) { raw throws(Errno) -> R in
+            let p = raw.bindMemory(to: CChar.self).baseAddress!
             var i = 0
             Graveyard.writeHex(ns, digits: 16, into: p, at: &i)
             p[i] = 0x2D; i += 1
