@@ -157,24 +157,17 @@ long vanish_filesystem_type(int fd) {
     return fstatfs(fd, &fs) == 0 ? (long)fs.f_type : -1;
 }
 
-int vanish_filesystem_is_remote(int fd) {
-    switch (vanish_filesystem_type(fd)) {
-    case FUSE_SUPER_MAGIC: case NFS_SUPER_MAGIC: case CIFS_SUPER_MAGIC: case SMB2_SUPER_MAGIC:
-    case SMB_SUPER_MAGIC: case CEPH_SUPER_MAGIC: case AFS_FS_MAGIC: case V9FS_MAGIC:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
-int vanish_filesystem_is_local_disk(int fd) {
-    switch (vanish_filesystem_type(fd)) {
-    case EXT4_SUPER_MAGIC: case XFS_SUPER_MAGIC: case BTRFS_SUPER_MAGIC: case TMPFS_MAGIC:
-        return 1;
-    default:
-        return 0;
-    }
-}
+const long VANISH_EXT4_SUPER_MAGIC = EXT4_SUPER_MAGIC;
+const long VANISH_XFS_SUPER_MAGIC = XFS_SUPER_MAGIC;
+const long VANISH_BTRFS_SUPER_MAGIC = BTRFS_SUPER_MAGIC;
+const long VANISH_TMPFS_MAGIC = TMPFS_MAGIC;
+const long VANISH_NFS_SUPER_MAGIC = NFS_SUPER_MAGIC;
+const long VANISH_CIFS_SUPER_MAGIC = CIFS_SUPER_MAGIC;
+const long VANISH_SMB2_SUPER_MAGIC = SMB2_SUPER_MAGIC;
+const long VANISH_SMB_SUPER_MAGIC = SMB_SUPER_MAGIC;
+const long VANISH_CEPH_SUPER_MAGIC = CEPH_SUPER_MAGIC;
+const long VANISH_AFS_FS_MAGIC = AFS_FS_MAGIC;
+const long VANISH_V9FS_MAGIC = V9FS_MAGIC;
 
 long vanish_filesystem_type_at(const char *path) {
     struct statfs fs;

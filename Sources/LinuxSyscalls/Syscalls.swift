@@ -401,3 +401,25 @@ extension Sys {
 public func isDotOrDotDot(_ name: UnsafePointer<CChar>) -> Bool {
     name[0] == 0x2E && (name[1] == 0 || (name[1] == 0x2E && name[2] == 0))
 }
+
+/// What kind of filesystem an fd is on, as Vanish's policies need to know.
+public enum FilesystemKind {
+    /// A network filesystem or a FUSE one (GlusterFS's client, sshfs, another
+    /// Vanish): a deletion there waits on a round trip, not on the CPU.
+    public static func isRemote(_ fd: Int32) -> Bool {
+        let remote = [VANISH_FUSE_SUPER_MAGIC, VANISH_NFS_SUPER_MAGIC, VANISH_CIFS_SUPER_MAGIC, VANISH_SMB2_SUPER_MAGIC,
+                      VANISH_SMB_SUPER_MAGIC, VANISH_CEPH_SUPER_MAGIC, VANISH_AFS_FS_MAGIC, VANISH_V9FS_MAGIC]
+        return remote.contains(vanish_filesystem_type(fd))
+    }
+
+    /// ext4, XFS, btrfs or tmpfs. Two things follow that Vanish relies on: a
+    /// directory gets a new mtime with every change, however close together
+    /// (nanosecond times, and since Linux 6.13 a distinct one after each
+    /// query), so an unchanged mtime means an unchanged listing; and close(2)
+    /// of a file there never reports an error (no flush operation), unlike on
+    /// network and FUSE filesystems, which report deferred write errors there.
+    public static func isLocalDisk(_ fd: Int32) -> Bool {
+        let local = [VANISH_EXT4_SUPER_MAGIC, VANISH_XFS_SUPER_MAGIC, VANISH_BTRFS_SUPER_MAGIC, VANISH_TMPFS_MAGIC]
+        return local.contains(vanish_filesystem_type(fd))
+    }
+}

@@ -154,7 +154,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
             }
         }
         defersUnlink = intents != nil && options.deferUnlink && options.cache != .never
-        let localDisk = vanish_filesystem_is_local_disk(fd) != 0
+        let localDisk = FilesystemKind.isLocalDisk(fd)
         closesSilently = localDisk
         sourceIsLocalDisk = localDisk
         cachesListings = switch options.cache {

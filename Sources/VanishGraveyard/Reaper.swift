@@ -166,7 +166,7 @@ public final class Reaper: @unchecked Sendable {
     /// replica-2 volume in 3.05 s against 4.09 s with 2 (native rm -rf: 4.85 s).
     public static func defaultWorkers(for graveyard: Graveyard) -> Int {
         let cores = Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))
-        return vanish_filesystem_is_remote(graveyard.stateFD) == 1 ? max(cores, remoteWorkers) : cores
+        return FilesystemKind.isRemote(graveyard.stateFD) ? max(cores, remoteWorkers) : cores
     }
     public static let remoteWorkers = 8
 

@@ -332,7 +332,7 @@ extension UnlinkIntents {
     /// first and then remove (`removeLeftover`).
     public static func open(for graveyard: Graveyard, source: String) throws(Errno)
         -> (log: UnlinkIntents, leftover: UnlinkIntents?, localPath: String?) {
-        guard vanish_filesystem_is_remote(graveyard.stateFD) == 1 else {
+        guard FilesystemKind.isRemote(graveyard.stateFD) else {
             return (try UnlinkIntents(stateFD: graveyard.stateFD), nil, nil)
         }
         let (dir, path) = try makeLocalDirectory()

@@ -131,7 +131,7 @@ enum MountPaths {
         let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { return false }
         defer { close(fd) }
-        return vanish_filesystem_is_local_disk(fd) != 0
+        return FilesystemKind.isLocalDisk(fd)
     }
 
     /// The mountpoint of a Vanish mount serving `source` (its device field), if any.

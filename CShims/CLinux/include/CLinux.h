@@ -97,16 +97,18 @@ int vanish_fallocate(int fd, int mode, off_t offset, off_t len);
 
 /// fstatfs(2)'s f_type (the filesystem's magic number), or -1.
 long vanish_filesystem_type(int fd);
-/// 1 if `fd` is on a network filesystem or a FUSE one (GlusterFS's client, sshfs,
-/// another Vanish): a deletion there waits on a round trip, not on the CPU.
-int vanish_filesystem_is_remote(int fd);
-/// 1 if `fd` is on ext4, XFS, btrfs or tmpfs. Two things follow that Vanish
-/// relies on: a directory gets a new mtime with every change, however close
-/// together (nanosecond times, and since Linux 6.13 a distinct one after each
-/// query), so an unchanged mtime means an unchanged listing; and close(2) of
-/// a file there never reports an error (no flush operation), unlike on
-/// network and FUSE filesystems, which report deferred write errors there.
-int vanish_filesystem_is_local_disk(int fd);
+/// Filesystem magic numbers (<linux/magic.h>, and the network ones it lacks).
+extern const long VANISH_EXT4_SUPER_MAGIC;
+extern const long VANISH_XFS_SUPER_MAGIC;
+extern const long VANISH_BTRFS_SUPER_MAGIC;
+extern const long VANISH_TMPFS_MAGIC;
+extern const long VANISH_NFS_SUPER_MAGIC;
+extern const long VANISH_CIFS_SUPER_MAGIC;
+extern const long VANISH_SMB2_SUPER_MAGIC;
+extern const long VANISH_SMB_SUPER_MAGIC;
+extern const long VANISH_CEPH_SUPER_MAGIC;
+extern const long VANISH_AFS_FS_MAGIC;
+extern const long VANISH_V9FS_MAGIC;
 /// statfs(2)'s f_type for a path, or -1.
 long vanish_filesystem_type_at(const char *path);
 
