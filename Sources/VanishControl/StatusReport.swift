@@ -22,41 +22,60 @@ enum StatusReport {
         // The files and directories left in due entries (the window's and
         // stuck ones are not due) at the recent pace; unknown (null) when a
         // tree's size is, or nothing was freed in the last seconds.
-        let eta: JSON = switch f.remainingWork {
+        let eta: Int? = switch f.remainingWork {
         case 0: 0
-        case let work? where f.pace.filesPerSecond > 0: JSON(Int((Double(work) / f.pace.filesPerSecond).rounded(.up)))
-        default: .null
+        case let work? where f.pace.filesPerSecond > 0: Int((Double(work) / f.pace.filesPerSecond).rounded(.up))
+        default: nil
         }
         let s = f.statistics
-        let o: JSON = [
-            "version": JSON(VanishVersion.current), "source": JSON(f.source), "pid": JSON(getpid()),
-            "state_directory": f.stateDirectory.map { JSON($0) } ?? .null, "graveyard": JSON(f.graveyard),
-            "pending_entries": JSON(pending), "eta_seconds": eta, "reaper_idle": JSON(f.reapersIdle),
-            "reap_files_per_second": JSON(Int(f.pace.filesPerSecond)),
-            "reap_entries_per_second": JSON(Int(f.pace.entriesPerSecond)),
-            "reaped_entries": JSON(s.entries), "freed_files": JSON(s.freed.files),
-            "freed_directories": JSON(s.freed.directories), "freed_data_bytes": JSON(s.freed.dataBytes),
-            "freed_bytes": JSON(s.freed.diskBytes), "buried_entries": uid == 0 ? JSON(s.buried) : .null,
-            "reaper_workers": JSON(f.reaperWorkers), "free_bytes": JSON(f.freeBytes),
-            "restorable_entries": JSON(restorable), "stuck_entries": JSON(f.stuckEntries),
-            "restorable_bytes": JSON(restorableBytes), "keep_seconds": JSON(f.keepSeconds),
-            // Waiting to be reaped, the kept entries' known bytes aside.
-            "graveyard_bytes": JSON(f.holdingBytes > f.restorableBytes ? f.holdingBytes - f.restorableBytes : 0),
-            "socket": JSON(f.socket), "known_inodes": JSON(f.knownInodes),
-            "statahead_entries": JSON(Int(f.stataheadEntries)), "cached_fds": JSON(f.cachedFDs),
-            "fd_cache_limit": JSON(f.fdCacheLimit), "kernel_features": JSON(f.kernelFeatures),
-            "passthrough": JSON(f.passthrough), "spin_microseconds": JSON(f.spinMicroseconds),
-            "cache_seconds": JSON(f.cacheSeconds), "file_handles": JSON(f.fileHandles),
-            "requests": ["channel": JSON(f.requests.name), "why": f.requests.reason.map { JSON($0) } ?? .null,
-                         "queues": JSON(f.requests.queues), "queue_depth": JSON(f.requests.depth),
-                         "threads": JSON(f.requests.threads), "buffer_bytes": JSON(Int(f.requests.bufferBytes)),
-                         "spin_microseconds": JSON(f.requests.spinMicroseconds)],
-            "client": f.client.map { JSON($0) } ?? .null, "lease_seconds": JSON(f.leaseSeconds),
-            "other_clients": .array(f.otherClients.map { p -> JSON in
-                ["client": JSON(p.client.name), "pending_entries": JSON(p.entries),
-                 "silent_seconds": JSON(Int(p.silentSeconds)), "lease": JSON(p.expired ? "expired" : "live")]
-            }),
-        ]
-        return o.serialized
+        var o = MountStatus()
+        o.version = VanishVersion.current
+        o.source = f.source
+        o.pid = Int(getpid())
+        o.stateDirectory = f.stateDirectory
+        o.graveyard = f.graveyard
+        o.pendingEntries = pending
+        o.etaSeconds = eta
+        o.reaperIdle = f.reapersIdle
+        o.reapFilesPerSecond = Int(f.pace.filesPerSecond)
+        o.reapEntriesPerSecond = Int(f.pace.entriesPerSecond)
+        o.reapedEntries = Int(s.entries)
+        o.freedFiles = Int(s.freed.files)
+        o.freedDirectories = Int(s.freed.directories)
+        o.freedDataBytes = Int(s.freed.dataBytes)
+        o.freedBytes = Int(s.freed.diskBytes)
+        o.buriedEntries = uid == 0 ? Int(s.buried) : nil
+        o.reaperWorkers = f.reaperWorkers
+        o.freeBytes = Int(f.freeBytes)
+        o.restorableEntries = restorable
+        o.stuckEntries = f.stuckEntries
+        o.restorableBytes = Int(restorableBytes)
+        o.keepSeconds = f.keepSeconds
+        // Waiting to be reaped, the kept entries' known bytes aside.
+        o.graveyardBytes = Int(f.holdingBytes > f.restorableBytes ? f.holdingBytes - f.restorableBytes : 0)
+        o.socket = f.socket
+        o.knownInodes = f.knownInodes
+        o.stataheadEntries = Int(f.stataheadEntries)
+        o.cachedFDs = f.cachedFDs
+        o.fdCacheLimit = f.fdCacheLimit
+        o.kernelFeatures = f.kernelFeatures
+        o.passthrough = f.passthrough
+        o.spinMicroseconds = f.spinMicroseconds
+        o.cacheSeconds = f.cacheSeconds
+        o.fileHandles = f.fileHandles
+        o.requests.channel = f.requests.name
+        o.requests.why = f.requests.reason
+        o.requests.queues = f.requests.queues
+        o.requests.queueDepth = f.requests.depth
+        o.requests.threads = f.requests.threads
+        o.requests.bufferBytes = Int(f.requests.bufferBytes)
+        o.requests.spinMicroseconds = f.requests.spinMicroseconds
+        o.client = f.client
+        o.leaseSeconds = f.leaseSeconds
+        o.otherClients = f.otherClients.map {
+            MountStatus.OtherClient(client: $0.client.name, pendingEntries: $0.entries,
+                                    silentSeconds: Int($0.silentSeconds), leaseExpired: $0.expired)
+        }
+        return o.json.serialized
     }
 }
