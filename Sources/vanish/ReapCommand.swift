@@ -120,13 +120,14 @@ struct ReapCommand: ParsableCommand {
         }
         while done.wait(timeout: .now() + .milliseconds(200)) == .timedOut {
             let s = tally()
-            let line = "reaping: \(s.entries) of \(total) entries, \(s.freed.files) files, \(bytes(Int(s.freed.diskBytes))) freed"
+            let line = "reaping: \(s.entries) of \(counted(total, "deletion")) done, \(counted(Int(s.freed.files), "file")), "
+                + "\(bytes(Int(s.freed.diskBytes))) freed"
             if terminal { print("\r\u{1B}[K" + line, terminator: ""); fflush(nil) }
         }
         let s = tally()
         if terminal { print("\r\u{1B}[K", terminator: "") }
-        print("reaped \(s.entries) entries: \(s.freed.files) files, \(s.freed.directories) directories, "
-              + "\(bytes(Int(s.freed.diskBytes))) freed"
+        print("reaped \(counted(Int(s.entries), "deletion")): \(counted(Int(s.freed.files), "file")), "
+              + "\(counted(Int(s.freed.directories), "directory", "directories")), \(bytes(Int(s.freed.diskBytes))) freed"
               + (interrupted.value ? " (interrupted; the rest stays for next time)" : ""))
         let stuck = failures.value
         if !stuck.isEmpty {

@@ -139,6 +139,11 @@ extension MountStatus {
     }
 }
 
+/// "1 file", "2 files": a count and its noun.
+func counted(_ n: Int, _ one: String, _ many: String? = nil) -> String {
+    "\(n) " + (n == 1 ? one : many ?? one + "s")
+}
+
 /// A duration as people read it: "45 s", "12 min", "1 h", "1 h 30 min", "7 d".
 func duration(_ seconds: Double) -> String {
     let s = Int(seconds.rounded(.up))

@@ -142,7 +142,7 @@ struct MountLifecycleTests {
         try waitFor("the daemon to let go of the source") { try run(["/usr/bin/flock", "-n", repo, "true"]).ok }
         // Without a mount, vanish reap finds the state outside and frees what it keeps.
         let reap = try run([vanishBinary, "reap", repo])
-        #expect(reap.ok && reap.stdout.contains("reaped 1 entries"), "\(reap.stdout)\(reap.stderr)")
+        #expect(reap.ok && reap.stdout.contains("reaped 1 deletion:"), "\(reap.stdout)\(reap.stderr)")
     }
 
     @Test("one mount per source: a second mount and vanish reap are refused until it is unmounted")

@@ -375,7 +375,25 @@ struct UndoWindowTests {
         let r = try run([vanishBinary, "reap", "--workers", "2", m.source])
         #expect(r.ok, "\(r.stderr)")
         // Two workers used to find the same entries and count those already gone: 1,6xx of 1,001.
-        #expect(r.stdout.contains("reaped 1001 entries: 1000 files, 1 directories"), "\(r.stdout)")
+        #expect(r.stdout.contains("reaped 1001 deletions: 1000 files, 1 directory"), "\(r.stdout)")
+        #expect(try graveyardCount(m.source) == 0)
+    }
+
+    @Test("vanish reap of a tree taken apart in pieces: its progress never counts more done than there is, and a tree is one deletion")
+    func reapProgressOfATree() throws {
+        let m = try VanishMount(options: ["reap_rate=1"], prepare: { src in try makeTree(src + "/t", files: 3000, size: 1) })
+        defer { m.close() }
+        #expect(try run([vanishBinary, "rm", "-r", m.path("t")]).ok)
+        // A stop signal leaves the graveyard as it is (an unmount would reap it, at one a second).
+        kill(m.pid, SIGTERM)
+        #expect(try m.waitForExit() == 0)
+        // On a terminal (script's pty) it shows its progress as it goes.
+        let cmd = [vanishBinary, "reap", m.source].map(shellQuote).joined(separator: " ")
+        let r = try run(["script", "-q", "-e", "-c", cmd, "/dev/null"])
+        #expect(r.ok, "\(r.stdout)\(r.stderr)")
+        let progress = r.stdout.matches(of: /reaping: (\d+) of (\d+) deletions? done/).map { (Int($0.1)!, Int($0.2)!) }
+        #expect(progress.allSatisfy { $0.0 <= $0.1 }, "\(progress)")
+        #expect(r.stdout.contains("reaped 1 deletion: 3000 files, 4 directories"), "\(r.stdout)")
         #expect(try graveyardCount(m.source) == 0)
     }
 
