@@ -26,14 +26,14 @@ extension PassthroughFilesystem {
     }
 
     /// Finishes the unlinks an earlier daemon answered but was killed before
-    /// burying (see `UnlinkIntents.finish`). Runs before the mount serves.
-    func finishInterruptedUnlinks(_ intents: UnlinkIntents) {
+    /// burying (see `UnlinkIntents.finishInterrupted`). Runs before the mount serves.
+    func finishInterruptedUnlinks(_ intents: UnlinkIntents, leftover: UnlinkIntents?) {
         guard let graveyard else { return }
         let keeps = (reaper?.policy.keep ?? 0) > 0
-        let (finished, logged) = intents.finish(rootFD: rootFD, graveyard: graveyard, keepingRecords: keeps,
-                                                buried: { [reaper] in reaper?.noteBuried(shard: $0) },
-                                                failed: { [log] in log.warning("could not finish an interrupted unlink",
-                                                                               metadata: ["error": "\($0)"]) })
+        let (finished, logged) = UnlinkIntents.finishInterrupted(
+            intents, leftover: leftover, graveyard: graveyard, rootFD: rootFD, keepingRecords: keeps,
+            buried: { [reaper] in reaper?.noteBuried(shard: $0) },
+            failed: { [log] in log.warning("could not finish an interrupted unlink", metadata: ["error": "\($0)"]) })
         if finished > 0 {
             log.notice("finished unlinks answered by the last session but not yet done when it ended",
                        metadata: ["finished": "\(finished)", "logged": "\(logged)"])

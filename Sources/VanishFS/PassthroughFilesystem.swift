@@ -183,11 +183,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         actsForOthers = geteuid() == 0
         statahead = Statahead(table: table, namespace: namespace)
         devices = DeviceMap(rootDevice: st.st_dev)
-        if let leftover, let grave {
-            finishInterruptedUnlinks(leftover)
-            UnlinkIntents.removeLeftover(in: grave)
-        }
-        if let intents { finishInterruptedUnlinks(intents) }
+        if let intents { finishInterruptedUnlinks(intents, leftover: leftover) }
         statahead.skip = { [unowned self] dir, name in isReserved(dir, name) }
     }
 

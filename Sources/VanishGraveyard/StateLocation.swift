@@ -12,6 +12,17 @@ import LinuxSyscalls
 /// last component and HASH one of its whole path. Where no base qualifies
 /// (another filesystem, a network source) the state stays in the tree.
 public enum StateLocation {
+    /// The daemon user's own state directory on this machine: /var/lib/vanish
+    /// for root, else $XDG_STATE_HOME/vanish or ~/.local/state/vanish (the
+    /// unlink log of a network source, and in-place mounts' state, live
+    /// under it); nil without a home.
+    public static var localBase: String? {
+        if geteuid() == 0 { return "/var/lib/vanish" }
+        if let state = getenv("XDG_STATE_HOME"), state[0] == 0x2F { return String(cString: state) + "/vanish" }
+        if let home = getenv("HOME"), home[0] == 0x2F { return String(cString: home) + "/.local/state/vanish" }
+        return nil
+    }
+
     /// The directory under one of `bases` that holds (or, with `create`,
     /// will hold) the state of the source at `sourcePath`, open as the O_PATH
     /// `sourceFD`; nil if none of them is on the source's mount, or, without

@@ -345,24 +345,29 @@ extension UnlinkIntents {
         return (log, leftover, path + "/" + name)
     }
 
-    /// Removes a log left on the volume, once it is finished.
-    public static func removeLeftover(in graveyard: Graveyard) {
-        _ = try? Sys.unlinkat(graveyard.stateFD, fileName, 0)
+    /// Finishes the unlinks a killed daemon had answered but not done, from
+    /// `log` and from a `leftover` log (one a network volume kept from before
+    /// logs moved to the machine, removed once finished), as `finish` does
+    /// each. Used by a mount before it serves and by `vanish reap`. Returns
+    /// how many were finished and how many were logged.
+    public static func finishInterrupted(_ log: UnlinkIntents, leftover: UnlinkIntents?, graveyard: Graveyard,
+                                         rootFD: Int32, keepingRecords: Bool, buried: (Int) -> Void,
+                                         failed: (Errno) -> Void) -> (finished: Int, logged: Int) {
+        var total = (finished: 0, logged: 0)
+        for l in [leftover, log].compactMap({ $0 }) {
+            let (finished, logged) = l.finish(rootFD: rootFD, graveyard: graveyard, keepingRecords: keepingRecords,
+                                              buried: buried, failed: failed)
+            total.finished += finished
+            total.logged += logged
+        }
+        if leftover != nil { _ = try? Sys.unlinkat(graveyard.stateFD, fileName, 0) }
+        return total
     }
 
     /// `/var/lib/vanish` for root, else `$XDG_STATE_HOME/vanish` or
     /// `~/.local/state/vanish`: made (0700) as needed, opened O_PATH, and its path.
     private static func makeLocalDirectory() throws(Errno) -> (Int32, String) {
-        let base: String
-        if geteuid() == 0 {
-            base = "/var/lib/vanish"
-        } else if let state = getenv("XDG_STATE_HOME"), state[0] == 0x2F {
-            base = String(cString: state) + "/vanish"
-        } else if let home = getenv("HOME"), home[0] == 0x2F {
-            base = String(cString: home) + "/.local/state/vanish"
-        } else {
-            throw .noSuchFileOrDirectory
-        }
+        guard let base = StateLocation.localBase else { throw .noSuchFileOrDirectory }
         // The directories above are the system's or the user's own: made if
         // missing, as mkdir -p would; only the last one must be private.
         var parent = try Sys.open("/", VANISH_O_PATH | O_DIRECTORY)

@@ -3,6 +3,7 @@ import CLinux
 import Glibc
 import LinuxSyscalls
 import VanishClient
+import VanishGraveyard
 
 /// Facts about paths and mounts the mount and unmount commands check first.
 enum MountPaths {
@@ -107,16 +108,9 @@ enum MountPaths {
     /// the source's own filesystem; for other users their state directory
     /// ($XDG_STATE_HOME, or ~/.local/state). Never inside the source.
     static func stateBases(for source: String) -> [String] {
-        var bases: [String]
-        if geteuid() == 0 {
-            bases = ["/var/lib/vanish/in-place"]
-            if let top = mount(containing: source)?.point { bases.append((top == "/" ? "" : top) + "/.vanish-in-place") }
-        } else if let state = getenv("XDG_STATE_HOME").map({ String(cString: $0) }), state.hasPrefix("/") {
-            bases = [state + "/vanish/in-place"]
-        } else if let home = getenv("HOME").map({ String(cString: $0) }), home.hasPrefix("/") {
-            bases = [home + "/.local/state/vanish/in-place"]
-        } else {
-            bases = []
+        var bases = StateLocation.localBase.map { [$0 + "/in-place"] } ?? []
+        if geteuid() == 0, let top = mount(containing: source)?.point {
+            bases.append((top == "/" ? "" : top) + "/.vanish-in-place")
         }
         return bases.filter { !isBelow($0, source) }
     }

@@ -74,13 +74,12 @@ struct ReapCommand: ParsableCommand {
                     let graveyard = try Graveyard(rootFD: stateRoot, client: me, create: false)
                     graveyard.absorbAdopted { _ in }
                     if root == src, let (intents, leftover, _) = try? UnlinkIntents.open(for: graveyard, source: src) {
-                        // Unlinks a killed daemon answered but had not done yet: done now, as a mount would.
-                        for log in [leftover, intents].compactMap({ $0 }) {
-                            let (finished, _) = log.finish(rootFD: fd, graveyard: graveyard, keepingRecords: false,
-                                                           buried: { _ in }, failed: { _ in })
-                            if finished > 0 { print("finished \(finished) unlinks the last mount had answered but not done") }
-                        }
-                        if leftover != nil { UnlinkIntents.removeLeftover(in: graveyard) }
+                        // Unlinks a killed daemon answered but had not done yet: done now, as a mount would
+                        // (with no record: reaping without a mount ends the window anyway).
+                        let (finished, _) = UnlinkIntents.finishInterrupted(
+                            intents, leftover: leftover, graveyard: graveyard, rootFD: fd, keepingRecords: false,
+                            buried: { _ in }, failed: { _ in })
+                        if finished > 0 { print("finished \(finished) unlinks the last mount had answered but not done") }
                     }
                     var policy = Reaper.Policy()
                     policy.freesKeptEntries = true
