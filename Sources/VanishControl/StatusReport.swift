@@ -52,7 +52,8 @@ enum StatusReport {
         o.restorableBytes = Int(restorableBytes)
         o.keepSeconds = f.keepSeconds
         // Waiting to be reaped, the kept entries' known bytes aside.
-        o.graveyardBytes = Int(f.holdingBytes > f.restorableBytes ? f.holdingBytes - f.restorableBytes : 0)
+        // Nothing waiting holds nothing, whatever the estimate kept.
+        o.graveyardBytes = pending == 0 ? 0 : Int(f.holdingBytes > f.restorableBytes ? f.holdingBytes - f.restorableBytes : 0)
         o.socket = f.socket
         o.knownInodes = f.knownInodes
         o.stataheadEntries = Int(f.stataheadEntries)

@@ -62,7 +62,7 @@ extension PassthroughFilesystem {
                 // and how much space waits in the graveyard.
                 if isDirectory, let grave, entry.st_dev == table.root.key.dev {
                     if extent.entries > 1 { reaper?.expectTree(grave, count: extent.entries) }
-                    reaper?.noteHeld(bytes: extent.bytes &- (UInt64(entry.st_blocks) * 512))
+                    reaper?.noteHeld(bytes: extent.bytes)
                 }
                 if entry.st_mode & S_IFMT == S_IFDIR { table.markBuried(node) }
                 emitDeleted(caller, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true, entry: grave)

@@ -300,11 +300,12 @@ extension PassthroughFilesystem {
         return entry
     }
 
-    /// The disk space reaping an entry of stat `st` gives back: none for a
-    /// file with other links (what a tree holds is added by its walk).
+    /// The disk space reaping an entry of stat `st` gives back, as the
+    /// reaper counts it: a file's blocks (none with other links), not a
+    /// directory's (what a tree holds is added by its walk).
     @inline(__always)
     static func freedBytes(_ st: stat) -> UInt64 {
-        st.st_mode & S_IFMT != S_IFDIR && st.st_nlink > 1 ? 0 : UInt64(st.st_blocks) * 512
+        st.st_mode & S_IFMT == S_IFDIR || st.st_nlink > 1 ? 0 : UInt64(st.st_blocks) * 512
     }
 
     /// Deletes an entry that cannot reach the graveyard (a nested

@@ -41,7 +41,7 @@ struct RemovalCheck {
     /// with all it holds if `recursive`; throws the errno `rm` would meet.
     /// Returns what goes: how many files and directories, itself included
     /// (what the reaper will have to delete), and the disk space deleting
-    /// them gives back (files with other links give none).
+    /// its files gives back (files with other links give none).
     @discardableResult
     func check(_ parentFD: Int32, _ name: UnsafePointer<CChar>, recursive: Bool) throws(Errno) -> Extent {
         guard let credentials, Credentials.canSwitch else { return try checkAsSelf(parentFD, name, recursive) }
@@ -53,9 +53,10 @@ struct RemovalCheck {
         var entries = 0
         var bytes: UInt64 = 0
 
+        /// Files' blocks only: the reaper counts what it frees the same way.
         mutating func add(_ st: stat) {
             entries += 1
-            if st.st_mode & S_IFMT == S_IFDIR || st.st_nlink <= 1 { bytes += UInt64(st.st_blocks) * 512 }
+            if st.st_mode & S_IFMT != S_IFDIR && st.st_nlink <= 1 { bytes += UInt64(st.st_blocks) * 512 }
         }
     }
 

@@ -58,11 +58,11 @@ struct StatusCommand: ParsableCommand {
         } else {
             print("""
                 source:           \(status.source) (vanish \(status.version), pid \(status.pid))
-                graveyard:        \(status.pendingEntries) entries waiting, \(status.restorableEntries) of them restorable (\(bytes(status.restorableBytes)) known)\(status.stuckEntries > 0 ? ", \(status.stuckEntries) that cannot be deleted (see the daemon's log)" : "")
+                graveyard:        \(counted(status.pendingEntries, "deletion")) waiting, \(status.restorableEntries) of them restorable (\(bytes(status.restorableBytes)) known)\(status.stuckEntries > 0 ? ", \(status.stuckEntries) that cannot be deleted (see the daemon's log)" : "")
                 undo window:      \(status.window)
-                reaped:           \(status.reapedEntries) entries, \(status.freedFiles) files, \(status.freedDirectories) directories, \(bytes(status.freedBytes)) of disk (\(bytes(status.freedDataBytes)) of data)
+                reaped:           \(counted(status.reapedEntries, "deletion")), \(counted(status.freedFiles, "file")), \(counted(status.freedDirectories, "directory", "directories")), \(bytes(status.freedBytes)) of disk (\(bytes(status.freedDataBytes)) of data)
                 reaping now:      \(status.pace)
-                deleted (mount):  \(status.buriedEntries ?? 0) entries since mount
+                deleted (mount):  \(counted(status.buriedEntries ?? 0, "deletion")) since mount
                 reaper workers:   \(status.reaperWorkers)
                 client:           \(status.client ?? "none (no graveyard)")\(status.otherClients.isEmpty ? "" : "\nother clients:   " + status.others.joined(separator: "\n                  "))
                 free space:       \(status.space)
