@@ -55,6 +55,7 @@ _Static_assert(INIT_OUT_MAX_STACK_DEPTH == 36, "max_stack_depth follows flags2")
 _Static_assert(sizeof(struct fuse_open_out) == 16, "fuse_open_out is 16 bytes");
 _Static_assert(OPEN_OUT_BACKING_ID == 12, "backing_id follows open_flags");
 _Static_assert(sizeof(struct fuse_backing_map) == 16, "fuse_backing_map is 16 bytes");
+_Static_assert(sizeof(struct fuse_entry_out) % 8 == 0, "a create reply's open part follows its entry unpadded");
 
 // FUSE_STATX (protocol 7.39, Linux 6.6): the kernel asks for it when a
 // program wants a birth time, and falls back to GETATTR (no birth time) once
@@ -104,10 +105,6 @@ static struct fuse_session *session;
 static _Atomic int ring_mode;          // VANISH_RING_*
 static _Atomic int ring_error;         // errno of a ring that could not be made
 static _Atomic int ring_asked;         // the INIT reply asks for the ring
-
-// The backing id the open or create reply being written on this thread
-// carries: libfuse writes a reply synchronously in the replying thread.
-static _Thread_local int32_t reply_backing_id;
 
 // O_TMPFILE: libfuse 3.14 does not know FUSE_TMPFILE (kernel 6.1) and
 // answers ENOSYS, after which the kernel fails every O_TMPFILE open with
@@ -419,21 +416,6 @@ static ssize_t t_writev(int fd, struct iovec *iov, int count, void *userdata) {
         }
     }
     if (out->error == 0 && out->unique != 0 && count >= 2) {
-        int32_t backing = reply_backing_id;
-        if (backing > 0 && iov[count - 1].iov_len >= sizeof(struct fuse_open_out) &&
-            iov[count - 1].iov_len <= 256) {
-            // fuse_open_out ends the body of both the open and the create reply.
-            unsigned char body[256];
-            struct iovec patched[count];
-            memcpy(patched, iov, sizeof(struct iovec) * (size_t)count);
-            size_t len = iov[count - 1].iov_len;
-            memcpy(body, iov[count - 1].iov_base, len);
-            struct fuse_open_out *o = (void *)(body + len - sizeof(struct fuse_open_out));
-            o->open_flags |= FOPEN_PASSTHROUGH;
-            memcpy((char *)o + OPEN_OUT_BACKING_ID, &backing, sizeof backing);
-            patched[count - 1].iov_base = body;
-            return vanish_workers_write_reply(fd, patched, count, out->unique);
-        }
         if (!atomic_load_explicit(&init_done, memory_order_relaxed) &&
             out->unique == atomic_load(&init_unique) && iov[1].iov_len == sizeof(struct fuse_init_out)) {
             struct fuse_init_out body;
@@ -572,11 +554,58 @@ void vanish_transport_ring_info(struct vanish_ring_info *info) {
     info->offered = (atomic_load(&offered) & VANISH_RING_INIT_FLAG) != 0;
 }
 
+// An open reply as libfuse 3.14 builds it (its fill_open), with what it
+// cannot say: the passthrough flag and the backing id. Built whole here and
+// sent as it is, rather than patched on its way out.
+static void fill_open(struct fuse_open_out *o, const struct fuse_file_info *fi, int32_t backing_id) {
+    memset(o, 0, sizeof *o);
+    o->fh = fi->fh;
+    if (fi->direct_io) o->open_flags |= FOPEN_DIRECT_IO;
+    if (fi->keep_cache) o->open_flags |= FOPEN_KEEP_CACHE;
+    if (fi->cache_readdir) o->open_flags |= FOPEN_CACHE_DIR;
+    if (fi->nonseekable) o->open_flags |= FOPEN_NONSEEKABLE;
+    if (fi->noflush) o->open_flags |= FOPEN_NOFLUSH;
+    o->open_flags |= FOPEN_PASSTHROUGH;
+    memcpy((char *)o + OPEN_OUT_BACKING_ID, &backing_id, sizeof backing_id);
+}
+
+// libfuse's timeouts in whole seconds and nanoseconds (its calc_timeout_sec/_nsec).
+static uint64_t timeout_sec(double t) {
+    if (t > (double)UINT64_MAX) return UINT64_MAX;
+    return t < 0.0 ? 0 : (uint64_t)t;
+}
+
+static uint32_t timeout_nsec(double t) {
+    double f = t - (double)timeout_sec(t);
+    if (f < 0.0) return 0;
+    return f >= 0.999999999 ? 999999999 : (uint32_t)(f * 1.0e9);
+}
+
+// A struct stat as the kernel's fuse_attr (libfuse's convert_stat).
+static void fill_attr(struct fuse_attr *a, const struct stat *st) {
+    a->ino = st->st_ino;
+    a->mode = st->st_mode;
+    a->nlink = (uint32_t)st->st_nlink;
+    a->uid = st->st_uid;
+    a->gid = st->st_gid;
+    a->rdev = (uint32_t)st->st_rdev;
+    a->size = (uint64_t)st->st_size;
+    a->blksize = (uint32_t)st->st_blksize;
+    a->blocks = (uint64_t)st->st_blocks;
+    a->atime = (uint64_t)st->st_atim.tv_sec;
+    a->mtime = (uint64_t)st->st_mtim.tv_sec;
+    a->ctime = (uint64_t)st->st_ctim.tv_sec;
+    a->atimensec = (uint32_t)st->st_atim.tv_nsec;
+    a->mtimensec = (uint32_t)st->st_mtim.tv_nsec;
+    a->ctimensec = (uint32_t)st->st_ctim.tv_nsec;
+}
+
 int vanish_reply_open_backing(struct fuse_req *req, const struct fuse_file_info *fi, int32_t backing_id) {
-    reply_backing_id = backing_id;
-    int r = fuse_reply_open(req, fi);
-    reply_backing_id = 0;
-    return r;
+    if (backing_id <= 0) return fuse_reply_open(req, fi);
+    struct fuse_open_out o;
+    fill_open(&o, fi, backing_id);
+    struct iovec iov = { &o, sizeof o };
+    return fuse_reply_iov(req, &iov, 1);
 }
 
 int vanish_reply_attr_birth(struct fuse_req *req, const struct stat *st, double timeout, uint64_t birth) {
@@ -588,10 +617,20 @@ int vanish_reply_attr_birth(struct fuse_req *req, const struct stat *st, double 
 
 int vanish_reply_create_backing(struct fuse_req *req, const struct fuse_entry_param *e,
                                 const struct fuse_file_info *fi, int32_t backing_id) {
-    reply_backing_id = backing_id;
-    int r = fuse_reply_create(req, e, fi);
-    reply_backing_id = 0;
-    return r;
+    if (backing_id <= 0) return fuse_reply_create(req, e, fi);
+    // Passthrough came with protocol 7.40: the entry is never the 7.8 compat size here.
+    struct { struct fuse_entry_out entry; struct fuse_open_out open; } body;
+    memset(&body, 0, sizeof body);
+    body.entry.nodeid = e->ino;
+    body.entry.generation = e->generation;
+    body.entry.entry_valid = timeout_sec(e->entry_timeout);
+    body.entry.entry_valid_nsec = timeout_nsec(e->entry_timeout);
+    body.entry.attr_valid = timeout_sec(e->attr_timeout);
+    body.entry.attr_valid_nsec = timeout_nsec(e->attr_timeout);
+    fill_attr(&body.entry.attr, &e->attr);
+    fill_open(&body.open, fi, backing_id);
+    struct iovec iov = { &body, sizeof body };
+    return fuse_reply_iov(req, &iov, 1);
 }
 
 int32_t vanish_backing_open(int devfd, int fd) {

@@ -2,9 +2,9 @@
 // installed with fuse_session_custom_io, passes every request and reply
 // through unchanged except for what 3.14 does not know: the INIT reply's
 // newer flags (passthrough, parallel dirops, killpriv v2, direct_io mmap),
-// the open/create reply's passthrough flag and backing id, and the
-// FUSE_TMPFILE and FUSE_STATX requests, brought to libfuse as a create and a
-// getattr.
+// and the FUSE_TMPFILE and FUSE_STATX requests, brought to libfuse as a
+// create and a getattr. Open and create replies that carry a backing id
+// (passthrough) are built here whole and sent through libfuse as they are.
 #ifndef VANISH_CFUSETRANSPORT_H
 #define VANISH_CFUSETRANSPORT_H
 
