@@ -226,6 +226,14 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
             conn.pointee.want |= UInt32(FUSE_CAP_WRITEBACK_CACHE)
         }
         conn.pointee.max_readahead = UInt32(options.readaheadKB * 1024)
+        // Background requests (RELEASE above all) get their request id only
+        // once fewer than max_background are in flight (the kernel's 12 by
+        // default): a RELEASE held back behind the limit was numbered after
+        // its program's next change, and its `written` event came after that
+        // change's (1 in 1,600 under CI's load). More room keeps the kernel's
+        // numbering in the order programs act.
+        conn.pointee.max_background = 64
+        conn.pointee.congestion_threshold = 48
         // Move data between the backing file and /dev/fuse through pipes
         // instead of copying it through our memory (as passthrough_hp does).
         // Not over io_uring: requests and replies live in the ring's buffers.
