@@ -56,6 +56,8 @@ extension PassthroughFilesystem {
         var shards = Set<Int>()
         for e in entries {
             guard let gone = graveyard.letGo(e.id) else { continue }
+            // Renamed: the reaper meets it under another name, of unknown size.
+            reaper?.forgetTree(e.id)
             count += 1
             bytes += gone.record.bytes ?? 0
             shards.insert(gone.shard)
@@ -89,6 +91,7 @@ extension PassthroughFilesystem {
             if error == .fileExists || error == .directoryNotEmpty { throw .taken }
             throw .failed(error)
         }
+        reaper?.forgetTree(claimed.id)
         if observing {
             let id = fileID(dirFD, leaf)
             emit(.restored, nil) { ev in

@@ -295,6 +295,14 @@ public final class Reaper: @unchecked Sendable {
         }
     }
 
+    /// The tree `entry` left the graveyard without the reaper (restored, or
+    /// renamed by `letGo`): its size no longer counts, and once no tree's
+    /// does, reaping stops tracking where pieces came from.
+    public func forgetTree(_ entry: String) {
+        guard treesKnown.load(ordering: .relaxed) > 0, treeSizes.withLock({ $0.removeValue(forKey: entry) }) != nil else { return }
+        treesKnown.wrappingSubtract(1, ordering: .relaxed)
+    }
+
     /// A tree buried whole holds `bytes` more than its own directory's blocks.
     public func noteHeld(bytes: UInt64) { heldBytes.wrappingAdd(bytes, ordering: .relaxed) }
 

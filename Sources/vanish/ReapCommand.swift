@@ -125,7 +125,10 @@ struct ReapCommand: ParsableCommand {
         }
         let s = tally()
         if terminal { print("\r\u{1B}[K", terminator: "") }
-        print("reaped \(counted(Int(s.entries), "deletion")): \(counted(Int(s.freed.files), "file")), "
+        // Emptied, every deletion counted at the start is done, also pieces a
+        // daemon left of a tree it had begun (counted as one; no original entry ends them).
+        let deletions = interrupted.value ? Int(s.entries) : max(Int(s.entries), total)
+        print("reaped \(counted(deletions, "deletion")): \(counted(Int(s.freed.files), "file")), "
               + "\(counted(Int(s.freed.directories), "directory", "directories")), \(bytes(Int(s.freed.diskBytes))) freed"
               + (interrupted.value ? " (interrupted; the rest stays for next time)" : ""))
         let stuck = failures.value
