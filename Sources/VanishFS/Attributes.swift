@@ -145,6 +145,7 @@ extension PassthroughFilesystem {
                 try Sys.chmod(pathFD: fd, st.st_mode & 0o7777 & ~S_ISGID)
             }
         }
+        absentXattrs.changed(inode(ino))
         if changesMode(name) { invalidations.attributes(of: ino) }
         if observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: name) }
         req.replyOK()
@@ -169,18 +170,28 @@ extension PassthroughFilesystem {
             return
         }
         let node = inode(ino)
-        if size == 0 {
-            req.reply(xattrSize: try readXattr(node, name, nil))
-            return
+        if absentXattrs.knownNone(node) { throw .noData }
+        do throws(Errno) {
+            if size == 0 {
+                req.reply(xattrSize: try readXattr(node, name, nil))
+                return
+            }
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 1)
+            defer { buffer.deallocate() }
+            let n = try readXattr(node, name, buffer)
+            req.reply(bytes: UnsafeRawBufferPointer(rebasing: buffer[..<n]))
+        } catch .noData {
+            absentXattrs.learn(node) { () throws(Errno) in try listXattrs(node, nil) }
+            throw .noData
         }
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 1)
-        defer { buffer.deallocate() }
-        let n = try readXattr(node, name, buffer)
-        req.reply(bytes: UnsafeRawBufferPointer(rebasing: buffer[..<n]))
     }
 
     public func listxattr(_ req: Request, _ ino: fuse_ino_t, size: Int) throws(Errno) {
         let node = inode(ino)
+        if absentXattrs.knownNone(node) {
+            if size == 0 { req.reply(xattrSize: 0) } else { req.reply(bytes: UnsafeRawBufferPointer(start: nil, count: 0)) }
+            return
+        }
         // The kernel lists trusted.* names only to CAP_SYS_ADMIN; the daemon,
         // which has it when it runs as root, lists them for root's calls only
         // (uid 0 stands for it).
@@ -188,14 +199,17 @@ extension PassthroughFilesystem {
             try listXattrsWithoutTrusted(req, node, size: size)
             return
         }
+        let n: Int
         if size == 0 {
-            req.reply(xattrSize: try listXattrs(node, nil))
-            return
+            n = try listXattrs(node, nil)
+            req.reply(xattrSize: n)
+        } else {
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 1)
+            defer { buffer.deallocate() }
+            n = try listXattrs(node, buffer)
+            req.reply(bytes: UnsafeRawBufferPointer(rebasing: buffer[..<n]))
         }
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 1)
-        defer { buffer.deallocate() }
-        let n = try listXattrs(node, buffer)
-        req.reply(bytes: UnsafeRawBufferPointer(rebasing: buffer[..<n]))
+        absentXattrs.learn(node) { () throws(Errno) in n }
     }
 
     /// listxattr without trusted.* names: the whole list is read (the size
@@ -263,6 +277,7 @@ extension PassthroughFilesystem {
     public func removexattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         if isControlName(name) { throw .notPermitted }
         try namespace.withFD(inode(ino)) { fd throws(Errno) in try Sys.removexattr(pathFD: fd, name) }
+        absentXattrs.changed(inode(ino))
         if changesMode(name) { invalidations.attributes(of: ino) }
         if observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: name) }
         req.replyOK()

@@ -72,6 +72,11 @@ final class Inode: @unchecked Sendable {
     /// For a file: its mtime (ns) as last sent to the kernel, to tell a
     /// change the kernel never saw (a passthrough mmap write).
     let mtimeSent = Atomic<UInt64>(0)
+    /// Its ctime (ns) as last sent to the kernel.
+    let ctimeSent = Atomic<UInt64>(0)
+    /// Whether it had xattrs, at a ctime: `ctime << 1 | had`, 0 when not
+    /// known (see `AbsentXattrs`).
+    let xattrsAt = Atomic<UInt64>(0)
     /// The watch told the kernel to drop its attributes and it has not
     /// asked for them since: a further change need not tell it again.
     let attributesDropped = Atomic<Bool>(false)
@@ -123,6 +128,7 @@ final class Inode: @unchecked Sendable {
     /// the attribute timeout.
     @inline(__always)
     func sawAttributes(_ st: stat) {
+        ctimeSent.store(Inode.nanoseconds(st.st_ctim), ordering: .relaxed)
         attributesSent.store(InodeTable.coarseMilliseconds(), ordering: .relaxed)
         attributesDropped.store(false, ordering: .releasing)
         if type == S_IFDIR { modeSeen.store(UInt32(st.st_mode), ordering: .relaxed) }

@@ -61,6 +61,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// Changes behind the mount as they happen: with it, the kernel keeps
     /// names and attributes of the source's filesystem for an hour (`cacheTimeout`).
     let watch: SourceWatch?
+    /// Files known to have no xattrs, answered without a syscall.
+    let absentXattrs: AbsentXattrs
     let sourcePath: String
     /// The state directory's path (in the source, or outside it: `StateLocation`); nil without a graveyard.
     public let stateDirectory: String?
@@ -174,6 +176,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         buriedNumbers = codec != nil ? grave.map(BuriedNumbers.init) : nil
         stateDirectoryKey = grave.flatMap { g in (try? Sys.fstat(g.sharedFD)).map { InodeKey(dev: $0.st_dev, ino: $0.st_ino) } }
         watch = options.cache == .auto && localDisk && options.watchSource ? codec.flatMap(SourceWatch.init) : nil
+        absentXattrs = AbsentXattrs(enabled: localDisk, device: st.st_dev,
+                                    timeout: watch != nil ? SourceWatch.timeout : options.attrTimeout)
         self.options = options
         log = logger
         passthrough = PassthroughFiles(log: logger)
