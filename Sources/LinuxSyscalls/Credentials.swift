@@ -19,6 +19,24 @@ public struct Credentials: Sendable {
         self.groups = groups
     }
 
+    /// Whether the mode bits of `st` grant all of `mask` (R=4, W=2, X=1) to
+    /// these credentials, as the kernel's generic_permission decides by
+    /// them alone: no ACL, and of capabilities only root's (which passes,
+    /// except that execute needs some x bit). Where the kernel can decide,
+    /// ask it instead (`acting` and `Sys.access`).
+    public func modeBitsGrant(_ st: stat, _ mask: mode_t) -> Bool {
+        if uid == 0 { return mask & 1 == 0 || st.st_mode & 0o111 != 0 || st.st_mode & S_IFMT == S_IFDIR }
+        let bits: mode_t
+        if st.st_uid == uid {
+            bits = (st.st_mode >> 6) & 7
+        } else if st.st_gid == gid || groups.contains(st.st_gid) {
+            bits = (st.st_mode >> 3) & 7
+        } else {
+            bits = st.st_mode & 7
+        }
+        return bits & mask == mask
+    }
+
     /// Whether this process may take other users' identities.
     public static var canSwitch: Bool { geteuid() == 0 }
 

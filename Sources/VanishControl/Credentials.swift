@@ -7,20 +7,19 @@ import SystemPackage
 /// (SO_PEERCRED, SO_PEERGROUPS): permission checks for listing, restoring
 /// and watching use these, never the daemon's own rights.
 extension Credentials {
-    /// Whether the mode bits of `st` grant all of `mask` (R=4, W=2, X=1),
-    /// as the kernel's generic_permission decides (root passes, except that
-    /// execute needs some x bit).
-    func permits(_ st: stat, _ mask: mode_t) -> Bool {
-        if uid == 0 { return mask & 1 == 0 || st.st_mode & 0o111 != 0 || st.st_mode & S_IFMT == S_IFDIR }
-        let bits: mode_t
-        if st.st_uid == uid {
-            bits = (st.st_mode >> 6) & 7
-        } else if st.st_gid == gid || groups.contains(st.st_gid) {
-            bits = (st.st_mode >> 3) & 7
-        } else {
-            bits = st.st_mode & 7
+    /// Whether these credentials are granted all of `mask` (R=4, W=2, X=1)
+    /// on the file `fd` (O_PATH), as the kernel decides it for them: mode
+    /// bits, ACLs, capabilities. A daemon that cannot take on another
+    /// user's identity goes by the mode bits, and refuses another user a
+    /// file with an access ACL (whose entries only the kernel should read).
+    func permits(_ fd: Int32, _ mask: mode_t) -> Bool {
+        if Credentials.canSwitch {
+            return (try? acting { () throws(Errno) in try Sys.access(fd, Int32(mask)) }) != nil
         }
-        return bits & mask == mask
+        if uid == geteuid() { return (try? Sys.access(fd, Int32(mask))) != nil }
+        guard let st = try? Sys.fstat(fd) else { return false }
+        if (try? Sys.getxattr(pathFD: fd, "system.posix_acl_access", nil)) != nil { return false }
+        return modeBitsGrant(st, mask)
     }
 
     /// Opens the directory `components` below `root` as these credentials
@@ -32,7 +31,7 @@ extension Credentials {
         var dirFD = root
         do throws(Errno) {
             for p in components {
-                guard permits(try Sys.fstat(dirFD), listing ? 5 : 1) else { throw Errno.permissionDenied }
+                guard permits(dirFD, listing ? 5 : 1) else { throw Errno.permissionDenied }
                 let next = try (p + [0]).withUnsafeBufferPointer { b throws(Errno) in
                     try Sys.openat(dirFD, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
                                    VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
@@ -40,7 +39,7 @@ extension Credentials {
                 if dirFD != root { Sys.close(dirFD) }
                 dirFD = next
             }
-            guard permits(try Sys.fstat(dirFD), needing) else { throw Errno.permissionDenied }
+            guard permits(dirFD, needing) else { throw Errno.permissionDenied }
             return dirFD
         } catch {
             if dirFD != root { Sys.close(dirFD) }

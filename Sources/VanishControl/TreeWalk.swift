@@ -21,7 +21,7 @@ enum TreeWalk {
         // An unlink already in the journal must not show up as existing.
         fs.settle()
         let graveyards = fs.hasGraveyard
-        guard let rootStat = try? Sys.fstat(fs.backingRoot), peer?.permits(rootStat, 5) ?? true,
+        guard let rootStat = try? Sys.fstat(fs.backingRoot), peer?.permits(fs.backingRoot, 5) ?? true,
               var current = try? Sys.openat(fs.backingRoot, ".", VANISH_O_PATH | O_DIRECTORY | O_CLOEXEC),
               let rootNames = names(in: current, skippingState: graveyards) else { return }
         defer { Sys.close(current) }
@@ -44,9 +44,13 @@ enum TreeWalk {
                 if !path.isEmpty { path.append(0x2F) }
                 path.append(contentsOf: UnsafeRawBufferPointer(start: name, count: n.count - 1))
                 if !visit(path, st, fs.fileID(current, name)) { return true }
-                guard st.st_mode & S_IFMT == S_IFDIR, peer?.permits(st, 5) ?? true,
+                guard st.st_mode & S_IFMT == S_IFDIR,
                       let sub = try? Sys.openat(current, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
                 else { return false }
+                guard peer?.permits(sub, 5) ?? true else {
+                    Sys.close(sub)
+                    return false
+                }
                 let top = graveyards && st.st_dev != frame.dev && Graveyard.isStateDirectory(in: sub)
                 guard let opened = try? Sys.fstat(sub), opened.st_dev == st.st_dev, opened.st_ino == st.st_ino,
                       let subNames = names(in: sub, skippingState: top) else {

@@ -112,10 +112,7 @@ final class Statahead: @unchecked Sendable {
     /// by its mode bits (supplementary groups are not known here: no
     /// warming for them).
     private static func mayList(_ st: stat, _ caller: Caller) -> Bool {
-        if caller.uid == 0 { return true }
-        let mode = st.st_mode
-        let bits: mode_t = caller.uid == st.st_uid ? mode >> 6 : caller.gid == st.st_gid ? mode >> 3 : mode
-        return bits & 0o5 == 0o5
+        Credentials(uid: caller.uid, gid: caller.gid, groups: []).modeBitsGrant(st, 5)
     }
 
     /// With `jobs` locked.

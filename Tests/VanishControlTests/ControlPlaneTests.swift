@@ -47,7 +47,7 @@ struct ControlPlaneTests {
     }
 
     @Test("credentials: owner, group and other bits decide, as generic_permission; root needs an x bit only to execute")
-    func permits() {
+    func modeBits() {
         var st = stat()
         st.st_uid = 1000
         st.st_gid = 100
@@ -56,12 +56,35 @@ struct ControlPlaneTests {
         let member = Credentials(uid: 1001, gid: 1001, groups: [100])
         let other = Credentials(uid: 1002, gid: 1002, groups: [])
         let root = Credentials(uid: 0, gid: 0, groups: [])
-        #expect(owner.permits(st, 6) && !owner.permits(st, 1))
-        #expect(member.permits(st, 4) && !member.permits(st, 2))
-        #expect(!other.permits(st, 4))
-        #expect(root.permits(st, 6) && !root.permits(st, 1))
+        #expect(owner.modeBitsGrant(st, 6) && !owner.modeBitsGrant(st, 1))
+        #expect(member.modeBitsGrant(st, 4) && !member.modeBitsGrant(st, 2))
+        #expect(!other.modeBitsGrant(st, 4))
+        #expect(root.modeBitsGrant(st, 6) && !root.modeBitsGrant(st, 1))
         st.st_mode = S_IFREG | 0o604
-        #expect(!member.permits(st, 4), "the group bits apply to a member even when other's would grant more")
+        #expect(!member.modeBitsGrant(st, 4), "the group bits apply to a member even when other's would grant more")
+    }
+
+    @Test("credentials: the kernel decides for another user, ACLs included, where the daemon can take on their identity",
+          .enabled(if: geteuid() == 0, "needs root"))
+    func permitsAsTheKernelDoes() throws {
+        var template = Array("/tmp/vanish-control-XXXXXX".utf8CString)
+        guard let made = mkdtemp(&template) else { throw Errno(rawValue: errno) }
+        let base = String(cString: made)
+        defer { _ = try? run(["/bin/rm", "-rf", base]) }
+        chmod(base, 0o755)
+        mkdir(base + "/closed", 0o755)
+        mkdir(base + "/open", 0o755)
+        #expect(try run(["/usr/bin/setfacl", "-m", "u:nobody:---", base + "/closed"]) == 0)
+        #expect(try run(["/usr/bin/setfacl", "-m", "u:nobody:rwx", base + "/open"]) == 0)
+        let nobody = Credentials(uid: 65534, gid: 65534, groups: [])
+        for (name, list, write) in [("closed", false, false), ("open", true, true)] {
+            let fd = try Sys.open(base + "/" + name, O_RDONLY | O_DIRECTORY)
+            defer { Sys.close(fd) }
+            let st = try Sys.fstat(fd)
+            #expect(nobody.modeBitsGrant(st, 5) && !nobody.modeBitsGrant(st, 2), "the mode bits alone say r-x")
+            #expect(nobody.permits(fd, 5) == list, "\(name): list")
+            #expect(nobody.permits(fd, 3) == write, "\(name): write")
+        }
     }
 
     @Test("another user reaches a directory only through directories they may search, never through a symlink")

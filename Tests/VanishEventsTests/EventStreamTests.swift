@@ -357,7 +357,8 @@ struct EventStreamTests {
                 """, cwd: m.mountpoint)
             #expect(r.ok, "\(r.stderr)")
             try s.waitFor("end") { $0["path"] as? String == "end" }
-            #expect(changes(s) == ["created a", "written a", "attributes a", "written a", "attributes a", "created end"])
+            #expect(changes(s) == ["created a", "written a", "attributes a", "written a", "attributes a", "created end"],
+                    "daemon: \(m.log.split(separator: "\n").filter { $0.contains("without waiting") })")
         }
     }
 
@@ -370,6 +371,27 @@ struct EventStreamTests {
             // The mount's root is readable to nobody: the usual markers show.
             try attach(s, m)
             #expect(try sh("cp private/SECRET pub/copy && mv private/SECRET pub/moved && touch pub/end", cwd: m.mountpoint).ok)
+            try s.waitFor("pub/end") { $0["path"] as? String == "pub/end" }
+            let leaked = s.events.filter { e in e.values.contains { "\($0)".contains("SECRET") } }
+            #expect(leaked.isEmpty, "\(leaked)")
+        }
+    }
+
+    @Test("a directory an ACL closes to nobody (its mode bits would let them in) keeps its names from nobody's stream and snapshot",
+          arguments: [false, true])
+    func aclClosedDirectoriesStayClosed(snapshot: Bool) throws {
+        try withVanishMount(options: ["allow_other"]) { m in
+            let closed = try sh("mkdir -m 755 closed pub && chmod 777 pub && echo secret > closed/SECRET-1 && setfacl -m u:nobody:--- closed",
+                                cwd: m.mountpoint)
+            #expect(closed.ok, "\(closed.stderr)")
+            // As on any filesystem: nobody cannot list it.
+            let ls = try run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", "ls", m.path("closed")])
+            #expect(!ls.ok && ls.stderr.contains("Permission denied"), "\(ls)")
+            let s = try Subscriber(m, snapshot ? ["--snapshot"] : [], asNobody: true)
+            defer { s.stop() }
+            try attach(s, m)
+            #expect(try sh("echo x > closed/SECRET-2 && mv closed/SECRET-1 closed/SECRET-3 && rm closed/SECRET-2 && touch pub/end",
+                           cwd: m.mountpoint).ok)
             try s.waitFor("pub/end") { $0["path"] as? String == "pub/end" }
             let leaked = s.events.filter { e in e.values.contains { "\($0)".contains("SECRET") } }
             #expect(leaked.isEmpty, "\(leaked)")
