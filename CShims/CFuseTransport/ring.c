@@ -24,7 +24,7 @@
 #define FUSE_USE_VERSION 314
 
 #include "ring.h"
-#include "CFuseTransport.h"
+#include "state.h"
 
 #include <errno.h>
 #include <fuse_lowlevel.h>
@@ -91,6 +91,7 @@ struct worker {
 };
 
 struct queue {
+    struct vanish_ring *ring;
     int qid;
     pthread_mutex_t lock;
     int count;                 // workers made (never fewer: they stop only with the ring)
@@ -99,7 +100,8 @@ struct queue {
     struct worker *workers[max_threads_per_queue];
 };
 
-static struct {
+struct vanish_ring {
+    struct vanish_transport *transport;
     struct fuse_session *se;
     int device_fd;
     uint64_t spin_ns;
@@ -117,7 +119,7 @@ static struct {
     pthread_mutex_t start_lock;
     pthread_cond_t start_cond;
     int started;
-} ring;
+};
 
 static _Thread_local struct worker *me;
 
@@ -135,6 +137,7 @@ static void *map_buffer(size_t size) {
 // Queues the entry's next command: REGISTER until it has one, then
 // COMMIT_AND_FETCH. By its worker only.
 static void queue_command(struct worker *w) {
+    struct vanish_ring *rg = w->queue->ring;
     struct io_uring_sqe *sqe = io_uring_get_sqe(&w->ring);
     if (!sqe) return;  // one entry, one SQE: never full
     memset(sqe, 0, 128);
@@ -152,27 +155,29 @@ static void queue_command(struct worker *w) {
         struct io_uring_sqe *poll = w->polling ? NULL : io_uring_get_sqe(&w->ring);
         if (poll) {
             w->polling = 1;
-            io_uring_prep_poll_add(poll, ring.stop_fd, POLLIN);
+            io_uring_prep_poll_add(poll, rg->stop_fd, POLLIN);
             io_uring_sqe_set_data(poll, NULL);
         }
         static _Thread_local struct iovec iov[2];
         iov[0] = (struct iovec){ w->header, sizeof(struct ring_header) };
-        iov[1] = (struct iovec){ w->payload, ring.payload_size };
+        iov[1] = (struct iovec){ w->payload, rg->payload_size };
         sqe->addr = (uint64_t)(uintptr_t)iov;
         sqe->len = 2;
     }
 }
 
 static void free_worker(struct worker *w) {
+    struct vanish_ring *rg = w->queue->ring;
     if (w->ring.ring_fd >= 0) io_uring_queue_exit(&w->ring);
-    if (w->header) munmap(w->header, ring.header_size);
-    if (w->payload) munmap(w->payload, ring.payload_size);
-    if (w->request) munmap(w->request, ring.request_size);
+    if (w->header) munmap(w->header, rg->header_size);
+    if (w->payload) munmap(w->payload, rg->payload_size);
+    if (w->request) munmap(w->request, rg->request_size);
     pthread_cond_destroy(&w->answer);
     free(w);
 }
 
 static struct worker *make_worker(struct queue *q) {
+    struct vanish_ring *rg = q->ring;
     struct worker *w = calloc(1, sizeof *w);
     if (!w) return NULL;
     w->queue = q;
@@ -181,10 +186,10 @@ static struct worker *make_worker(struct queue *q) {
     struct io_uring_params params;
     memset(&params, 0, sizeof params);
     params.flags = IORING_SETUP_SQE128;
-    int files[1] = { ring.device_fd };
-    w->header = map_buffer(ring.header_size);
-    w->payload = map_buffer(ring.payload_size);
-    w->request = map_buffer(ring.request_size);
+    int files[1] = { rg->device_fd };
+    w->header = map_buffer(rg->header_size);
+    w->payload = map_buffer(rg->payload_size);
+    w->request = map_buffer(rg->request_size);
     if (!w->header || !w->payload || !w->request || io_uring_queue_init_params(2, &w->ring, &params) < 0 ||
         io_uring_register_files(&w->ring, files, 1) < 0) {
         if (w->ring.ring_fd < 0) w->ring.ring_fd = -1;
@@ -198,7 +203,8 @@ static void *worker_thread(void *arg);
 
 // Adds a worker to `q` and starts it. Under the queue's lock. 0 or -errno.
 static int add_worker_locked(struct queue *q) {
-    if (q->count >= max_threads_per_queue || atomic_load(&ring.stopping)) return -EAGAIN;
+    struct vanish_ring *rg = q->ring;
+    if (q->count >= max_threads_per_queue || atomic_load(&rg->stopping)) return -EAGAIN;
     struct worker *w = make_worker(q);
     if (!w) return -ENOMEM;
     int r = pthread_create(&w->thread, NULL, worker_thread, w);
@@ -207,18 +213,19 @@ static int add_worker_locked(struct queue *q) {
         return -r;
     }
     q->workers[q->count++] = w;
-    atomic_fetch_add(&ring.thread_count, 1);
+    atomic_fetch_add(&rg->thread_count, 1);
     return 0;
 }
 
 // Runs the request the entry holds through libfuse, as the kernel gave it.
 static void serve(struct worker *w) {
+    struct vanish_ring *rg = w->queue->ring;
     struct fuse_in_header *in = (struct fuse_in_header *)w->header->in_out;
     uint32_t payload = w->header->ent.payload_sz;
     w->commit_id = w->header->ent.commit_id;
     size_t length = in->len;
     if (length < sizeof *in + payload || length - sizeof *in - payload > ring_op_in_size ||
-        payload > ring.payload_size) {
+        payload > rg->payload_size) {
         // Not a request the protocol allows: answer it, never leave it.
         struct fuse_out_header *out = (struct fuse_out_header *)w->header->in_out;
         uint64_t unique = in->unique;
@@ -239,18 +246,19 @@ static void serve(struct worker *w) {
     memcpy(request + sizeof *in, w->header->op_in, op);
     memcpy(request + sizeof *in + op, w->payload, payload);
     atomic_store_explicit(&w->unique, in->unique, memory_order_release);
-    atomic_store_explicit(&ring.last_request, now_ns(), memory_order_relaxed);
-    vanish_transport_received(request, length);
+    atomic_store_explicit(&rg->last_request, now_ns(), memory_order_relaxed);
+    transport_received(rg->transport, request, length);
     struct fuse_buf buf = { .size = length, .flags = 0, .mem = request, .fd = -1, .pos = 0 };
-    fuse_session_process_buf(ring.se, &buf);
+    fuse_session_process_buf(rg->se, &buf);
 }
 
 // Waits for the entry's next request (sending the reply it holds, if any).
 // 0, or the command's -errno; -ECANCELED when the ring stops.
 static int next_request(struct worker *w) {
     struct queue *q = w->queue;
+    struct vanish_ring *rg = q->ring;
     int spin = 0;
-    if (ring.spin_ns && w->registered) {
+    if (rg->spin_ns && w->registered) {
         int none = 0;
         spin = atomic_compare_exchange_strong(&q->spinning, &none, 1);
     }
@@ -263,7 +271,7 @@ static int next_request(struct worker *w) {
         // entry a while, yielding the CPU to the program meanwhile.
         r = io_uring_submit(&w->ring);
         uint64_t start = now_ns();
-        while (!io_uring_cq_ready(&w->ring) && now_ns() - start < ring.spin_ns) sched_yield();
+        while (!io_uring_cq_ready(&w->ring) && now_ns() - start < rg->spin_ns) sched_yield();
         atomic_store(&q->spinning, 0);
     }
     for (;;) {
@@ -277,13 +285,14 @@ static int next_request(struct worker *w) {
             io_uring_cqe_seen(&w->ring, cqe);
             return data ? res : -ECANCELED;
         }
-        if (atomic_load(&ring.stopping)) return -ECANCELED;
+        if (atomic_load(&rg->stopping)) return -ECANCELED;
     }
 }
 
 static void *worker_thread(void *arg) {
     struct worker *w = arg;
     struct queue *q = w->queue;
+    struct vanish_ring *rg = q->ring;
     me = w;
     char name[16];
     snprintf(name, sizeof name, "vanish-ring-%d", q->qid);
@@ -294,17 +303,17 @@ static void *worker_thread(void *arg) {
     CPU_SET(q->qid, &cpus);
     sched_setaffinity(0, sizeof cpus, &cpus);
 
-    pthread_mutex_lock(&ring.start_lock);
-    while (!ring.started) pthread_cond_wait(&ring.start_cond, &ring.start_lock);
-    pthread_mutex_unlock(&ring.start_lock);
+    pthread_mutex_lock(&rg->start_lock);
+    while (!rg->started) pthread_cond_wait(&rg->start_cond, &rg->start_lock);
+    pthread_mutex_unlock(&rg->start_lock);
 
     queue_command(w);  // REGISTER
     pthread_mutex_lock(&q->lock);
     q->idle++;
     pthread_mutex_unlock(&q->lock);
-    while (!atomic_load(&ring.stopping)) {
+    while (!atomic_load(&rg->stopping)) {
         int res = next_request(w);
-        if (atomic_load(&ring.stopping)) break;
+        if (atomic_load(&rg->stopping)) break;
         if (res == -EINTR || res == -EAGAIN) {
             // A REGISTER before the kernel took INIT, or interrupted: again.
             queue_command(w);
@@ -322,12 +331,12 @@ static void *worker_thread(void *arg) {
         w->busy_since = now_ns();
         w->answered = 0;
         pthread_mutex_unlock(&q->lock);
-        atomic_fetch_add_explicit(&ring.busy, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&rg->busy, 1, memory_order_relaxed);
         serve(w);
-        atomic_fetch_sub_explicit(&ring.busy, 1, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&rg->busy, 1, memory_order_relaxed);
         pthread_mutex_lock(&q->lock);
         // Answered later by another thread: wait for it (the entry is ours).
-        while (!w->answered && !atomic_load(&ring.stopping)) pthread_cond_wait(&w->answer, &q->lock);
+        while (!w->answered && !atomic_load(&rg->stopping)) pthread_cond_wait(&w->answer, &q->lock);
         w->busy_since = 0;
         q->idle++;
         pthread_mutex_unlock(&q->lock);
@@ -337,13 +346,13 @@ static void *worker_thread(void *arg) {
 }
 
 static void *watchdog(void *arg) {
-    (void)arg;
+    struct vanish_ring *rg = arg;
     pthread_setname_np(pthread_self(), "vanish-ringdog");
-    while (!atomic_load(&ring.stopping)) {
+    while (!atomic_load(&rg->stopping)) {
         uint64_t now = now_ns();
-        int recent = now - atomic_load_explicit(&ring.last_request, memory_order_relaxed) < 1000000000ULL;
-        for (int i = 0; i < ring.queue_count && recent; i++) {
-            struct queue *q = &ring.queues[i];
+        int recent = now - atomic_load_explicit(&rg->last_request, memory_order_relaxed) < 1000000000ULL;
+        for (int i = 0; i < rg->queue_count && recent; i++) {
+            struct queue *q = &rg->queues[i];
             pthread_mutex_lock(&q->lock);
             int stalled = 0;
             for (int j = 0; j < q->count && !stalled; j++)
@@ -353,69 +362,75 @@ static void *watchdog(void *arg) {
         }
         // Every millisecond while a handler runs, every 5 ms between
         // requests, every 50 ms once none came for a second.
-        int busy = atomic_load_explicit(&ring.busy, memory_order_relaxed) > 0;
+        int busy = atomic_load_explicit(&rg->busy, memory_order_relaxed) > 0;
         struct timespec tick = { 0, busy ? 1000000L : recent ? 5000000L : 50000000L };
         nanosleep(&tick, NULL);
     }
     return NULL;
 }
 
-int ring_prepare(struct fuse_session *se, int device_fd, size_t max_payload, uint64_t spin_ns) {
+int ring_prepare(struct vanish_transport *t, size_t max_payload, uint64_t spin_ns, struct vanish_ring **made) {
     long possible = sysconf(_SC_NPROCESSORS_CONF);
     if (possible < 1 || possible > 4096) return -EINVAL;
     long page = sysconf(_SC_PAGESIZE);
-    ring.se = se;
-    ring.device_fd = device_fd;
-    ring.spin_ns = spin_ns;
-    ring.payload_size = (max_payload + (size_t)page - 1) / (size_t)page * (size_t)page;
-    ring.header_size = (size_t)page;
-    ring.request_size = (size_t)page + ring.payload_size;  // the in and op headers, then the payload
-    ring.stop_fd = eventfd(0, EFD_CLOEXEC);
-    if (ring.stop_fd < 0) return -errno;
-    ring.queues = calloc((size_t)possible, sizeof(struct queue));
-    if (!ring.queues) {
-        close(ring.stop_fd);
-        return -ENOMEM;
+    struct vanish_ring *rg = calloc(1, sizeof *rg);
+    if (!rg) return -ENOMEM;
+    rg->transport = t;
+    rg->se = t->session;
+    rg->device_fd = fuse_session_fd(t->session);
+    rg->spin_ns = spin_ns;
+    rg->payload_size = (max_payload + (size_t)page - 1) / (size_t)page * (size_t)page;
+    rg->header_size = (size_t)page;
+    rg->request_size = (size_t)page + rg->payload_size;  // the in and op headers, then the payload
+    rg->stop_fd = eventfd(0, EFD_CLOEXEC);
+    rg->queues = calloc((size_t)possible, sizeof(struct queue));
+    if (rg->stop_fd < 0 || !rg->queues) {
+        int e = rg->stop_fd < 0 ? errno : ENOMEM;
+        if (rg->stop_fd >= 0) close(rg->stop_fd);
+        free(rg->queues);
+        free(rg);
+        return -e;
     }
-    ring.queue_count = (int)possible;
-    pthread_mutex_init(&ring.start_lock, NULL);
-    pthread_cond_init(&ring.start_cond, NULL);
+    rg->queue_count = (int)possible;
+    pthread_mutex_init(&rg->start_lock, NULL);
+    pthread_cond_init(&rg->start_cond, NULL);
     int r = 0;
-    for (int i = 0; i < ring.queue_count; i++) {
-        struct queue *q = &ring.queues[i];
+    for (int i = 0; i < rg->queue_count; i++) {
+        struct queue *q = &rg->queues[i];
+        q->ring = rg;
         q->qid = i;
         pthread_mutex_init(&q->lock, NULL);
     }
-    for (int i = 0; i < ring.queue_count && r == 0; i++) {
-        struct queue *q = &ring.queues[i];
+    for (int i = 0; i < rg->queue_count && r == 0; i++) {
+        struct queue *q = &rg->queues[i];
         pthread_mutex_lock(&q->lock);
         for (int j = 0; j < threads_per_queue_at_start && r == 0; j++) r = add_worker_locked(q);
         pthread_mutex_unlock(&q->lock);
     }
     if (r == 0) {
-        r = -pthread_create(&ring.watchdog, NULL, watchdog, NULL);
-        ring.watchdog_running = r == 0;
+        r = -pthread_create(&rg->watchdog, NULL, watchdog, rg);
+        rg->watchdog_running = r == 0;
     }
     if (r != 0) {
-        ring_stop();
+        ring_stop(rg);
         return r;
     }
+    *made = rg;
     return 0;
 }
 
-void ring_start(void) {
-    if (!ring.queues) return;
-    atomic_store(&ring.active, 1);
-    pthread_mutex_lock(&ring.start_lock);
-    ring.started = 1;
-    pthread_cond_broadcast(&ring.start_cond);
-    pthread_mutex_unlock(&ring.start_lock);
+void ring_start(struct vanish_ring *rg) {
+    atomic_store(&rg->active, 1);
+    pthread_mutex_lock(&rg->start_lock);
+    rg->started = 1;
+    pthread_cond_broadcast(&rg->start_cond);
+    pthread_mutex_unlock(&rg->start_lock);
 }
 
-static struct worker *find_worker(uint64_t unique) {
-    if (me && atomic_load_explicit(&me->unique, memory_order_acquire) == unique) return me;
-    for (int i = 0; i < ring.queue_count; i++) {
-        struct queue *q = &ring.queues[i];
+static struct worker *find_worker(struct vanish_ring *rg, uint64_t unique) {
+    if (me && me->queue->ring == rg && atomic_load_explicit(&me->unique, memory_order_acquire) == unique) return me;
+    for (int i = 0; i < rg->queue_count; i++) {
+        struct queue *q = &rg->queues[i];
         pthread_mutex_lock(&q->lock);
         int n = q->count;
         pthread_mutex_unlock(&q->lock);
@@ -427,9 +442,9 @@ static struct worker *find_worker(uint64_t unique) {
     return NULL;
 }
 
-int ring_reply(uint64_t unique, const struct iovec *iov, int count, ssize_t *written) {
-    if (unique == 0 || !atomic_load_explicit(&ring.active, memory_order_relaxed)) return 0;
-    struct worker *w = find_worker(unique);
+int ring_reply(struct vanish_ring *rg, uint64_t unique, const struct iovec *iov, int count, ssize_t *written) {
+    if (unique == 0 || !atomic_load_explicit(&rg->active, memory_order_relaxed)) return 0;
+    struct worker *w = find_worker(rg, unique);
     if (!w) return 0;
     // Claimed once: a second reply to the same request finds nothing.
     uint64_t expected = unique;
@@ -438,7 +453,7 @@ int ring_reply(uint64_t unique, const struct iovec *iov, int count, ssize_t *wri
     memcpy(out, iov[0].iov_base, sizeof *out);
     size_t length = 0;
     for (int i = 1; i < count; i++) {
-        if (length + iov[i].iov_len > ring.payload_size) {
+        if (length + iov[i].iov_len > rg->payload_size) {
             out->error = -EIO;
             length = 0;
             break;
@@ -469,23 +484,22 @@ int ring_may_block(void) {
     return 1;
 }
 
-void ring_stop(void) {
-    if (!ring.queues) return;
-    atomic_store(&ring.stopping, 1);
-    atomic_store(&ring.active, 0);
-    pthread_mutex_lock(&ring.start_lock);
-    ring.started = 1;
-    pthread_cond_broadcast(&ring.start_cond);
-    pthread_mutex_unlock(&ring.start_lock);
-    if (ring.watchdog_running) pthread_join(ring.watchdog, NULL);
-    ring.watchdog_running = 0;
+void ring_stop(struct vanish_ring *rg) {
+    atomic_store(&rg->stopping, 1);
+    atomic_store(&rg->active, 0);
+    pthread_mutex_lock(&rg->start_lock);
+    rg->started = 1;
+    pthread_cond_broadcast(&rg->start_cond);
+    pthread_mutex_unlock(&rg->start_lock);
+    if (rg->watchdog_running) pthread_join(rg->watchdog, NULL);
+    rg->watchdog_running = 0;
     // Wakes every worker waiting in the kernel (its poll of stop_fd completes).
     uint64_t one = 1;
-    if (write(ring.stop_fd, &one, sizeof one) != sizeof one) {
+    if (write(rg->stop_fd, &one, sizeof one) != sizeof one) {
         // An eventfd write of 1 fails only on overflow: it cannot.
     }
-    for (int i = 0; i < ring.queue_count; i++) {
-        struct queue *q = &ring.queues[i];
+    for (int i = 0; i < rg->queue_count; i++) {
+        struct queue *q = &rg->queues[i];
         // No worker is added once stopping is set.
         pthread_mutex_lock(&q->lock);
         int n = q->count;
@@ -499,17 +513,18 @@ void ring_stop(void) {
         q->count = 0;
         pthread_mutex_destroy(&q->lock);
     }
-    free(ring.queues);
-    ring.queues = NULL;
-    ring.queue_count = 0;
-    close(ring.stop_fd);
+    pthread_mutex_destroy(&rg->start_lock);
+    pthread_cond_destroy(&rg->start_cond);
+    close(rg->stop_fd);
+    free(rg->queues);
+    free(rg);
 }
 
-void ring_info(struct vanish_ring_info *info) {
-    info->active = atomic_load(&ring.active);
-    info->queues = ring.queue_count;
-    info->threads = atomic_load(&ring.thread_count);
-    info->depth = ring.queue_count ? info->threads / ring.queue_count : 0;
-    info->spin_microseconds = (uint32_t)(ring.spin_ns / 1000);
-    info->buffer_bytes = (uint64_t)info->threads * (ring.header_size + ring.payload_size + ring.request_size);
+void ring_info(const struct vanish_ring *rg, struct vanish_ring_info *info) {
+    info->active = atomic_load(&rg->active);
+    info->queues = rg->queue_count;
+    info->threads = atomic_load(&rg->thread_count);
+    info->depth = rg->queue_count ? info->threads / rg->queue_count : 0;
+    info->spin_microseconds = (uint32_t)(rg->spin_ns / 1000);
+    info->buffer_bytes = (uint64_t)info->threads * (rg->header_size + rg->payload_size + rg->request_size);
 }

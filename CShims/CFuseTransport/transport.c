@@ -1,9 +1,6 @@
-// See CFuseTransport.h. One session per process: the state is global.
-#define FUSE_USE_VERSION 314
-
-#include "CFuseTransport.h"
+// See CFuseTransport.h; the state is a session's `struct vanish_transport` (state.h).
+#include "state.h"
 #include "ring.h"
-#include "workers.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,6 +13,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -95,291 +93,154 @@ const uint64_t VANISH_FUSE_DIRECT_IO_ALLOW_MMAP = FUSE_DIRECT_IO_ALLOW_MMAP;
 static const uint64_t negotiable = FUSE_PASSTHROUGH | FUSE_PARALLEL_DIROPS | FUSE_HANDLE_KILLPRIV_V2 |
                                    FUSE_DIRECT_IO_ALLOW_MMAP;
 
-static _Atomic uint64_t init_unique;   // the INIT request's id, once read
-static _Atomic uint64_t offered;       // its flags | flags2 << 32
-static _Atomic uint64_t wanted;        // set by the init callback
-static _Atomic uint32_t stack_depth;
-static _Atomic uint64_t granted;       // what the INIT reply said
-static _Atomic int init_done;
-static struct fuse_session *session;
-static _Atomic int ring_mode;          // VANISH_RING_*
-static _Atomic int ring_error;         // errno of a ring that could not be made
-static _Atomic int ring_asked;         // the INIT reply asks for the ring
-
 // O_TMPFILE: libfuse 3.14 does not know FUSE_TMPFILE (kernel 6.1) and
 // answers ENOSYS, after which the kernel fails every O_TMPFILE open with
 // EOPNOTSUPP. Its body is FUSE_CREATE's (fuse_create_in, then the dentry's
 // name, which for a tmpfile is always "/", never a real entry's name), so it
-// is handed to libfuse as a CREATE and the create handler tells it by that
-// name (vanish_is_tmpfile_name).
+// is handed to libfuse as a CREATE, and the transport's create (`t_create`)
+// gives it to the filesystem's tmpfile operation by that name.
 enum { tmpfile_request_size = sizeof(struct fuse_in_header) + sizeof(struct fuse_create_in) + 2 };
 
-// A STATX request is handed to libfuse as the GETATTR it begins with, and
-// its reply, libfuse's fuse_attr_out, is written out as a fuse_statx_out
-// with the birth time the getattr handler gave (vanish_reply_attr_birth).
+// A STATX request is handed to libfuse as the GETATTR it begins with. Its
+// reply is a fuse_statx_out: built whole by vanish_reply_attr_birth, or,
+// for a reply libfuse built as a fuse_attr_out, rewritten on its way out.
 // The requests so handed over are known by their ids until their replies.
-// One slot per worker that may hold a STATX at once (`threads=` is at most 256),
-// so the table never fills; if it did, the request would stay a STATX.
-enum { statx_request_size = sizeof(struct fuse_in_header) + sizeof(struct vanish_fuse_statx_in), statx_slots = 256 };
-static pthread_mutex_t statx_lock = PTHREAD_MUTEX_INITIALIZER;
-static uint64_t statx_requests[statx_slots];  // 0: free
-static _Atomic int statx_pending;
+enum { statx_request_size = sizeof(struct fuse_in_header) + sizeof(struct vanish_fuse_statx_in) };
 
-static int statx_remember(uint64_t unique) {
-    pthread_mutex_lock(&statx_lock);
+static int statx_remember(struct vanish_transport *t, uint64_t unique) {
+    pthread_mutex_lock(&t->statx_lock);
     for (int i = 0; i < statx_slots; i++) {
-        if (statx_requests[i] == 0) {
-            statx_requests[i] = unique;
-            atomic_fetch_add(&statx_pending, 1);
-            pthread_mutex_unlock(&statx_lock);
+        if (t->statx_requests[i] == 0) {
+            t->statx_requests[i] = unique;
+            atomic_fetch_add(&t->statx_pending, 1);
+            pthread_mutex_unlock(&t->statx_lock);
             return 1;
         }
     }
-    pthread_mutex_unlock(&statx_lock);
+    pthread_mutex_unlock(&t->statx_lock);
     return 0;  // all taken: left a STATX, which libfuse answers ENOSYS
 }
 
-static int statx_forget(uint64_t unique) {
-    if (!atomic_load_explicit(&statx_pending, memory_order_acquire)) return 0;
-    pthread_mutex_lock(&statx_lock);
+static int statx_forget(struct vanish_transport *t, uint64_t unique) {
+    if (!atomic_load_explicit(&t->statx_pending, memory_order_acquire)) return 0;
+    pthread_mutex_lock(&t->statx_lock);
     for (int i = 0; i < statx_slots; i++) {
-        if (statx_requests[i] == unique) {
-            statx_requests[i] = 0;
-            atomic_fetch_sub(&statx_pending, 1);
-            pthread_mutex_unlock(&statx_lock);
+        if (t->statx_requests[i] == unique) {
+            t->statx_requests[i] = 0;
+            atomic_fetch_sub(&t->statx_pending, 1);
+            pthread_mutex_unlock(&t->statx_lock);
             return 1;
         }
     }
-    pthread_mutex_unlock(&statx_lock);
+    pthread_mutex_unlock(&t->statx_lock);
     return 0;
 }
 
 // Renames a request libfuse 3.14 does not know into the one it is brought as.
-static void rename_unknown(void *buf, size_t n) {
+static void rename_unknown(struct vanish_transport *t, void *buf, size_t n) {
     struct fuse_in_header *in = buf;
-    if (n == tmpfile_request_size && in->opcode == FUSE_TMPFILE &&
+    if (n == tmpfile_request_size && in->opcode == FUSE_TMPFILE && t->tmpfile &&
         memcmp((char *)buf + n - 2, "/", 2) == 0) {
         in->opcode = FUSE_CREATE;
     } else if (n == statx_request_size && in->opcode == vanish_fuse_statx_opcode && in->unique != 0 &&
-               statx_remember(in->unique)) {
+               statx_remember(t, in->unique)) {
         in->opcode = FUSE_GETATTR;
     }
 }
 
-// Which request each worker thread is handling, so that events are
-// recorded in the order the kernel gave the requests their ids: a RELEASE
-// (which ends a program's writing session, queued before its close()
-// returned) handled beside that program's next request must not be
-// recorded after it. A slot per thread, claimed on its first request.
-#define ORDER_SLOTS 256
-static _Atomic uint64_t order_unique[ORDER_SLOTS];  // 0: not handling a request
-static _Atomic uint32_t order_opcode[ORDER_SLOTS];
-static _Atomic int order_slots_used;
-static _Thread_local int order_slot = -1;
-static _Thread_local uint64_t order_current;
-
-static void order_idle(void) {
-    if (order_slot >= 0) atomic_store_explicit(&order_unique[order_slot], 0, memory_order_release);
-    order_current = 0;
+void transport_received(struct vanish_transport *t, void *request, size_t n) {
+    order_received(t, request);
+    if (n == tmpfile_request_size || n == statx_request_size) rename_unknown(t, request, n);
 }
 
-static void order_begin(const struct fuse_in_header *in) {
-    if (order_slot < 0) {
-        int slot = atomic_fetch_add(&order_slots_used, 1);
-        if (slot >= ORDER_SLOTS) { atomic_fetch_sub(&order_slots_used, 1); return; }
-        order_slot = slot;
-    }
-    atomic_store_explicit(&order_opcode[order_slot], in->opcode, memory_order_relaxed);
-    atomic_store_explicit(&order_unique[order_slot], in->unique, memory_order_release);
-    order_current = in->unique;
-}
-
-// The requests whose handlers record changes (events).
-static int order_records_changes(uint32_t opcode) {
-    switch (opcode) {
-    case FUSE_RELEASE: case FUSE_CREATE: case FUSE_MKNOD: case FUSE_MKDIR: case FUSE_SYMLINK:
-    case FUSE_LINK: case FUSE_UNLINK: case FUSE_RMDIR: case FUSE_RENAME: case FUSE_RENAME2:
-    case FUSE_SETATTR: case FUSE_SETXATTR: case FUSE_REMOVEXATTR: case FUSE_IOCTL:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
-// Over io_uring a request is not seen in the kernel's order: the thread an
-// entry belongs to may run after another's, and a RELEASE (background) may
-// be dispatched after the caller's next request. So there, a change also
-// waits until every request the kernel numbered before it has arrived
-// (request ids go up by 2: FUSE_INT_REQ_BIT marks interrupts). `seen_low`:
-// every id below it arrived (or was given up on after a wait timed out);
-// `seen` holds the ones above it, in a window of `seen_window` ids.
-enum { seen_window = 8192 };
-static pthread_mutex_t seen_lock = PTHREAD_MUTEX_INITIALIZER;
-static _Atomic uint64_t seen_low;
-static uint8_t seen[seen_window / 8];
-
-static int seen_bit(uint64_t unique) {
-    uint64_t i = (unique / 2) % seen_window;
-    return (seen[i / 8] >> (i % 8)) & 1;
-}
-
-static void set_seen_bit(uint64_t unique, int on) {
-    uint64_t i = (unique / 2) % seen_window;
-    if (on) seen[i / 8] |= (uint8_t)(1u << (i % 8));
-    else seen[i / 8] &= (uint8_t)~(1u << (i % 8));
-}
-
-// Moves `seen_low` past `up_to` (0: only past what arrived). Under seen_lock.
-static void advance_seen_locked(uint64_t up_to) {
-    uint64_t low = atomic_load_explicit(&seen_low, memory_order_relaxed);
-    while (low <= up_to || seen_bit(low)) {
-        set_seen_bit(low, 0);
-        low += 2;
-    }
-    atomic_store_explicit(&seen_low, low, memory_order_release);
-}
-
-static void mark_seen(uint64_t unique) {
-    if (unique & 1 || !atomic_load_explicit(&ring_asked, memory_order_relaxed)) return;
-    pthread_mutex_lock(&seen_lock);
-    uint64_t low = atomic_load_explicit(&seen_low, memory_order_relaxed);
-    if (low == 0) atomic_store_explicit(&seen_low, low = unique, memory_order_relaxed);  // the first after INIT
-    if (unique >= low) {
-        // Far ahead: what falls out of the window is given up on.
-        if ((unique - low) / 2 >= seen_window) advance_seen_locked(unique - 2 * seen_window);
-        set_seen_bit(unique, 1);
-        advance_seen_locked(0);
-    }
-    pthread_mutex_unlock(&seen_lock);
-}
-
-static int all_earlier_seen(uint64_t unique) {
-    if (!atomic_load_explicit(&ring_asked, memory_order_relaxed)) return 1;
-    return atomic_load_explicit(&seen_low, memory_order_acquire) > unique;
-}
-
-void vanish_order_done(void) { order_idle(); }
-
-int vanish_order_wait_for_earlier(uint64_t timeout_ns) {
-    if (order_current == 0) return 1;
-    struct timespec start, now;
-    clock_gettime(CLOCK_MONOTONIC, &start);
-    for (;;) {
-        int earlier = 0;
-        int used = atomic_load_explicit(&order_slots_used, memory_order_relaxed);
-        if (used > ORDER_SLOTS) used = ORDER_SLOTS;
-        for (int i = 0; i < used && !earlier; i++) {
-            if (i == order_slot) continue;
-            uint64_t u = atomic_load_explicit(&order_unique[i], memory_order_acquire);
-            earlier = u != 0 && u < order_current &&
-                      order_records_changes(atomic_load_explicit(&order_opcode[i], memory_order_relaxed));
-        }
-        if (!earlier && all_earlier_seen(order_current)) return 1;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        uint64_t elapsed = (uint64_t)(now.tv_sec - start.tv_sec) * 1000000000u + (uint64_t)(now.tv_nsec - start.tv_nsec);
-        if (elapsed >= timeout_ns) {
-            // An id that never came (a request the kernel dropped before
-            // sending it): no later change waits for it again.
-            if (!all_earlier_seen(order_current)) {
-                pthread_mutex_lock(&seen_lock);
-                advance_seen_locked(order_current);
-                pthread_mutex_unlock(&seen_lock);
-            }
-            return 0;
-        }
-        sched_yield();
-    }
-}
-
-// What every request gets on arrival, read from /dev/fuse or from a ring.
-void vanish_transport_received(void *request, size_t n) {
-    order_idle();
-    order_begin(request);
-    mark_seen(((const struct fuse_in_header *)request)->unique);
-    if (n == tmpfile_request_size || n == statx_request_size) rename_unknown(request, n);
-}
-
-static ssize_t read_request(int fd, void *buf, size_t len) {
+static ssize_t read_request(struct vanish_transport *t, int fd, void *buf, size_t len) {
     order_idle();
     ssize_t n = read(fd, buf, len);
-    if (n >= (ssize_t)sizeof(struct fuse_in_header)) vanish_transport_received(buf, (size_t)n);
+    if (n >= (ssize_t)sizeof(struct fuse_in_header)) transport_received(t, buf, (size_t)n);
     if (n >= (ssize_t)(sizeof(struct fuse_in_header) + offsetof(struct fuse_init_in, unused)) &&
-        !atomic_load_explicit(&init_done, memory_order_relaxed)) {
+        !atomic_load_explicit(&t->init_done, memory_order_relaxed)) {
         const struct fuse_in_header *in = buf;
         if (in->opcode == FUSE_INIT) {
             const struct fuse_init_in *arg = (const void *)(in + 1);
             uint64_t flags = arg->flags;
             if (flags & FUSE_INIT_EXT) flags |= (uint64_t)arg->flags2 << 32;
-            atomic_store(&offered, flags);
-            atomic_store(&init_unique, in->unique);
+            atomic_store(&t->offered, flags);
+            atomic_store(&t->init_unique, in->unique);
         }
     }
     return n;
 }
 
-struct read_args { void *buf; size_t len; };
+struct read_args { struct vanish_transport *t; void *buf; size_t len; };
 
 static ssize_t read_from(int from, void *context) {
     struct read_args *a = context;
-    return read_request(from, a->buf, a->len);
+    return read_request(a->t, from, a->buf, a->len);
 }
 
 static ssize_t t_read(int fd, void *buf, size_t len, void *userdata) {
-    (void)userdata;
-    struct read_args a = { buf, len };
-    return vanish_workers_receive(fd, atomic_load_explicit(&init_done, memory_order_acquire), read_from, &a);
+    struct vanish_transport *t = userdata;
+    struct read_args a = { t, buf, len };
+    return receivers_receive(&t->receivers, fd, atomic_load_explicit(&t->init_done, memory_order_acquire),
+                             read_from, &a);
 }
 
 // Adds the wanted flags to the INIT reply in `body` (a copy) and records them.
-static void patch_init(struct fuse_init_out *out) {
-    uint64_t add = atomic_load(&wanted) & atomic_load(&offered);
+static void patch_init(struct vanish_transport *t, struct fuse_init_out *out) {
+    uint64_t offered = atomic_load(&t->offered);
+    uint64_t add = atomic_load(&t->wanted) & offered;
     // The kernel ignores passthrough beside write-back caching: say so here too.
     if (out->flags & FUSE_WRITEBACK_CACHE) add &= ~FUSE_PASSTHROUGH;
     uint64_t flags = (uint64_t)out->flags | (uint64_t)out->flags2 << 32;
     if (add >> 32) {
-        if (!(atomic_load(&offered) & FUSE_INIT_EXT)) add &= 0xffffffffULL;
+        if (!(offered & FUSE_INIT_EXT)) add &= 0xffffffffULL;
         else flags |= FUSE_INIT_EXT;
     }
     flags |= add;
     out->flags = (uint32_t)flags;
     out->flags2 = (uint32_t)(flags >> 32);
     if (add & FUSE_PASSTHROUGH) {
-        uint32_t depth = atomic_load(&stack_depth);
+        uint32_t depth = atomic_load(&t->stack_depth);
         memcpy((char *)out + INIT_OUT_MAX_STACK_DEPTH, &depth, sizeof depth);
     }
     // The ring is asked for only once its queues exist: from the reply on,
     // the kernel sends requests nowhere else.
-    if (vanish_transport_ring_wanted()) {
+    if (vanish_transport_ring_wanted(t)) {
         size_t page = (size_t)sysconf(_SC_PAGESIZE);
         size_t payload = out->max_write;
         if ((size_t)out->max_pages * page > payload) payload = (size_t)out->max_pages * page;
         if (payload < FUSE_MIN_READ_BUFFER) payload = FUSE_MIN_READ_BUFFER;
-        uint64_t spin = (uint64_t)vanish_workers_spin_microseconds() * 1000;
-        int r = ring_prepare(session, fuse_session_fd(session), payload, spin);
+        uint64_t spin = (uint64_t)receivers_spin_microseconds(&t->receivers) * 1000;
+        int r = ring_prepare(t, payload, spin, &t->ring);
         if (r == 0) {
             flags = (uint64_t)out->flags | (uint64_t)out->flags2 << 32 | FUSE_INIT_EXT | VANISH_RING_INIT_FLAG;
             out->flags = (uint32_t)flags;
             out->flags2 = (uint32_t)(flags >> 32);
             add |= VANISH_RING_INIT_FLAG;
-            atomic_store(&ring_asked, 1);
+            atomic_store(&t->ring_asked, 1);
+            atomic_store(&t->order.tracks_arrival, 1);
         } else {
-            atomic_store(&ring_error, -r);
+            atomic_store(&t->ring_error, -r);
         }
     }
-    atomic_store(&granted, add);
+    atomic_store(&t->granted, add);
 }
 
-// The birth time (ns; 0: unknown) of the attributes being replied on this
-// thread (vanish_reply_attr_birth): libfuse writes a reply synchronously.
-static _Thread_local uint64_t reply_birth;
+// A reply goes where its request came from: a ring's entry, or the /dev/fuse fd it was read from.
+static ssize_t write_reply(struct vanish_transport *t, int fd, const struct iovec *iov, int count) {
+    const struct fuse_out_header *out = iov[0].iov_base;
+    ssize_t written;
+    if (t->ring && ring_reply(t->ring, out->unique, iov, count, &written)) return written;
+    return receivers_write_reply(&t->receivers, fd, iov, count);
+}
 
-// Writes libfuse's GETATTR reply to a STATX request as the kernel expects it.
-static ssize_t write_statx_reply(int fd, const struct fuse_out_header *out, const struct fuse_attr_out *a) {
-    struct vanish_fuse_statx_out x;
-    memset(&x, 0, sizeof x);
-    x.attr_valid = a->attr_valid;
-    x.attr_valid_nsec = a->attr_valid_nsec;
-    struct vanish_fuse_statx *s = &x.stat;
+// Converts `a`, the attributes of a GETATTR reply, with the birth time
+// (ns since the epoch; 0: unknown), into the STATX reply `x`.
+static void fill_statx(struct vanish_fuse_statx_out *x, const struct fuse_attr_out *a, uint64_t birth) {
+    memset(x, 0, sizeof *x);
+    x->attr_valid = a->attr_valid;
+    x->attr_valid_nsec = a->attr_valid_nsec;
+    struct vanish_fuse_statx *s = &x->stat;
     s->mask = STATX_BASIC_STATS;
     s->blksize = a->attr.blksize;
     s->nlink = a->attr.nlink;
@@ -394,47 +255,49 @@ static ssize_t write_statx_reply(int fd, const struct fuse_out_header *out, cons
     s->ctime = (struct vanish_fuse_sx_time){ (int64_t)a->attr.ctime, a->attr.ctimensec, 0 };
     s->rdev_major = major(a->attr.rdev);
     s->rdev_minor = minor(a->attr.rdev);
-    if (reply_birth) {
+    if (birth) {
         s->mask |= STATX_BTIME;
-        s->btime = (struct vanish_fuse_sx_time){ (int64_t)(reply_birth / 1000000000ULL),
-                                                 (uint32_t)(reply_birth % 1000000000ULL), 0 };
+        s->btime = (struct vanish_fuse_sx_time){ (int64_t)(birth / 1000000000ULL), (uint32_t)(birth % 1000000000ULL), 0 };
     }
-    struct fuse_out_header header = *out;
-    header.len = sizeof header + sizeof x;
-    struct iovec patched[2] = { { &header, sizeof header }, { &x, sizeof x } };
-    return vanish_workers_write_reply(fd, patched, 2, out->unique);
 }
 
 static ssize_t t_writev(int fd, struct iovec *iov, int count, void *userdata) {
-    (void)userdata;
+    struct vanish_transport *t = userdata;
     const struct fuse_out_header *out = iov[0].iov_base;
     // Answered: what it recorded is recorded.
-    if (out->unique != 0 && out->unique == order_current) order_idle();
-    if (out->unique != 0 && statx_forget(out->unique) && out->error == 0) {
-        if (count == 2 && iov[1].iov_len == sizeof(struct fuse_attr_out)) {
-            return write_statx_reply(fd, out, iov[1].iov_base);
-        }
+    if (out->unique != 0 && out->unique == vanish_thread.unique) order_idle();
+    // A GETATTR reply libfuse built for a STATX (fuse_reply_attr, not
+    // vanish_reply_attr_birth): sent as the fuse_statx_out the kernel waits for.
+    if (out->unique != 0 && statx_forget(t, out->unique) && out->error == 0 && count == 2 &&
+        iov[1].iov_len == sizeof(struct fuse_attr_out)) {
+        struct vanish_fuse_statx_out x;
+        fill_statx(&x, iov[1].iov_base, 0);
+        struct fuse_out_header header = *out;
+        header.len = sizeof header + sizeof x;
+        struct iovec patched[2] = { { &header, sizeof header }, { &x, sizeof x } };
+        return write_reply(t, fd, patched, 2);
     }
-    if (out->error == 0 && out->unique != 0 && count >= 2) {
-        if (!atomic_load_explicit(&init_done, memory_order_relaxed) &&
-            out->unique == atomic_load(&init_unique) && iov[1].iov_len == sizeof(struct fuse_init_out)) {
-            struct fuse_init_out body;
-            struct iovec patched[2] = { iov[0], { &body, sizeof body } };
-            memcpy(&body, iov[1].iov_base, sizeof body);
-            patch_init(&body);
-            // Over the ring, /dev/fuse carries only forgets and interrupts:
-            // nothing to spin for.
-            if (atomic_load(&ring_asked)) vanish_workers_configure(fd, 0);
-            atomic_store(&init_done, 1);
-            ssize_t n = vanish_workers_write_reply(fd, patched, 2, out->unique);
-            if (atomic_load(&ring_asked)) {
-                if (n > 0) ring_start();
-                else ring_stop();
+    if (out->error == 0 && out->unique != 0 && count >= 2 && !atomic_load_explicit(&t->init_done, memory_order_relaxed) &&
+        out->unique == atomic_load(&t->init_unique) && iov[1].iov_len == sizeof(struct fuse_init_out)) {
+        struct fuse_init_out body;
+        struct iovec patched[2] = { iov[0], { &body, sizeof body } };
+        memcpy(&body, iov[1].iov_base, sizeof body);
+        patch_init(t, &body);
+        // Over the ring, /dev/fuse carries only forgets and interrupts:
+        // nothing to spin for.
+        if (atomic_load(&t->ring_asked)) receivers_configure(&t->receivers, fd, 0);
+        atomic_store(&t->init_done, 1);
+        ssize_t n = write_reply(t, fd, patched, 2);
+        if (t->ring) {
+            if (n > 0) ring_start(t->ring);
+            else {
+                ring_stop(t->ring);
+                t->ring = NULL;
             }
-            return n;
         }
+        return n;
     }
-    return vanish_workers_write_reply(fd, iov, count, out->unique);
+    return write_reply(t, fd, iov, count);
 }
 
 // What libfuse does without custom io, with spinning on receive (libfuse
@@ -461,7 +324,7 @@ static void make_pipe_reader_key(void) { pthread_key_create(&pipe_reader_key, cl
 // FLUSHes and RELEASEs have them too) is taken out of the pipe libfuse
 // spliced it into, renamed if it is one of those, and put back: libfuse
 // copies a small spliced request out of its pipe itself, with no hook between.
-static void rename_spliced(int pipe_writer, size_t size) {
+static void rename_spliced(struct vanish_transport *t, int pipe_writer, size_t size) {
     struct stat st;
     if (fstat(pipe_writer, &st) != 0) return;
     if (pipe_reader < 0 || pipe_reader_of != st.st_ino) {
@@ -478,7 +341,7 @@ static void rename_spliced(int pipe_writer, size_t size) {
     // libfuse empties its pipe after each request, so this one is all it holds.
     ssize_t n = read(pipe_reader, request, size);
     if (n <= 0) return;
-    rename_unknown(request, (size_t)n);
+    rename_unknown(t, request, (size_t)n);
     if (write(pipe_writer, request, (size_t)n) != n) {
         // Cannot happen with an empty pipe of at least a page; if it did,
         // libfuse would find a short request and answer it with an error.
@@ -487,71 +350,130 @@ static void rename_spliced(int pipe_writer, size_t size) {
 
 static ssize_t t_splice_receive(int fdin, off_t *offin, int fdout, off_t *offout, size_t len, unsigned int flags,
                                 void *userdata) {
-    (void)userdata;
+    struct vanish_transport *t = userdata;
     struct splice_args a = { offin, fdout, offout, len, flags };
     // A spliced request's header stays in the pipe: not ordered.
     order_idle();
-    ssize_t n = vanish_workers_receive(fdin, atomic_load_explicit(&init_done, memory_order_acquire), splice_from, &a);
-    if (n == tmpfile_request_size || n == statx_request_size) rename_spliced(fdout, (size_t)n);
+    vanish_thread.transport = t;
+    ssize_t n = receivers_receive(&t->receivers, fdin, atomic_load_explicit(&t->init_done, memory_order_acquire),
+                                  splice_from, &a);
+    if (n == tmpfile_request_size || n == statx_request_size) rename_spliced(t, fdout, (size_t)n);
     return n;
 }
 
 static ssize_t t_splice_send(int fdin, off_t *offin, int fdout, off_t *offout, size_t len, unsigned int flags,
                              void *userdata) {
-    (void)userdata;
+    struct vanish_transport *t = userdata;
     // libfuse splices only replies to the device.
-    return splice(fdin, offin, vanish_workers_reply_fd(fdout), offout, len, flags);
+    return splice(fdin, offin, receivers_reply_fd(&t->receivers, fdout), offout, len, flags);
 }
 
-ssize_t vanish_transport_receive_hook(int fd, void *buf, size_t len) { return t_read(fd, buf, len, NULL); }
-ssize_t vanish_transport_reply_hook(int fd, struct iovec *iov, int count) { return t_writev(fd, iov, count, NULL); }
+// Every CREATE libfuse hands the filesystem comes here first: the one of
+// "/" is an O_TMPFILE open (see tmpfile_request_size).
+static void t_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, struct fuse_file_info *fi) {
+    struct vanish_transport *t = fuse_req_userdata(req);
+    if (t->tmpfile && name[0] == '/' && name[1] == 0) t->tmpfile(req, parent, mode, fi);
+    else if (t->create) t->create(req, parent, name, mode, fi);
+    else fuse_reply_err(req, ENOSYS);
+}
 
-int vanish_transport_install(struct fuse_session *se) {
-    session = se;
+struct vanish_transport *vanish_transport_new(void *owner) {
+    struct vanish_transport *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->head.owner = owner;
+    pthread_mutex_init(&t->statx_lock, NULL);
+    order_init(&t->order);
+    receivers_init(&t->receivers);
+    return t;
+}
+
+void vanish_transport_free(struct vanish_transport *t) {
+    if (!t) return;
+    vanish_transport_close(t);
+    receivers_destroy(&t->receivers);
+    order_destroy(&t->order);
+    pthread_mutex_destroy(&t->statx_lock);
+    if (vanish_thread.transport == t) vanish_thread = (struct vanish_thread){ 0 };
+    free(t);
+}
+
+struct fuse_session *vanish_transport_session_new(struct vanish_transport *t, struct fuse_args *args,
+                                                  const struct fuse_lowlevel_ops *ops, vanish_tmpfile_op tmpfile) {
+    struct fuse_lowlevel_ops mine = *ops;
+    t->create = ops->create;
+    t->tmpfile = tmpfile;
+    if (ops->create || tmpfile) mine.create = t_create;
+    // libfuse copies the table.
+    t->session = fuse_session_new(args, &mine, sizeof mine, t);
+    return t->session;
+}
+
+int vanish_transport_install(struct vanish_transport *t, int fd) {
     static const struct fuse_custom_io io = {
         .writev = t_writev,
         .read = t_read,
         .splice_receive = t_splice_receive,
         .splice_send = t_splice_send,
     };
-    return fuse_session_custom_io(se, &io, fuse_session_fd(se));
+    return fuse_session_custom_io(t->session, &io, fd);
 }
 
-uint64_t vanish_transport_offered(void) { return atomic_load(&offered); }
+ssize_t vanish_transport_receive_hook(struct vanish_transport *t, int fd, void *buf, size_t len) {
+    return t_read(fd, buf, len, t);
+}
 
-uint64_t vanish_transport_request(uint64_t want, uint32_t max_stack_depth) {
+ssize_t vanish_transport_reply_hook(struct vanish_transport *t, int fd, struct iovec *iov, int count) {
+    return t_writev(fd, iov, count, t);
+}
+
+uint64_t vanish_transport_offered(const struct vanish_transport *t) { return atomic_load(&t->offered); }
+
+uint64_t vanish_transport_request(struct vanish_transport *t, uint64_t want, uint32_t max_stack_depth) {
     want &= negotiable;
-    atomic_store(&stack_depth, max_stack_depth);
-    atomic_store(&wanted, want);
-    uint64_t got = want & atomic_load(&offered);
-    if (got >> 32 && !(atomic_load(&offered) & FUSE_INIT_EXT)) got &= 0xffffffffULL;
+    atomic_store(&t->stack_depth, max_stack_depth);
+    atomic_store(&t->wanted, want);
+    uint64_t offered = atomic_load(&t->offered);
+    uint64_t got = want & offered;
+    if (got >> 32 && !(offered & FUSE_INIT_EXT)) got &= 0xffffffffULL;
     return got;
 }
 
-uint64_t vanish_transport_granted(void) { return atomic_load(&granted); }
+uint64_t vanish_transport_granted(const struct vanish_transport *t) { return atomic_load(&t->granted); }
 
-void vanish_transport_set_spin(struct fuse_session *se, uint32_t microseconds) {
-    vanish_workers_configure(fuse_session_fd(se), microseconds);
+void vanish_transport_set_spin(struct vanish_transport *t, uint32_t microseconds) {
+    receivers_configure(&t->receivers, fuse_session_fd(t->session), microseconds);
 }
 
-void vanish_transport_close(void) {
-    ring_stop();
-    vanish_workers_close();
+uint32_t vanish_transport_spin_microseconds(struct vanish_transport *t) {
+    if (t->ring && atomic_load(&t->ring_asked)) {
+        struct vanish_ring_info info;
+        ring_info(t->ring, &info);
+        return info.spin_microseconds;
+    }
+    return receivers_spin_microseconds(&t->receivers);
 }
 
-void vanish_transport_set_ring(int mode) { atomic_store(&ring_mode, mode); }
-
-int vanish_transport_ring_wanted(void) {
-    return atomic_load(&ring_mode) != VANISH_RING_OFF && (atomic_load(&offered) & VANISH_RING_INIT_FLAG) &&
-           (atomic_load(&offered) & FUSE_INIT_EXT);
+void vanish_transport_close(struct vanish_transport *t) {
+    if (t->ring) {
+        ring_stop(t->ring);
+        t->ring = NULL;
+    }
+    receivers_close(&t->receivers);
 }
 
-void vanish_transport_ring_info(struct vanish_ring_info *info) {
+void vanish_transport_set_ring(struct vanish_transport *t, int mode) { atomic_store(&t->ring_mode, mode); }
+
+int vanish_transport_ring_wanted(const struct vanish_transport *t) {
+    uint64_t offered = atomic_load(&t->offered);
+    return atomic_load(&t->ring_mode) != VANISH_RING_OFF && (offered & VANISH_RING_INIT_FLAG) && (offered & FUSE_INIT_EXT);
+}
+
+void vanish_transport_ring_info(const struct vanish_transport *t, struct vanish_ring_info *info) {
     memset(info, 0, sizeof *info);
-    ring_info(info);
-    info->mode = atomic_load(&ring_mode);
-    info->error = atomic_load(&ring_error);
-    info->offered = (atomic_load(&offered) & VANISH_RING_INIT_FLAG) != 0;
+    if (t->ring) ring_info(t->ring, info);
+    info->mode = atomic_load(&t->ring_mode);
+    info->error = atomic_load(&t->ring_error);
+    info->offered = (atomic_load(&t->offered) & VANISH_RING_INIT_FLAG) != 0;
 }
 
 // An open reply as libfuse 3.14 builds it (its fill_open), with what it
@@ -600,7 +522,7 @@ static void fill_attr(struct fuse_attr *a, const struct stat *st) {
     a->ctimensec = (uint32_t)st->st_ctim.tv_nsec;
 }
 
-int vanish_reply_open_backing(struct fuse_req *req, const struct fuse_file_info *fi, int32_t backing_id) {
+int vanish_reply_open_backing(fuse_req_t req, const struct fuse_file_info *fi, int32_t backing_id) {
     if (backing_id <= 0) return fuse_reply_open(req, fi);
     struct fuse_open_out o;
     fill_open(&o, fi, backing_id);
@@ -608,14 +530,31 @@ int vanish_reply_open_backing(struct fuse_req *req, const struct fuse_file_info 
     return fuse_reply_iov(req, &iov, 1);
 }
 
-int vanish_reply_attr_birth(struct fuse_req *req, const struct stat *st, double timeout, uint64_t birth) {
-    reply_birth = birth;
-    int r = fuse_reply_attr(req, st, timeout);
-    reply_birth = 0;
-    return r;
+void vanish_request_begin(fuse_req_t req, pid_t caller, int awaited) {
+    vanish_thread.req = req;
+    if (awaited) receivers_caller_begins(caller);
 }
 
-int vanish_reply_create_backing(struct fuse_req *req, const struct fuse_entry_param *e,
+int vanish_reply_attr_birth(fuse_req_t req, const struct stat *st, double timeout, uint64_t birth) {
+    struct vanish_transport *t = fuse_req_userdata(req);
+    struct vanish_thread *me = &vanish_thread;
+    // A STATX this thread is serving (its handler replies on the thread
+    // that received it): the fuse_statx_out, built whole.
+    if (me->req == req && me->unique && me->transport == t && statx_forget(t, me->unique)) {
+        struct fuse_attr_out a;
+        memset(&a, 0, sizeof a);
+        a.attr_valid = timeout_sec(timeout);
+        a.attr_valid_nsec = timeout_nsec(timeout);
+        fill_attr(&a.attr, st);
+        struct vanish_fuse_statx_out x;
+        fill_statx(&x, &a, birth);
+        struct iovec iov = { &x, sizeof x };
+        return fuse_reply_iov(req, &iov, 1);
+    }
+    return fuse_reply_attr(req, st, timeout);
+}
+
+int vanish_reply_create_backing(fuse_req_t req, const struct fuse_entry_param *e,
                                 const struct fuse_file_info *fi, int32_t backing_id) {
     if (backing_id <= 0) return fuse_reply_create(req, e, fi);
     // Passthrough came with protocol 7.40: the entry is never the 7.8 compat size here.
@@ -652,4 +591,3 @@ int vanish_has_cap_sys_admin(void) {
     return (data[CAP_SYS_ADMIN / 32].effective >> (CAP_SYS_ADMIN % 32)) & 1;
 }
 
-int vanish_is_tmpfile_name(const char *name) { return name[0] == '/' && name[1] == 0; }

@@ -1,7 +1,7 @@
 // How libfuse's workers receive requests. See workers.h.
 #define FUSE_USE_VERSION 314
 
-#include "workers.h"
+#include "state.h"
 #include "ring.h"
 
 #include <errno.h>
@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdatomic.h>
+#include <string.h>
 #include <sys/ioctl.h>
 #include <sys/uio.h>
 #include <sched.h>
@@ -36,37 +37,18 @@
 //
 // Lock order: `lock` is a leaf; nothing blocks while it is held.
 
-struct worker {
+// A worker waiting to become the receiver.
+struct receiver {
     sem_t wake;
-    struct worker *next;
+    struct receiver *next;
     int ready;
 };
-
-static _Atomic uint64_t spin_ns;    // 0: libfuse's own way (every idle worker in read(2))
-static _Atomic int spin_fd = -1;    // the non-blocking clone (-1: none)
-static int session_fd = -1;
-static pthread_once_t spin_once = PTHREAD_ONCE_INIT;
-
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t watchdog_wake = PTHREAD_COND_INITIALIZER;
-static struct worker *waiting;      // LIFO: the last to wait has the warmest cache
-static int receiving;               // a worker is receiving (spinning or in read(2))
-static uint64_t unattended_since;   // when the last receiver took a request (0: someone receives)
-static uint64_t last_request;       // when a request was last received
-static int watchdog_state;          // 0: not started, 1: running, 2: asked to stop
-static pthread_t watchdog_thread;
 
 // The request this worker serves came through `spin_fd`: its reply must go
 // back there, since the kernel finds a request by the fd it was read from.
 static _Thread_local int served_from_clone;
-// The receiver's last request came soon after it asked: requests are close.
-static _Atomic int requests_close;
-// The caller (thread id) of the last request someone waits for, and
-// whether the one before was from the same caller: one caller is making
-// one call after another.
-static _Atomic pid_t last_caller;
-static _Atomic int one_caller;
-static _Thread_local struct worker self;
+static _Thread_local struct receiver self;
+static _Thread_local int has_semaphore;
 
 static const uint64_t polite_after_ns = 10 * 1000;
 static const uint64_t stall_ns = 500 * 1000;
@@ -79,139 +61,165 @@ static uint64_t now_ns(void) {
     return (uint64_t)t.tv_sec * 1000000000ULL + (uint64_t)t.tv_nsec;
 }
 
-static void open_spin_fd(void) {
+void receivers_init(struct vanish_receivers *r) {
+    memset(r, 0, sizeof *r);
+    r->spin_fd = -1;
+    r->session_fd = -1;
+    pthread_mutex_init(&r->lock, NULL);
+    pthread_cond_init(&r->watchdog_wake, NULL);
+}
+
+void receivers_destroy(struct vanish_receivers *r) {
+    receivers_close(r);
+    pthread_mutex_destroy(&r->lock);
+    pthread_cond_destroy(&r->watchdog_wake);
+}
+
+// Once, by the first receiver after INIT.
+static void open_spin_fd(struct vanish_receivers *r) {
     int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return;
-    uint32_t master = (uint32_t)session_fd;
+    uint32_t master = (uint32_t)r->session_fd;
     if (ioctl(fd, FUSE_DEV_IOC_CLONE, &master) != 0) {
         close(fd);
         return;
     }
-    spin_fd = fd;
+    atomic_store(&r->spin_fd, fd);
 }
 
 // Makes the most recent waiting worker the receiver. Under `lock`.
-static void hand_over_locked(void) {
-    struct worker *w = waiting;
-    if (!w || receiving) return;
-    waiting = w->next;
-    receiving = 1;
-    unattended_since = 0;
+static void hand_over_locked(struct vanish_receivers *r) {
+    struct receiver *w = r->waiting;
+    if (!w || r->receiving) return;
+    r->waiting = w->next;
+    r->receiving = 1;
+    r->unattended_since = 0;
     w->ready = 1;
     sem_post(&w->wake);
 }
 
 static void *watchdog(void *arg) {
-    (void)arg;
+    struct vanish_receivers *r = arg;
     pthread_setname_np(pthread_self(), "vanish-workers");
-    pthread_mutex_lock(&lock);
-    while (watchdog_state == 1) {
+    pthread_mutex_lock(&r->lock);
+    while (r->watchdog_state == 1) {
         uint64_t now = now_ns();
-        if (!unattended_since && now - last_request > watchdog_idle_ns) {
+        if (!r->unattended_since && now - r->last_request > watchdog_idle_ns) {
             // Idle: sleep until requests come again (stop_receiving signals).
-            pthread_cond_wait(&watchdog_wake, &lock);
+            pthread_cond_wait(&r->watchdog_wake, &r->lock);
             continue;
         }
-        if (unattended_since && now - unattended_since > stall_ns) hand_over_locked();
-        pthread_mutex_unlock(&lock);
+        if (r->unattended_since && now - r->unattended_since > stall_ns) hand_over_locked(r);
+        pthread_mutex_unlock(&r->lock);
         struct timespec tick = { 0, (long)watchdog_tick_ns };
         nanosleep(&tick, NULL);
-        pthread_mutex_lock(&lock);
+        pthread_mutex_lock(&r->lock);
     }
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&r->lock);
     return NULL;
 }
 
+struct waiting_args { struct vanish_receivers *r; struct receiver *me; };
+
 static void stop_waiting(void *arg) {
     // Cancelled while waiting (the loop ends): leave the list.
-    struct worker *me = arg;
-    pthread_mutex_lock(&lock);
-    for (struct worker **p = &waiting; *p; p = &(*p)->next) {
-        if (*p == me) {
-            *p = me->next;
+    struct waiting_args *a = arg;
+    struct vanish_receivers *r = a->r;
+    pthread_mutex_lock(&r->lock);
+    for (struct receiver **p = &r->waiting; *p; p = &(*p)->next) {
+        if (*p == a->me) {
+            *p = a->me->next;
             break;
         }
     }
-    if (me->ready) receiving = 0;
-    pthread_mutex_unlock(&lock);
+    if (a->me->ready) r->receiving = 0;
+    pthread_mutex_unlock(&r->lock);
 }
 
 // Waits until this worker may receive. Returns with `receiving` set for it.
-static void become_receiver(void) {
-    pthread_mutex_lock(&lock);
-    if (watchdog_state == 0) {
-        watchdog_state = 1;
-        if (pthread_create(&watchdog_thread, NULL, watchdog, NULL) != 0) watchdog_state = 3;
+static void become_receiver(struct vanish_receivers *r) {
+    pthread_mutex_lock(&r->lock);
+    if (r->watchdog_state == 0) {
+        r->watchdog_state = 1;
+        if (pthread_create(&r->watchdog_thread, NULL, watchdog, r) != 0) r->watchdog_state = 3;
     }
-    if (!receiving) {
-        receiving = 1;
-        unattended_since = 0;
-        pthread_mutex_unlock(&lock);
+    if (!r->receiving) {
+        r->receiving = 1;
+        r->unattended_since = 0;
+        pthread_mutex_unlock(&r->lock);
         return;
     }
-    static _Thread_local int has_semaphore;
     if (!has_semaphore) {
         sem_init(&self.wake, 0, 0);
         has_semaphore = 1;
     }
     self.ready = 0;
-    self.next = waiting;
-    waiting = &self;
-    pthread_mutex_unlock(&lock);
-    pthread_cleanup_push(stop_waiting, &self);
+    self.next = r->waiting;
+    r->waiting = &self;
+    pthread_mutex_unlock(&r->lock);
+    struct waiting_args a = { r, &self };
+    pthread_cleanup_push(stop_waiting, &a);
     while (sem_wait(&self.wake) != 0) {}  // EINTR: a signal, keep waiting
     pthread_cleanup_pop(0);
 }
 
 // The receiver got a request (or an error): someone else receives next.
-static void stop_receiving(void) {
+static void stop_receiving(struct vanish_receivers *r) {
     uint64_t now = now_ns();
-    pthread_mutex_lock(&lock);
-    receiving = 0;
-    unattended_since = now;
-    if (now - last_request > watchdog_idle_ns) pthread_cond_signal(&watchdog_wake);
-    last_request = now;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_lock(&r->lock);
+    r->receiving = 0;
+    r->unattended_since = now;
+    if (now - r->last_request > watchdog_idle_ns) pthread_cond_signal(&r->watchdog_wake);
+    r->last_request = now;
+    pthread_mutex_unlock(&r->lock);
 }
 
-void vanish_workers_begin(pid_t caller) {
+void receivers_caller_begins(pid_t caller) {
     // Another caller than the last one waiting for a reply: callers are
     // making calls side by side, so another worker receives while this one
     // serves, as libfuse would have it.
-    if (!atomic_load_explicit(&spin_ns, memory_order_relaxed)) return;
-    pid_t last = atomic_exchange_explicit(&last_caller, caller, memory_order_relaxed);
-    atomic_store_explicit(&one_caller, last == caller, memory_order_relaxed);
+    struct vanish_transport *t = vanish_thread.transport;
+    if (!t) return;
+    struct vanish_receivers *r = &t->receivers;
+    if (!atomic_load_explicit(&r->spin_ns, memory_order_relaxed)) return;
+    pid_t last = atomic_exchange_explicit(&r->last_caller, caller, memory_order_relaxed);
+    atomic_store_explicit(&r->one_caller, last == caller, memory_order_relaxed);
     if (last != caller) {
-        pthread_mutex_lock(&lock);
-        hand_over_locked();
-        pthread_mutex_unlock(&lock);
+        pthread_mutex_lock(&r->lock);
+        hand_over_locked(r);
+        pthread_mutex_unlock(&r->lock);
     }
 }
 
 void vanish_workers_may_block(void) {
     if (ring_may_block()) return;
-    if (!atomic_load_explicit(&spin_ns, memory_order_relaxed)) return;
-    pthread_mutex_lock(&lock);
-    hand_over_locked();
-    pthread_mutex_unlock(&lock);
+    struct vanish_transport *t = vanish_thread.transport;
+    if (!t) return;
+    struct vanish_receivers *r = &t->receivers;
+    if (!atomic_load_explicit(&r->spin_ns, memory_order_relaxed)) return;
+    pthread_mutex_lock(&r->lock);
+    hand_over_locked(r);
+    pthread_mutex_unlock(&r->lock);
 }
 
-ssize_t vanish_workers_receive(int fd, int initialized, ssize_t (*call)(int from, void *context), void *context) {
-    uint64_t budget = atomic_load_explicit(&spin_ns, memory_order_relaxed);
+ssize_t receivers_receive(struct vanish_receivers *r, int fd, int initialized,
+                          ssize_t (*call)(int from, void *context), void *context) {
+    uint64_t budget = atomic_load_explicit(&r->spin_ns, memory_order_relaxed);
     served_from_clone = 0;
     if (!budget || !initialized) return call(fd, context);
-    pthread_once(&spin_once, open_spin_fd);
-    int from = spin_fd;
+    int untried = 0;
+    if (atomic_compare_exchange_strong(&r->clone_tried, &untried, 1)) open_spin_fd(r);
+    int from = atomic_load_explicit(&r->spin_fd, memory_order_relaxed);
     if (from < 0) return call(fd, context);
 
     // Several callers at once: every idle worker waits in the kernel, as
     // libfuse has them, and the CPUs are the callers'.
-    if (!atomic_load_explicit(&one_caller, memory_order_relaxed)) return call(fd, context);
-    become_receiver();
+    if (!atomic_load_explicit(&r->one_caller, memory_order_relaxed)) return call(fd, context);
+    become_receiver(r);
     // While the caller's requests come close together, spin: without
     // yielding at first, then yielding to anything else that wants this CPU
     // (the statahead threads, the kernel's I/O threads).
-    int spin = atomic_load_explicit(&requests_close, memory_order_relaxed);
+    int spin = atomic_load_explicit(&r->requests_close, memory_order_relaxed);
     uint64_t start = spin ? now_ns() : 0;
     ssize_t n;
     for (;;) {
@@ -224,24 +232,23 @@ ssize_t vanish_workers_receive(int fd, int initialized, ssize_t (*call)(int from
     if (n >= 0 || errno != EAGAIN) {
         int saved = errno;
         served_from_clone = n > 0;
-        stop_receiving();
+        stop_receiving(r);
         errno = saved;
         return n;
     }
     uint64_t asked = now_ns();
     n = call(fd, context);
     int saved = errno;
-    atomic_store_explicit(&requests_close, n > 0 && now_ns() - asked < budget, memory_order_relaxed);
-    stop_receiving();
+    atomic_store_explicit(&r->requests_close, n > 0 && now_ns() - asked < budget, memory_order_relaxed);
+    stop_receiving(r);
     errno = saved;
     return n;
 }
 
-ssize_t vanish_workers_write_reply(int fd, const struct iovec *iov, int count, uint64_t unique) {
-    ssize_t written;
-    if (ring_reply(unique, iov, count, &written)) return written;
-    int clone = spin_fd;
-    if (unique == 0 || clone < 0) return writev(fd, iov, count);
+ssize_t receivers_write_reply(struct vanish_receivers *r, int fd, const struct iovec *iov, int count) {
+    const struct fuse_out_header *out = iov[0].iov_base;
+    int clone = atomic_load_explicit(&r->spin_fd, memory_order_relaxed);
+    if (out->unique == 0 || clone < 0) return writev(fd, iov, count);
     int first = served_from_clone ? clone : fd;
     ssize_t n = writev(first, iov, count);
     // A reply not found there (to an INTERRUPT of a request another worker
@@ -250,25 +257,28 @@ ssize_t vanish_workers_write_reply(int fd, const struct iovec *iov, int count, u
     return n;
 }
 
-int vanish_workers_reply_fd(int fd) { return served_from_clone && spin_fd >= 0 ? spin_fd : fd; }
-
-void vanish_workers_configure(int device_fd, uint32_t spin_microseconds) {
-    session_fd = device_fd;
-    atomic_store(&spin_ns, (uint64_t)spin_microseconds * 1000);
+int receivers_reply_fd(struct vanish_receivers *r, int fd) {
+    int clone = atomic_load_explicit(&r->spin_fd, memory_order_relaxed);
+    return served_from_clone && clone >= 0 ? clone : fd;
 }
 
-uint32_t vanish_workers_spin_microseconds(void) {
-    return (uint32_t)(atomic_load_explicit(&spin_ns, memory_order_relaxed) / 1000);
+void receivers_configure(struct vanish_receivers *r, int device_fd, uint32_t spin_microseconds) {
+    r->session_fd = device_fd;
+    atomic_store(&r->spin_ns, (uint64_t)spin_microseconds * 1000);
 }
 
-void vanish_workers_close(void) {
-    atomic_store(&spin_ns, 0);
-    pthread_mutex_lock(&lock);
-    int running = watchdog_state == 1;
-    if (running) watchdog_state = 2;
-    pthread_cond_signal(&watchdog_wake);
-    pthread_mutex_unlock(&lock);
-    if (running) pthread_join(watchdog_thread, NULL);
-    int fd = atomic_exchange(&spin_fd, -1);
+uint32_t receivers_spin_microseconds(struct vanish_receivers *r) {
+    return (uint32_t)(atomic_load_explicit(&r->spin_ns, memory_order_relaxed) / 1000);
+}
+
+void receivers_close(struct vanish_receivers *r) {
+    atomic_store(&r->spin_ns, 0);
+    pthread_mutex_lock(&r->lock);
+    int running = r->watchdog_state == 1;
+    if (running) r->watchdog_state = 2;
+    pthread_cond_signal(&r->watchdog_wake);
+    pthread_mutex_unlock(&r->lock);
+    if (running) pthread_join(r->watchdog_thread, NULL);
+    int fd = atomic_exchange(&r->spin_fd, -1);
     if (fd >= 0) close(fd);
 }

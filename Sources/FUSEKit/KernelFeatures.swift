@@ -3,8 +3,8 @@ import CFuseTransport
 import Glibc
 import SystemPackage
 
-/// Kernel FUSE features newer than libfuse 3.14, negotiated by the transport
-/// layer (CFuseTransport) in the INIT reply libfuse writes.
+/// Kernel FUSE features newer than libfuse 3.14, negotiated by the session's
+/// `Transport` in the INIT reply libfuse writes.
 public struct KernelFeatures: OptionSet, Sendable, CustomStringConvertible {
     public let rawValue: UInt64
     public init(rawValue: UInt64) { self.rawValue = rawValue }
@@ -27,21 +27,6 @@ public struct KernelFeatures: OptionSet, Sendable, CustomStringConvertible {
                                                  (.killprivV2, "killpriv_v2"), (.directIOAllowMmap, "direct_io_mmap")]
         let on = names.filter { contains($0.0) }.map(\.1)
         return on.isEmpty ? "none" : on.joined(separator: ",")
-    }
-
-    /// What the kernel offered in its INIT request (empty before it came).
-    public static var offered: KernelFeatures { KernelFeatures(rawValue: vanish_transport_offered()) }
-
-    /// What the INIT reply granted (empty before it was sent).
-    public static var granted: KernelFeatures { KernelFeatures(rawValue: vanish_transport_granted()) }
-
-    /// From `LowLevelFilesystem.initialize`: asks for `wanted` in the INIT
-    /// reply about to be sent; returns what the kernel offered of it.
-    /// `maxStackDepth` (1 or 2) is how deep the backing files' filesystem may
-    /// be stacked: 1 lets overlayfs sit on the mount, 2 lets the backing
-    /// files be on overlayfs.
-    public static func request(_ wanted: KernelFeatures, maxStackDepth: UInt32 = 1) -> KernelFeatures {
-        KernelFeatures(rawValue: vanish_transport_request(wanted.rawValue, maxStackDepth))
     }
 }
 

@@ -10,8 +10,9 @@ import SystemPackage
 /// PARALLEL_DIROPS), so implementations must be thread-safe. Handlers left
 /// unimplemented answer ENOSYS, which the kernel remembers and stops sending.
 public protocol LowLevelFilesystem: AnyObject, Sendable {
-    /// Negotiates capabilities (`init`); runs once before any request.
-    func initialize(_ conn: UnsafeMutablePointer<fuse_conn_info>)
+    /// Negotiates capabilities (`init`), libfuse's in `conn` and the newer
+    /// ones through the session's `transport`; runs once before any request.
+    func initialize(_ conn: UnsafeMutablePointer<fuse_conn_info>, transport: Transport)
     /// The session is ending (`destroy`).
     func destroy()
 

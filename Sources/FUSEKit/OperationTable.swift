@@ -4,10 +4,13 @@ import Glibc
 import Synchronization
 import SystemPackage
 
-/// Holds the filesystem for the C callbacks; `fuse_req_userdata` points here.
+/// Holds the filesystem for the C callbacks: the session's transport, which
+/// `fuse_req_userdata` points to, has it as its owner.
 final class SessionBox: @unchecked Sendable {
     let fs: any LowLevelFilesystem
     let requests = RequestCounter()
+    /// Set once by `Session`, before the session exists.
+    var transport: Transport?
     init(_ fs: any LowLevelFilesystem) { self.fs = fs }
 }
 
@@ -23,7 +26,12 @@ public final class RequestCounter: Sendable {
 
 @inline(__always)
 private func box(_ req: fuse_req_t?) -> SessionBox {
-    Unmanaged<SessionBox>.fromOpaque(fuse_req_userdata(req)!).takeUnretainedValue()
+    box(userdata: fuse_req_userdata(req))
+}
+
+@inline(__always)
+private func box(userdata: UnsafeMutableRawPointer?) -> SessionBox {
+    Unmanaged<SessionBox>.fromOpaque(vanish_transport_owner(userdata)!).takeUnretainedValue()
 }
 
 /// Runs a handler and answers the request with its errno if it throws, so no
@@ -31,7 +39,7 @@ private func box(_ req: fuse_req_t?) -> SessionBox {
 @inline(__always)
 private func serve(_ req: fuse_req_t?, awaited: Bool = true,
                    _ body: (any LowLevelFilesystem, Request) throws(Errno) -> Void) {
-    if awaited { vanish_workers_begin(fuse_req_ctx(req)!.pointee.pid) }
+    vanish_request_begin(req, awaited ? fuse_req_ctx(req)!.pointee.pid : 0, awaited ? 1 : 0)
     let r = Request(req!)
     let b = box(req)
     b.requests.value.wrappingAdd(1, ordering: .relaxed)
@@ -54,11 +62,10 @@ private func serve(_ req: fuse_req_t?, awaited: Bool = true,
 func makeOperationTable() -> fuse_lowlevel_ops {
     var ops = fuse_lowlevel_ops()
     ops.`init` = { userdata, conn in
-        Unmanaged<SessionBox>.fromOpaque(userdata!).takeUnretainedValue().fs.initialize(conn!)
+        let b = box(userdata: userdata)
+        b.fs.initialize(conn!, transport: b.transport!)
     }
-    ops.destroy = { userdata in
-        Unmanaged<SessionBox>.fromOpaque(userdata!).takeUnretainedValue().fs.destroy()
-    }
+    ops.destroy = { userdata in box(userdata: userdata).fs.destroy() }
     ops.lookup = { req, parent, name in serve(req) { fs, r throws(Errno) in try fs.lookup(r, parent: parent, name: name!) } }
     ops.forget = { req, ino, n in
         box(req).fs.forget(ino, count: n)
@@ -140,13 +147,7 @@ func makeOperationTable() -> fuse_lowlevel_ops {
     }
     ops.access = { req, ino, mask in serve(req) { fs, r throws(Errno) in try fs.access(r, ino, mask: mask) } }
     ops.create = { req, parent, name, mode, fi in
-        serve(req) { fs, r throws(Errno) in
-            if vanish_is_tmpfile_name(name!) != 0 {
-                try fs.tmpfile(r, parent: parent, mode: mode, fi!)
-            } else {
-                try fs.create(r, parent: parent, name: name!, mode: mode, fi!)
-            }
-        }
+        serve(req) { fs, r throws(Errno) in try fs.create(r, parent: parent, name: name!, mode: mode, fi!) }
     }
     ops.fallocate = { req, ino, mode, off, len, fi in
         vanish_workers_may_block()
@@ -169,4 +170,10 @@ func makeOperationTable() -> fuse_lowlevel_ops {
         serve(req) { fs, r throws(Errno) in try fs.lseek(r, ino, offset: off, whence: whence, fi!) }
     }
     return ops
+}
+
+/// O_TMPFILE opens (FUSE_TMPFILE), which libfuse 3.14 does not know: the
+/// transport gives them here (see `vanish_transport_session_new`).
+let tmpfileOperation: vanish_tmpfile_op = { req, parent, mode, fi in
+    serve(req) { fs, r throws(Errno) in try fs.tmpfile(r, parent: parent, mode: mode, fi!) }
 }

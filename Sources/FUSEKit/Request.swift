@@ -18,8 +18,6 @@ public struct Request: @unchecked Sendable {
         return Caller(uid: ctx.uid, gid: ctx.gid, pid: ctx.pid, umask: ctx.umask)
     }
 
-    /// `fuse_reply_err`.
-    @inlinable
     /// The caller's supplementary groups (libfuse reads them from the
     /// caller's /proc entry, which cannot be another process's while the
     /// caller waits in this request). Not for the hot path.
@@ -37,10 +35,10 @@ public struct Request: @unchecked Sendable {
     /// ns) for the handlers of change-recording requests the kernel sent
     /// earlier to finish, so the record follows the kernel's order (see the
     /// transport). False if it waited that long in vain.
-    @discardableResult
     /// 250 ms: a `written` event's RELEASE handler (which may read the file
     /// to tell a copy) took more than 50 ms under CI's load, and its event
     /// then followed the program's next one.
+    @discardableResult
     public static func waitForEarlierChanges(timeout: UInt64 = 250_000_000) -> Bool {
         vanish_order_wait_for_earlier(timeout) != 0
     }
@@ -51,6 +49,8 @@ public struct Request: @unchecked Sendable {
     /// Whether the caller is in `gid`, as its primary group or another.
     public func isInGroup(_ gid: gid_t) -> Bool { caller.gid == gid || groups().contains(gid) }
 
+    /// `fuse_reply_err`.
+    @inlinable
     public func reply(error: Errno) { _ = fuse_reply_err(raw, error.rawValue) }
 
     /// `fuse_reply_err(req, 0)`: success for operations that return nothing.

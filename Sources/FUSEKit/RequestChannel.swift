@@ -60,12 +60,10 @@ public enum RequestChannel {
         }
     }
 
-    /// From the init callback: whether the INIT reply will ask for io_uring.
-    public static var ringComing: Bool { vanish_transport_ring_wanted() != 0 }
-
-    public static var state: State {
+    /// What serves a session's requests, and why (`Transport.channel`).
+    static func state(of transport: OpaquePointer) -> State {
         var info = vanish_ring_info()
-        vanish_transport_ring_info(&info)
+        vanish_transport_ring_info(transport, &info)
         var s = State(ring: info.active != 0, queues: Int(info.queues), depth: Int(info.depth),
                       threads: Int(info.threads), bufferBytes: info.buffer_bytes,
                       spinMicroseconds: Int(info.spin_microseconds), reason: nil)

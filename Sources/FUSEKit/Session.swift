@@ -43,9 +43,6 @@ public enum Workers {
     /// of after the watchdog's half millisecond.
     @inline(__always)
     public static func mayBlock() { vanish_workers_may_block() }
-
-    /// The spin in effect (µs; 0 while workers wait in the kernel as libfuse has them).
-    public static var spinMicroseconds: Int { Int(vanish_workers_spin_microseconds()) }
 }
 
 public enum SessionError: Error, CustomStringConvertible {
@@ -69,6 +66,8 @@ public enum SessionError: Error, CustomStringConvertible {
 public final class Session {
     private let raw: OpaquePointer
     private let box: Unmanaged<SessionBox>
+    /// What libfuse 3.14 does not negotiate or know, and the request channel.
+    public let transport: Transport
     private var ops: UnsafeMutablePointer<fuse_lowlevel_ops>
     private var mounted = false
     /// Ends `run` from another thread (a signal watcher).
@@ -85,10 +84,14 @@ public final class Session {
         cargs[argv.count] = nil
         var args = fuse_args(argc: Int32(argv.count), argv: cargs, allocated: 0)
 
-        box = Unmanaged.passRetained(SessionBox(filesystem))
+        let sessionBox = SessionBox(filesystem)
+        box = Unmanaged.passRetained(sessionBox)
+        transport = Transport(owner: box.toOpaque())
+        sessionBox.transport = transport
         ops = .allocate(capacity: 1)
         ops.initialize(to: makeOperationTable())
-        guard let se = vanish_session_new(&args, ops, box.toOpaque()) else {
+        guard let se = vanish_transport_session_new(transport.raw, &args, ops, tmpfileOperation) else {
+            sessionBox.transport = nil
             box.release()
             throw SessionError.badOptions(options.joined(separator: ","))
         }
@@ -119,7 +122,7 @@ public final class Session {
     public func mount(at mountpoint: String) throws {
         guard fuse_session_mount(raw, mountpoint) == 0 else { throw SessionError.mountFailed(mountpoint) }
         mounted = true
-        let r = vanish_transport_install(raw)
+        let r = vanish_transport_install(transport.raw, fuse_session_fd(raw))
         guard r == 0 else { throw SessionError.transport(Errno(rawValue: -r)) }
     }
 
@@ -141,8 +144,8 @@ public final class Session {
         fuse_loop_cfg_set_max_threads(cfg, UInt32(config.maxThreads))
         if let idle = config.idleThreads { fuse_loop_cfg_set_idle_threads(cfg, UInt32(idle)) }
         fuse_loop_cfg_set_clone_fd(cfg, config.cloneFD ? 1 : 0)
-        vanish_transport_set_spin(raw, UInt32(config.spinMicroseconds ?? 0))
-        vanish_transport_set_ring(Int32(config.ring == .off ? VANISH_RING_OFF : VANISH_RING_AUTO))
+        vanish_transport_set_spin(transport.raw, UInt32(config.spinMicroseconds ?? 0))
+        vanish_transport_set_ring(transport.raw, Int32(config.ring == .off ? VANISH_RING_OFF : VANISH_RING_AUTO))
         stopper.loopStarts()
         defer { stopper.end() }
         return fuse_session_loop_mt(raw, cfg)
@@ -150,8 +153,8 @@ public final class Session {
 
     /// Runs the single-threaded loop (for debugging races).
     public func runSingleThreaded() -> Int32 {
-        vanish_transport_set_spin(raw, 0)
-        vanish_transport_set_ring(Int32(VANISH_RING_OFF))
+        vanish_transport_set_spin(transport.raw, 0)
+        vanish_transport_set_ring(transport.raw, Int32(VANISH_RING_OFF))
         stopper.loopStarts()
         defer { stopper.end() }
         return fuse_session_loop(raw)
@@ -168,8 +171,10 @@ public final class Session {
     deinit {
         unmount()
         stopper.end()
-        vanish_transport_close()
+        vanish_transport_close(transport.raw)
         fuse_session_destroy(raw)
+        // The transport is freed with its last reference, after the session.
+        box.takeUnretainedValue().transport = nil
         box.release()
         ops.deallocate()
     }

@@ -77,13 +77,15 @@ public final class Daemon {
         let instance = Daemon.newInstanceID()
         journal = Daemon.openJournal(configuration, filesystem, instance: instance, log: log)
         control = Daemon.openControlSocket(configuration, filesystem, instance: instance, log: log)
-        filesystem.statusReport = { [unowned filesystem] uid in StatusReport.json(filesystem.statusFacts(for: uid), for: uid) }
         do {
             session = try Session(filesystem: filesystem, options: configuration.fuseOptions, debug: configuration.debug)
         } catch {
             // (The journal's writer has not started: there is nothing to close.)
             control?.stop()
             throw Failure(description: "\(error)")
+        }
+        filesystem.statusReport = { [unowned filesystem, transport = session.transport] uid in
+            StatusReport.json(filesystem.statusFacts(for: uid, transport: transport), for: uid)
         }
     }
 

@@ -45,6 +45,7 @@ extension PassthroughFilesystem {
         guard node !== table.root else { throw .resourceBusy }
         guard let (parent, name) = table.location(of: node) else { throw .noSuchFileOrDirectory }
         let caller = req.caller
+        awaitEarlierEvents()
         let permissions = try RemovalCheck(req, caller)
         try name.withUnsafeBufferPointer { n throws(Errno) in
             try namespace.removing(parent, n.baseAddress!) { pfd throws(Errno) in
@@ -90,9 +91,10 @@ extension PassthroughFilesystem {
     /// What `vanish status` shows `uid`, gathered for the control plane to
     /// render (`VanishControl.StatusReport`): counts for the whole mount, and
     /// the undo window's entries of `uid` (none listed for root, who gets
-    /// the totals), from the per-user index.
-    package func statusFacts(for uid: uid_t) -> StatusFacts {
-        let requests = RequestChannel.state
+    /// the totals), from the per-user index; how requests are served from
+    /// the session's `transport`.
+    package func statusFacts(for uid: uid_t, transport: Transport) -> StatusFacts {
+        let requests = transport.channel
         var fs = statvfs()
         _ = fstatvfs(rootFD, &fs)
         return StatusFacts(
@@ -106,8 +108,8 @@ extension PassthroughFilesystem {
             keepSeconds: Double(reaper?.policy.keep ?? 0) / 1e9, socket: controlSocket,
             knownInodes: table.count, stataheadEntries: statahead.prefetched.load(ordering: .relaxed),
             cachedFDs: namespace.cachedFDs, fdCacheLimit: namespace.fdLimit,
-            kernelFeatures: "\(KernelFeatures.granted)", passthrough: passthroughState,
-            spinMicroseconds: requests.ring ? requests.spinMicroseconds : Workers.spinMicroseconds,
+            kernelFeatures: "\(transport.granted)", passthrough: passthroughState,
+            spinMicroseconds: transport.spinMicroseconds,
             cacheSeconds: watch != nil ? SourceWatch.timeout : options.attrTimeout,
             fileHandles: table.codec != nil ? "exportable" : "while cached", requests: requests,
             client: graveyard?.client.name, leaseSeconds: Double(leases?.length ?? 0) / 1e9,

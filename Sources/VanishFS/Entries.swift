@@ -133,6 +133,7 @@ extension PassthroughFilesystem {
     public func unlink(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let p = inode(parent)
         try checkChangeable(p, name)
+        awaitEarlierEvents()
         let caller = req.caller
         try namespace.removing(p, name) { pfd throws(Errno) in
             let (st, protected) = try Sys.lstatatProtected(pfd, name)
@@ -150,6 +151,7 @@ extension PassthroughFilesystem {
     public func rmdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let p = inode(parent)
         try checkChangeable(p, name)
+        awaitEarlierEvents()
         let caller = req.caller
         try namespace.removing(p, name) { pfd throws(Errno) in
             guard observing else {
@@ -169,6 +171,7 @@ extension PassthroughFilesystem {
         let np = inode(newParent)
         try checkChangeable(p, name)
         try checkChangeable(np, newName)
+        awaitEarlierEvents()
         let caller = req.caller
         let exchange = flags & VANISH_RENAME_EXCHANGE != 0
         try namespace.renaming(p, name, np, newName, exchange: exchange) { pfd, npfd throws(Errno) in

@@ -224,13 +224,25 @@ extension PassthroughFilesystem {
     /// The journal, for the control socket.
     public var journal: Journal? { events }
 
+    /// Before a change of names (a rename, an unlink, an rmdir, a tree
+    /// deleted in one step): an earlier request still recording its event
+    /// (a RELEASE's `written`) names its file as it is then, so it must
+    /// record first: `mv f g` right after a writer closed f is "written f",
+    /// then "renamed g <- f".
+    @inline(__always)
+    func awaitEarlierEvents() {
+        if events != nil { Request.waitForEarlierChanges() }
+    }
+
     /// Appends an event caused by `caller` (nil for Vanish's own doing).
     /// `knownComm`: the caller's command name as taken earlier, if it may be gone now.
     func emit(_ type: EventType, _ caller: Caller?, knownComm: String = "", _ fill: (inout EventRecord) -> Void) {
         guard let events else { return }
         // In the kernel's order of requests: a RELEASE handled beside its
         // program's next request is recorded first (causal order per process).
-        if caller != nil { Request.waitForEarlierChanges() }
+        if caller != nil, !Request.waitForEarlierChanges() {
+            log.notice("recorded a change without waiting longer for an earlier request", metadata: ["event": "\(type)"])
+        }
         let comm = caller.map { c in
             let now = CommandNames.shared.name(of: c.pid)
             return now.isEmpty ? knownComm : now

@@ -224,7 +224,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
 
     public var fdCacheLimit: Int { namespace.fdLimit }
 
-    public func initialize(_ conn: UnsafeMutablePointer<fuse_conn_info>) {
+    public func initialize(_ conn: UnsafeMutablePointer<fuse_conn_info>, transport: Transport) {
         let capable = conn.pointee.capable
         if options.writeback && capable & UInt32(FUSE_CAP_WRITEBACK_CACHE) != 0 {
             conn.pointee.want |= UInt32(FUSE_CAP_WRITEBACK_CACHE)
@@ -241,7 +241,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         // Move data between the backing file and /dev/fuse through pipes
         // instead of copying it through our memory (as passthrough_hp does).
         // Not over io_uring: requests and replies live in the ring's buffers.
-        for cap in [FUSE_CAP_SPLICE_WRITE, FUSE_CAP_SPLICE_MOVE, FUSE_CAP_SPLICE_READ] where !RequestChannel.ringComing {
+        for cap in [FUSE_CAP_SPLICE_WRITE, FUSE_CAP_SPLICE_MOVE, FUSE_CAP_SPLICE_READ] where !transport.ringComing {
             if capable & UInt32(cap) != 0 { conn.pointee.want |= UInt32(cap) }
         }
         // Where the kernel checks access itself (default_permissions), it
@@ -256,7 +256,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         if options.posixACLs && capable & UInt32(FUSE_CAP_POSIX_ACL) != 0 {
             conn.pointee.want |= UInt32(FUSE_CAP_POSIX_ACL)
         }
-        negotiateKernelFeatures()
+        negotiateKernelFeatures(transport)
         switch options.readdirPlus {
         // The daemon decides per listing for `walk`, so the kernel always asks.
         case .always, .walk: conn.pointee.want &= ~UInt32(FUSE_CAP_READDIRPLUS_AUTO)
@@ -281,7 +281,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
                                                 "reapers": "\(reaper?.workerCount ?? 0)", "caller_names": "\(names)",
                                                 "passthrough": "\(passthrough.active ? "on" : "off")",
                                                 "watch": "\(watch != nil ? "on" : "off")",
-                                                "requests": "\(RequestChannel.ringComing ? "io_uring" : "/dev/fuse")",
+                                                "requests": "\(transport.ringComing ? "io_uring" : "/dev/fuse")",
                                                 "file_handles": "\(table.codec != nil ? "exportable" : "while cached")"])
         if graveyard != nil, vanish_filesystem_type(rootFD) == VANISH_OVERLAYFS_SUPER_MAGIC {
             log.warning("""
@@ -300,7 +300,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// state but the inode table's (under its lock), the kernel never looks
     /// up one name twice at a time, and creates, unlinks and renames still
     /// hold the directory exclusively.
-    private func negotiateKernelFeatures() {
+    private func negotiateKernelFeatures(_ transport: Transport) {
         var wanted: KernelFeatures = [.killprivV2, .parallelDirops, .directIOAllowMmap]
         var why = "on"
         if !options.passthrough { why = "off by option" }
@@ -310,11 +310,11 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         else { wanted.insert(.passthrough) }
         // Backing files on overlayfs are one level deep already.
         let depth: UInt32 = vanish_filesystem_type(rootFD) == VANISH_OVERLAYFS_SUPER_MAGIC ? 2 : 1
-        let granted = KernelFeatures.request(wanted, maxStackDepth: depth)
+        let granted = transport.request(wanted, maxStackDepth: depth)
         if wanted.contains(.passthrough) && !granted.contains(.passthrough) { why = "off: the kernel does not offer it" }
         if granted.contains(.passthrough), let backingFiles { passthrough.start(backingFiles) }
         passthroughReason = why
-        log.info("kernel features", metadata: ["offered": "\(KernelFeatures.offered)", "granted": "\(granted)",
+        log.info("kernel features", metadata: ["offered": "\(transport.offered)", "granted": "\(granted)",
                                                "passthrough": "\(why)"])
     }
 
