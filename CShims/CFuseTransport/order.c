@@ -73,14 +73,19 @@ static int all_earlier_seen(struct vanish_order *o, uint64_t unique) {
     return atomic_load_explicit(&o->seen_low, memory_order_acquire) > unique;
 }
 
-void order_received(struct vanish_transport *t, const struct fuse_in_header *in) {
+void order_thread_serves(struct vanish_transport *t) {
     struct vanish_thread *me = &vanish_thread;
-    order_idle();
     if (me->transport != t) {
         // A thread of another session (tests make several): a slot there.
         me->transport = t;
         me->order_slot = 0;
     }
+}
+
+void order_received(struct vanish_transport *t, const struct fuse_in_header *in) {
+    struct vanish_thread *me = &vanish_thread;
+    order_idle();
+    order_thread_serves(t);
     struct vanish_order *o = &t->order;
     if (!me->order_slot) {
         int slot = atomic_fetch_add(&o->slots_used, 1);

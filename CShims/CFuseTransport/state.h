@@ -90,6 +90,8 @@ extern _Thread_local struct vanish_thread vanish_thread;
 
 // order.c: requests recorded in the kernel's order.
 void order_received(struct vanish_transport *t, const struct fuse_in_header *in);
+// The calling thread serves `t` (a request it has not seen the header of).
+void order_thread_serves(struct vanish_transport *t);
 void order_idle(void);
 void order_init(struct vanish_order *o);
 void order_destroy(struct vanish_order *o);

@@ -136,8 +136,9 @@ static int statx_forget(struct vanish_transport *t, uint64_t unique) {
     return 0;
 }
 
-// Renames a request libfuse 3.14 does not know into the one it is brought as.
-static void rename_unknown(struct vanish_transport *t, void *buf, size_t n) {
+// Renames a request libfuse 3.14 does not know into the one it is brought
+// as; 1 for a STATX handed over as GETATTR.
+static int rename_unknown(struct vanish_transport *t, void *buf, size_t n) {
     struct fuse_in_header *in = buf;
     if (n == tmpfile_request_size && in->opcode == FUSE_TMPFILE && t->tmpfile &&
         memcmp((char *)buf + n - 2, "/", 2) == 0) {
@@ -145,7 +146,9 @@ static void rename_unknown(struct vanish_transport *t, void *buf, size_t n) {
     } else if (n == statx_request_size && in->opcode == vanish_fuse_statx_opcode && in->unique != 0 &&
                statx_remember(t, in->unique)) {
         in->opcode = FUSE_GETATTR;
+        return 1;
     }
+    return 0;
 }
 
 void transport_received(struct vanish_transport *t, void *request, size_t n) {
@@ -341,7 +344,8 @@ static void rename_spliced(struct vanish_transport *t, int pipe_writer, size_t s
     // libfuse empties its pipe after each request, so this one is all it holds.
     ssize_t n = read(pipe_reader, request, size);
     if (n <= 0) return;
-    rename_unknown(t, request, (size_t)n);
+    // A spliced request is not otherwise seen here: a STATX's reply needs its id.
+    if (rename_unknown(t, request, (size_t)n)) vanish_thread.unique = ((struct fuse_in_header *)request)->unique;
     if (write(pipe_writer, request, (size_t)n) != n) {
         // Cannot happen with an empty pipe of at least a page; if it did,
         // libfuse would find a short request and answer it with an error.
@@ -354,7 +358,7 @@ static ssize_t t_splice_receive(int fdin, off_t *offin, int fdout, off_t *offout
     struct splice_args a = { offin, fdout, offout, len, flags };
     // A spliced request's header stays in the pipe: not ordered.
     order_idle();
-    vanish_thread.transport = t;
+    order_thread_serves(t);
     ssize_t n = receivers_receive(&t->receivers, fdin, atomic_load_explicit(&t->init_done, memory_order_acquire),
                                   splice_from, &a);
     if (n == tmpfile_request_size || n == statx_request_size) rename_spliced(t, fdout, (size_t)n);
