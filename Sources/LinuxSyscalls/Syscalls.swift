@@ -373,7 +373,16 @@ extension Sys {
     public static func wallClockNow() -> UInt64 {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)
-        return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+        return Sys.nanoseconds(ts)
+    }
+}
+
+extension Sys {
+    /// `t` in nanoseconds since its clock's epoch (one before the epoch
+    /// wraps; clamp first where such a time can come).
+    @inlinable
+    public static func nanoseconds(_ t: timespec) -> UInt64 {
+        UInt64(truncatingIfNeeded: t.tv_sec) &* 1_000_000_000 &+ UInt64(truncatingIfNeeded: t.tv_nsec)
     }
 }
 

@@ -70,7 +70,7 @@ public final class Condition: @unchecked Sendable {
     public static func now() -> UInt64 {
         var ts = timespec()
         clock_gettime(CLOCK_MONOTONIC, &ts)
-        return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+        return Sys.nanoseconds(ts)
     }
 }
 

@@ -1,4 +1,5 @@
 import Glibc
+import LinuxSyscalls
 import Synchronization
 import VanishClient
 
@@ -23,7 +24,7 @@ extension PassthroughFilesystem {
     @inline(__always)
     func notice(_ node: Inode, _ st: stat) {
         guard observing, node.isDirectory else { return }
-        let mtime = UInt64(truncatingIfNeeded: st.st_mtim.tv_sec) &* 1_000_000_000 &+ UInt64(truncatingIfNeeded: st.st_mtim.tv_nsec)
+        let mtime = Sys.nanoseconds(st.st_mtim)
         let seen = node.mtimeSeen.exchange(mtime, ordering: .sequentiallyConsistent)
         guard seen != mtime, seen != 0 else { return }
         if node.changedHere.exchange(false, ordering: .sequentiallyConsistent) { return }

@@ -53,6 +53,11 @@ extension PassthroughFilesystem {
         configure(fi, kind, node)
         namespace.opened(node)
         if observing && writesData(node, fi) {
+            // A writer's RELEASE the kernel sent before this open ends its
+            // writing session first: handled after this open joined the
+            // session, it would leave its `written` to this writer's close
+            // (dd; touch -d: "attributes" before dd's "written").
+            awaitEarlierEvents()
             // The kernel writes a passthrough file without us: the writing
             // session is told by the file's change since the open.
             let stamp = kind == .passthrough ? (known ?? (try? Sys.fstat(fd))).map(WritingHandles.Stamp.init) : nil
@@ -128,7 +133,7 @@ extension PassthroughFilesystem {
         // sees (write(2) through passthrough the kernel notes itself): the
         // kernel's copy of its attributes goes if its mtime moved.
         if kind == .passthrough && fi.pointee.flags & O_ACCMODE == O_RDWR, let st = try? Sys.fstat(fd),
-           Inode.nanoseconds(st.st_mtim) != node.mtimeSent.load(ordering: .relaxed) {
+           node.mtimeDiffers(from: st) {
             invalidations.attributes(of: table.nodeID(node), wait: false)
         }
         passthrough.release(node, kind: kind)

@@ -1,4 +1,5 @@
 import Glibc
+import LinuxSyscalls
 import Synchronization
 
 /// Identity of a backing file: the pair the kernel guarantees unique.
@@ -128,18 +129,16 @@ final class Inode: @unchecked Sendable {
     /// the attribute timeout.
     @inline(__always)
     func sawAttributes(_ st: stat) {
-        ctimeSent.store(Inode.nanoseconds(st.st_ctim), ordering: .relaxed)
+        ctimeSent.store(Sys.nanoseconds(st.st_ctim), ordering: .relaxed)
         attributesSent.store(InodeTable.coarseMilliseconds(), ordering: .relaxed)
         attributesDropped.store(false, ordering: .releasing)
         if type == S_IFDIR { modeSeen.store(UInt32(st.st_mode), ordering: .relaxed) }
-        else if type == S_IFREG { mtimeSent.store(Inode.nanoseconds(st.st_mtim), ordering: .relaxed) }
+        else if type == S_IFREG { mtimeSent.store(Sys.nanoseconds(st.st_mtim), ordering: .relaxed) }
     }
     var isSymlink: Bool { type == S_IFLNK }
 
-    @inline(__always)
-    static func nanoseconds(_ t: timespec) -> UInt64 {
-        UInt64(truncatingIfNeeded: t.tv_sec) &* 1_000_000_000 &+ UInt64(truncatingIfNeeded: t.tv_nsec)
-    }
+    /// Whether `st`'s mtime is not the one last sent to the kernel.
+    func mtimeDiffers(from st: stat) -> Bool { Sys.nanoseconds(st.st_mtim) != mtimeSent.load(ordering: .relaxed) }
 
     static func copyName(_ name: UnsafePointer<CChar>) -> ContiguousArray<CChar> {
         let n = strlen(name)

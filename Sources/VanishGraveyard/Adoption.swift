@@ -135,7 +135,7 @@ extension Graveyard {
     /// Whether `name` in `dirFD` changed less than `recordGrace` ago.
     static func isRecent(_ dirFD: Int32, _ name: String) -> Bool {
         guard let st = try? Sys.lstatat(dirFD, name) else { return false }
-        let mtime = UInt64(max(0, st.st_mtim.tv_sec)) * 1_000_000_000 + UInt64(max(0, st.st_mtim.tv_nsec))
+        let mtime = st.st_mtim.tv_sec < 0 ? 0 : Sys.nanoseconds(st.st_mtim)
         return mtime &+ recordGrace > Sys.wallClockNow()
     }
 

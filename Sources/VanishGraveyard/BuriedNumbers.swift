@@ -33,7 +33,7 @@ public final class BuriedNumbers: Sendable {
     public func contains(_ ino: UInt64) -> Bool {
         for (i, fd) in shardFDs.enumerated() {
             guard let st = try? Sys.fstat(fd) else { return true }
-            let mtime = Int64(st.st_mtim.tv_sec) &* 1_000_000_000 &+ Int64(st.st_mtim.tv_nsec)
+            let mtime = Int64(bitPattern: Sys.nanoseconds(st.st_mtim))
             let cached: Set<UInt64>? = shards.withLock { s in
                 s[i].mtime == mtime && s[i].readAt - mtime > Self.settle ? s[i].numbers : nil
             }
