@@ -77,11 +77,10 @@ public final class Condition: @unchecked Sendable {
 /// A mutex over `Value`: glibc's default pthread mutex, a plain futex.
 ///
 /// For locks the request path takes many times per request. The standard
-/// library's `Mutex` is a priority-inheritance futex that first spins up
-/// to a thousand times: with more handler threads than the 2 cores here,
-/// the holder is often descheduled, the spinning burns the core it needs,
-/// and each wait goes through the kernel's rt_mutex. git status's parallel
-/// lstats spent a fifth of the daemon's time there (perf).
+/// library's `Mutex` is a priority-inheritance futex that first spins: with
+/// more handler threads than cores the holder is often descheduled, the
+/// spinning burns the core it needs, and each wait goes through the
+/// kernel's rt_mutex (docs/decisions.md).
 public final class Lock<Value: ~Copyable>: @unchecked Sendable {
     @usableFromInline let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
     // Behind a pointer: an inout access to a stored property of a class

@@ -421,8 +421,7 @@ extension ControlServer {
         let filtered = types != nil || prefixes != nil || peer.uid != 0
         var sight = Sight(peer: peer, root: filesystem.backingRoot)
         // Live delivery is background work: it must not take the CPU from
-        // the handlers (2 vCPUs here: every preempting wakeup showed in
-        // the metadata benchmark with a subscriber attached).
+        // the handlers, whose every preempting wakeup costs a request.
         becomeBackgroundThread(nice: 5)
         while true {
             guard var run = reader.readRun(timeout: 1) else {

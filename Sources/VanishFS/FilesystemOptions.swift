@@ -71,7 +71,7 @@ public struct FilesystemOptions: Sendable {
     /// The kernel checks permissions (default_permissions): have it check
     /// POSIX ACLs as well. Not otherwise: FUSE_POSIX_ACL turns the kernel's
     /// checks on, and those refresh a directory's attributes before every
-    /// unlink in it (a GETATTR each, measured: rm -rf 1.85× slower).
+    /// unlink in it (a GETATTR each; docs/performance.md).
     public var posixACLs = false
     /// With `cache=auto`, follow changes behind the mount on the source's
     /// filesystem (`SourceWatch`) and let the kernel keep what it was told

@@ -6,9 +6,8 @@ import LinuxSyscalls
 // A burst of files through the mount (a build, an unpacked archive) leaves
 // the daemon holding the memory of every inode the kernel knew, long after
 // the kernel forgot them: glibc keeps freed chunks in its per-thread arenas,
-// and a dictionary never shrinks. After 400,000 files made and removed,
-// with no inode left in the table, the daemon still held 131 MB (growing
-// to a plateau near 200 MB over more rounds); with this, 13 MB.
+// and a dictionary never shrinks; this gives it back once the mount is
+// quiet (figures in docs/decisions.md).
 extension PassthroughFilesystem {
     /// Starts the thread that gives that memory back once the mount is
     /// quiet after the kernel has let go of at least 10,000 inodes (and the

@@ -25,12 +25,10 @@ import Synchronization
 /// it one level up: every listing records its subdirectories in order, and
 /// as a walk that stats what it lists (the `readdirplus=walk` stamps) opens
 /// each of them, the next `walkWindow` are read and their entries stat'ed on
-/// these threads while the walk is still busy in the one before: with the
-/// backing caches warm a cold `find -ls` takes about half the time (measured
-/// by warming them by hand). Walks in another order than the listing's
+/// these threads while the walk is still busy in the one before, so the
+/// walk finds the backing caches warm. Walks in another order than the listing's
 /// (`ls -R` sorts) get none. Only subdirectories the walk's caller may read
-/// and search are warmed (root, or the owner, primary group or other bits
-/// granting r and x).
+/// and search by their mode bits are warmed.
 ///
 /// Lock order: `jobs` is a leaf. The per-directory counters live on the
 /// `Inode` under `InodeTable`'s lock.

@@ -101,8 +101,8 @@ public final class Reaper: @unchecked Sendable {
     /// How often a worker without an undo window looks through all of its
     /// shards, burials or not: a guard against the unforeseen. What it
     /// knows to look at again (an entry a restore held, a stuck entry's
-    /// retry) sets an earlier time. It used to be every 2 s, so an idle
-    /// mount's workers each opened and read their 16 shards that often.
+    /// retry) sets an earlier time, so an idle mount's workers rarely read
+    /// their shards (docs/decisions.md).
     static let rescanInterval: UInt64 = 60_000_000_000
     /// How soon an entry a restore held is looked at again.
     static let heldRetry: UInt64 = 1_000_000_000

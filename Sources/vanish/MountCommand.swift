@@ -107,8 +107,7 @@ struct MountCommand: ParsableCommand {
         // the daemon's own (022) would strip group and other bits a second time.
         // What the daemon makes for itself carries explicit modes.
         umask(0)
-        // A fixed 1 MiB: measured no slower on create, metadata, tar, git
-        // and sequential I/O (interleaved A/B), and a burst's memory comes back.
+        // A fixed mmap threshold, so a burst's memory comes back (docs/decisions.md).
         Heap.setMapThreshold(1 << 20)
         var parsed = try MountOptionList(options)
         if let cache { parsed.filesystem.cache = cache }
