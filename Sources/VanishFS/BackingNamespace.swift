@@ -177,10 +177,10 @@ final class BackingNamespace: Sendable {
     var pendingBurials: Int { burials.count }
 
     func beginBurial(_ dir: Inode, _ name: UnsafePointer<CChar>) -> DeferredBurials.Ticket { burials.begin(dir, name) }
-    func endBurial(_ ticket: DeferredBurials.Ticket) { burials.end(ticket) }
-    func queueBurial(_ burial: PassthroughFilesystem.DeferredBurial, in dir: Inode, name: UnsafePointer<CChar>,
-                     caller: Caller) -> Bool {
-        burials.queue(burial, in: dir, name: name, caller: caller)
+    /// Queues a begun burial; the ticket comes back if it must land now.
+    func queueBurial(_ ticket: consuming DeferredBurials.Ticket, _ file: DeferredBurials.File, in dir: Inode,
+                     name: UnsafePointer<CChar>, caller: Caller) -> DeferredBurials.Ticket? {
+        burials.queue(ticket, file, in: dir, name: name, caller: caller)
     }
     /// The burials queued in the directory `key`, taken to bury with it or land.
     func takeQueued(in key: InodeKey) -> [DeferredBurials.Queued] { burials.takeDirectory(key) }

@@ -32,16 +32,55 @@ import VanishGraveyard
 /// when nothing is pending. For the intents' paths to stay true, a
 /// directory is renamed only once no burial is pending (`BackingNamespace.renaming`).
 final class DeferredBurials: @unchecked Sendable {
-    struct Ticket {
+    /// Which name a burial is of: its directory and a hash of (directory, name).
+    struct Key: Hashable {
         let nameHash: UInt64
         let directory: InodeKey
+    }
+
+    /// A begun burial: from `begin` until it is consumed its name is hidden
+    /// from every reader of the backing directory. Consumed by exactly one
+    /// of `queue` (the queue ends it when the burial lands), `end` (its
+    /// handler landed it, or it did not happen); the compiler refuses a
+    /// second use, and one dropped unconsumed ends as `end` does.
+    struct Ticket: ~Copyable {
+        let key: Key
         /// No other burial was pending in the directory.
-        var first = false
+        let first: Bool
+        private let owner: Unmanaged<DeferredBurials>
+
+        fileprivate init(key: Key, first: Bool, owner: DeferredBurials) {
+            self.key = key
+            self.first = first
+            self.owner = Unmanaged.passUnretained(owner)
+        }
+
+        /// The burial is over: landed by its handler, or it did not happen.
+        consuming func end() {}
+
+        /// Its claim on the name passes to the queue.
+        fileprivate consuming func handOver() -> Key {
+            let key = self.key
+            discard self
+            return key
+        }
+
+        deinit { owner.takeUnretainedValue().end(key) }
+    }
+
+    /// What landing a queued burial needs to know of the file.
+    struct File {
+        let st: stat
+        /// Unlink it where it is instead (it is empty: nothing to free later).
+        let inPlace: Bool
+        /// When the unlink came (wall clock, ns): the entry's deletion time.
+        let deleted: UInt64
     }
 
     /// An answered unlink waiting in its directory's queue.
     struct Queued {
-        let burial: PassthroughFilesystem.DeferredBurial
+        let key: Key
+        let file: File
         let directory: Inode
         let name: ContiguousArray<CChar>
         let caller: Caller
@@ -96,27 +135,32 @@ final class DeferredBurials: @unchecked Sendable {
     }
 
     /// Marks `name` in `dir` as on its way to the graveyard; call before
-    /// replying to the unlink, and `queue` or `end` after.
+    /// replying to the unlink, and `queue` or `end` the ticket after.
     func begin(_ dir: Inode, _ name: UnsafePointer<CChar>) -> Ticket {
-        var ticket = Ticket(nameHash: Self.hash(dir.key, name), directory: dir.key)
+        let key = Key(nameHash: Self.hash(dir.key, name), directory: dir.key)
         cond.lock()
-        names[ticket.nameHash, default: 0] += 1
-        directories[ticket.directory, default: 0] += 1
-        ticket.first = directories[ticket.directory] == 1
+        names[key.nameHash, default: 0] += 1
+        directories[key.directory, default: 0] += 1
+        let first = directories[key.directory] == 1
         outstanding.add(1, ordering: .releasing)
         cond.unlock()
-        return ticket
+        return Ticket(key: key, first: first, owner: self)
     }
 
-    /// Queues a begun burial on its directory. False when it should land now
-    /// instead (no flusher, or the queue is full).
-    func queue(_ burial: PassthroughFilesystem.DeferredBurial, in dir: Inode, name: UnsafePointer<CChar>,
-               caller: Caller) -> Bool {
+    /// Queues a begun burial of `file` on its directory, which lands it and
+    /// ends its ticket. The ticket comes back when it should land now instead
+    /// (no flusher, or the queue is full).
+    func queue(_ ticket: consuming Ticket, _ file: File, in dir: Inode, name: UnsafePointer<CChar>,
+               caller: Caller) -> Ticket? {
         let copy = Inode.copyName(name)
-        let item = Queued(burial: burial, directory: dir, name: copy, caller: caller, since: Condition.now())
         cond.lock()
+        guard flusherStarted, !stopping, queuedCount < Self.queueLimit else {
+            cond.unlock()
+            return ticket
+        }
+        let item = Queued(key: ticket.handOver(), file: file, directory: dir, name: copy, caller: caller,
+                          since: Condition.now())
         defer { cond.unlock() }
-        guard flusherStarted, !stopping, queuedCount < Self.queueLimit else { return false }
         queues[dir.key, default: []].append(item)
         queuedCount += 1
         // An idle flusher needs a deadline; a busy one already wakes before
@@ -124,19 +168,20 @@ final class DeferredBurials: @unchecked Sendable {
         // the queue, cost two context switches per unlink). A waiter for
         // this name must take it rather than wait.
         if flusherIdle || waiters > 0 { cond.broadcast() }
-        return true
+        return nil
     }
 
-    func end(_ ticket: Ticket) {
+    /// Ends a ticket (`Ticket.end`, or one dropped).
+    fileprivate func end(_ key: Key) {
         cond.lock()
-        release(ticket)
+        release(key)
         cond.unlock()
     }
 
-    /// Ends tickets whose files left with their directory.
+    /// Ends the burials of files that left with their directory.
     func end(_ taken: [Queued]) {
         cond.lock()
-        for q in taken { release(q.burial.ticket) }
+        for q in taken { release(q.key) }
         cond.unlock()
     }
 
@@ -147,7 +192,7 @@ final class DeferredBurials: @unchecked Sendable {
         let h = Self.hash(dir.key, name)
         cond.lock()
         while names[h] != nil {
-            if let i = queues[dir.key]?.firstIndex(where: { $0.burial.ticket.nameHash == h }) {
+            if let i = queues[dir.key]?.firstIndex(where: { $0.key.nameHash == h }) {
                 let q = queues[dir.key]!.remove(at: i)
                 if queues[dir.key]!.isEmpty { queues[dir.key] = nil }
                 queuedCount -= 1
@@ -239,12 +284,12 @@ final class DeferredBurials: @unchecked Sendable {
         cond.unlock()
         for q in items { land?(q) }
         cond.lock()
-        for q in items { release(q.burial.ticket) }
+        for q in items { release(q.key) }
     }
 
-    private func release(_ ticket: Ticket) {
-        Self.release(&names, ticket.nameHash)
-        Self.release(&directories, ticket.directory)
+    private func release(_ key: Key) {
+        Self.release(&names, key.nameHash)
+        Self.release(&directories, key.directory)
         // Under the lock, so no unlink can begin (and write its intent) meanwhile.
         if outstanding.subtract(1, ordering: .releasing).newValue == 0 { intents?.compactIfLarge() }
         if waiters > 0 { cond.broadcast() }

@@ -144,7 +144,7 @@ extension PassthroughFilesystem {
             if observing { emitDeleted(caller, parent: p, name: name, mode: st.st_mode, id: id, tree: false) }
             req.replyOK()
             // The caller's next request runs on another handler thread meanwhile.
-            if let deferred { afterReply(deferred, parent: p, parentFD: pfd, name: name, caller: caller) }
+            if let burial = consume deferred { afterReply(burial, parent: p, parentFD: pfd, name: name, caller: caller) }
         }
     }
 

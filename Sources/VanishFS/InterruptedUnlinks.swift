@@ -9,7 +9,7 @@ extension PassthroughFilesystem {
     /// Writes down an unlink about to be answered before its burial (see
     /// `UnlinkIntents`). False if it could not be written: the caller then
     /// buries the file before answering.
-    func recordIntent(_ d: DeferredBurial, parent: Inode, name: UnsafePointer<CChar>, caller: Caller) -> Bool {
+    func recordIntent(_ d: DeferredBurials.File, parent: Inode, name: UnsafePointer<CChar>, caller: Caller) -> Bool {
         guard let intents = namespace.intents else { return false }
         let failure: Errno? = table.withPath(of: parent, appending: name) { path in
             do throws(Errno) {

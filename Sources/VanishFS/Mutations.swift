@@ -39,14 +39,15 @@ extension PassthroughFilesystem {
             // queue's lifetime (a second at most) is no different from one
             // just after the rename.
             if ticket.first, (try? Sys.lstatatProtected(parentFD, ""))?.protected == true {
-                namespace.endBurial(ticket)
+                ticket.end()
                 throw .notPermitted
             }
-            let deferred = DeferredBurial(ticket: ticket, st: st, inPlace: freesNothing,
-                                          record: freesNothing ? nil : trashRecord(st, parent: parent, name: name, caller: caller),
-                                          deleted: Sys.wallClockNow())
-            if recordIntent(deferred, parent: parent, name: name, caller: caller) { return deferred }
-            namespace.endBurial(ticket)
+            let file = DeferredBurials.File(st: st, inPlace: freesNothing, deleted: Sys.wallClockNow())
+            if recordIntent(file, parent: parent, name: name, caller: caller) {
+                return DeferredBurial(ticket: ticket, file: file,
+                                      record: freesNothing ? nil : trashRecord(st, parent: parent, name: name, caller: caller))
+            }
+            ticket.end()
             if freesNothing {
                 try Sys.unlinkat(parentFD, name, 0)
             } else {
@@ -78,52 +79,55 @@ extension PassthroughFilesystem {
         }
     }
 
-    /// An unlink answered before its rename into the graveyard.
-    struct DeferredBurial {
+    /// An unlink answered before its rename into the graveyard: the ticket
+    /// that hides its name until the burial lands, and what landing needs.
+    /// `file.deleted` is when the unlink came: landings after the reply run
+    /// on the handlers' threads and may finish in another order than the
+    /// unlinks came (the undo window's byte limit then freed a newer file
+    /// before an older one).
+    struct DeferredBurial: ~Copyable {
         let ticket: DeferredBurials.Ticket
-        let st: stat
-        /// Unlink it where it is instead (it is empty: nothing to free later).
-        let inPlace: Bool
+        let file: DeferredBurials.File
         /// Made when the unlink came, so it names the path the caller removed.
         let record: TrashRecord?
-        /// When the unlink came (wall clock, ns): the entry's deletion time.
-        /// Landings after the reply run on the handlers' threads and may
-        /// finish in another order than the unlinks came (the undo window's
-        /// byte limit then freed a newer file before an older one).
-        let deleted: UInt64
     }
 
     /// After the unlink's reply: queues the burial on its directory (see
     /// `DeferredBurials`), or lands it now when it cannot wait (it carries
     /// a trash record, or the queue is full).
-    func afterReply(_ d: DeferredBurial, parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>,
+    func afterReply(_ d: consuming DeferredBurial, parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>,
                     caller: Caller) {
+        let file = d.file, record = d.record
+        var ticket = d.ticket
         // A trash record is for one file, restorable on its own: it may not go with its directory.
-        if d.record == nil, namespace.queueBurial(d, in: parent, name: name, caller: caller) { return }
-        landBurial(d, parent: parent, parentFD: parentFD, name: name, caller: caller)
-        namespace.endBurial(d.ticket)
+        if record == nil {
+            guard let back = namespace.queueBurial(ticket, file, in: parent, name: name, caller: caller) else { return }
+            ticket = back
+        }
+        landBurial(file, record: record, parent: parent, parentFD: parentFD, name: name, caller: caller)
+        ticket.end()
     }
 
     /// Lands a queued burial (for `DeferredBurials`, which ends its ticket);
     /// `parentFD` is its directory's.
     func landQueued(_ q: DeferredBurials.Queued, parentFD: Int32) {
         q.name.withUnsafeBufferPointer {
-            landBurial(q.burial, parent: q.directory, parentFD: parentFD, name: $0.baseAddress!, caller: q.caller)
+            landBurial(q.file, record: nil, parent: q.directory, parentFD: parentFD, name: $0.baseAddress!, caller: q.caller)
         }
     }
 
     /// The rename into the graveyard an answered unlink owes. It cannot
     /// fail the unlink any more, so if it fails the file is unlinked in
     /// place, and if even that fails it stays and the failure is logged.
-    private func landBurial(_ d: DeferredBurial, parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>,
-                            caller: Caller) {
+    private func landBurial(_ d: DeferredBurials.File, record: TrashRecord?, parent: Inode, parentFD: Int32,
+                            name: UnsafePointer<CChar>, caller: Caller) {
         do throws(Errno) {
             if d.inPlace {
                 try Sys.unlinkat(parentFD, name, 0)
                 return
             }
             do throws(Errno) {
-                try bury(parentFD, name, st: d.st, from: parent, caller: caller, record: d.record, deletedAt: d.deleted)
+                try bury(parentFD, name, st: d.st, from: parent, caller: caller, record: record, deletedAt: d.deleted)
             } catch where error != .noSuchFileOrDirectory {
                 log.warning("could not move an unlinked file into the graveyard; unlinking it in place",
                             metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
@@ -203,10 +207,10 @@ extension PassthroughFilesystem {
     /// queue and nothing else, compared by name (no allocation per entry).
     private func holdsOnly(_ taken: [DeferredBurials.Queued], _ parentFD: Int32,
                            _ name: UnsafePointer<CChar>) -> Bool {
-        let key = taken[0].burial.ticket.directory
+        let key = taken[0].key.directory
         var byHash: [UInt64: Int] = [:]
         byHash.reserveCapacity(taken.count)
-        for (i, q) in taken.enumerated() { byHash[q.burial.ticket.nameHash] = i }
+        for (i, q) in taken.enumerated() { byHash[q.key.nameHash] = i }
         var matched = 0
         let complete = try? forEachEntry(parentFD, name) { entry in
             guard let i = byHash[DeferredBurials.hash(key, entry)],

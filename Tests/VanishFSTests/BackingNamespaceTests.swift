@@ -65,9 +65,9 @@ struct BackingNamespaceTests {
         func queueBurial(_ name: String) throws -> Bool {
             let st = try Sys.lstatat(AT_FDCWD, base + "/dir/" + name)
             let ticket = namespace.beginBurial(dir, name)
-            let burial = PassthroughFilesystem.DeferredBurial(ticket: ticket, st: st, inPlace: false, record: nil, deleted: 0)
-            guard namespace.queueBurial(burial, in: dir, name: name, caller: Caller(uid: 0, gid: 0, pid: 1, umask: 0)) else {
-                namespace.endBurial(ticket)
+            let file = DeferredBurials.File(st: st, inPlace: false, deleted: 0)
+            if let back = namespace.queueBurial(ticket, file, in: dir, name: name, caller: Caller(uid: 0, gid: 0, pid: 1, umask: 0)) {
+                back.end()
                 return false
             }
             return true
@@ -77,6 +77,32 @@ struct BackingNamespaceTests {
         func lookup(_ name: String) -> Bool {
             (try? namespace.atName(dir, name) { pfd throws(Errno) in try Sys.lstatat(pfd, name) }) != nil
         }
+    }
+
+    @Test("the burial ticket: a name is hidden from begin until the ticket is ended, queued or dropped, and only the first of a directory says so")
+    func ticketRule() throws {
+        let f = try Fixture()
+        f.make("a")
+        f.make("b")
+        do {
+            let first = f.namespace.beginBurial(f.dir, "a")
+            let firstIsFirst = first.first
+            #expect(firstIsFirst && f.namespace.pendingBurials == 1)
+            let second = f.namespace.beginBurial(f.dir, "b")
+            let secondIsFirst = second.first
+            #expect(!secondIsFirst, "another burial was pending in the directory")
+            #expect(f.namespace.pendingBurials == 2)
+            first.end()
+            #expect(f.namespace.pendingBurials == 1)
+            // `second` goes out of scope unconsumed: it ends as `end` would.
+        }
+        #expect(f.namespace.pendingBurials == 0)
+        #expect(f.lookup("a") && f.lookup("b"), "an ended burial hides nothing (nothing was renamed)")
+        // Queued: the queue holds the claim until it lands the file.
+        #expect(try f.queueBurial("a"))
+        #expect(f.namespace.pendingBurials == 1)
+        #expect(!f.lookup("a"))
+        #expect(f.namespace.pendingBurials == 0 && !f.onDisk("a"))
     }
 
     @Test("a queued burial stays on disk until something could see its name, then lands first")
