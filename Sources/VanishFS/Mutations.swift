@@ -127,7 +127,7 @@ extension PassthroughFilesystem {
                 return
             }
             do throws(Errno) {
-                try bury(parentFD, name, st: d.st, from: parent, caller: caller, record: record, deletedAt: d.deleted)
+                try bury(parentFD, name, st: d.st, from: parent, caller: caller, made: (record, d.deleted))
             } catch where error != .noSuchFileOrDirectory {
                 log.warning("could not move an unlinked file into the graveyard; unlinking it in place",
                             metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
@@ -247,24 +247,24 @@ extension PassthroughFilesystem {
     /// Moves an entry into the graveyard (with its trash record when there
     /// is an undo window); on another filesystem (EXDEV) deletes it at once instead.
     /// Returns the graveyard entry's name when `wantEntry` (nil if it was deleted at once).
-    /// `record` is the trash record made when the entry was removed, if
-    /// that was earlier (a deferred unlink); otherwise one is made now.
+    /// An answered unlink landing later passes the record and time made when it came (`made`).
     @discardableResult
     func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, st: stat, from parent: Inode,
               caller: Caller, asName: UnsafePointer<CChar>? = nil, wantEntry: Bool = false,
-              record known: TrashRecord?? = nil, deletedAt: UInt64? = nil) throws(Errno) -> String? {
+              made: (record: TrashRecord?, deleted: UInt64)? = nil) throws(Errno) -> String? {
         guard let graveyard, let reaper else {
             try deleteNow(parentFD, name)
             return nil
         }
-        let record = known ?? trashRecord(st, parent: parent, name: asName ?? name, caller: caller)
+        let record = made.map(\.record) ?? trashRecord(st, parent: parent, name: asName ?? name, caller: caller)
+        let deletion: Graveyard.Deletion = made.map { .at($0.deleted) } ?? .now
         var entry: String?
         do {
             if wantEntry {
-                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, time: deletedAt) { entry = String(cString: $0) },
+                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, deletion: deletion) { entry = String(cString: $0) },
                                   sizeUnknown: record != nil && record?.bytes == nil, bytes: Self.freedBytes(st))
             } else {
-                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, time: deletedAt),
+                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, deletion: deletion),
                                   sizeUnknown: record != nil && record?.bytes == nil, bytes: Self.freedBytes(st))
             }
         } catch .improperLink {
@@ -294,7 +294,7 @@ extension PassthroughFilesystem {
                             metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
             }
             if record != nil,
-               let shard = try? graveyard.bury(parentFD, name, unheld: true, named: { entry = String(cString: $0) }) {
+               let shard = try? graveyard.bury(parentFD, name, deletion: .unheld, named: { entry = String(cString: $0) }) {
                 reaper.noteBuried(shard: shard, dueNow: true)
             } else {
                 try deleteNow(parentFD, name)

@@ -289,7 +289,7 @@ public final class Reaper: @unchecked Sendable {
             guard let fd = try? Sys.openat(shard, ".", O_RDONLY | O_DIRECTORY), let dp = fdopendir(fd) else { continue }
             while let d = readdir(dp) {
                 let name = vanish_dirent_name(d)!
-                if name[0] != 0x2E { body(name, Graveyard.deletionTime(name) == 0) }
+                if name[0] != 0x2E { body(name, Graveyard.isPiece(name)) }
             }
             closedir(dp)
         }
@@ -513,7 +513,7 @@ public final class Reaper: @unchecked Sendable {
             }
             found += 1
             let entry = onReaped == nil && treesKnown.load(ordering: .relaxed) == 0 ? nil : String(cString: name)
-            remover.origin = entry.flatMap { origin(of: $0, isPiece: Graveyard.deletionTime(name) == 0) }
+            remover.origin = entry.flatMap { origin(of: $0, isPiece: Graveyard.isPiece(name)) }
             let done = remover.remove(dirfd(dp), name)
             remover.report()
             // Another worker took it first (see TreeRemover.removedEntry):
@@ -524,7 +524,7 @@ public final class Reaper: @unchecked Sendable {
             }
             if gone {
                 // A deletion is done once; its pieces are not deletions of their own.
-                if Graveyard.deletionTime(name) != 0 { progress.entryDone() }
+                if !Graveyard.isPiece(name) { progress.entryDone() }
                 if stuckCount.load(ordering: .relaxed) > 0 { unstick(name) }
             } else if done, !remover.vanished, let failure = remover.failure, stillThere(dirfd(dp), name) {
                 // Not work done: a pass that found only this must let its worker rest.

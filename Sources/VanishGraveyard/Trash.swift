@@ -206,6 +206,36 @@ final class TrashIndex: Sendable {
 }
 
 extension Graveyard {
+    /// When a buried entry counts as deleted, which its name carries: names
+    /// sort by it, and the undo window judges by it.
+    public enum Deletion: Sendable, Equatable {
+        /// Now.
+        case now
+        /// At this wall-clock time (ns since the epoch): an unlink answered
+        /// before its burial landed.
+        case at(UInt64)
+        /// A piece of a tree the reaper is taking apart: due at once, and
+        /// not a deletion of its own (time 0 in its name).
+        case piece
+        /// Due at once, outside every undo window (time 1 in its name): kept
+        /// without a trash record when the disk had no room for one, or let
+        /// go from the trash (`vanish trash empty`).
+        case unheld
+
+        var nameTime: UInt64 {
+            switch self {
+            case .now: Sys.wallClockNow()
+            case .at(let ns): ns
+            case .piece: 0
+            case .unheld: 1
+            }
+        }
+    }
+
+    /// Whether the entry `name` is a piece of a tree being reaped (`Deletion.piece`).
+    @inline(__always)
+    public static func isPiece(_ name: UnsafePointer<CChar>) -> Bool { deletionTime(name) == 0 }
+
     /// Deletion time (ns since the epoch) encoded at the start of an entry's
     /// name; nil for a name Vanish did not make.
     @inline(__always)
@@ -339,7 +369,7 @@ extension Graveyard {
         let sfd = shardFDs[e.shard]
         let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
         do throws(Errno) {
-            try withUniqueName(n, time: 1) { grave throws(Errno) in try Sys.renameNoReplace(sfd, e.id, sfd, grave) }
+            try withUniqueName(n, time: Deletion.unheld.nameTime) { grave throws(Errno) in try Sys.renameNoReplace(sfd, e.id, sfd, grave) }
         } catch {
             trash.finishRestore(e, restored: false)
             return nil

@@ -109,7 +109,7 @@ struct TreeRemover {
         var piece = ""
         let shard: Int
         do {
-            shard = try graveyard.bury(dirFD, child, expired: true, named: { piece = String(cString: $0) })
+            shard = try graveyard.bury(dirFD, child, deletion: .piece, named: { piece = String(cString: $0) })
         } catch {
             guard let st = try? Sys.lstatat(dirFD, child), st.st_mode & S_IFMT == S_IFDIR else { return false }
             // Moving a directory rewrites its "..": it must be writable.

@@ -277,7 +277,7 @@ public final class UnlinkIntents: Sendable {
                     ? TrashRecord(path: intent.path, uid: intent.uid, gid: intent.gid, bytes: UInt64(st.st_blocks) * 512,
                                   kind: TrashRecord.Kind(mode: st.st_mode))
                     : nil
-                return .success(try graveyard.bury(fd, name, record: record, time: intent.deleted))
+                return .success(try graveyard.bury(fd, name, record: record, deletion: .at(intent.deleted)))
             } catch {
                 return .failure(error)
             }
