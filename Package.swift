@@ -50,13 +50,13 @@ let package = Package(
         // The Swift face of libfuse's session, request and reply API.
         .target(
             name: "FUSEKit",
-            dependencies: ["CFuse", "CFuseTransport", "CLinux", "LinuxSyscalls"],
+            dependencies: ["CFuse", "CFuseTransport", "CLinux", "LinuxSyscalls", .product(name: "SystemPackage", package: "swift-system")],
             swiftSettings: strict
         ),
         // Instant delete: the graveyard on the backing filesystem and the reaper that empties it.
         .target(
             name: "VanishGraveyard",
-            dependencies: ["CLinux", "LinuxSyscalls"],
+            dependencies: ["CLinux", "LinuxSyscalls", .product(name: "SystemPackage", package: "swift-system")],
             swiftSettings: strict
         ),
         // Change events: the journal request handlers append to and subscribers follow.
@@ -70,7 +70,7 @@ let package = Package(
             name: "VanishFS",
             dependencies: [
                 "CFuse", "CLinux", "FUSEKit", "LinuxSyscalls", "VanishGraveyard", "VanishEvents", "VanishClient",
-                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Logging", package: "swift-log"), .product(name: "SystemPackage", package: "swift-system"),
             ],
             swiftSettings: strict
         ),
@@ -85,8 +85,8 @@ let package = Package(
         .target(
             name: "VanishControl",
             dependencies: [
-                "CLinux", "FUSEKit", "LinuxSyscalls", "VanishFS", "VanishClient", "VanishEvents",
-                .product(name: "Logging", package: "swift-log"),
+                "CLinux", "FUSEKit", "LinuxSyscalls", "VanishFS", "VanishClient", "VanishEvents", "VanishGraveyard",
+                .product(name: "Logging", package: "swift-log"), .product(name: "SystemPackage", package: "swift-system"),
             ],
             swiftSettings: strict
         ),
