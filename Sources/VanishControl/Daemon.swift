@@ -158,10 +158,23 @@ public final class Daemon {
         // since the mount became visible is pending and is taken now.
         let stopSignal = Atomic<Int32>(0)
         let stopper = session.stopper
+        let log = self.log
         StopSignals.watch { sig in
-            stopSignal.store(sig, ordering: .sequentiallyConsistent)
-            stopper.stop()
-            fs.allReapers.forEach { $0.stop(.now) }
+            // A second one: the orderly end is stuck (a handler or the journal
+            // waiting on a filesystem below the mount that does not answer).
+            // Leave as SIGKILL would: answered unlinks are in their log for
+            // the next mount, and the kernel ends the connection.
+            if stopSignal.exchange(sig, ordering: .sequentiallyConsistent) != 0 {
+                log.warning("a second stop signal: leaving without finishing", metadata: ["signal": "\(sig)"])
+                _exit(128 + sig)
+            }
+            log.info("stopping on a signal", metadata: ["signal": "\(sig)"])
+            // On a thread of its own: ending the loop waits for it to return,
+            // and this one must stay free to take a second signal.
+            spawnThread("vanish-stop") {
+                stopper.stop()
+                fs.allReapers.forEach { $0.stop(.now) }
+            }
         }
         journal?.start()
         fs.startMemoryReturn { requests.count }

@@ -113,6 +113,38 @@ struct WorkersTests {
         }
     }
 
+    @Test("a second stop signal ends a daemon whose orderly end is held up below the mount")
+    func secondStopSignal() throws {
+        let lower = try FUSELower()
+        defer { lower.close() }
+        try "data\n".write(toFile: lower.path("f"), atomically: false, encoding: .utf8)
+        let upper = try VanishMount(options: ["cache=never"], existingSource: lower.mountpoint)
+        defer { upper.close() }
+        kill(lower.pid, SIGSTOP)
+        defer { kill(lower.pid, SIGCONT) }
+        let caller = try spawn(["/usr/bin/python3", "-c", "import os, sys\ntry: os.stat(sys.argv[1])\nexcept OSError: pass",
+                                upper.path("not-seen-before")])
+        defer {
+            var status: Int32 = 0
+            if waitpid(caller, &status, WNOHANG) == 0 { kill(caller, SIGKILL); waitpid(caller, &status, 0) }
+        }
+        // Its lookup waits in a handler on the stopped filesystem below, so the
+        // loop cannot end: libfuse joins its workers before it returns.
+        let daemon = upper.pid
+        try waitFor("a handler to wait on the stopped filesystem below") {
+            let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(daemon)/task")) ?? []
+            return tasks.contains { t in
+                (try? String(contentsOfFile: "/proc/\(daemon)/task/\(t)/wchan", encoding: .utf8)) == "request_wait_answer"
+            }
+        }
+        kill(daemon, SIGTERM)
+        try upper.waitForLog("stopping on a signal")
+        #expect(kill(daemon, 0) == 0, "the first signal's orderly end is held up")
+        kill(daemon, SIGTERM)
+        #expect(try upper.waitForExit(timeout: 10) == 128 + SIGTERM)
+        #expect(upper.log.contains("a second stop signal"), "\(upper.log)")
+    }
+
     /// A spinning worker stops within microseconds of the last request, so
     /// an idle mount uses no CPU. Measured over a second of idleness after
     /// a burst: the window is the measurement, not a wait for a condition.
