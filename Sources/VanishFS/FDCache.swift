@@ -45,7 +45,7 @@ final class FDCache: @unchecked Sendable {
     }
 
     func withFD<R>(_ inode: Inode, _ body: (Int32) throws(Errno) -> R) throws(Errno) -> R {
-        if inode === table.root { return try body(inode.fd) }
+        if inode === table.root { return try body(inode.cache.fd) }
         let fd = try acquire(inode)
         defer { release(inode) }
         return try body(fd)
@@ -53,27 +53,27 @@ final class FDCache: @unchecked Sendable {
 
     private func acquire(_ inode: Inode) throws(Errno) -> Int32 {
         let hit: Int32 = lock.withLock { state in
-            guard inode.fd >= 0 else { return -1 }
-            inode.pins += 1
-            if inode.cached { moveToFront(inode, &state) }
-            return inode.fd
+            guard inode.cache.fd >= 0 else { return -1 }
+            inode.cache.pins += 1
+            if inode.cache.listed { moveToFront(inode, &state) }
+            return inode.cache.fd
         }
         if hit >= 0 { return hit }
 
         let opened = try reopen(inode)
         var toClose: [Int32] = []
         let fd: Int32 = lock.withLock { state in
-            if inode.fd >= 0 {
+            if inode.cache.fd >= 0 {
                 // Another thread opened it meanwhile; use theirs.
                 toClose.append(opened)
             } else {
-                inode.fd = opened
-                inode.closeWhenUnpinned = false
+                inode.cache.fd = opened
+                inode.cache.closeWhenUnpinned = false
                 insertAtFront(inode, &state)
                 toClose = evictOverflow(&state)
             }
-            inode.pins += 1
-            return inode.fd
+            inode.cache.pins += 1
+            return inode.cache.fd
         }
         for f in toClose { Sys.close(f) }
         return fd
@@ -81,8 +81,8 @@ final class FDCache: @unchecked Sendable {
 
     private func release(_ inode: Inode) {
         let closing: Int32 = lock.withLock { state in
-            inode.pins -= 1
-            guard inode.pins == 0, inode.closeWhenUnpinned else { return -1 }
+            inode.cache.pins -= 1
+            guard inode.cache.pins == 0, inode.cache.closeWhenUnpinned else { return -1 }
             return detach(inode, &state)
         }
         if closing >= 0 { Sys.close(closing) }
@@ -93,10 +93,10 @@ final class FDCache: @unchecked Sendable {
     func adopt(_ inode: Inode, fd: Int32) {
         var toClose: [Int32] = []
         lock.withLock { state in
-            if inode.fd >= 0 {
+            if inode.cache.fd >= 0 {
                 toClose.append(fd)
             } else {
-                inode.fd = fd
+                inode.cache.fd = fd
                 insertAtFront(inode, &state)
                 toClose = evictOverflow(&state)
             }
@@ -107,8 +107,8 @@ final class FDCache: @unchecked Sendable {
     /// The kernel forgot `inode`: close its fd now (or when its last user is done).
     func drop(_ inode: Inode) {
         let closing: Int32 = lock.withLock { state in
-            guard inode.fd >= 0 else { return -1 }
-            if inode.pins > 0 { inode.closeWhenUnpinned = true; return -1 }
+            guard inode.cache.fd >= 0 else { return -1 }
+            if inode.cache.pins > 0 { inode.cache.closeWhenUnpinned = true; return -1 }
             return detach(inode, &state)
         }
         if closing >= 0 { Sys.close(closing) }
@@ -121,7 +121,7 @@ final class FDCache: @unchecked Sendable {
     /// A program opened `inode` through the mount.
     func opened(_ inode: Inode) {
         openFiles.wrappingAdd(1, ordering: .relaxed)
-        lock.withLock { _ in inode.openHandles += 1 }
+        lock.withLock { _ in inode.cache.openHandles += 1 }
     }
 
     /// A program closed a handle of `inode`; the last close lets go of an
@@ -130,10 +130,10 @@ final class FDCache: @unchecked Sendable {
     func closed(_ inode: Inode) -> Bool {
         openFiles.wrappingSubtract(1, ordering: .relaxed)
         let (last, unpin): (Bool, Bool) = lock.withLock { _ in
-            inode.openHandles -= 1
-            guard inode.openHandles <= 0 else { return (false, false) }
-            guard inode.heldForOpenHandles else { return (true, false) }
-            inode.heldForOpenHandles = false
+            inode.cache.openHandles -= 1
+            guard inode.cache.openHandles <= 0 else { return (false, false) }
+            guard inode.cache.heldForOpenHandles else { return (true, false) }
+            inode.cache.heldForOpenHandles = false
             return (true, true)
         }
         if unpin { release(inode) }
@@ -146,12 +146,12 @@ final class FDCache: @unchecked Sendable {
     /// Returns whether programs have it open.
     func holdIfOpen(_ inode: Inode) -> Bool {
         let (open, wanted): (Bool, Bool) = lock.withLock { _ in
-            (inode.openHandles > 0, inode.openHandles > 0 && !inode.heldForOpenHandles)
+            (inode.cache.openHandles > 0, inode.cache.openHandles > 0 && !inode.cache.heldForOpenHandles)
         }
         guard wanted, (try? acquire(inode)) != nil else { return open }
         let extra: Bool = lock.withLock { _ in
-            if inode.heldForOpenHandles || inode.openHandles <= 0 { return true }
-            inode.heldForOpenHandles = true
+            if inode.cache.heldForOpenHandles || inode.cache.openHandles <= 0 { return true }
+            inode.cache.heldForOpenHandles = true
             return false
         }
         if extra { release(inode) }
@@ -165,8 +165,8 @@ final class FDCache: @unchecked Sendable {
             var target = state.count / 2
             var node = state.oldest
             while let n = node, target > 0 {
-                node = n.newer
-                if n.pins == 0 { toClose.append(detach(n, &state)); target -= 1 }
+                node = n.cache.newer
+                if n.cache.pins == 0 { toClose.append(detach(n, &state)); target -= 1 }
             }
         }
         for f in toClose { Sys.close(f) }
@@ -175,7 +175,7 @@ final class FDCache: @unchecked Sendable {
     var openCount: Int { lock.withLock { $0.count } }
 
     /// Whether `inode` has an fd now (a hint: it may be evicted right after).
-    func isCached(_ inode: Inode) -> Bool { inode === table.root || lock.withLock { _ in inode.fd >= 0 } }
+    func isCached(_ inode: Inode) -> Bool { inode === table.root || lock.withLock { _ in inode.cache.fd >= 0 } }
 
     /// Opens `inode` again from where it was last seen and checks it is still the same file.
     private func reopen(_ inode: Inode) throws(Errno) -> Int32 {
@@ -232,20 +232,20 @@ final class FDCache: @unchecked Sendable {
     // MARK: LRU list (lock held)
 
     private func insertAtFront(_ inode: Inode, _ state: inout State) {
-        inode.cached = true
-        inode.older = state.newest
-        inode.newer = nil
-        state.newest?.newer = inode
+        inode.cache.listed = true
+        inode.cache.older = state.newest
+        inode.cache.newer = nil
+        state.newest?.cache.newer = inode
         state.newest = inode
         if state.oldest == nil { state.oldest = inode }
         state.count += 1
     }
 
     private func unlink(_ inode: Inode, _ state: inout State) {
-        if let n = inode.newer { n.older = inode.older } else { state.newest = inode.older }
-        if let o = inode.older { o.newer = inode.newer } else { state.oldest = inode.newer }
-        inode.newer = nil
-        inode.older = nil
+        if let n = inode.cache.newer { n.cache.older = inode.cache.older } else { state.newest = inode.cache.older }
+        if let o = inode.cache.older { o.cache.newer = inode.cache.newer } else { state.oldest = inode.cache.newer }
+        inode.cache.newer = nil
+        inode.cache.older = nil
     }
 
     private func moveToFront(_ inode: Inode, _ state: inout State) {
@@ -257,14 +257,14 @@ final class FDCache: @unchecked Sendable {
 
     /// Takes `inode` out of the cache and returns its fd for closing.
     private func detach(_ inode: Inode, _ state: inout State) -> Int32 {
-        let fd = inode.fd
-        if inode.cached {
+        let fd = inode.cache.fd
+        if inode.cache.listed {
             unlink(inode, &state)
             state.count -= 1
-            inode.cached = false
+            inode.cache.listed = false
         }
-        inode.fd = -1
-        inode.closeWhenUnpinned = false
+        inode.cache.fd = -1
+        inode.cache.closeWhenUnpinned = false
         return fd
     }
 
@@ -276,9 +276,9 @@ final class FDCache: @unchecked Sendable {
         var node = state.oldest
         var budget = 64
         while state.count > limit, let n = node, budget > 0 {
-            node = n.newer
+            node = n.cache.newer
             budget -= 1
-            if n.pins == 0 { out.append(detach(n, &state)) }
+            if n.cache.pins == 0 { out.append(detach(n, &state)) }
         }
         return out
     }

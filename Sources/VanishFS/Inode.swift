@@ -25,41 +25,48 @@ final class Inode: @unchecked Sendable {
     /// The backing inode's birth time (ns; 0 if unknown): with `key`, its identity.
     let birth: UInt64
 
-    // Guarded by InodeTable's lock.
-    /// Kernel lookup count; the node id is valid while it is above zero.
-    var lookups: UInt64 = 0
-    /// Where this inode was last seen by name, for reopening its fd. Kept
-    /// strong so a chain of ancestors stays walkable even after the kernel
-    /// forgot one of them.
-    var parent: Inode?
-    var name: ContiguousArray<CChar>
-    /// Its file id for events, once one was needed: the handle never
-    /// changes for an inode, and asking the backing filesystem each time
-    /// cost every chmod and rename a name_to_handle_at.
-    var fileID: String?
-    /// A directory `vanish rm` sent to the graveyard while the kernel still
-    /// knew it (a process may be inside it); cleared by a restore.
-    var buried = false
-    /// For a directory: when (CLOCK_MONOTONIC_COARSE seconds, 0: never) a
-    /// file in it, or in one of its subdirectories, was looked up; listings
-    /// near it then carry attributes (`ReaddirPlusMode.walk`).
-    var filesLookedUp: UInt32 = 0
-    /// For a directory, statahead's view (see `Statahead`): lookups of its
-    /// files in the current run, when the last one came (coarse ms), and
-    /// whether reading ahead has begun in this run.
-    var aheadLookups: UInt32 = 0
-    var aheadLast: UInt32 = 0
-    var aheadState: AheadState = .watching
+    /// Where it is, as the table knows it. Guarded by InodeTable's lock.
+    struct Place {
+        /// Kernel lookup count; the node id is valid while it is above zero.
+        var lookups: UInt64 = 0
+        /// Where this inode was last seen by name, for reopening its fd. Kept
+        /// strong so a chain of ancestors stays walkable even after the kernel
+        /// forgot one of them.
+        var parent: Inode?
+        var name: ContiguousArray<CChar>
+        /// Its file id for events, once one was needed: the handle never
+        /// changes for an inode, and asking the backing filesystem each time
+        /// cost every chmod and rename a name_to_handle_at.
+        var fileID: String?
+        /// A directory `vanish rm` sent to the graveyard while the kernel still
+        /// knew it (a process may be inside it); cleared by a restore.
+        var buried = false
+        /// For a directory: when (CLOCK_MONOTONIC_COARSE seconds, 0: never) a
+        /// file in it, or in one of its subdirectories, was looked up; listings
+        /// near it then carry attributes (`ReaddirPlusMode.walk`).
+        var filesLookedUp: UInt32 = 0
+    }
+    var place: Place
 
-    enum AheadState { case watching, reading, finished }
+    /// For a directory, statahead's view (see `Statahead`). Guarded by
+    /// InodeTable's lock.
+    struct Ahead {
+        /// Lookups of its files in the current run, when the last one came
+        /// (coarse ms), and whether reading ahead has begun in this run.
+        var lookups: UInt32 = 0
+        var last: UInt32 = 0
+        var state: State = .watching
+        /// Its subdirectories' names in listing order, each NUL-terminated,
+        /// one after another; the byte offset of the one a walk opened last
+        /// (`walkAt`) and of the first not yet warmed (`warmedTo`). See
+        /// `Statahead.opened`.
+        var subdirectoryNames = ContiguousArray<CChar>()
+        var walkAt = 0
+        var warmedTo = 0
 
-    /// For a directory: its subdirectories' names in listing order, each
-    /// NUL-terminated, one after another (`subdirectoryNames`); the byte
-    /// offset of the one a walk opened last (`walkAt`) and of the first not
-    /// yet warmed (`warmedTo`). See `Statahead.opened`.
-    var subdirectoryNames = ContiguousArray<CChar>()
-    var walkAt = 0
-    var warmedTo = 0
+        enum State { case watching, reading, finished }
+    }
+    var ahead = Ahead()
 
     /// When (CLOCK_MONOTONIC_COARSE ms, 0: never) its attributes were last
     /// sent to the kernel, which keeps them for the attribute timeout.
@@ -88,29 +95,35 @@ final class Inode: @unchecked Sendable {
     /// For a directory: a change of ours to its entries began since then.
     let changedHere = Atomic<Bool>(false)
 
-    // Guarded by FDCache's lock.
-    var fd: Int32 = -1
-    /// Handlers currently using `fd`; a pinned fd is never evicted.
-    var pins: Int32 = 0
-    var newer: Inode?
-    var older: Inode?
-    var cached = false
-    /// The kernel forgot this inode while its fd was pinned: close on unpin.
-    var closeWhenUnpinned = false
-    /// Files programs have open on this inode through the mount.
-    var openHandles: Int32 = 0
-    /// Its last known name was removed while open: the fd holds one pin
-    /// until the last handle closes, as the only way left to reach it.
-    var heldForOpenHandles = false
+    /// Its place in the fd cache. Guarded by FDCache's lock.
+    struct Cached {
+        var fd: Int32 = -1
+        /// Handlers currently using `fd`; a pinned fd is never evicted.
+        var pins: Int32 = 0
+        var newer: Inode?
+        var older: Inode?
+        var listed = false
+        /// The kernel forgot this inode while its fd was pinned: close on unpin.
+        var closeWhenUnpinned = false
+        /// Files programs have open on this inode through the mount.
+        var openHandles: Int32 = 0
+        /// Its last known name was removed while open: the fd holds one pin
+        /// until the last handle closes, as the only way left to reach it.
+        var heldForOpenHandles = false
+    }
+    var cache = Cached()
 
-    // Guarded by PassthroughFiles' lock.
-    /// The kernel's id for this file's backing while passthrough opens of it exist, else 0.
-    var backingID: Int32 = 0
-    /// Open handles using `backingID`; the last release closes the id.
-    var passthroughOpens: Int32 = 0
-    /// Open handles served through the daemon with the kernel's page cache:
-    /// while any exist the kernel refuses a passthrough open (ETXTBSY).
-    var cachedOpens: Int32 = 0
+    /// Its passthrough backing. Guarded by PassthroughFiles' lock.
+    struct Backing {
+        /// The kernel's id for this file's backing while passthrough opens of it exist, else 0.
+        var id: Int32 = 0
+        /// Open handles using `id`; the last release closes the id.
+        var passthroughOpens: Int32 = 0
+        /// Open handles served through the daemon with the kernel's page cache:
+        /// while any exist the kernel refuses a passthrough open (ETXTBSY).
+        var cachedOpens: Int32 = 0
+    }
+    var backing = Backing()
 
     init(key: InodeKey, type: mode_t, id: UInt64, generation: UInt64, birth: UInt64 = 0, parent: Inode?,
          name: UnsafePointer<CChar>) {
@@ -119,8 +132,7 @@ final class Inode: @unchecked Sendable {
         self.id = id
         self.generation = generation
         self.birth = birth
-        self.parent = parent
-        self.name = Inode.copyName(name)
+        place = Place(parent: parent, name: Inode.copyName(name))
     }
 
     var isDirectory: Bool { type == S_IFDIR }
@@ -147,6 +159,6 @@ final class Inode: @unchecked Sendable {
 
     /// True when `name` equals the stored name (no allocation).
     func nameEquals(_ other: UnsafePointer<CChar>) -> Bool {
-        name.withUnsafeBufferPointer { strcmp($0.baseAddress!, other) == 0 }
+        place.name.withUnsafeBufferPointer { strcmp($0.baseAddress!, other) == 0 }
     }
 }

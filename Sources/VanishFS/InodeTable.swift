@@ -128,16 +128,16 @@ final class InodeTable: @unchecked Sendable {
                 maps.byKey[key] = holder
             }
             if let known = found {
-                known.lookups += 1
-                if known.parent !== parent || !known.nameEquals(name) {
-                    known.parent = parent
-                    known.name = Inode.copyName(name)
+                known.place.lookups += 1
+                if known.place.parent !== parent || !known.nameEquals(name) {
+                    known.place.parent = parent
+                    known.place.name = Inode.copyName(name)
                 }
                 return known
             }
             let fresh = Inode(key: key, type: type, id: id, generation: fuseGeneration,
                               birth: birth, parent: parent, name: name)
-            fresh.lookups = 1
+            fresh.place.lookups = 1
             maps.byKey[key] = fresh
             maps.byID[id] = fresh
             if maps.byID.count > highWater.load(ordering: .relaxed) { highWater.store(maps.byID.count, ordering: .relaxed) }
@@ -156,18 +156,18 @@ final class InodeTable: @unchecked Sendable {
         if key == root.key { return root }
         return lock.withLock { maps in
             if let known = maps.byKey[key], Self.same(known, type: type, birth: birth, generation: generation) {
-                known.lookups += 1
+                known.place.lookups += 1
                 return known
             }
             let (id, fuseGeneration) = newID(st, generation: generation)
             if let held = maps.byID[id] {
-                held.lookups += 1
+                held.place.lookups += 1
                 maps.byKey[key] = held
                 return held
             }
             let fresh = Inode(key: key, type: type, id: id, generation: fuseGeneration, birth: birth,
                               parent: nil, name: "")
-            fresh.lookups = 1
+            fresh.place.lookups = 1
             // The live file of that number: another node under the key is an older file's.
             maps.byKey[key] = fresh
             maps.byID[id] = fresh
@@ -178,7 +178,7 @@ final class InodeTable: @unchecked Sendable {
     /// A LOOKUP of "." found a node the kernel holds already: counts the lookup.
     func lookedUpAgain(_ inode: Inode) {
         if inode === root || inode === stale { return }
-        lock.withLock { _ in inode.lookups += 1 }
+        lock.withLock { _ in inode.place.lookups += 1 }
     }
 
     /// How long a directory's files being looked up keeps listings near it
@@ -192,10 +192,10 @@ final class InodeTable: @unchecked Sendable {
     /// `ReaddirPlusMode.walk`). Marks `dir`, its parent and grandparent;
     /// `listingWantsAttributes` looks as far up.
     private static func stamp(_ dir: Inode, _ now: UInt32) {
-        guard dir.filesLookedUp != now else { return }
-        dir.filesLookedUp = now
-        dir.parent?.filesLookedUp = now
-        dir.parent?.parent?.filesLookedUp = now
+        guard dir.place.filesLookedUp != now else { return }
+        dir.place.filesLookedUp = now
+        dir.place.parent?.place.filesLookedUp = now
+        dir.place.parent?.place.parent?.place.filesLookedUp = now
     }
 
     /// Whether a listing of `dir` should carry attributes: a file of it, or
@@ -207,8 +207,8 @@ final class InodeTable: @unchecked Sendable {
             var d: Inode? = dir
             for _ in 0..<3 {
                 guard let here = d else { return false }
-                if here.filesLookedUp != 0 && now &- here.filesLookedUp < Self.walkHintSeconds { return true }
-                d = here.parent
+                if here.place.filesLookedUp != 0 && now &- here.place.filesLookedUp < Self.walkHintSeconds { return true }
+                d = here.place.parent
             }
             return false
         }
@@ -234,7 +234,7 @@ final class InodeTable: @unchecked Sendable {
     /// kernel nothing it does not have.
     func attributesFresh(dev: dev_t, ino: ino_t, type: mode_t, now: UInt32, window: UInt32) -> Bool {
         lock.withLock { maps in
-            guard let known = maps.byKey[InodeKey(dev: dev, ino: ino)], known.lookups > 0,
+            guard let known = maps.byKey[InodeKey(dev: dev, ino: ino)], known.place.lookups > 0,
                   type == 0 || known.type == type,
                   !known.attributesDropped.load(ordering: .acquiring) else { return false }
             let sent = known.attributesSent.load(ordering: .relaxed)
@@ -247,26 +247,26 @@ final class InodeTable: @unchecked Sendable {
     /// reading ahead should begin (once per run).
     func countLookup(in dir: Inode, now: UInt32, trigger: UInt32, idle: UInt32) -> Bool {
         lock.withLock { _ in
-            if now &- dir.aheadLast > idle {
-                dir.aheadLookups = 0
-                if dir.aheadState == .finished { dir.aheadState = .watching }
+            if now &- dir.ahead.last > idle {
+                dir.ahead.lookups = 0
+                if dir.ahead.state == .finished { dir.ahead.state = .watching }
             }
-            dir.aheadLookups &+= 1
-            dir.aheadLast = now
-            guard dir.aheadState == .watching, dir.aheadLookups >= trigger else { return false }
-            dir.aheadState = .reading
+            dir.ahead.lookups &+= 1
+            dir.ahead.last = now
+            guard dir.ahead.state == .watching, dir.ahead.lookups >= trigger else { return false }
+            dir.ahead.state = .reading
             return true
         }
     }
 
     /// The lookups counted in `dir`'s current run, and when the last came.
     func lookupsCounted(in dir: Inode) -> (count: UInt32, last: UInt32) {
-        lock.withLock { _ in (dir.aheadLookups, dir.aheadLast) }
+        lock.withLock { _ in (dir.ahead.lookups, dir.ahead.last) }
     }
 
     /// Reading ahead in `dir` ended: not again until a new run begins.
     func endReadAhead(_ dir: Inode) {
-        lock.withLock { _ in dir.aheadState = .finished }
+        lock.withLock { _ in dir.ahead.state = .finished }
     }
 
     /// Whether the directory numbered `ino` on `dev` was listed with
@@ -286,11 +286,11 @@ final class InodeTable: @unchecked Sendable {
     func listedSubdirectories(of dir: Inode, _ names: ContiguousArray<CChar>, restart: Bool, limit: Int) {
         lock.withLock { _ in
             if restart {
-                dir.subdirectoryNames.removeAll(keepingCapacity: false)
-                dir.walkAt = 0
-                dir.warmedTo = 0
+                dir.ahead.subdirectoryNames.removeAll(keepingCapacity: false)
+                dir.ahead.walkAt = 0
+                dir.ahead.warmedTo = 0
             }
-            if dir.subdirectoryNames.count + names.count <= limit { dir.subdirectoryNames.append(contentsOf: names) }
+            if dir.ahead.subdirectoryNames.count + names.count <= limit { dir.ahead.subdirectoryNames.append(contentsOf: names) }
         }
     }
 
@@ -303,21 +303,28 @@ final class InodeTable: @unchecked Sendable {
     /// not handed out before, taking them.
     func walkOpened(_ child: Inode, window: Int) -> (parent: Inode, names: [ContiguousArray<CChar>])? {
         lock.withLock { _ -> (parent: Inode, names: [ContiguousArray<CChar>])? in
-            guard let parent = child.parent, !parent.subdirectoryNames.isEmpty else { return nil }
+            guard let parent = child.place.parent, !parent.ahead.subdirectoryNames.isEmpty else { return nil }
+            // Read from a copy (no allocation) and written back after: the
+            // list is not to be accessed while its neighbours are changed.
+            let listed = parent.ahead.subdirectoryNames
+            var walkAt = parent.ahead.walkAt, warmedTo = parent.ahead.warmedTo
             defer {
                 // All handed out: the names are not needed any more.
-                if parent.warmedTo >= parent.subdirectoryNames.count {
-                    parent.subdirectoryNames = []
-                    parent.walkAt = 0
-                    parent.warmedTo = 0
+                if warmedTo >= listed.count {
+                    parent.ahead.subdirectoryNames = []
+                    parent.ahead.walkAt = 0
+                    parent.ahead.warmedTo = 0
+                } else {
+                    parent.ahead.walkAt = walkAt
+                    parent.ahead.warmedTo = warmedTo
                 }
             }
-            return parent.subdirectoryNames.withUnsafeBufferPointer { all in
+            return listed.withUnsafeBufferPointer { all -> (parent: Inode, names: [ContiguousArray<CChar>])? in
                 let base = all.baseAddress!
                 // A few names on at most: a walk in another order (`ls -R`
                 // sorts) gets no warming rather than a scan of a long list
                 // under this lock at every opendir.
-                var at = parent.walkAt
+                var at = walkAt
                 var found: Int? = nil
                 for _ in 0..<Self.walkSearch {
                     guard at < all.count else { break }
@@ -326,18 +333,18 @@ final class InodeTable: @unchecked Sendable {
                     at += length + 1
                 }
                 guard let here = found else { return nil }
-                parent.walkAt = here
+                walkAt = here
                 var next = here + strlen(base + here) + 1
                 var due: [ContiguousArray<CChar>] = []
                 for _ in 0..<window {
                     guard next < all.count else { break }
                     let length = strlen(base + next)
-                    if next >= parent.warmedTo {
+                    if next >= warmedTo {
                         due.append(ContiguousArray(UnsafeBufferPointer(start: base + next, count: length + 1)))
                     }
                     next += length + 1
                 }
-                parent.warmedTo = max(parent.warmedTo, next)
+                warmedTo = max(warmedTo, next)
                 return due.isEmpty ? nil : (parent, due)
             }
         }
@@ -349,8 +356,8 @@ final class InodeTable: @unchecked Sendable {
         if inode === root || inode === stale { return false }
         return lock.withLock { maps in
             // Clamp rather than trap: a miscount must not take the mount down.
-            inode.lookups -= min(count, inode.lookups)
-            guard inode.lookups == 0 else { return false }
+            inode.place.lookups -= min(count, inode.place.lookups)
+            guard inode.place.lookups == 0 else { return false }
             if maps.byKey[inode.key] === inode { maps.byKey[inode.key] = nil }
             if maps.byID[inode.id] === inode { maps.byID[inode.id] = nil }
             return true
@@ -364,16 +371,16 @@ final class InodeTable: @unchecked Sendable {
         let key = InodeKey(dev: st.st_dev, ino: st.st_ino)
         return lock.withLock { maps in
             guard let known = maps.byKey[key] else { return nil }
-            known.parent = parent
-            known.name = Inode.copyName(name)
-            known.buried = false
+            known.place.parent = parent
+            known.place.name = Inode.copyName(name)
+            known.place.buried = false
             return known
         }
     }
 
     /// After `vanish rm` moved the directory `inode` into the graveyard.
     func markBuried(_ inode: Inode) {
-        lock.withLock { _ in inode.buried = true }
+        lock.withLock { _ in inode.place.buried = true }
         anyBuried.store(true, ordering: .releasing)
     }
 
@@ -383,7 +390,7 @@ final class InodeTable: @unchecked Sendable {
     /// would otherwise make files in the graveyard, where they are lost.
     /// Whether `node` has never had a name: an O_TMPFILE file not yet linked.
     func isUnnamed(_ node: Inode) -> Bool {
-        lock.withLock { _ in node.name.first == 0 && node.parent != nil }
+        lock.withLock { _ in node.place.name.first == 0 && node.place.parent != nil }
     }
 
     func isBuried(_ dir: Inode) -> Bool {
@@ -391,8 +398,8 @@ final class InodeTable: @unchecked Sendable {
         return lock.withLock { _ in
             var next: Inode? = dir
             while let n = next, n !== root {
-                if n.buried { return true }
-                next = n.parent
+                if n.place.buried { return true }
+                next = n.place.parent
             }
             return false
         }
@@ -400,9 +407,9 @@ final class InodeTable: @unchecked Sendable {
 
     /// The file id cached on `inode`, or the one `compute` gives, cached.
     func fileID(of inode: Inode, _ compute: () -> String) -> String {
-        if let id = lock.withLock({ _ in inode.fileID }) { return id }
+        if let id = lock.withLock({ _ in inode.place.fileID }) { return id }
         let id = compute()
-        if !id.isEmpty { lock.withLock { _ in inode.fileID = id } }
+        if !id.isEmpty { lock.withLock { _ in inode.place.fileID = id } }
         return id
     }
 
@@ -420,7 +427,7 @@ final class InodeTable: @unchecked Sendable {
 
     /// Every inode the kernel holds, with where it was last seen (node ids).
     func everyNode() -> [(id: UInt64, parent: UInt64?, name: ContiguousArray<CChar>)] {
-        lock.withLock { maps in maps.byID.values.map { ($0.id, $0.parent?.id, $0.name) } }
+        lock.withLock { maps in maps.byID.values.map { ($0.id, $0.place.parent?.id, $0.place.name) } }
     }
 
     /// The inode the kernel knows for `st`, if any (no lookup counted).
@@ -432,7 +439,7 @@ final class InodeTable: @unchecked Sendable {
 
     /// Where `inode` was last seen, for reopening it.
     func location(of inode: Inode) -> (parent: Inode, name: ContiguousArray<CChar>)? {
-        lock.withLock { _ in inode.parent.map { ($0, inode.name) } }
+        lock.withLock { _ in inode.place.parent.map { ($0, inode.place.name) } }
     }
 
     /// The path of `name` in `dir` (of `dir` itself when `name` is nil),
@@ -457,9 +464,9 @@ final class InodeTable: @unchecked Sendable {
                 var components = name == nil ? 0 : 1
                 var node: Inode? = dir
                 while let n = node, n !== root {
-                    total += n.name.count - 1
+                    total += n.place.name.count - 1
                     components += 1
-                    node = n.parent
+                    node = n.place.parent
                 }
                 total += max(0, components - 1)
                 if total > stack.count { heap = [UInt8](repeating: 0, count: total) }
@@ -474,8 +481,8 @@ final class InodeTable: @unchecked Sendable {
                     if let name { put(name, nameLength) }
                     node = dir
                     while let n = node, n !== root {
-                        n.name.withUnsafeBufferPointer { put($0.baseAddress!, $0.count - 1) }
-                        node = n.parent
+                        n.place.name.withUnsafeBufferPointer { put($0.baseAddress!, $0.count - 1) }
+                        node = n.place.parent
                     }
                 }
                 return total
@@ -492,15 +499,15 @@ final class InodeTable: @unchecked Sendable {
     /// an entry only a group or a named user could see counts as private.
     func othersMaySee(_ dir: Inode, named: Bool) -> Bool {
         lock.withLock { _ in
-            var node: Inode? = named ? dir : dir.parent
+            var node: Inode? = named ? dir : dir.place.parent
             guard let parent = node, parent.modeSeen.load(ordering: .relaxed) & 0o005 == 0o005 else {
                 return !named && dir === root
             }
-            node = parent.parent
+            node = parent.place.parent
             while let n = node {
                 if n.modeSeen.load(ordering: .relaxed) & 0o005 != 0o005 { return false }
                 if n === root { break }
-                node = n.parent
+                node = n.place.parent
             }
             return true
         }
@@ -511,7 +518,7 @@ final class InodeTable: @unchecked Sendable {
     func topmostOnDevice(from inode: Inode) -> Inode {
         lock.withLock { _ in
             var top = inode
-            while top !== root, let up = top.parent, up.key.dev == inode.key.dev { top = up }
+            while top !== root, let up = top.place.parent, up.key.dev == inode.key.dev { top = up }
             return top
         }
     }

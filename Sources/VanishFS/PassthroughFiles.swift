@@ -100,23 +100,23 @@ final class PassthroughFiles: @unchecked Sendable {
     func open(_ node: Inode, fd: Int32, throughDaemon: Bool) -> (OpenKind, Int32) {
         guard let backings, !refusedAll.load(ordering: .relaxed) else { return (.daemon, 0) }
         return lock.withLock { _ -> (OpenKind, Int32) in
-            if node.backingID > 0 {
-                node.passthroughOpens += 1
-                return (throughDaemon ? .passthroughDirect : .passthrough, node.backingID)
+            if node.backing.id > 0 {
+                node.backing.passthroughOpens += 1
+                return (throughDaemon ? .passthroughDirect : .passthrough, node.backing.id)
             }
-            if throughDaemon || node.cachedOpens > 0 || refusedDevices.contains(node.key.dev)
+            if throughDaemon || node.backing.cachedOpens > 0 || refusedDevices.contains(node.key.dev)
                 || refusedAll.load(ordering: .relaxed) {
-                node.cachedOpens += 1
+                node.backing.cachedOpens += 1
                 return (.cached, 0)
             }
             do throws(Errno) {
                 let id = try backings.register(fd)
-                node.backingID = id
-                node.passthroughOpens = 1
+                node.backing.id = id
+                node.backing.passthroughOpens = 1
                 return (.passthrough, id)
             } catch {
                 refuse(node, error)
-                node.cachedOpens += 1
+                node.backing.cachedOpens += 1
                 return (.cached, 0)
             }
         }
@@ -127,13 +127,13 @@ final class PassthroughFiles: @unchecked Sendable {
         guard kind != .daemon else { return }
         lock.withLock { _ in
             if kind == .cached {
-                node.cachedOpens -= 1
+                node.backing.cachedOpens -= 1
                 return
             }
-            node.passthroughOpens -= 1
-            if node.passthroughOpens == 0 && node.backingID > 0 {
-                backings?.unregister(node.backingID)
-                node.backingID = 0
+            node.backing.passthroughOpens -= 1
+            if node.backing.passthroughOpens == 0 && node.backing.id > 0 {
+                backings?.unregister(node.backing.id)
+                node.backing.id = 0
             }
         }
     }

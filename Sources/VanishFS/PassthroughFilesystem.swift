@@ -167,8 +167,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         localUnlinkLog = localLog
         let root = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, id: UInt64(FUSE_ROOT_ID),
                          generation: 0, parent: nil, name: "")
-        root.fd = fd
-        root.lookups = 1
+        root.cache.fd = fd
+        root.place.lookups = 1
         root.sawAttributes(st)
         rootFD = fd
         let codec = Self.handleCodec(rootFD: fd, root: st)

@@ -31,8 +31,8 @@ struct BackingNamespaceTests {
             let rootStat = try Sys.fstat(rootFD)
             let root = VanishFS.Inode(key: InodeKey(dev: rootStat.st_dev, ino: rootStat.st_ino), type: S_IFDIR, id: 1, generation: 0,
                              parent: nil, name: "")
-            root.fd = rootFD
-            root.lookups = 1
+            root.cache.fd = rootFD
+            root.place.lookups = 1
             let table = InodeTable(root: root, codec: nil)
             namespace = BackingNamespace(table: table, fdLimit: 64, intents: nil)
             let st = try Sys.lstatat(rootFD, "dir")
