@@ -64,14 +64,20 @@ struct ControlPlaneTests {
         #expect(!member.modeBitsGrant(st, 4), "the group bits apply to a member even when other's would grant more")
     }
 
-    @Test("credentials: the kernel decides for another user, ACLs included, where the daemon can take on their identity",
-          .enabled(if: geteuid() == 0, "needs root"))
-    func permitsAsTheKernelDoes() throws {
+    /// A fresh directory under /tmp that other users may search; the caller removes it.
+    static func scratchDirectory() throws -> String {
         var template = Array("/tmp/vanish-control-XXXXXX".utf8CString)
         guard let made = mkdtemp(&template) else { throw Errno(rawValue: errno) }
         let base = String(cString: made)
-        defer { _ = try? run(["/bin/rm", "-rf", base]) }
         chmod(base, 0o755)
+        return base
+    }
+
+    @Test("credentials: the kernel decides for another user, ACLs included, where the daemon can take on their identity",
+          .enabled(if: geteuid() == 0, "needs root"))
+    func permitsAsTheKernelDoes() throws {
+        let base = try Self.scratchDirectory()
+        defer { _ = try? run(["/bin/rm", "-rf", base]) }
         mkdir(base + "/closed", 0o755)
         mkdir(base + "/open", 0o755)
         #expect(try run(["/usr/bin/setfacl", "-m", "u:nobody:---", base + "/closed"]) == 0)
@@ -89,11 +95,8 @@ struct ControlPlaneTests {
 
     @Test("another user reaches a directory only through directories they may search, never through a symlink")
     func openDirectoryAsAnotherUser() throws {
-        var template = Array("/tmp/vanish-control-XXXXXX".utf8CString)
-        guard let made = mkdtemp(&template) else { throw Errno(rawValue: errno) }
-        let base = String(cString: made)
+        let base = try Self.scratchDirectory()
         defer { _ = try? run(["/bin/rm", "-rf", base]) }
-        chmod(base, 0o755)
         mkdir(base + "/open", 0o755)
         mkdir(base + "/open/inner", 0o755)
         mkdir(base + "/closed", 0o700)
