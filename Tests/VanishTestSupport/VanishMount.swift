@@ -319,11 +319,13 @@ public final class VanishMount {
     public func path(_ relative: String) -> String { mountpoint + "/" + relative }
     public func backing(_ relative: String) -> String { source + "/" + relative }
 
-    /// Unmounts with fusermount3 and returns the daemon's exit status.
+    /// Unmounts with fusermount3 and returns the daemon's exit status. `lazy`
+    /// detaches a mount that a path lookup in flight still holds, which a plain
+    /// unmount refuses with EBUSY.
     @discardableResult
-    public func unmount(timeout: Double = 20) throws -> Int32 {
-        let r = try run(["fusermount3", "-u", mountpoint])
-        guard r.ok else { throw TestFailure("fusermount3 -u failed: \(r.stderr)") }
+    public func unmount(lazy: Bool = false, timeout: Double = 20) throws -> Int32 {
+        let r = try run(["fusermount3", lazy ? "-uz" : "-u", mountpoint])
+        guard r.ok else { throw TestFailure("fusermount3 \(lazy ? "-uz" : "-u") failed: \(r.stderr)") }
         return try waitForExit(timeout: timeout)
     }
 
