@@ -545,7 +545,7 @@ extension ControlServer {
         dir.isEmpty || path == dir || (path.count > dir.count && path[dir.count] == 0x2F && Array(path[..<dir.count]) == dir)
     }
 
-    static func kind(_ mode: mode_t) -> String { PassthroughFilesystem.kindName(mode) }
+    static func kind(_ mode: mode_t) -> String { FileID.kindName(mode) }
 }
 
 /// One accepted peer.

@@ -69,13 +69,14 @@ public final class Daemon {
         self.configuration = configuration
         self.log = log
         let src = configuration.source
+        let instance = Daemon.newInstanceID()
         do {
-            filesystem = try PassthroughFilesystem(source: src, options: configuration.filesystem, logger: log)
+            filesystem = try PassthroughFilesystem(source: src, options: configuration.filesystem, logger: log,
+                                                   journal: Daemon.journalOpener(configuration, instance: instance, log: log))
         } catch {
             throw Failure(description: "cannot open source \(src): \(error)")
         }
-        let instance = Daemon.newInstanceID()
-        journal = Daemon.openJournal(configuration, filesystem, instance: instance, log: log)
+        journal = filesystem.journal
         control = Daemon.openControlSocket(configuration, filesystem, instance: instance, log: log)
         do {
             session = try Session(filesystem: filesystem, options: configuration.fuseOptions, debug: configuration.debug)
@@ -89,19 +90,19 @@ public final class Daemon {
         }
     }
 
-    private static func openJournal(_ c: Configuration, _ fs: PassthroughFilesystem, instance: String,
-                                    log: Logger) -> Journal? {
-        guard c.events, let eventsFD = fs.openEventsDirectory() else { return nil }
-        defer { close(eventsFD) }
-        do {
-            var limits = c.journalLimits
-            limits.minFreePercent = c.filesystem.reaping.keepMinFreePercent
-            let journal = try Journal(eventsFD: eventsFD, instance: instance, limits: limits)
-            fs.attach(journal: journal)
-            return journal
-        } catch {
-            log.error("no event journal: \(error)")
-            return nil
+    /// Opens the event journal in the state directory's `events`, when events are on.
+    private static func journalOpener(_ c: Configuration, instance: String,
+                                      log: Logger) -> ((_ eventsFD: Int32) -> Journal?)? {
+        guard c.events else { return nil }
+        return { eventsFD in
+            do {
+                var limits = c.journalLimits
+                limits.minFreePercent = c.filesystem.reaping.keepMinFreePercent
+                return try Journal(eventsFD: eventsFD, instance: instance, limits: limits)
+            } catch {
+                log.error("no event journal: \(error)")
+                return nil
+            }
         }
     }
 

@@ -43,7 +43,7 @@ enum TreeWalk {
                 var path = frame.prefix
                 if !path.isEmpty { path.append(0x2F) }
                 path.append(contentsOf: UnsafeRawBufferPointer(start: name, count: n.count - 1))
-                if !visit(path, st, fs.fileID(current, name)) { return true }
+                if !visit(path, st, FileID.read(current, name)) { return true }
                 guard st.st_mode & S_IFMT == S_IFDIR,
                       let sub = try? Sys.openat(current, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
                 else { return false }

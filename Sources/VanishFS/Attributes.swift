@@ -20,7 +20,7 @@ extension PassthroughFilesystem {
         } else {
             try namespace.withFD(node) { fd throws(Errno) in try Sys.fstatWithBirth(fd) }
         }
-        notice(node, st)
+        changes.sawDirectory(node, st)
         node.sawAttributes(st)
         st = devices.present(st)
         req.reply(attr: &st, timeout: cacheTimeout(node), birth: birth)
@@ -66,15 +66,13 @@ extension PassthroughFilesystem {
             }
             return try Sys.fstat(openFD ?? fd)
         }
-        // Passthrough writers' sessions tell writes by mtime and size, which
-        // this may move: what changed before it was written.
-        let before: stat? = observing && toSet & (FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW) != 0
-            && writing.follows(node) ? (try? openFD.map(Sys.fstat) ?? namespace.withFD(node) { fd throws(Errno) in try Sys.fstat(fd) }) : nil
+        let before = changes.settingAttributes(node, toSet: toSet) {
+            try? openFD.map(Sys.fstat) ?? namespace.withFD(node) { fd throws(Errno) in try Sys.fstat(fd) }
+        }
         // An open handle reaches the file even after its name is gone.
         var st = if let openFD { try apply(openFD) } else { try namespace.withFD(node, apply) }
-        if let before { writing.attributesChanged(node, before: before, after: st) }
         node.sawAttributes(st)
-        if observing { emitAttributes(req.caller, node, toSet: toSet, st: st, xattr: nil) }
+        changes.attributesChanged(req.caller, node, toSet: toSet, before: before, after: st)
         st = devices.present(st)
         req.reply(attr: &st, timeout: cacheTimeout(node))
     }
@@ -121,7 +119,7 @@ extension PassthroughFilesystem {
             if r < 0 { throw Errno(rawValue: -r) }
             // The flags moved the file's ctime, which the kernel does not know.
             if sets { invalidations.attributes(of: ino) }
-            if sets && observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: nil, fileFlags: true) }
+            if sets { changes.flagsChanged(req.caller, inode(ino)) }
             req.reply(ioctl: 0, output: UnsafeRawBufferPointer(rebasing: output[..<count]))
         }
     }
@@ -147,7 +145,7 @@ extension PassthroughFilesystem {
         }
         absentXattrs.changed(inode(ino))
         if changesMode(name) { invalidations.attributes(of: ino) }
-        if observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: name) }
+        changes.xattrChanged(req.caller, inode(ino), name: name)
         req.replyOK()
     }
 
@@ -279,7 +277,7 @@ extension PassthroughFilesystem {
         try namespace.withFD(inode(ino)) { fd throws(Errno) in try Sys.removexattr(pathFD: fd, name) }
         absentXattrs.changed(inode(ino))
         if changesMode(name) { invalidations.attributes(of: ino) }
-        if observing { emitAttributes(req.caller, inode(ino), toSet: 0, st: nil, xattr: name) }
+        changes.xattrChanged(req.caller, inode(ino), name: name)
         req.replyOK()
     }
 }

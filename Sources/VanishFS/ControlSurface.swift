@@ -92,16 +92,7 @@ extension PassthroughFilesystem {
             throw .failed(error)
         }
         reaper?.forgetTree(claimed.id)
-        if observing {
-            let id = fileID(dirFD, leaf)
-            emit(.restored, nil) { ev in
-                ev.path("path", path)
-                ev.string("kind", claimed.record.kind.name)
-                ev.string("id", id)
-                ev.string("entry", claimed.id)
-                ev.int("uid", uid)
-            }
-        }
+        changes.restored(into: dirFD, leaf, path: path, kind: claimed.record.kind.name, entry: claimed.id, uid: uid)
         guard let parent else { return }
         // A process still inside the tree may make entries in it again.
         if let st = try? Sys.lstatat(dirFD, leaf) { table.moved(st, to: parent, name: leaf) }

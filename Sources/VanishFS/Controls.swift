@@ -45,7 +45,7 @@ extension PassthroughFilesystem {
         guard node !== table.root else { throw .resourceBusy }
         guard let (parent, name) = table.location(of: node) else { throw .noSuchFileOrDirectory }
         let caller = req.caller
-        awaitEarlierEvents()
+        changes.awaitEarlierChanges()
         let permissions = try RemovalCheck(req, caller)
         try name.withUnsafeBufferPointer { n throws(Errno) in
             try namespace.removing(parent, n.baseAddress!) { pfd throws(Errno) in
@@ -56,9 +56,8 @@ extension PassthroughFilesystem {
                 // As rm -r would stop at it: the caller unmounts it first.
                 if isDirectory, hasMounts(below: pfd, n.baseAddress!) { throw .resourceBusy }
                 let extent = try permissions.check(pfd, n.baseAddress!, recursive: isDirectory)
-                let id = observing ? fileID(pfd, n.baseAddress!) : ""
-                let grave = try bury(pfd, n.baseAddress!, st: entry, from: parent, caller: caller,
-                                     wantEntry: observing || isDirectory)
+                let id = changes.removing(pfd, n.baseAddress!, entry)
+                let grave = try bury(pfd, n.baseAddress!, st: entry, from: parent, caller: caller, wantEntry: true)
                 // The walk counted what the reaper will delete: status can tell how long it takes,
                 // and how much space waits in the graveyard.
                 if isDirectory, let grave, entry.st_dev == table.root.key.dev {
@@ -66,7 +65,8 @@ extension PassthroughFilesystem {
                     reaper?.noteHeld(bytes: extent.bytes)
                 }
                 if entry.st_mode & S_IFMT == S_IFDIR { table.markBuried(node) }
-                emitDeleted(caller, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true, entry: grave)
+                changes.deleted(caller, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true,
+                                entry: grave)
             }
         }
         // The path must be gone for everyone once the caller has our answer

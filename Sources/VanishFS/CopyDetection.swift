@@ -90,7 +90,7 @@ final class CompareBudget: Sendable {
     }
 }
 
-extension PassthroughFilesystem {
+extension EventRecorder {
     /// Whether `node` (`size` bytes now) holds the same bytes as `candidate`,
     /// compared in full; false for an empty file, one over the limit, or
     /// when `uid`'s compare budget runs out. Only data is read: a hole in
@@ -148,7 +148,7 @@ extension PassthroughFilesystem {
         try? namespace.withFD(node) { pathFD throws(Errno) in
             // The daemon's own reading touches no access time where it may say so.
             try Sys.withProcPath(pathFD) { path throws(Errno) in
-                try Sys.open(path, O_RDONLY | (actsForOthers ? VANISH_O_NOATIME : 0))
+                try Sys.open(path, O_RDONLY | (readsWithoutAtime ? VANISH_O_NOATIME : 0))
             }
         }
     }

@@ -176,7 +176,7 @@ extension PassthroughFilesystem {
                                                   generation: generationForID(dfd, name, st, birth: birth))
                         // The kernel may answer stats from these attributes:
                         // a later change behind the mount is measured from them.
-                        notice(node, st)
+                        changes.sawDirectory(node, st)
                         e = entry(node, st)
                     }
                     added = fuse_add_direntry_plus(req.raw, base + used, room, name, &e, next)

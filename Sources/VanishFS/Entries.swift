@@ -32,7 +32,7 @@ extension PassthroughFilesystem {
         if st.st_dev != p.key.dev { noteCrossing(into: st, at: name) }
         let node = table.remember(st, birth: birth, parent: p, name: name, lookedUp: options.readdirPlus == .walk,
                                   generation: generation)
-        notice(node, st)
+        changes.sawDirectory(node, st)
         var e = entry(node, st)
         req.reply(entry: &e)
         // Files only: a names-only walk looks up directories, never files.
@@ -81,8 +81,8 @@ extension PassthroughFilesystem {
                 }
                 let node = table.remember(st, birth: birth, parent: p, name: name,
                                           generation: generationForID(fd, nil, st, birth: birth))
-                notice(node, st)
-                emitCreated(req.caller, parent: p, name: name, node: node, st: st, fd: fd)
+                changes.sawDirectory(node, st)
+                changes.created(req.caller, parent: p, name: name, node: node, st: st, fd: fd)
                 namespace.adopt(node, fd: fd)
                 return (node, st)
             } catch {
@@ -101,28 +101,14 @@ extension PassthroughFilesystem {
         let np = inode(newParent)
         try checkChangeable(np, newName)
         try namespace.making(np, newName) { npfd throws(Errno) -> (Inode, stat) in
-            // An O_TMPFILE file getting its first name is a creation, as
-            // inotify reports it, not a second name of a file already seen.
             let unnamed = table.isUnnamed(node)
-            let target = observing && !unnamed ? path(of: node) : []
+            let target = changes.linking(node, unnamed: unnamed)
             try namespace.withFD(node) { fd throws(Errno) in try Sys.link(fd: fd, npfd, newName) }
             let (st, birth) = try Sys.lstatatWithBirth(npfd, newName)
             let linked = table.remember(st, birth: birth, parent: np, name: newName,
                                         generation: generationForID(npfd, newName, st, birth: birth))
-            if unnamed && observing {
-                namespace.withFDIfPossible(linked) { fd in
-                    emitCreated(req.caller, parent: np, name: newName, node: linked, st: st, fd: fd)
-                }
-            } else if observing && !unnamed {
-                let id = fileID(npfd, newName)
-                emit(.linked, req.caller) { e in
-                    e.path("path", of: np, appending: newName, in: table)
-                    e.path("target", target)
-                    e.string("kind", kindName(st.st_mode))
-                    e.string("id", id)
-                    e.int("links", st.st_nlink)
-                }
-            }
+            changes.linked(req.caller, parent: np, name: newName, parentFD: npfd, node: linked, st: st,
+                           target: target, unnamed: unnamed)
             return (linked, st)
         } answer: { (linked, st) in
             var e = entry(linked, st)
@@ -133,15 +119,15 @@ extension PassthroughFilesystem {
     public func unlink(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let p = inode(parent)
         try checkChangeable(p, name)
-        awaitEarlierEvents()
+        changes.awaitEarlierChanges()
         let caller = req.caller
         try namespace.removing(p, name) { pfd throws(Errno) in
             let (st, protected) = try Sys.lstatatProtected(pfd, name)
             // Checked here, not left to the rename: that may come after the reply.
             if protected { throw .notPermitted }
-            let id = observing ? idBeforeRemoval(pfd, name, st) : ""
+            let id = changes.removing(pfd, name, st)
             let deferred = try removeFile(parent: p, parentFD: pfd, name: name, st: st, caller: caller)
-            if observing { emitDeleted(caller, parent: p, name: name, mode: st.st_mode, id: id, tree: false) }
+            changes.deleted(caller, parent: p, name: name, mode: st.st_mode, id: id, tree: false, entry: nil)
             req.replyOK()
             // The caller's next request runs on another handler thread meanwhile.
             if let burial = consume deferred { afterReply(burial, parent: p, parentFD: pfd, name: name, caller: caller) }
@@ -151,16 +137,12 @@ extension PassthroughFilesystem {
     public func rmdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let p = inode(parent)
         try checkChangeable(p, name)
-        awaitEarlierEvents()
+        changes.awaitEarlierChanges()
         let caller = req.caller
         try namespace.removing(p, name) { pfd throws(Errno) in
-            guard observing else {
-                try removeDirectory(parent: p, parentFD: pfd, name: name, caller: caller)
-                return
-            }
-            let (id, st) = try idBeforeRemoval(pfd, name)
+            let (id, st) = try changes.removingDirectory(pfd, name)
             try removeDirectory(parent: p, parentFD: pfd, name: name, caller: caller, known: st)
-            emitDeleted(caller, parent: p, name: name, mode: S_IFDIR, id: id, tree: false)
+            changes.deleted(caller, parent: p, name: name, mode: S_IFDIR, id: id, tree: false, entry: nil)
         }
         req.replyOK()
     }
@@ -171,7 +153,7 @@ extension PassthroughFilesystem {
         let np = inode(newParent)
         try checkChangeable(p, name)
         try checkChangeable(np, newName)
-        awaitEarlierEvents()
+        changes.awaitEarlierChanges()
         let caller = req.caller
         let exchange = flags & VANISH_RENAME_EXCHANGE != 0
         try namespace.renaming(p, name, np, newName, exchange: exchange) { pfd, npfd throws(Errno) in
@@ -184,7 +166,6 @@ extension PassthroughFilesystem {
                 target = exchange ? nil : try? Sys.lstatat(npfd, newName)
                 try renameEntry(pfd, name, npfd, newName, target: target, flags: flags, newParent: np, caller: caller)
             }
-            let replaced = observing && target != nil
             // Keep the moved inode reachable under its new name (and the
             // other one, for an exchange) so its fd can be reopened later.
             let st = try? Sys.lstatat(npfd, newName)
@@ -192,18 +173,8 @@ extension PassthroughFilesystem {
             if flags & VANISH_RENAME_EXCHANGE != 0, let st = try? Sys.lstatat(pfd, name) {
                 table.moved(st, to: p, name: name)
             }
-            if observing {
-                let id = moved.map { fileID(of: $0) } ?? fileID(npfd, newName)
-                let kind = st.map { kindName($0.st_mode) } ?? ""
-                emit(.renamed, caller) { e in
-                    e.path("path", of: np, appending: newName, in: table)
-                    e.path("from", of: p, appending: name, in: table)
-                    e.string("kind", kind)
-                    e.string("id", id)
-                    if flags & VANISH_RENAME_EXCHANGE != 0 { e.bool("exchange", true) }
-                    if replaced { e.bool("replaced", true) }
-                }
-            }
+            changes.renamed(caller, from: p, name, to: np, newName, newParentFD: npfd, moved: moved, st: st,
+                            exchange: exchange, replaced: target != nil)
         } answer: {
             req.replyOK()
         }
@@ -232,7 +203,7 @@ extension PassthroughFilesystem {
                 }
                 let node = table.remember(st, birth: birth, parent: p, name: name,
                                           generation: generationForID(fd, nil, st, birth: birth))
-                emitCreated(caller, parent: p, name: name, node: node, st: st, fd: fd)
+                changes.created(caller, parent: p, name: name, node: node, st: st, fd: fd)
                 return (fd, node, st)
             } catch {
                 Sys.close(fd)

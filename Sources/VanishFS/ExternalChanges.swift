@@ -18,20 +18,3 @@ extension Inode {
         if isDirectory { changedHere.store(true, ordering: .sequentiallyConsistent) }
     }
 }
-
-extension PassthroughFilesystem {
-    /// A directory's attributes as a getattr or lookup just read them.
-    @inline(__always)
-    func notice(_ node: Inode, _ st: stat) {
-        guard observing, node.isDirectory else { return }
-        let mtime = Sys.nanoseconds(st.st_mtim)
-        let seen = node.mtimeSeen.exchange(mtime, ordering: .sequentiallyConsistent)
-        guard seen != mtime, seen != 0 else { return }
-        if node.changedHere.exchange(false, ordering: .sequentiallyConsistent) { return }
-        emit(.rescan, nil) { e in
-            e.path("path", of: node, in: table)
-            e.string("kind", "directory")
-            e.string("reason", "its entries changed behind this mount (another client, or the backing directory)")
-        }
-    }
-}

@@ -52,18 +52,8 @@ extension PassthroughFilesystem {
         fi.pointee.fh = FileHandle.make(fd: fd, kind: kind, kills: kills)
         configure(fi, kind, node)
         namespace.opened(node)
-        if observing && writesData(node, fi) {
-            // A writer's RELEASE the kernel sent before this open ends its
-            // writing session first: handled after this open joined the
-            // session, it would leave its `written` to this writer's close
-            // (dd; touch -d: "attributes" before dd's "written").
-            awaitEarlierEvents()
-            // The kernel writes a passthrough file without us: the writing
-            // session is told by the file's change since the open.
-            let stamp = kind == .passthrough ? (known ?? (try? Sys.fstat(fd))).map(WritingHandles.Stamp.init) : nil
-            writing.opened(fd, node, caller, passthroughStamp: stamp, copyCandidate: reading.newest(of: caller.pid))
-        } else if observing && node.type == S_IFREG {
-            reading.opened(fd, node, by: caller.pid)
+        if node.type == S_IFREG {
+            changes.opened(fd, node, writing: writesData(node, fi), passthrough: kind == .passthrough, stat: known, caller)
         }
         return backing
     }
@@ -82,7 +72,7 @@ extension PassthroughFilesystem {
             return n
         }
         if let kills = FileHandle.kills(fi.pointee.fh) { clearPrivileges(fd, kills, ino) }
-        if observing { writing.wrote(fd, inode(ino), req.caller) }
+        changes.wrote(fd, inode(ino), req.caller)
         req.reply(written: n)
     }
 
@@ -137,13 +127,7 @@ extension PassthroughFilesystem {
             invalidations.attributes(of: table.nodeID(node), wait: false)
         }
         passthrough.release(node, kind: kind)
-        if observing {
-            if writesData(node, fi) {
-                if report { emitWritten(node, fd: fd) } else { _ = writing.released(fd, node, nil) }
-            } else if node.type == S_IFREG {
-                reading.released(fd)
-            }
-        }
+        if node.type == S_IFREG { changes.released(fd, node, writing: writesData(node, fi), report: report) }
         handleShares.released(fd)
         Sys.close(fd)
         if last && table.isBuried(node) { namespace.drop(node) }
@@ -160,7 +144,7 @@ extension PassthroughFilesystem {
         let fd = FileHandle.fd(fi.pointee.fh)
         try makingRoom { () throws(Errno) in try Sys.fallocate(fd, mode, offset, length) }
         if let kills = FileHandle.kills(fi.pointee.fh) { clearPrivileges(fd, kills, ino) }
-        if observing { writing.wrote(fd, inode(ino), req.caller) }
+        changes.wrote(fd, inode(ino), req.caller)
         req.replyOK()
     }
 
@@ -174,15 +158,8 @@ extension PassthroughFilesystem {
             try Sys.copyFileRange(inFD, inputOffset, outFD, outputOffset, length, UInt32(bitPattern: flags))
         }
         if let kills = FileHandle.kills(fiOut.pointee.fh) { clearPrivileges(outFD, kills, output) }
-        // The new file's data comes from another file in the mount: say which.
-        if observing {
-            let after = try? Sys.fstat(outFD)
-            let copy = WritingHandles.Copy(source: (path(of: inode(input)), fileID(of: inode(input), fd: inFD)),
-                                           inputOffset: inputOffset, outputOffset: outputOffset, length: n,
-                                           sourceSize: (try? Sys.fstat(inFD))?.st_size ?? -1,
-                                           after: after.map(WritingHandles.Stamp.init))
-            writing.wrote(outFD, inode(output), req.caller, copy: copy)
-        }
+        changes.copied(from: inode(input), inFD, at: inputOffset, into: inode(output), outFD, at: outputOffset,
+                       length: n, req.caller)
         req.reply(written: n)
     }
 

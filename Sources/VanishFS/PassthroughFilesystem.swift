@@ -66,13 +66,11 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     let sourcePath: String
     /// The state directory's path (in the source, or outside it: `StateLocation`); nil without a graveyard.
     public let stateDirectory: String?
-    /// The event journal, when observing (set before mounting).
-    var events: Journal?
-    let writing = WritingHandles()
-    /// Read-only handles by process, for telling copies (`copied_from`).
-    let reading = ReadingHandles()
-    /// What each user may have the daemon read to compare copies.
-    let compareBudget = CompareBudget()
+    /// Where each change made through the mount is told: the event journal's
+    /// recorder, or `NoEvents`.
+    let changes: any ChangeObserver
+    /// The event journal (nil with events off, or without a state directory).
+    public let journal: Journal?
     /// How many open handles each user may have the daemon hold.
     let handleShares = HandleShares(fdLimit: FileLimits.current())
     /// Backing ids of files opened in passthrough mode.
@@ -90,7 +88,11 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     package var statusReport: (@Sendable (uid_t) -> String)?
 
     /// Opens `source` (a directory) as the backing root and its graveyard.
-    public init(source: String, options: FilesystemOptions, logger: Logger) throws {
+    /// `journal` opens the event journal in the state directory's `events`
+    /// directory (an fd it may keep only while it runs); without it, or
+    /// without a state directory, events are off.
+    public init(source: String, options: FilesystemOptions, logger: Logger,
+                journal openJournal: ((_ eventsFD: Int32) -> Journal?)? = nil) throws {
         let (fd, privateMount) = try PassthroughFilesystem.openSource(source, options, logger)
         let st: stat
         do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
@@ -187,8 +189,28 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         actsForOthers = geteuid() == 0
         statahead = Statahead(table: table, namespace: namespace)
         devices = DeviceMap(rootDevice: st.st_dev)
+        let journal = openJournal.flatMap { open in grave.flatMap(Self.openEventsDirectory).flatMap { fd in
+            defer { Sys.close(fd) }
+            return open(fd)
+        } }
+        self.journal = journal
+        if let journal {
+            let recorder = EventRecorder(journal: journal, table: table, namespace: namespace, log: logger,
+                                         readsWithoutAtime: actsForOthers)
+            if let reaper { recorder.recordReaping(of: reaper) }
+            changes = recorder
+        } else {
+            changes = NoEvents()
+        }
         if let intents { finishInterruptedUnlinks(intents, leftover: leftover) }
         statahead.skip = { [unowned self] dir, name in isReserved(dir, name) }
+    }
+
+    /// `.vanish/events`, made if needed: where the journal lives.
+    private static func openEventsDirectory(_ graveyard: Graveyard) -> Int32? {
+        if mkdirat(graveyard.stateFD, "events", 0o700) != 0 && errno != EEXIST { return nil }
+        let fd = openat(graveyard.stateFD, "events", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        return fd >= 0 ? fd : nil
     }
 
     deinit {
@@ -274,11 +296,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
                 log.debug("a queued burial's directory is gone", metadata: ["error": "\(error)"])
             })
         }
-        // Events name their callers: whether those names can be remembered
-        // (process notices) or are read for every event.
-        let names = observing ? (CommandNames.shared.remembers ? "remembered" : "read each time") : "-"
         log.info("session started", metadata: ["fd_cache": "\(namespace.fdLimit)", "cache": "\(options.cache.rawValue)",
-                                                "reapers": "\(reaper?.workerCount ?? 0)", "caller_names": "\(names)",
+                                                "reapers": "\(reaper?.workerCount ?? 0)", "caller_names": "\(changes.callerNames)",
                                                 "passthrough": "\(passthrough.active ? "on" : "off")",
                                                 "watch": "\(watch != nil ? "on" : "off")",
                                                 "requests": "\(transport.ringComing ? "io_uring" : "/dev/fuse")",

@@ -72,7 +72,7 @@ extension PassthroughFilesystem {
             if mask & VANISH_FAN_OBJECT_CHANGED != 0,
                let node = held(codec, e, at: Self.objectHandle, length: e.pointee.object_length),
                // A passthrough write through the mount: the kernel updated its own attributes.
-               !writing.follows(node),
+               !changes.follows(node),
                // Dropped already and not asked for since (a writer's stream of modify events).
                !node.attributesDropped.exchange(true, ordering: .acquiringAndReleasing) {
                 invalidations.attributes(of: fuse_ino_t(node.id), wait: false)

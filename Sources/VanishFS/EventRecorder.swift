@@ -8,6 +8,7 @@ import SystemPackage
 import VanishEvents
 import VanishGraveyard
 import VanishClient
+import Logging
 
 /// Writing sessions, for the `written` event ("finished copying"): one per
 /// inode, reported when its last writable handle is released, if any of
@@ -192,13 +193,37 @@ final class WritingHandles: Sendable {
     }
 }
 
-// The observer: every change made through the mount becomes one event in
-// the journal, from the handler that made it.
-extension PassthroughFilesystem {
-    /// Starts recording events (before mounting).
-    public func attach(journal: Journal) {
-        events = journal
-        reaper?.onReaped = { id, freed in
+
+/// The change observer with events on: every change made through the mount
+/// becomes one event in the journal, from the handler that made it.
+final class EventRecorder: ChangeObserver, @unchecked Sendable {
+    let journal: Journal
+    private let table: InodeTable
+    let namespace: BackingNamespace
+    private let log: Logger
+    /// Whether the daemon may read files without touching their access time (root).
+    let readsWithoutAtime: Bool
+    private let writing = WritingHandles()
+    /// Read-only handles by process, for telling copies (`copied_from`).
+    private let reading = ReadingHandles()
+    /// What each user may have the daemon read to compare copies.
+    let compareBudget = CompareBudget()
+
+    init(journal: Journal, table: InodeTable, namespace: BackingNamespace, log: Logger, readsWithoutAtime: Bool) {
+        self.journal = journal
+        self.table = table
+        self.namespace = namespace
+        self.log = log
+        self.readsWithoutAtime = readsWithoutAtime
+    }
+
+    /// Events name their callers: whether those names can be remembered
+    /// (process notices) or are read for every event.
+    var callerNames: String { CommandNames.shared.remembers ? "remembered" : "read each time" }
+
+    /// Records the reaper's `reaped` events.
+    func recordReaping(of reaper: Reaper) {
+        reaper.onReaped = { [journal] id, freed in
             journal.append(.reaped) { e in
                 e.string("entry", id)
                 e.int("files", freed.files)
@@ -209,35 +234,13 @@ extension PassthroughFilesystem {
         }
     }
 
+    /// `mv f g` right after a writer closed f is "written f", then "renamed g <- f".
     @inline(__always)
-    var observing: Bool { events != nil }
-
-    /// `.vanish/events`, made if needed: where the journal lives. nil
-    /// without a state directory (read-only mounts have no journal).
-    public func openEventsDirectory() -> Int32? {
-        guard let graveyard else { return nil }
-        if mkdirat(graveyard.stateFD, "events", 0o700) != 0 && errno != EEXIST { return nil }
-        let fd = openat(graveyard.stateFD, "events", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-        return fd >= 0 ? fd : nil
-    }
-
-    /// The journal, for the control socket.
-    public var journal: Journal? { events }
-
-    /// Before a change of names (a rename, an unlink, an rmdir, a tree
-    /// deleted in one step): an earlier request still recording its event
-    /// (a RELEASE's `written`) names its file as it is then, so it must
-    /// record first: `mv f g` right after a writer closed f is "written f",
-    /// then "renamed g <- f".
-    @inline(__always)
-    func awaitEarlierEvents() {
-        if events != nil { Request.waitForEarlierChanges() }
-    }
+    func awaitEarlierChanges() { Request.waitForEarlierChanges() }
 
     /// Appends an event caused by `caller` (nil for Vanish's own doing).
     /// `knownComm`: the caller's command name as taken earlier, if it may be gone now.
-    func emit(_ type: EventType, _ caller: Caller?, knownComm: String = "", _ fill: (inout EventRecord) -> Void) {
-        guard let events else { return }
+    private func emit(_ type: EventType, _ caller: Caller?, knownComm: String = "", _ fill: (inout EventRecord) -> Void) {
         // In the kernel's order of requests: a RELEASE handled beside its
         // program's next request is recorded first (causal order per process).
         if caller != nil, !Request.waitForEarlierChanges() {
@@ -247,7 +250,7 @@ extension PassthroughFilesystem {
             let now = CommandNames.shared.name(of: c.pid)
             return now.isEmpty ? knownComm : now
         }
-        events.append(type) { e in
+        journal.append(type) { e in
             fill(&e)
             if let caller, let comm {
                 e.int("uid", caller.uid)
@@ -258,86 +261,160 @@ extension PassthroughFilesystem {
         }
     }
 
-    /// The file id: the backing filesystem's file handle for the entry (hex),
-    /// which names the inode and its generation, so it survives renames and
-    /// remounts and is never given to another file. "" if the filesystem
-    /// has no handles.
-    package func fileID(_ dirFD: Int32, _ name: UnsafePointer<CChar>?) -> String {
-        // On the stack: this runs for every event.
-        withUnsafeTemporaryAllocation(byteCount: 4 + Int(VANISH_MAX_HANDLE_SZ), alignment: 8) { raw in
-            let buffer = raw.bindMemory(to: UInt8.self)
-            let empty: CChar = 0
-            let n = withUnsafePointer(to: empty) { emptyName in
-                vanish_file_handle(dirFD, name ?? emptyName, name == nil ? VANISH_AT_EMPTY_PATH : 0,
-                                   buffer.baseAddress, Int32(buffer.count))
-            }
-            guard n > 0 else { return "" }
-            return String(unsafeUninitializedCapacity: Int(n) * 2) { out in
-                for i in 0..<Int(n) {
-                    out[2 * i] = hexDigits[Int(buffer[i] >> 4)]
-                    out[2 * i + 1] = hexDigits[Int(buffer[i] & 0xF)]
-                }
-                return Int(n) * 2
-            }
-        }
-    }
-
-    /// The id and lstat of `name` in `dirFD` before it is removed: the
-    /// inode's cached id when the kernel knows it (a file made through the
-    /// mount always is), so most deletes ask the backing filesystem nothing more.
-    func idBeforeRemoval(_ dirFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> (String, stat) {
-        let st = try Sys.lstatat(dirFD, name)
-        return (idBeforeRemoval(dirFD, name, st), st)
-    }
-
-    /// As above, for an entry already stat'ed.
-    func idBeforeRemoval(_ dirFD: Int32, _ name: UnsafePointer<CChar>, _ st: stat) -> String {
-        guard let node = table.known(st) else { return fileID(dirFD, name) }
-        return table.fileID(of: node) { fileID(dirFD, name) }
-    }
-
     /// The file id of a known inode, asked of the backing filesystem once.
     /// `fd` is an fd on it if the caller has one.
-    func fileID(of node: Inode, fd: Int32? = nil) -> String {
+    private func fileID(of node: Inode, fd: Int32? = nil) -> String {
         table.fileID(of: node) {
-            if let fd { return fileID(fd, nil) }
-            return namespace.withFDIfPossible(node) { fileID($0, nil) } ?? ""
-        }
-    }
-
-    func kindName(_ mode: mode_t) -> String { Self.kindName(mode) }
-
-    /// The `kind` field of events for a st_mode.
-    public static func kindName(_ mode: mode_t) -> String {
-        switch mode & S_IFMT {
-        case S_IFREG: "file"
-        case S_IFDIR: "directory"
-        case S_IFLNK: "symlink"
-        case S_IFIFO: "fifo"
-        case S_IFSOCK: "socket"
-        case S_IFCHR: "char-device"
-        case S_IFBLK: "block-device"
-        default: "other"
+            if let fd { return FileID.read(fd, nil) }
+            return namespace.withFDIfPossible(node) { FileID.read($0, nil) } ?? ""
         }
     }
 
     /// Path of an inode by its last known name.
-    func path(of node: Inode) -> [UInt8] { table.path(of: node, appending: nil) }
+    private func path(of node: Inode) -> [UInt8] { table.path(of: node, appending: nil) }
 
-    func emitCreated(_ caller: Caller, parent: Inode, name: UnsafePointer<CChar>, node: Inode, st: stat, fd: Int32) {
-        guard observing else { return }
+    func created(_ caller: Caller, parent: Inode, name: UnsafePointer<CChar>, node: Inode, st: stat, fd: Int32) {
         let id = fileID(of: node, fd: fd)
         emit(.created, caller) { e in
             e.path("path", of: parent, appending: name, in: table)
-            e.string("kind", kindName(st.st_mode))
+            e.string("kind", FileID.kindName(st.st_mode))
             e.string("id", id)
+        }
+    }
+
+    func linking(_ node: Inode, unnamed: Bool) -> [UInt8] { unnamed ? [] : path(of: node) }
+
+    /// An O_TMPFILE file getting its first name is a creation, as inotify
+    /// reports it, not a second name of a file already seen.
+    func linked(_ caller: Caller, parent: Inode, name: UnsafePointer<CChar>, parentFD: Int32, node: Inode,
+                st: stat, target: [UInt8], unnamed: Bool) {
+        if unnamed {
+            namespace.withFDIfPossible(node) { fd in created(caller, parent: parent, name: name, node: node, st: st, fd: fd) }
+            return
+        }
+        let id = FileID.read(parentFD, name)
+        emit(.linked, caller) { e in
+            e.path("path", of: parent, appending: name, in: table)
+            e.path("target", target)
+            e.string("kind", FileID.kindName(st.st_mode))
+            e.string("id", id)
+            e.int("links", st.st_nlink)
+        }
+    }
+
+    /// The inode's cached id when the kernel knows it (a file made through
+    /// the mount always is), so most deletes ask the backing filesystem nothing more.
+    func removing(_ dirFD: Int32, _ name: UnsafePointer<CChar>, _ st: stat) -> String {
+        guard let node = table.known(st) else { return FileID.read(dirFD, name) }
+        return table.fileID(of: node) { FileID.read(dirFD, name) }
+    }
+
+    func removingDirectory(_ dirFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> (id: String, st: stat?) {
+        let st = try Sys.lstatat(dirFD, name)
+        return (removing(dirFD, name, st), st)
+    }
+
+    /// For `vanish rm`, `entry` is its graveyard entry: the `reaped` event
+    /// with the same `entry` counts the whole tree's files and bytes once
+    /// they are freed (counting them here would walk the tree in the
+    /// request, which is what `vanish rm` exists to avoid).
+    func deleted(_ caller: Caller, parent: Inode, name: UnsafePointer<CChar>, mode: mode_t, id: String, tree: Bool,
+                 entry: String?) {
+        emit(.deleted, caller) { e in
+            e.path("path", of: parent, appending: name, in: table)
+            e.string("kind", FileID.kindName(mode))
+            e.string("id", id)
+            // vanish rm: one event for the whole subtree.
+            if tree && mode & S_IFMT == S_IFDIR { e.bool("tree", true) }
+            if let entry { e.string("entry", entry) }
+        }
+    }
+
+    func renamed(_ caller: Caller, from parent: Inode, _ name: UnsafePointer<CChar>, to newParent: Inode,
+                 _ newName: UnsafePointer<CChar>, newParentFD: Int32, moved: Inode?, st: stat?, exchange: Bool,
+                 replaced: Bool) {
+        let id = moved.map { fileID(of: $0) } ?? FileID.read(newParentFD, newName)
+        let kind = st.map { FileID.kindName($0.st_mode) } ?? ""
+        emit(.renamed, caller) { e in
+            e.path("path", of: newParent, appending: newName, in: table)
+            e.path("from", of: parent, appending: name, in: table)
+            e.string("kind", kind)
+            e.string("id", id)
+            if exchange { e.bool("exchange", true) }
+            if replaced { e.bool("replaced", true) }
+        }
+    }
+
+    func restored(into dirFD: Int32, _ leaf: UnsafePointer<CChar>, path: [UInt8], kind: String, entry: String,
+                  uid: uid_t) {
+        let id = FileID.read(dirFD, leaf)
+        emit(.restored, nil) { ev in
+            ev.path("path", path)
+            ev.string("kind", kind)
+            ev.string("id", id)
+            ev.string("entry", entry)
+            ev.int("uid", uid)
+        }
+    }
+
+    /// A directory's moved mtime that no change of Vanish's own explains
+    /// becomes one `rescan` event (see `Inode.willChangeEntries`).
+    @inline(__always)
+    func sawDirectory(_ node: Inode, _ st: stat) {
+        guard node.isDirectory else { return }
+        let mtime = Sys.nanoseconds(st.st_mtim)
+        let seen = node.mtimeSeen.exchange(mtime, ordering: .sequentiallyConsistent)
+        guard seen != mtime, seen != 0 else { return }
+        if node.changedHere.exchange(false, ordering: .sequentiallyConsistent) { return }
+        emit(.rescan, nil) { e in
+            e.path("path", of: node, in: table)
+            e.string("kind", "directory")
+            e.string("reason", "its entries changed behind this mount (another client, or the backing directory)")
+        }
+    }
+
+    func opened(_ fd: Int32, _ node: Inode, writing writes: Bool, passthrough: Bool, stat known: stat?, _ caller: Caller) {
+        if writes {
+            // A writer's RELEASE the kernel sent before this open ends its
+            // writing session first: handled after this open joined the
+            // session, it would leave its `written` to this writer's close
+            // (dd; touch -d: "attributes" before dd's "written").
+            Request.waitForEarlierChanges()
+            // The kernel writes a passthrough file without us: the writing
+            // session is told by the file's change since the open.
+            let stamp = passthrough ? (known ?? (try? Sys.fstat(fd))).map(WritingHandles.Stamp.init) : nil
+            writing.opened(fd, node, caller, passthroughStamp: stamp, copyCandidate: reading.newest(of: caller.pid))
+        } else if node.type == S_IFREG {
+            reading.opened(fd, node, by: caller.pid)
+        }
+    }
+
+    @inline(__always)
+    func wrote(_ fd: Int32, _ node: Inode, _ caller: Caller) { writing.wrote(fd, node, caller) }
+
+    /// The new file's data comes from another file in the mount: say which.
+    func copied(from input: Inode, _ inFD: Int32, at inputOffset: off_t, into output: Inode, _ outFD: Int32,
+                at outputOffset: off_t, length: Int, _ caller: Caller) {
+        let after = try? Sys.fstat(outFD)
+        let copy = WritingHandles.Copy(source: (path(of: input), fileID(of: input, fd: inFD)),
+                                       inputOffset: inputOffset, outputOffset: outputOffset, length: length,
+                                       sourceSize: (try? Sys.fstat(inFD))?.st_size ?? -1,
+                                       after: after.map(WritingHandles.Stamp.init))
+        writing.wrote(outFD, output, caller, copy: copy)
+    }
+
+    func released(_ fd: Int32, _ node: Inode, writing writes: Bool, report: Bool) {
+        if writes {
+            if report { recordWritten(node, fd: fd) } else { _ = writing.released(fd, node, nil) }
+        } else if node.type == S_IFREG {
+            reading.released(fd)
         }
     }
 
     /// A writable handle is released: the `written` event when it was the
     /// inode's last and any of them wrote, unless the file is gone (its
     /// `deleted` came already).
-    func emitWritten(_ node: Inode, fd: Int32) {
+    private func recordWritten(_ node: Inode, fd: Int32) {
         let st = try? Sys.fstat(fd)
         guard let session = writing.released(fd, node, st), let caller = session.caller,
               (st?.st_nlink ?? 0) > 0, !table.isBuried(node) else { return }
@@ -358,28 +435,32 @@ extension PassthroughFilesystem {
             }
         }
     }
-}
 
-extension PassthroughFilesystem {
-    /// `entry`: for `vanish rm`, its graveyard entry. The `reaped` event with
-    /// the same `entry` counts the whole tree's files and bytes once they are
-    /// freed (counting them here would walk the tree in the request, which is
-    /// what `vanish rm` exists to avoid).
-    func emitDeleted(_ caller: Caller, parent: Inode, name: UnsafePointer<CChar>, mode: mode_t, id: String, tree: Bool,
-                     entry: String? = nil) {
-        guard observing else { return }
-        emit(.deleted, caller) { e in
-            e.path("path", of: parent, appending: name, in: table)
-            e.string("kind", kindName(mode))
-            e.string("id", id)
-            // vanish rm: one event for the whole subtree.
-            if tree && mode & S_IFMT == S_IFDIR { e.bool("tree", true) }
-            if let entry { e.string("entry", entry) }
-        }
+    /// Passthrough writers' sessions tell writes by mtime and size, which a
+    /// setattr may move: what changed before it was written.
+    func settingAttributes(_ node: Inode, toSet: Int32, stat: () -> stat?) -> stat? {
+        guard toSet & (FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW) != 0,
+              writing.follows(node) else { return nil }
+        return stat()
     }
 
-    func emitAttributes(_ caller: Caller, _ node: Inode, toSet: Int32, st: stat?, xattr: UnsafePointer<CChar>?,
-                        fileFlags: Bool = false) {
+    func attributesChanged(_ caller: Caller, _ node: Inode, toSet: Int32, before: stat?, after: stat) {
+        if let before { writing.attributesChanged(node, before: before, after: after) }
+        recordAttributes(caller, node, toSet: toSet, st: after, xattr: nil)
+    }
+
+    func flagsChanged(_ caller: Caller, _ node: Inode) {
+        recordAttributes(caller, node, toSet: 0, st: nil, xattr: nil, fileFlags: true)
+    }
+
+    func xattrChanged(_ caller: Caller, _ node: Inode, name: UnsafePointer<CChar>) {
+        recordAttributes(caller, node, toSet: 0, st: nil, xattr: name)
+    }
+
+    func follows(_ node: Inode) -> Bool { writing.follows(node) }
+
+    private func recordAttributes(_ caller: Caller, _ node: Inode, toSet: Int32, st: stat?, xattr: UnsafePointer<CChar>?,
+                                  fileFlags: Bool = false) {
         let id = fileID(of: node)
         if toSet & FUSE_SET_ATTR_SIZE != 0 {
             emit(.truncated, caller) { e in
@@ -404,7 +485,7 @@ extension PassthroughFilesystem {
         guard !changed.isEmpty else { return }
         emit(.attributes, caller) { e in
             e.path("path", of: node, in: table)
-            e.string("kind", kindName(node.type))
+            e.string("kind", FileID.kindName(node.type))
             e.string("id", id)
             e.string("changed", changed)
             if let xattr { e.string("xattr", String(cString: xattr)) }
@@ -412,6 +493,47 @@ extension PassthroughFilesystem {
                 if toSet & FUSE_SET_ATTR_MODE != 0 { e.int("mode", st.st_mode & 0o7777) }
                 if toSet & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID) != 0 { e.int("owner_uid", st.st_uid); e.int("owner_gid", st.st_gid) }
             }
+        }
+    }
+}
+
+/// What events say of a file: its id and its kind.
+package enum FileID {
+    /// The file id: the backing filesystem's file handle for the entry (hex),
+    /// which names the inode and its generation, so it survives renames and
+    /// remounts and is never given to another file. "" if the filesystem
+    /// has no handles.
+    package static func read(_ dirFD: Int32, _ name: UnsafePointer<CChar>?) -> String {
+        // On the stack: this runs for every event.
+        withUnsafeTemporaryAllocation(byteCount: 4 + Int(VANISH_MAX_HANDLE_SZ), alignment: 8) { raw in
+            let buffer = raw.bindMemory(to: UInt8.self)
+            let empty: CChar = 0
+            let n = withUnsafePointer(to: empty) { emptyName in
+                vanish_file_handle(dirFD, name ?? emptyName, name == nil ? VANISH_AT_EMPTY_PATH : 0,
+                                   buffer.baseAddress, Int32(buffer.count))
+            }
+            guard n > 0 else { return "" }
+            return String(unsafeUninitializedCapacity: Int(n) * 2) { out in
+                for i in 0..<Int(n) {
+                    out[2 * i] = hexDigits[Int(buffer[i] >> 4)]
+                    out[2 * i + 1] = hexDigits[Int(buffer[i] & 0xF)]
+                }
+                return Int(n) * 2
+            }
+        }
+    }
+
+    /// The `kind` field of events for a st_mode.
+    package static func kindName(_ mode: mode_t) -> String {
+        switch mode & S_IFMT {
+        case S_IFREG: "file"
+        case S_IFDIR: "directory"
+        case S_IFLNK: "symlink"
+        case S_IFIFO: "fifo"
+        case S_IFSOCK: "socket"
+        case S_IFCHR: "char-device"
+        case S_IFBLK: "block-device"
+        default: "other"
         }
     }
 }
