@@ -13,7 +13,7 @@ import VanishFS
 /// credentials, never the daemon's own.
 public final class ControlServer: Sendable {
     public let path: String
-    private let filesystem: PassthroughFilesystem
+    private let mount: MountControl
     private let log: Logger
     private let listener: Int32
     /// `stop` writes to this pipe to wake the control thread's poll.
@@ -32,9 +32,9 @@ public final class ControlServer: Sendable {
 
     /// Binds the socket at `path`; `shared` lets every local user connect
     /// (for allow_other mounts), otherwise only the daemon's user may.
-    public init(path: String, shared: Bool, filesystem: PassthroughFilesystem, logger: Logger) throws {
+    package init(path: String, shared: Bool, mount: MountControl, logger: Logger) throws {
         self.path = path
-        self.filesystem = filesystem
+        self.mount = mount
         log = logger
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw Failure("socket: \(String(cString: strerror(errno)))") }
@@ -313,11 +313,11 @@ public final class ControlServer: Sendable {
     private func answer(_ operation: ControlProtocol.Operation?, _ request: JSON, _ peer: Credentials) -> JSON {
         switch operation {
         case .trashList:
-            let entries = UndoWindow(filesystem: filesystem).trash(for: peer).map { e -> JSON in
+            let entries = UndoWindow(mount: mount).trash(for: peer).map { e -> JSON in
                 var o: [String: JSON] = ["id": JSON(e.id), "deleted_ns": JSON(e.deleted), "uid": JSON(e.record.uid),
                                          "gid": JSON(e.record.gid), "kind": JSON(e.record.kind.name)]
                 if let b = e.record.bytes { o["bytes"] = JSON(b) }
-                if let size = filesystem.apparentSize(of: e) { o["size"] = JSON(size) }
+                if let size = mount.apparentSize(of: e) { o["size"] = JSON(size) }
                 PathBytes(e.record.path).put(into: &o, key: "path")
                 return .object(o)
             }
@@ -326,9 +326,9 @@ public final class ControlServer: Sendable {
             let ids = (request["ids"]?.array ?? []).compactMap(\.string)
             let paths = (request["paths"]?.array ?? []).compactMap { PathBytes.get($0, key: "path")?.bytes }
             let olderThan = request["older_than_ns"]?.uint64
-            let (chosen, unknown) = UndoWindow(filesystem: filesystem).choose(ids: ids, paths: paths, olderThan: olderThan,
+            let (chosen, unknown) = UndoWindow(mount: mount).choose(ids: ids, paths: paths, olderThan: olderThan,
                                                                                for: peer)
-            let (count, bytes) = filesystem.letGo(chosen)
+            let (count, bytes) = mount.letGo(chosen)
             if count > 0 { log.info("trash emptied", metadata: ["uid": "\(peer.uid)", "entries": "\(count)"]) }
             return ["ok": true, "emptied": JSON(count), "bytes": JSON(bytes),
                     "unknown": .array(unknown.map { u -> JSON in
@@ -341,7 +341,7 @@ public final class ControlServer: Sendable {
             let path = PathBytes.get(request, key: "path")
             let to = PathBytes.get(request, key: "to")
             do {
-                let restored = try UndoWindow(filesystem: filesystem).restore(id: id, path: path?.bytes, to: to?.bytes, as: peer)
+                let restored = try UndoWindow(mount: mount).restore(id: id, path: path?.bytes, to: to?.bytes, as: peer)
                 log.info("restored", metadata: ["uid": "\(peer.uid)", "entries": "\(restored.count)"])
                 return ["ok": true, "restored": .array(restored.map { p -> JSON in
                     var o: [String: JSON] = [:]
@@ -368,7 +368,7 @@ extension ControlServer {
     /// ends: from after its cursor (or a `reset` first, when the cursor cannot
     /// be served), or from now; with `snapshot`, every existing entry first.
     func streamEvents(_ conn: Connection, _ request: JSON, _ peer: Credentials) {
-        guard let journal = filesystem.journal else {
+        guard let journal = mount.journal else {
             conn.write(["error": "this mount records no events (mounted read-only or with -o noevents)", "errno": JSON(ENOTSUP)])
             return
         }
@@ -379,7 +379,7 @@ extension ControlServer {
         }
         // Said first, so a consumer of a shared source knows to follow every client.
         guard conn.write(["type": JSON(EventType.stream.rawValue), "instance": JSON(journal.instance),
-                          "client": filesystem.clientName.map { JSON($0) } ?? .null, "scope": "client",
+                          "client": mount.clientName.map { JSON($0) } ?? .null, "scope": "client",
                           "note": JSON(ControlServer.streamScope)]) else { return }
         let since = request["since"]?.string
         var reader = journal.reader(after: since)
@@ -405,7 +405,7 @@ extension ControlServer {
             guard conn.write(["type": JSON(EventType.scanStarted.rawValue), "instance": JSON(journal.instance), "cursor": JSON(start)]) else { return }
             var alive = true
             var count = 0
-            TreeWalk.walk(filesystem, as: peer.uid == 0 ? nil : peer) { path, st, id in
+            TreeWalk.walk(mount, as: peer.uid == 0 ? nil : peer) { path, st, id in
                 if let prefixes, !prefixes.contains(where: { ControlServer.isWithin(path, $0) }) { return true }
                 var o: [String: JSON] = ["type": JSON(EventType.exists.rawValue), "kind": JSON(ControlServer.kind(st.st_mode)), "id": JSON(id),
                                          "size": JSON(st.st_size), "mode": JSON(st.st_mode & 0o7777),
@@ -419,7 +419,7 @@ extension ControlServer {
                                      "entries": JSON(count)]) else { return }
         }
         let filtered = types != nil || prefixes != nil || peer.uid != 0
-        var sight = Sight(peer: peer, root: filesystem.backingRoot)
+        var sight = Sight(peer: peer, root: mount.backingRoot)
         // Live delivery is background work: it must not take the CPU from
         // the handlers, whose every preempting wakeup costs a request.
         becomeBackgroundThread(nice: 5)

@@ -58,7 +58,7 @@ public final class Daemon {
 
     private let configuration: Configuration
     private let log: Logger
-    private let filesystem: PassthroughFilesystem
+    private let filesystem: VanishFilesystem
     private let journal: Journal?
     private let control: ControlServer?
     private let session: Session
@@ -71,7 +71,7 @@ public final class Daemon {
         let src = configuration.source
         let instance = Daemon.newInstanceID()
         do {
-            filesystem = try PassthroughFilesystem(source: src, options: configuration.filesystem, logger: log,
+            filesystem = try VanishFilesystem(source: src, options: configuration.filesystem, logger: log,
                                                    journal: Daemon.journalOpener(configuration, instance: instance, log: log))
         } catch {
             throw Failure(description: "cannot open source \(src): \(error)")
@@ -106,14 +106,14 @@ public final class Daemon {
         }
     }
 
-    private static func openControlSocket(_ c: Configuration, _ fs: PassthroughFilesystem, instance: String,
+    private static func openControlSocket(_ c: Configuration, _ fs: VanishFilesystem, instance: String,
                                           log: Logger) -> ControlServer? {
         do {
             let directory = ControlServer.socketDirectory()
             let stale = ControlServer.removeStaleSockets(in: directory)
             if stale > 0 { log.info("removed control sockets of daemons that are gone", metadata: ["count": "\(stale)"]) }
             let path = directory + "/\(instance).sock"
-            let server = try ControlServer(path: path, shared: c.sharedControlSocket, filesystem: fs, logger: log)
+            let server = try ControlServer(path: path, shared: c.sharedControlSocket, mount: fs.control, logger: log)
             fs.controlSocket = path
             return server
         } catch {

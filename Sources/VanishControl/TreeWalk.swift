@@ -6,7 +6,7 @@ import VanishGraveyard
 
 /// Every entry under a mount's backing root, for a subscriber's snapshot.
 enum TreeWalk {
-    /// Visits every entry under the root of `fs` (never a state directory),
+    /// Visits every entry under the root of `mount` (never a state directory),
     /// parents before children, with fd-relative calls that never follow a
     /// symlink and go into nested filesystems too. With `peer`, only what
     /// that user could list (read and search on every directory on the way,
@@ -16,13 +16,13 @@ enum TreeWalk {
     /// are read whole before going down, and the walk comes back up by `..`,
     /// checked to be the directory it left (a tree moved meanwhile ends the
     /// walk). Memory is the names of the directories on the current path.
-    static func walk(_ fs: PassthroughFilesystem, as peer: Credentials? = nil,
+    static func walk(_ mount: MountControl, as peer: Credentials? = nil,
                      _ visit: (_ path: [UInt8], _ st: stat, _ id: String) -> Bool) {
         // An unlink already in the journal must not show up as existing.
-        fs.settle()
-        let graveyards = fs.hasGraveyard
-        guard let rootStat = try? Sys.fstat(fs.backingRoot), peer?.permits(fs.backingRoot, 5) ?? true,
-              var current = try? Sys.openat(fs.backingRoot, ".", VANISH_O_PATH | O_DIRECTORY | O_CLOEXEC),
+        mount.settle()
+        let graveyards = mount.hasGraveyard
+        guard let rootStat = try? Sys.fstat(mount.backingRoot), peer?.permits(mount.backingRoot, 5) ?? true,
+              var current = try? Sys.openat(mount.backingRoot, ".", VANISH_O_PATH | O_DIRECTORY | O_CLOEXEC),
               let rootNames = names(in: current, skippingState: graveyards) else { return }
         defer { Sys.close(current) }
         var stack = [Frame(dev: rootStat.st_dev, ino: rootStat.st_ino, prefix: [], names: rootNames)]

@@ -43,11 +43,11 @@ public enum RestoreError: Error, CustomStringConvertible {
 /// deleted (everything, for root), and putting it back where they could
 /// make it themselves.
 struct UndoWindow {
-    let filesystem: PassthroughFilesystem
+    let mount: MountControl
 
     /// The restorable entries `who` may see (their own; everything for root), oldest first.
     func trash(for who: Credentials) -> [TrashEntry] {
-        filesystem.restorable(for: who.uid)
+        mount.restorable(for: who.uid)
     }
 
     /// The kept entries `who` may let go: those with the given ids, at or
@@ -87,8 +87,8 @@ struct UndoWindow {
     /// (relative to the mount root) is allowed only for one entry.
     func restore(id: String?, path: [UInt8]?, to destination: [UInt8]?,
                  as who: Credentials) throws(RestoreError) -> [[UInt8]] {
-        guard filesystem.hasGraveyard else { throw .noTrash }
-        let visible = filesystem.restorable(for: who.uid)
+        guard mount.hasGraveyard else { throw .noTrash }
+        let visible = mount.restorable(for: who.uid)
         var plan: [TrashEntry] = []
         if let id {
             // Another user's entry gets the answer for one that never was.
@@ -171,7 +171,7 @@ struct UndoWindow {
     private func restore(_ e: TrashEntry, to target: [UInt8], as who: Credentials) throws(RestoreError) {
         let shown = String(decoding: target, as: UTF8.self)
         let (parts, leaf) = try Self.destination(target)
-        let root = filesystem.backingRoot
+        let root = mount.backingRoot
         let dirFD: Int32
         do throws(Errno) {
             // Creating a name needs write and search permission on the directory.
@@ -182,9 +182,9 @@ struct UndoWindow {
             throw .failed(shown, error)
         }
         defer { if dirFD != root { Sys.close(dirFD) } }
-        do throws(PassthroughFilesystem.PutBackFailure) {
-            try (leaf + [0]).withUnsafeBufferPointer { b throws(PassthroughFilesystem.PutBackFailure) in
-                try filesystem.putBack(e, into: dirFD, leaf: UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
+        do throws(MountControl.PutBackFailure) {
+            try (leaf + [0]).withUnsafeBufferPointer { b throws(MountControl.PutBackFailure) in
+                try mount.putBack(e, into: dirFD, leaf: UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
                                        path: target, uid: who.uid)
             }
         } catch {

@@ -7,7 +7,7 @@ import Synchronization
 import SystemPackage
 
 // Attributes, links, extended attributes, permission checks, statfs.
-extension PassthroughFilesystem {
+extension VanishFilesystem {
     public func getattr(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
         let node = inode(ino)
         // A directory's mtime and size must already show its unlinks.

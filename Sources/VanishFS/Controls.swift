@@ -12,27 +12,27 @@ import VanishGraveyard
 ///   whole tree, with one rename into the graveyard (what `vanish rm` does);
 /// - `getxattr(MOUNT_ROOT, "user.vanish.status")` answers JSON about the
 ///   graveyard and the reaper (what `vanish status` reads).
-extension PassthroughFilesystem {
+extension VanishFilesystem {
     static let deleteAttribute = ControlProtocol.deleteAttribute
     static let statusAttribute = ControlProtocol.statusAttribute
 
     /// True if `name` is the delete trigger (compared without allocating).
     @inline(__always)
     func isDeleteTrigger(_ name: UnsafePointer<CChar>) -> Bool {
-        name[0] == 0x75 && strcmp(name, PassthroughFilesystem.deleteAttribute) == 0
+        name[0] == 0x75 && strcmp(name, VanishFilesystem.deleteAttribute) == 0
     }
 
     /// True for either control name (`user.vanish.delete`, `user.vanish.status`):
     /// reserved, never stored in the source.
     @inline(__always)
     func isControlName(_ name: UnsafePointer<CChar>) -> Bool {
-        name[0] == 0x75 && (strcmp(name, PassthroughFilesystem.deleteAttribute) == 0
-                            || strcmp(name, PassthroughFilesystem.statusAttribute) == 0)
+        name[0] == 0x75 && (strcmp(name, VanishFilesystem.deleteAttribute) == 0
+                            || strcmp(name, VanishFilesystem.statusAttribute) == 0)
     }
 
     @inline(__always)
     func isStatusQuery(_ ino: fuse_ino_t, _ name: UnsafePointer<CChar>) -> Bool {
-        ino == fuse_ino_t(FUSE_ROOT_ID) && name[0] == 0x75 && strcmp(name, PassthroughFilesystem.statusAttribute) == 0
+        ino == fuse_ino_t(FUSE_ROOT_ID) && name[0] == 0x75 && strcmp(name, VanishFilesystem.statusAttribute) == 0
     }
 
     /// Buries the entry `ino` was last looked up as, after checking that the

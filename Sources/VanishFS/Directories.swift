@@ -27,7 +27,7 @@ final class DirectoryHandle {
     }
 }
 
-extension PassthroughFilesystem {
+extension VanishFilesystem {
     public func opendir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let node = inode(ino)
         // Read before the reply, which ends the request.

@@ -6,7 +6,7 @@ import LinuxSyscalls
 import SystemPackage
 
 // Name-space operations: finding, making, linking, renaming entries.
-extension PassthroughFilesystem {
+extension VanishFilesystem {
     public func lookup(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         // "." and "..": only for file handles (path walks resolve them in the kernel).
         if name[0] == 0x2E && (name[1] == 0 || (name[1] == 0x2E && name[2] == 0)) {

@@ -9,7 +9,7 @@ import SystemPackage
 // generation) keep working after the kernel forgot the inode and after a
 // remount, as on the backing filesystem, so the mount can be NFS-exported and
 // name_to_handle_at/open_by_handle_at work. See docs/design.md.
-extension PassthroughFilesystem {
+extension VanishFilesystem {
     /// The handle layout of the source's filesystem if the daemon can open
     /// files by handle there (it needs CAP_DAC_READ_SEARCH): tried on the root.
     /// It keeps a reading fd of the root, for open_by_handle_at.

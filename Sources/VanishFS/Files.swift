@@ -9,7 +9,7 @@ import SystemPackage
 // With passthrough the kernel reads and writes the backing file itself, and
 // only open, flush, fsync, fallocate, copy_file_range, lseek and release
 // come here.
-extension PassthroughFilesystem {
+extension VanishFilesystem {
     public func open(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let node = inode(ino)
         let flags = backingOpenFlags(fi.pointee.flags)
@@ -169,7 +169,7 @@ extension PassthroughFilesystem {
     }
 }
 
-extension PassthroughFilesystem {
+extension VanishFilesystem {
     /// Runs `body` once more when the backing filesystem answered ENOSPC
     /// while the undo window holds entries, once the oldest are freed
     /// (`Reaper.makeRoom`): deleting never costs a writer its space.
@@ -188,7 +188,7 @@ extension PassthroughFilesystem {
 // process without CAP_FSETID clears them natively; the daemon's own writes
 // as root never would, and with KILLPRIV_V2 (and passthrough, which the
 // daemon never sees writes of) the kernel leaves it to the daemon.
-extension PassthroughFilesystem {
+extension VanishFilesystem {
     /// What writes through a new handle must clear, or nil: for a root
     /// daemon, a caller other than root, a writable open of a file that has
     /// anything to clear. Such handles stay off passthrough, so their

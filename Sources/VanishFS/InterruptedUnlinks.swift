@@ -5,7 +5,7 @@ import LinuxSyscalls
 import SystemPackage
 import VanishGraveyard
 
-extension PassthroughFilesystem {
+extension VanishFilesystem {
     /// Writes down an unlink about to be answered before its burial (see
     /// `UnlinkIntents`). False if it could not be written: the caller then
     /// buries the file before answering.

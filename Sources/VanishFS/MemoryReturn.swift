@@ -8,7 +8,7 @@ import LinuxSyscalls
 // the kernel forgot them: glibc keeps freed chunks in its per-thread arenas,
 // and a dictionary never shrinks; this gives it back once the mount is
 // quiet (figures in docs/decisions.md).
-extension PassthroughFilesystem {
+extension VanishFilesystem {
     /// Starts the thread that gives that memory back once the mount is
     /// quiet after the kernel has let go of at least 10,000 inodes (and the
     /// buffers kept for large reads whenever it is quiet).

@@ -9,7 +9,7 @@ import VanishGraveyard
 // The one place where entries leave or move in the backing directory, and
 // where new entries get their owner. The graveyard (instant delete) and the
 // event journal hook in here.
-extension PassthroughFilesystem {
+extension VanishFilesystem {
     /// Removes the file `name` from the directory `parentFD` (the inode `parent`).
     ///
     /// unlink is one rename into the graveyard, so the caller never waits for

@@ -46,7 +46,7 @@ final class NestedGraveyards: Sendable {
     }
 }
 
-extension PassthroughFilesystem {
+extension VanishFilesystem {
     /// The graveyard for an entry in `parent`, a directory on a filesystem
     /// mounted inside the source; made at that filesystem's root if it has
     /// none. nil when deletes there must be done in the request.
@@ -171,7 +171,7 @@ final class MountTable: Sendable {
     }
 }
 
-extension PassthroughFilesystem {
+extension VanishFilesystem {
     /// Whether a filesystem is mounted anywhere below the directory `name`
     /// in `parentFD`. A rename takes such mounts along, so a tree buried
     /// whole would carry one into the graveyard, where the reaper must not

@@ -56,7 +56,7 @@ final class SourceWatch: @unchecked Sendable {
     }
 }
 
-extension PassthroughFilesystem {
+extension VanishFilesystem {
     /// Starts following changes behind the mount, once the kernel can be told of them.
     package func startWatching() {
         guard let watch, let codec = table.codec else { return }

@@ -11,7 +11,7 @@ import VanishGraveyard
 
 /// Vanish's filesystem: every operation on the mount is done on the backing
 /// directory, through fds relative to it, with its errno passed back unchanged.
-public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendable {
+public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
     let table: InodeTable
     /// The inodes, their fds and the pending burials: every handler reaches
     /// the backing directory through it (see `BackingNamespace`).
@@ -71,6 +71,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     let changes: any ChangeObserver
     /// The event journal (nil with events off, or without a state directory).
     public let journal: Journal?
+    /// What the control plane may do to the mount.
+    package let control: MountControl
     /// How many open handles each user may have the daemon hold.
     let handleShares = HandleShares(fdLimit: FileLimits.current())
     /// Backing ids of files opened in passthrough mode.
@@ -93,7 +95,7 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
     /// without a state directory, events are off.
     public init(source: String, options: FilesystemOptions, logger: Logger,
                 journal openJournal: ((_ eventsFD: Int32) -> Journal?)? = nil) throws {
-        let (fd, privateMount) = try PassthroughFilesystem.openSource(source, options, logger)
+        let (fd, privateMount) = try VanishFilesystem.openSource(source, options, logger)
         let st: stat
         do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
         var grave: Graveyard?
@@ -202,6 +204,8 @@ public final class PassthroughFilesystem: LowLevelFilesystem, @unchecked Sendabl
         } else {
             changes = NoEvents()
         }
+        control = MountControl(backingRoot: fd, journal: journal, graveyard: grave, reaper: reaper, namespace: namespace,
+                               table: table, invalidations: invalidations, changes: changes, log: logger)
         if let intents { finishInterruptedUnlinks(intents, leftover: leftover) }
         statahead.skip = { [unowned self] dir, name in isReserved(dir, name) }
     }

@@ -1,16 +1,40 @@
 import CLinux
 import Glibc
 import LinuxSyscalls
+import Logging
 import SystemPackage
+import VanishEvents
 import VanishGraveyard
 
-/// What the control plane (VanishControl) reaches the backing directory
-/// through: its root, the undo window's entries, putting one back, and the
-/// ids events carry. Who may do what is decided there, with the peer's
-/// credentials; this side only does it, as the mount would.
-extension PassthroughFilesystem {
+/// What the control plane (VanishControl) reaches the mount through: the
+/// backing root, the undo window's entries, putting one back, letting
+/// entries go, and the event journal. Who may do what is decided there,
+/// with the peer's credentials; this side only does it, as the mount would.
+package final class MountControl: Sendable {
     /// The backing root (O_PATH), for opening directories one name at a time as a peer would.
-    package var backingRoot: Int32 { rootFD }
+    package let backingRoot: Int32
+    /// The event journal, for event streams (nil with events off).
+    package let journal: Journal?
+    private let graveyard: Graveyard?
+    private let reaper: Reaper?
+    private let namespace: BackingNamespace
+    private let table: InodeTable
+    private let invalidations: EntryInvalidations
+    private let changes: any ChangeObserver
+    private let log: Logger
+
+    init(backingRoot: Int32, journal: Journal?, graveyard: Graveyard?, reaper: Reaper?, namespace: BackingNamespace,
+         table: InodeTable, invalidations: EntryInvalidations, changes: any ChangeObserver, log: Logger) {
+        self.backingRoot = backingRoot
+        self.journal = journal
+        self.graveyard = graveyard
+        self.reaper = reaper
+        self.namespace = namespace
+        self.table = table
+        self.invalidations = invalidations
+        self.changes = changes
+        self.log = log
+    }
 
     /// This client's id in the source's state directory (nil without a graveyard).
     package var clientName: String? { graveyard?.client.name }
@@ -22,13 +46,6 @@ extension PassthroughFilesystem {
     /// see each answered unlink in place (and a name whose burial is pending
     /// is free, not taken).
     package func settle() { namespace.settle() }
-
-    /// Every restorable entry, oldest first, once pending burials landed.
-    package var restorable: [TrashEntry] {
-        guard let graveyard else { return [] }
-        namespace.settle()
-        return graveyard.restorable
-    }
 
     /// The restorable entries `uid` may see (root: all), oldest first.
     package func restorable(for uid: uid_t) -> [TrashEntry] {
@@ -82,7 +99,7 @@ extension PassthroughFilesystem {
     package func putBack(_ e: TrashEntry, into dirFD: Int32, leaf: UnsafePointer<CChar>, path: [UInt8],
                          uid: uid_t) throws(PutBackFailure) {
         guard let graveyard, let claimed = graveyard.claim(e.id) else { throw .gone }
-        let parent: Inode? = dirFD == rootFD ? table.root : (try? Sys.fstat(dirFD)).flatMap(table.known)
+        let parent: Inode? = dirFD == backingRoot ? table.root : (try? Sys.fstat(dirFD)).flatMap(table.known)
         parent?.willChangeEntries()
         do throws(Errno) {
             try graveyard.restore(claimed, to: dirFD, leaf)
