@@ -129,7 +129,7 @@ public final class Daemon {
         let c = configuration
         let (fs, requests) = (filesystem, session.requests)
         defer { control?.stop() }
-        fs.reaper?.foregroundRequests = { requests.count }
+        fs.yieldReaping(to: { requests.count })
         do {
             try session.mount(at: c.mountpoint)
         } catch {
@@ -174,7 +174,7 @@ public final class Daemon {
             // and this one must stay free to take a second signal.
             spawnThread("vanish-stop") {
                 stopper.stop()
-                fs.allReapers.forEach { $0.stop(.now) }
+                fs.stopReapingNow()
             }
         }
         journal?.start()

@@ -57,13 +57,8 @@ extension VanishFilesystem {
                 if isDirectory, hasMounts(below: pfd, n.baseAddress!) { throw .resourceBusy }
                 let extent = try permissions.check(pfd, n.baseAddress!, recursive: isDirectory)
                 let id = changes.removing(pfd, n.baseAddress!, entry)
-                let grave = try bury(pfd, n.baseAddress!, st: entry, from: parent, caller: caller, wantEntry: true)
-                // The walk counted what the reaper will delete: status can tell how long it takes,
-                // and how much space waits in the graveyard.
-                if isDirectory, let grave, entry.st_dev == table.root.key.dev {
-                    if extent.entries > 1 { reaper?.expectTree(grave, count: extent.entries) }
-                    reaper?.noteHeld(bytes: extent.bytes)
-                }
+                let grave = try deleter.buryTree(pfd, n.baseAddress!, st: entry, from: parent, caller: caller,
+                                                 counted: extent)
                 if entry.st_mode & S_IFMT == S_IFDIR { table.markBuried(node) }
                 changes.deleted(caller, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true,
                                 entry: grave)
@@ -95,25 +90,26 @@ extension VanishFilesystem {
     /// the session's `transport`.
     package func statusFacts(for uid: uid_t, transport: Transport) -> StatusFacts {
         let requests = transport.channel
+        let d = deleter
         var fs = statvfs()
         _ = fstatvfs(rootFD, &fs)
         return StatusFacts(
-            source: sourcePath, stateDirectory: stateDirectory, graveyard: graveyard != nil, pendingEntries: pendingEntries,
-            restorable: uid == 0 ? [] : graveyard?.restorable(of: uid) ?? [],
-            restorableCount: graveyard?.restorableCount ?? 0,
-            restorableBytes: graveyard?.restorableBytes ?? 0, stuckEntries: stuckEntries,
-            remainingWork: remainingWork, holdingBytes: allReapers.reduce(0) { $0 + $1.holdingBytes },
-            statistics: reapingStatistics, pace: reapingPace, reapersIdle: reapersIdle,
-            reaperWorkers: reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize),
-            keepSeconds: Double(reaper?.policy.keep ?? 0) / 1e9, socket: controlSocket,
+            source: sourcePath, stateDirectory: d.stateDirectory, graveyard: d.graveyard != nil,
+            pendingEntries: d.pendingEntries, restorable: uid == 0 ? [] : d.graveyard?.restorable(of: uid) ?? [],
+            restorableCount: d.graveyard?.restorableCount ?? 0,
+            restorableBytes: d.graveyard?.restorableBytes ?? 0, stuckEntries: d.stuckEntries,
+            remainingWork: d.remainingWork, holdingBytes: d.holdingBytes,
+            statistics: d.reapingStatistics, pace: d.reapingPace, reapersIdle: d.reapersIdle,
+            reaperWorkers: d.reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize),
+            keepSeconds: Double(d.undoWindow) / 1e9, socket: controlSocket,
             knownInodes: table.count, stataheadEntries: statahead.prefetched.load(ordering: .relaxed),
             cachedFDs: namespace.cachedFDs, fdCacheLimit: namespace.fdLimit,
             kernelFeatures: "\(transport.granted)", passthrough: passthroughState,
             spinMicroseconds: transport.spinMicroseconds,
             cacheSeconds: watch != nil ? SourceWatch.timeout : options.attrTimeout,
             fileHandles: table.codec != nil ? "exportable" : "while cached", requests: requests,
-            client: graveyard?.client.name, leaseSeconds: Double(leases?.length ?? 0) / 1e9,
-            otherClients: leases?.peers ?? [])
+            client: d.graveyard?.client.name, leaseSeconds: Double(d.leases?.length ?? 0) / 1e9,
+            otherClients: d.leases?.peers ?? [])
     }
 }
 

@@ -201,6 +201,6 @@ extension VanishFilesystem {
 
     /// Entries readdir leaves out: the state directory with the graveyard.
     @inline(__always)
-    func isHidden(_ dir: Inode, _ name: UnsafePointer<CChar>) -> Bool { isReserved(dir, name) }
+    func isHidden(_ dir: Inode, _ name: UnsafePointer<CChar>) -> Bool { deleter.isStateDirectory(dir, name) }
 }
 

@@ -16,7 +16,7 @@ extension VanishFilesystem {
         let (st, birth, generation): (stat, UInt64, UInt32?)
         do throws(Errno) {
             // The state directory does not exist as far as the mount is concerned.
-            if isReserved(p, name) { throw Errno.noSuchFileOrDirectory }
+            if deleter.isStateDirectory(p, name) { throw Errno.noSuchFileOrDirectory }
             (st, birth, generation) = try namespace.atName(p, name) { pfd throws(Errno) in
                 let (st, birth) = try Sys.lstatatWithBirth(pfd, name)
                 return (st, birth, generationForID(pfd, name, st, birth: birth))
@@ -126,11 +126,11 @@ extension VanishFilesystem {
             // Checked here, not left to the rename: that may come after the reply.
             if protected { throw .notPermitted }
             let id = changes.removing(pfd, name, st)
-            let deferred = try removeFile(parent: p, parentFD: pfd, name: name, st: st, caller: caller)
+            let deferred = try deleter.removeFile(parent: p, parentFD: pfd, name: name, st: st, caller: caller)
             changes.deleted(caller, parent: p, name: name, mode: st.st_mode, id: id, tree: false, entry: nil)
             req.replyOK()
             // The caller's next request runs on another handler thread meanwhile.
-            if let burial = consume deferred { afterReply(burial, parent: p, parentFD: pfd, name: name, caller: caller) }
+            if let burial = consume deferred { deleter.afterReply(burial, parent: p, parentFD: pfd, name: name, caller: caller) }
         }
     }
 
@@ -141,7 +141,7 @@ extension VanishFilesystem {
         let caller = req.caller
         try namespace.removing(p, name) { pfd throws(Errno) in
             let (id, st) = try changes.removingDirectory(pfd, name)
-            try removeDirectory(parent: p, parentFD: pfd, name: name, caller: caller, known: st)
+            try deleter.removeDirectory(parent: p, parentFD: pfd, name: name, caller: caller, known: st)
             changes.deleted(caller, parent: p, name: name, mode: S_IFDIR, id: id, tree: false, entry: nil)
         }
         req.replyOK()
@@ -164,7 +164,7 @@ extension VanishFilesystem {
                 // What the new name holds now: a file it replaces goes to the
                 // graveyard, and the event says it was replaced.
                 target = exchange ? nil : try? Sys.lstatat(npfd, newName)
-                try renameEntry(pfd, name, npfd, newName, target: target, flags: flags, newParent: np, caller: caller)
+                try deleter.replace(pfd, name, npfd, newName, target: target, flags: flags, newParent: np, caller: caller)
             }
             // Keep the moved inode reachable under its new name (and the
             // other one, for an exchange) so its fd can be reopened later.
@@ -262,5 +262,85 @@ extension VanishFilesystem {
         guard devices.index(of: st.st_dev).new else { return }
         log.info("serving a filesystem mounted inside the source (inode numbers remapped, renames across give EXDEV)",
                  metadata: ["at": "\(String(cString: name))", "dev": "\(st.st_dev)"])
+    }
+}
+
+// Where new entries get their owner, and what may be changed at all.
+extension VanishFilesystem {
+    /// A plain rename done as renameat2(RENAME_NOREPLACE): true if it
+    /// happened; false if the new name exists, or the filesystem lacks the
+    /// flag (EINVAL, as for an invalid rename), and the caller must look at
+    /// what the new name holds. The check and the rename are one step, so a
+    /// true answer cannot be stale.
+    func renameIfFree(_ pfd: Int32, _ name: UnsafePointer<CChar>, _ npfd: Int32, _ newName: UnsafePointer<CChar>,
+                      flags: UInt32) throws(Errno) -> Bool {
+        guard flags == 0 else { return false }
+        do throws(Errno) {
+            try Sys.renameat2(pfd, name, npfd, newName, VANISH_RENAME_NOREPLACE)
+            return true
+        } catch .fileExists {
+            return false
+        } catch .invalidArgument {
+            return false
+        }
+    }
+
+    /// Refuses making, removing or renaming `name` in `parent` when it is
+    /// the state directory's name (EPERM), or when `parent` is in a tree
+    /// `vanish rm` removed (ENOENT, as in a directory removed while a
+    /// process was inside it).
+    @inline(__always)
+    func checkChangeable(_ parent: Inode, _ name: UnsafePointer<CChar>) throws(Errno) {
+        if deleter.isStateDirectory(parent, name) { throw .notPermitted }
+        if table.isBuried(parent) { throw .noSuchFileOrDirectory }
+    }
+
+    /// Gives a new entry to the process that asked for it.
+    ///
+    /// A root daemon creates everything as root; the kernel has already
+    /// checked (default_permissions) that the caller may create it, so the
+    /// entry is handed over: uid to the caller, gid to the caller's unless
+    /// the directory is setgid (then it keeps the directory's group, as the
+    /// backing filesystem set it). chown clears set-id bits, so they are
+    /// put back. A daemon running as an ordinary user cannot chown, and
+    /// serves only that user unless allow_other is set (then, like bindfs,
+    /// new entries belong to the daemon's user). Returns true if it changed anything.
+    func adoptOwnership(fd: Int32, parentFD: Int32, caller: Caller, mode: mode_t, st: inout stat,
+                        pathFD: Bool) throws(Errno) -> Bool {
+        guard actsForOthers else { return false }
+        var gid = caller.gid
+        if st.st_gid != gid {
+            let parent = try Sys.fstat(parentFD)
+            if parent.st_mode & S_ISGID != 0 { gid = st.st_gid }
+        }
+        guard st.st_uid != caller.uid || st.st_gid != gid else { return false }
+        try Sys.fchown(fd, caller.uid, gid)
+        let type = st.st_mode & S_IFMT
+        let setID = mode & (S_ISUID | S_ISGID)
+        if setID != 0 && type != S_IFDIR && type != S_IFLNK {
+            let perms = (st.st_mode & 0o7777) | setID
+            if pathFD { try Sys.chmod(pathFD: fd, perms) } else { try Sys.fchmod(fd, perms) }
+        }
+        return true
+    }
+
+    /// The flags to open a backing file with.
+    ///
+    /// O_DIRECT stays with the kernel, which bypasses its page cache for
+    /// the handle while the flag is set (fcntl may clear it) and still
+    /// allows a shared mmap, as a plain file does, through its page cache
+    /// (`direct_io` would send every read and write to the daemon). The
+    /// backing fd is buffered: writes arrive
+    /// spliced from a pipe, which an O_DIRECT fd refuses (EINVAL).
+    func backingOpenFlags(_ requested: Int32) -> Int32 {
+        var flags = requested & ~(O_NOCTTY | O_NOFOLLOW | VANISH_O_DIRECT)
+        if options.atime == .noatime && !sourceIsPrivateMount && actsForOthers { flags |= VANISH_O_NOATIME }
+        if options.writeback {
+            // With write-back caching the kernel may read back pages of a
+            // write-only file and does O_APPEND itself.
+            if flags & O_ACCMODE == O_WRONLY { flags = (flags & ~O_ACCMODE) | O_RDWR }
+            flags &= ~O_APPEND
+        }
+        return flags
     }
 }

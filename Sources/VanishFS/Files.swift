@@ -46,7 +46,7 @@ extension VanishFilesystem {
         let kills = node.type == S_IFREG ? privilegesToClear(node, fd: fd, flags: flags, stat: known, req) : nil
         // A writer while the trash holds space it may need writes through
         // the daemon, which frees kept entries for it rather than fail (ENOSPC).
-        let tight = flags & O_ACCMODE != O_RDONLY && reaper?.spaceIsTight == true
+        let tight = flags & O_ACCMODE != O_RDONLY && deleter.reaper?.spaceIsTight == true
         let (kind, backing) = node.type == S_IFREG && passthrough.active
             ? passthrough.open(node, fd: fd, throughDaemon: kills != nil || tight) : (OpenKind.daemon, Int32(0))
         fi.pointee.fh = FileHandle.make(fd: fd, kind: kind, kills: kills)
@@ -178,7 +178,7 @@ extension VanishFilesystem {
         do throws(Errno) {
             return try body()
         } catch .noSpace {
-            guard let reaper, reaper.makeRoom() else { throw .noSpace }
+            guard let reaper = deleter.reaper, reaper.makeRoom() else { throw .noSpace }
             return try body()
         }
     }

@@ -5,7 +5,7 @@ import LinuxSyscalls
 import SystemPackage
 import VanishGraveyard
 
-extension VanishFilesystem {
+extension Deleter {
     /// Writes down an unlink about to be answered before its burial (see
     /// `UnlinkIntents`). False if it could not be written: the caller then
     /// buries the file before answering.
@@ -29,7 +29,7 @@ extension VanishFilesystem {
     /// burying (see `UnlinkIntents.finishInterrupted`). Runs before the mount serves.
     func finishInterruptedUnlinks(_ intents: UnlinkIntents, leftover: UnlinkIntents?) {
         guard let graveyard else { return }
-        let keeps = (reaper?.policy.keep ?? 0) > 0
+        let keeps = undoWindow > 0
         let (finished, logged) = UnlinkIntents.finishInterrupted(
             intents, leftover: leftover, graveyard: graveyard, rootFD: rootFD, keepingRecords: keeps,
             buried: { [reaper] in reaper?.noteBuried(shard: $0) },

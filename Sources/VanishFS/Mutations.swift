@@ -6,10 +6,9 @@ import LinuxSyscalls
 import SystemPackage
 import VanishGraveyard
 
-// The one place where entries leave or move in the backing directory, and
-// where new entries get their owner. The graveyard (instant delete) and the
-// event journal hook in here.
-extension VanishFilesystem {
+// The one place where entries leave the backing directory: removed, replaced
+// by a rename, or buried in the graveyard (instant delete).
+extension Deleter {
     /// Removes the file `name` from the directory `parentFD` (the inode `parent`).
     ///
     /// unlink is one rename into the graveyard, so the caller never waits for
@@ -27,7 +26,7 @@ extension VanishFilesystem {
     func removeFile(parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>, st: stat,
                     caller: Caller) throws(Errno) -> DeferredBurial? {
         if st.st_mode & S_IFMT == S_IFDIR { throw .isDirectory }
-        let freesNothing = st.st_size == 0 && (reaper?.policy.keep ?? 0) == 0
+        let freesNothing = st.st_size == 0 && undoWindow == 0
         if st.st_nlink > 1 || holdIfOpen(st) {
             if st.st_nlink == 1 { keepRestorable(parentFD, name, st: st, parent: parent, caller: caller) }
             try Sys.unlinkat(parentFD, name, 0)
@@ -69,7 +68,7 @@ extension VanishFilesystem {
     /// window, or if the link fails, it is unlinked as before.
     private func keepRestorable(_ parentFD: Int32, _ name: UnsafePointer<CChar>, st: stat, parent: Inode,
                                 caller: Caller) {
-        guard let graveyard, let reaper, reaper.policy.keep > 0, st.st_mode & S_IFMT == S_IFREG,
+        guard let graveyard, let reaper, undoWindow > 0, st.st_mode & S_IFMT == S_IFREG,
               st.st_dev == graveyard.device, let record = trashRecord(st, parent: parent, name: name, caller: caller)
         else { return }
         do throws(Errno) {
@@ -153,7 +152,7 @@ extension VanishFilesystem {
     /// `known` is the entry's lstat when the caller already made one.
     func removeDirectory(parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>, caller: Caller,
                          known: stat? = nil) throws(Errno) {
-        guard let reaper, reaper.policy.keep > 0 else {
+        guard undoWindow > 0 else {
             if !namespace.noBurialsPending {
                 let st = try lstatUnlessKnown(known, parentFD, name)
                 let taken = namespace.takeQueued(in: InodeKey(dev: st.st_dev, ino: st.st_ino))
@@ -188,7 +187,7 @@ extension VanishFilesystem {
     /// The trash record for an entry about to be buried, when there is an
     /// undo window: where it was (as the kernel names it now), who deleted it.
     func trashRecord(_ st: stat, parent: Inode, name: UnsafePointer<CChar>, caller: Caller) -> TrashRecord? {
-        guard let reaper, reaper.policy.keep > 0 else { return nil }
+        guard undoWindow > 0 else { return nil }
         let type = st.st_mode & S_IFMT
         // A tree's size is unknown without walking it; a file's is its blocks.
         // A directory's size is what it holds: unknown here, measured in the background (Reaper's warden).
@@ -304,6 +303,20 @@ extension VanishFilesystem {
         return entry
     }
 
+    /// `vanish rm`: moves the entry (a whole tree) into the graveyard and
+    /// returns its graveyard entry (nil if it was deleted at once). The
+    /// permission walk `counted` what the reaper will delete: status can
+    /// tell how long that takes, and how much space waits in the graveyard.
+    func buryTree(_ parentFD: Int32, _ name: UnsafePointer<CChar>, st: stat, from parent: Inode, caller: Caller,
+                  counted: RemovalCheck.Extent) throws(Errno) -> String? {
+        let grave = try bury(parentFD, name, st: st, from: parent, caller: caller, wantEntry: true)
+        if st.st_mode & S_IFMT == S_IFDIR, let grave, st.st_dev == table.root.key.dev {
+            if counted.entries > 1 { reaper?.expectTree(grave, count: counted.entries) }
+            reaper?.noteHeld(bytes: counted.bytes)
+        }
+        return grave
+    }
+
     /// The disk space reaping an entry of stat `st` gives back, as the
     /// reaper counts it: a file's blocks (none with other links), not a
     /// directory's (what a tree holds is added by its walk).
@@ -362,27 +375,10 @@ extension VanishFilesystem {
         return namespace.holdIfOpen(node)
     }
 
-    /// A plain rename done as renameat2(RENAME_NOREPLACE): true if it
-    /// happened; false if the new name exists, or the filesystem lacks the
-    /// flag (EINVAL, as for an invalid rename), and the caller must look at
-    /// what the new name holds. The check and the rename are one step, so a
-    /// true answer cannot be stale.
-    func renameIfFree(_ pfd: Int32, _ name: UnsafePointer<CChar>, _ npfd: Int32, _ newName: UnsafePointer<CChar>,
-                      flags: UInt32) throws(Errno) -> Bool {
-        guard flags == 0 else { return false }
-        do throws(Errno) {
-            try Sys.renameat2(pfd, name, npfd, newName, VANISH_RENAME_NOREPLACE)
-            return true
-        } catch .fileExists {
-            return false
-        } catch .invalidArgument {
-            return false
-        }
-    }
-
-    /// Renames with renameat2 semantics (NOREPLACE, EXCHANGE passed through).
+    /// A rename that may replace a file (see `VanishFilesystem.rename`),
+    /// with renameat2 semantics (NOREPLACE, EXCHANGE passed through).
     /// `target`: what `newName` held just before (nil: nothing, or an exchange).
-    func renameEntry(_ pfd: Int32, _ name: UnsafePointer<CChar>, _ npfd: Int32, _ newName: UnsafePointer<CChar>,
+    func replace(_ pfd: Int32, _ name: UnsafePointer<CChar>, _ npfd: Int32, _ newName: UnsafePointer<CChar>,
                      target: stat?, flags: UInt32, newParent: Inode, caller: Caller) throws(Errno) {
         if flags == 0, let target, target.st_mode & S_IFMT != S_IFDIR, target.st_nlink == 1, !holdIfOpen(target),
            let source = try? Sys.lstatat(pfd, name), source.st_mode & S_IFMT != S_IFDIR,
@@ -404,71 +400,5 @@ extension VanishFilesystem {
             return
         }
         try Sys.renameat2(pfd, name, npfd, newName, flags)
-    }
-
-    /// Refuses making, removing or renaming `name` in `parent` when it is
-    /// the state directory's name (EPERM), or when `parent` is in a tree
-    /// `vanish rm` removed (ENOENT, as in a directory removed while a
-    /// process was inside it).
-    @inline(__always)
-    func checkChangeable(_ parent: Inode, _ name: UnsafePointer<CChar>) throws(Errno) {
-        if isReserved(parent, name) { throw .notPermitted }
-        if table.isBuried(parent) { throw .noSuchFileOrDirectory }
-    }
-
-    @inline(__always)
-    func isReserved(_ parent: Inode, _ name: UnsafePointer<CChar>) -> Bool {
-        // ".vanish" in the source root or a nested filesystem's root with a graveyard, compared without allocating.
-        guard name[0] == 0x2E, graveyard != nil, strcmp(name, Graveyard.stateDirectoryName) == 0 else { return false }
-        return parent === table.root || isNestedStateDirectory(in: parent)
-    }
-
-    /// Gives a new entry to the process that asked for it.
-    ///
-    /// A root daemon creates everything as root; the kernel has already
-    /// checked (default_permissions) that the caller may create it, so the
-    /// entry is handed over: uid to the caller, gid to the caller's unless
-    /// the directory is setgid (then it keeps the directory's group, as the
-    /// backing filesystem set it). chown clears set-id bits, so they are
-    /// put back. A daemon running as an ordinary user cannot chown, and
-    /// serves only that user unless allow_other is set (then, like bindfs,
-    /// new entries belong to the daemon's user). Returns true if it changed anything.
-    func adoptOwnership(fd: Int32, parentFD: Int32, caller: Caller, mode: mode_t, st: inout stat,
-                        pathFD: Bool) throws(Errno) -> Bool {
-        guard actsForOthers else { return false }
-        var gid = caller.gid
-        if st.st_gid != gid {
-            let parent = try Sys.fstat(parentFD)
-            if parent.st_mode & S_ISGID != 0 { gid = st.st_gid }
-        }
-        guard st.st_uid != caller.uid || st.st_gid != gid else { return false }
-        try Sys.fchown(fd, caller.uid, gid)
-        let type = st.st_mode & S_IFMT
-        let setID = mode & (S_ISUID | S_ISGID)
-        if setID != 0 && type != S_IFDIR && type != S_IFLNK {
-            let perms = (st.st_mode & 0o7777) | setID
-            if pathFD { try Sys.chmod(pathFD: fd, perms) } else { try Sys.fchmod(fd, perms) }
-        }
-        return true
-    }
-
-    /// The flags to open a backing file with.
-    ///
-    /// O_DIRECT stays with the kernel, which bypasses its page cache for
-    /// the handle while the flag is set (fcntl may clear it) and still
-    /// allows a shared mmap, as a plain file does, through its page cache
-    /// (`direct_io` would send every read and write to the daemon). The
-    /// backing fd is buffered: writes arrive
-    /// spliced from a pipe, which an O_DIRECT fd refuses (EINVAL).
-    func backingOpenFlags(_ requested: Int32) -> Int32 {
-        var flags = requested & ~(O_NOCTTY | O_NOFOLLOW | VANISH_O_DIRECT)
-        if options.atime == .noatime && !sourceIsPrivateMount && actsForOthers { flags |= VANISH_O_NOATIME }
-        if options.writeback {
-            // With write-back caching the kernel may read back pages of a
-            // write-only file and does O_APPEND itself.
-            if flags & O_ACCMODE == O_WRONLY { flags = (flags & ~O_ACCMODE) | O_RDWR }
-            flags &= ~O_APPEND
-        }
-        return flags
     }
 }

@@ -46,7 +46,7 @@ final class NestedGraveyards: Sendable {
     }
 }
 
-extension VanishFilesystem {
+extension Deleter {
     /// The graveyard for an entry in `parent`, a directory on a filesystem
     /// mounted inside the source; made at that filesystem's root if it has
     /// none. nil when deletes there must be done in the request.
@@ -116,9 +116,6 @@ extension VanishFilesystem {
         r.start()
         return r
     }
-
-    /// Every reaper: the source's and the nested filesystems'.
-    public var allReapers: [Reaper] { (reaper.map { [$0] } ?? []) + nested.reapers }
 }
 
 /// The mount points of the daemon's mount namespace, as

@@ -24,17 +24,8 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
     /// caller with fchown, since the kernel already checked the caller may make them.
     let actsForOthers: Bool
     let devices: DeviceMap
-    /// Where unlinked entries go, and who frees them; nil when the source
-    /// cannot hold a graveyard (read-only), and deletes are then done in the request.
-    let graveyard: Graveyard?
-    public let reaper: Reaper?
-    /// The log of answered unlinks when it is kept on this machine (a network
-    /// backend): removed at a clean end, once every answered unlink landed.
-    let localUnlinkLog: String?
-    /// This client's lease, and the adoption of gone clients' graveyards.
-    public let leases: ClientLeases?
-    /// Whether unlinks are answered before their rename (see `DeferredBurials`).
-    let defersUnlink: Bool
+    /// The graveyard, its reapers and the burials owed: all deleting.
+    let deleter: Deleter
     /// Whether close(2) of the source's own files never reports an error
     /// (see `configure`).
     let closesSilently: Bool
@@ -46,8 +37,6 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
     /// Whether the kernel may keep listings of the source's own directories
     /// between opens (see `opendir`).
     let cachesListings: Bool
-    /// Graveyards of filesystems mounted inside the source, made as needed.
-    let nested = NestedGraveyards()
     /// For `vanish rm`: is a filesystem mounted inside the tree?
     let mounts = MountTable()
     /// Cache invalidations for the kernel, sent from their own thread.
@@ -64,8 +53,6 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
     /// Files known to have no xattrs, answered without a syscall.
     let absentXattrs: AbsentXattrs
     let sourcePath: String
-    /// The state directory's path (in the source, or outside it: `StateLocation`); nil without a graveyard.
-    public let stateDirectory: String?
     /// Where each change made through the mount is told: the event journal's
     /// recorder, or `NoEvents`.
     let changes: any ChangeObserver
@@ -98,68 +85,14 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
         let (fd, privateMount) = try VanishFilesystem.openSource(source, options, logger)
         let st: stat
         do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
-        var grave: Graveyard?
-        var statePlace = source
-        if options.graveyard {
-            // Outside the tree if it is there already, or the mount is in place (see StateLocation).
-            let outside = options.stateBases.isEmpty ? nil
-                : StateLocation.directory(for: source, sourceFD: fd, bases: options.stateBases, create: options.stateOutside)
-            defer { if let outside { Sys.close(outside.fd) } }
-            var stateRoot = fd
-            if let outside, options.stateOutside || Graveyard.isStateDirectory(in: outside.fd) {
-                if options.stateOutside && !StateLocation.moveIn(from: fd, to: outside.fd) {
-                    logger.warning("the source has a state directory of its own beside the one outside it; using the outside one",
-                                   metadata: ["source": "\(source)"])
-                }
-                stateRoot = outside.fd
-                statePlace = outside.path
-            }
-            do {
-                grave = try Graveyard(rootFD: stateRoot, client: options.client ?? ClientID.local(source: source))
-            } catch GraveyardError.cannotCreate(let why)
-                        where [.permissionDenied, .readOnlyFileSystem, .notPermitted].contains(why) {
-                // A source we may read but not write: serve it, deleting in the request.
-                logger.warning("no graveyard: deletes will be done in the request", metadata: ["why": "\(why)"])
-            } catch {
-                Sys.close(fd)
-                throw error
-            }
-        }
-        graveyard = grave
-        stateDirectory = grave == nil ? nil : (statePlace == "/" ? "" : statePlace) + "/" + Graveyard.stateDirectoryName
-        sourceIsPrivateMount = privateMount
-        reaper = grave.map {
-            Reaper(graveyard: $0, workers: options.reaperWorkers ?? Reaper.defaultWorkers(for: $0),
-                   policy: options.reaping)
-        }
-        sourcePath = source
-        do {
-            leases = try grave.map { g throws(Errno) in try ClientLeases(graveyard: g, length: options.leaseLength, adopting: true) }
-        } catch {
+        let opened: Deleter.Opened
+        do { opened = try Deleter.open(source: source, fd: fd, options: options, logger: logger) } catch {
             Sys.close(fd)
             throw error
         }
-        if let leases, let reaper {
-            leases.landed = { [unowned reaper] shard in reaper.noteBuried(shard: shard, dueNow: true) }
-            leases.adopted = { [logger] client, entries in
-                logger.notice("adopted the graveyard of a client whose lease expired",
-                              metadata: ["client": "\(client)", "entries": "\(entries)"])
-            }
-        }
-        // Answering unlinks before their burial needs the log that lets the
-        // next mount finish them if this daemon dies first.
-        var intents: UnlinkIntents?
-        var leftover: UnlinkIntents?
-        var localLog: String?
-        if let grave {
-            do {
-                (intents, leftover, localLog) = try UnlinkIntents.open(for: grave, source: source)
-            } catch {
-                logger.warning("cannot keep the log of answered unlinks: unlinks wait for their burial",
-                               metadata: ["error": "\(error)"])
-            }
-        }
-        defersUnlink = intents != nil && options.deferUnlink && options.cache != .never
+        let grave = opened.graveyard
+        sourceIsPrivateMount = privateMount
+        sourcePath = source
         let localDisk = FilesystemKind.isLocalDisk(fd)
         closesSilently = localDisk
         sourceIsLocalDisk = localDisk
@@ -168,7 +101,6 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
         case .auto: localDisk
         case .never: false
         }
-        localUnlinkLog = localLog
         let root = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, id: UInt64(FUSE_ROOT_ID),
                          generation: 0, parent: nil, name: "")
         root.cache.fd = fd
@@ -185,9 +117,8 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
         self.options = options
         log = logger
         passthrough = PassthroughFiles(log: logger)
-        reaper?.onStuck = Self.logStuck(logger)
         namespace = BackingNamespace(table: table, fdLimit: options.fdCacheLimit ?? FileLimits.defaultCacheLimit(),
-                                     intents: defersUnlink ? intents : nil)
+                                     intents: opened.defersUnlink ? opened.intents : nil)
         actsForOthers = geteuid() == 0
         statahead = Statahead(table: table, namespace: namespace)
         devices = DeviceMap(rootDevice: st.st_dev)
@@ -199,15 +130,16 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
         if let journal {
             let recorder = EventRecorder(journal: journal, table: table, namespace: namespace, log: logger,
                                          readsWithoutAtime: actsForOthers)
-            if let reaper { recorder.recordReaping(of: reaper) }
+            if let reaper = opened.reaper { recorder.recordReaping(of: reaper) }
             changes = recorder
         } else {
             changes = NoEvents()
         }
-        control = MountControl(backingRoot: fd, journal: journal, graveyard: grave, reaper: reaper, namespace: namespace,
-                               table: table, invalidations: invalidations, changes: changes, log: logger)
-        if let intents { finishInterruptedUnlinks(intents, leftover: leftover) }
-        statahead.skip = { [unowned self] dir, name in isReserved(dir, name) }
+        control = MountControl(backingRoot: fd, journal: journal, graveyard: grave, reaper: opened.reaper,
+                               namespace: namespace, table: table, invalidations: invalidations, changes: changes,
+                               log: logger)
+        deleter = Deleter(opened, rootFD: fd, table: table, namespace: namespace, log: logger)
+        statahead.skip = { [deleter] dir, name in deleter.isStateDirectory(dir, name) }
     }
 
     /// `.vanish/events`, made if needed: where the journal lives.
@@ -290,23 +222,15 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
         case .never: conn.pointee.want &= ~UInt32(FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO)
         }
         // Threads start here, after daemonizing (a fork keeps only the forking thread).
-        reaper?.start()
-        leases?.start()
+        deleter.start()
         invalidations.start()
-        if defersUnlink {
-            namespace.startBurials(land: { [unowned self] in landQueued($0, parentFD: $1) }, gone: { [log] error in
-                // The directory is no longer where it was: it went to the
-                // graveyard whole (`vanish rm` of it or above), with the file.
-                log.debug("a queued burial's directory is gone", metadata: ["error": "\(error)"])
-            })
-        }
         log.info("session started", metadata: ["fd_cache": "\(namespace.fdLimit)", "cache": "\(options.cache.rawValue)",
-                                                "reapers": "\(reaper?.workerCount ?? 0)", "caller_names": "\(changes.callerNames)",
+                                                "reapers": "\(deleter.reaper?.workerCount ?? 0)", "caller_names": "\(changes.callerNames)",
                                                 "passthrough": "\(passthrough.active ? "on" : "off")",
                                                 "watch": "\(watch != nil ? "on" : "off")",
                                                 "requests": "\(transport.ringComing ? "io_uring" : "/dev/fuse")",
                                                 "file_handles": "\(table.codec != nil ? "exportable" : "while cached")"])
-        if graveyard != nil, vanish_filesystem_type(rootFD) == VANISH_OVERLAYFS_SUPER_MAGIC {
+        if deleter.graveyard != nil, vanish_filesystem_type(rootFD) == VANISH_OVERLAYFS_SUPER_MAGIC {
             log.warning("""
                 the source is on overlayfs: a file from a lower layer is copied up before it can move \
                 to the graveyard, and a directory from one is deleted in the request, so deletes of \
@@ -351,68 +275,17 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
         invalidations.setInvalidator(f)
     }
 
+    /// Has the reapers step aside while `foreground` (requests in flight) is above zero.
+    public func yieldReaping(to foreground: @escaping @Sendable () -> UInt64) {
+        deleter.reaper?.foregroundRequests = foreground
+    }
+
+    /// Stops every reaper at once (a stop signal), leaving the rest for the next start.
+    public func stopReapingNow() { deleter.allReapers.forEach { $0.stop(.now) } }
+
     /// After the session ended: finish emptying the graveyard (after an
-    /// unmount) or stop at once (after a signal, leaving the rest for the next start).
-    public func stopReaping(finish: Bool) {
-        // Unlinks already answered are owed their rename, whatever the signal.
-        namespace.stopBurials()
-        if let localUnlinkLog { Glibc.unlink(localUnlinkLog) }
-        leases?.stopAdopting()
-        let reapers = allReapers
-        for r in reapers { r.stop(finish ? .whenEmpty : .now) }
-        for r in reapers { r.join() }
-        leases?.stop()
-        let s = reapingStatistics
-        log.info("reaper stopped", metadata: ["entries": "\(s.entries)", "files": "\(s.freed.files)",
-                                              "directories": "\(s.freed.directories)", "bytes": "\(s.freed.diskBytes)",
-                                              "left": "\(pendingEntries)"])
-    }
-
-    /// A warning for each graveyard entry the reaper cannot delete.
-    static func logStuck(_ log: Logger) -> @Sendable (String, Errno) -> Void {
-        { entry, error in
-            log.warning("cannot delete a graveyard entry; it stays until the next mount or vanish reap",
-                        metadata: ["entry": "\(entry)", "error": "\(error)"])
-        }
-    }
-
-    /// Entries no reaper could delete, still in their graveyards.
-    public var stuckEntries: Int { allReapers.reduce(0) { $0 + $1.stuckEntries().count } }
-
-    /// Files and directories every reaper has left to delete in due
-    /// entries, with burials still pending counted one each; nil if unknown.
-    public var remainingWork: Int? {
-        var sum = namespace.pendingBurials
-        for r in allReapers {
-            guard let w = r.remainingWork() else { return nil }
-            sum += w
-        }
-        return sum
-    }
-
-    /// What every reaper (the source's and nested filesystems') has done.
-    public var reapingStatistics: Reaper.Statistics {
-        allReapers.reduce(into: .zero) { sum, r in
-            let s = r.statistics
-            sum.entries += s.entries; sum.freed += s.freed; sum.buried += s.buried
-        }
-    }
-
-    /// The recent pace of every reaper together.
-    public var reapingPace: Reaper.Pace {
-        allReapers.reduce(into: .zero) { sum, r in
-            let p = r.pace
-            sum.filesPerSecond += p.filesPerSecond
-            sum.entriesPerSecond += p.entriesPerSecond
-        }
-    }
-
-    /// Entries waiting in every graveyard, and unlinks on their way there
-    /// (directory scans: not for the hot path).
-    public var pendingEntries: Int { namespace.pendingBurials + allReapers.reduce(0) { $0 + $1.pendingEntries() } }
-
-    /// Whether every reaper is asleep with nothing left to do.
-    public var reapersIdle: Bool { namespace.noBurialsPending && allReapers.allSatisfy(\.isIdle) }
+    /// unmount) or stop at once (after a signal).
+    public func stopReaping(finish: Bool) { deleter.stop(finish: finish) }
 
     public func destroy() {
         log.info("session ending", metadata: ["inodes": "\(table.count)"])
