@@ -39,8 +39,8 @@ public struct Request: @unchecked Sendable {
     /// to tell a copy) took more than 50 ms under CI's load, and its event
     /// then followed the program's next one.
     @discardableResult
-    public static func waitForEarlierChanges(timeout: UInt64 = 250_000_000) -> Bool {
-        vanish_order_wait_for_earlier(timeout) != 0
+    public static func waitForEarlierChanges(timeout: Duration = .milliseconds(250)) -> Bool {
+        vanish_order_wait_for_earlier(timeout.nanoseconds) != 0
     }
 
     /// This request has recorded all its changes: later ones stop waiting for it.

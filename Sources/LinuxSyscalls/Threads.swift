@@ -67,6 +67,7 @@ public final class Condition: @unchecked Sendable {
     }
 
     /// CLOCK_MONOTONIC in nanoseconds: the clock `wait(until:)` measures by.
+    /// Add a `Duration`'s `nanoseconds` to it for a deadline.
     public static func now() -> UInt64 {
         var ts = timespec()
         clock_gettime(CLOCK_MONOTONIC, &ts)
@@ -105,5 +106,16 @@ public final class Lock<Value: ~Copyable>: @unchecked Sendable {
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }
         return try body(&value.pointee)
+    }
+}
+
+extension Duration {
+    /// Whole nanoseconds (0 for a negative duration): what `Condition.now()`
+    /// deadlines and the graveyard's times count in.
+    @inlinable
+    public var nanoseconds: UInt64 {
+        let (seconds, attoseconds) = components
+        guard seconds >= 0 else { return 0 }
+        return UInt64(seconds) &* 1_000_000_000 &+ UInt64(attoseconds / 1_000_000_000)
     }
 }

@@ -28,7 +28,7 @@ public final class ControlServer: Sendable {
     static let maxPerUser = 16
     static let reserved = 16
     /// A peer must send its request within this many seconds of connecting.
-    static let requestTimeout = 5
+    static let requestTimeout = Duration.seconds(5)
 
     /// Binds the socket at `path`; `shared` lets every local user connect
     /// (for allow_other mounts), otherwise only the daemon's user may.
@@ -205,7 +205,7 @@ public final class ControlServer: Sendable {
                 } else if p.answering {
                     finished(p.uid)
                 } else {
-                    refuse(p, "expected one JSON object on one line within \(ControlServer.requestTimeout) s", EINVAL)
+                    refuse(p, "expected one JSON object on one line within \(ControlServer.requestTimeout.components.seconds) s", EINVAL)
                 }
             }
             peers = kept
@@ -242,7 +242,7 @@ public final class ControlServer: Sendable {
             conn.write(["error": JSON(refusal + "; try again later"), "errno": JSON(EAGAIN)])
             return nil
         }
-        return Peer(conn: conn, uid: uid, deadline: Condition.now() + UInt64(ControlServer.requestTimeout) * 1_000_000_000)
+        return Peer(conn: conn, uid: uid, deadline: Condition.now() + ControlServer.requestTimeout.nanoseconds)
     }
 
     /// Reads what `p` sent; once its request is in, answers it. False when it is done with.
@@ -255,7 +255,7 @@ public final class ControlServer: Sendable {
         guard line != nil || n <= 0 || p.input.count >= 65536 else { return true }
         let request = JSON.parse(line ?? p.input).flatMap { $0.object != nil ? $0 : nil }
         guard let request, let peer = p.conn.peer() else {
-            refuse(p, "expected one JSON object on one line within \(ControlServer.requestTimeout) s", EINVAL)
+            refuse(p, "expected one JSON object on one line within \(ControlServer.requestTimeout.components.seconds) s", EINVAL)
             return false
         }
         let operation = request["op"]?.string.flatMap(ControlProtocol.Operation.init(rawValue:))
@@ -270,7 +270,7 @@ public final class ControlServer: Sendable {
             return false
         }
         p.output = Array((answer(operation, request, peer).serialized + "\n").utf8)
-        p.deadline = Condition.now() + UInt64(ControlServer.requestTimeout) * 1_000_000_000
+        p.deadline = Condition.now() + ControlServer.requestTimeout.nanoseconds
         return writeSome(&p)
     }
 
@@ -522,7 +522,7 @@ extension ControlServer {
         let root: Int32
         private var verdicts: [[UInt8]: (seen: Bool, at: UInt64)] = [:]
         static let remembered = 4096
-        static let lifetime: UInt64 = 1_000_000_000
+        static let lifetime = Duration.seconds(1).nanoseconds
 
         init(peer: Credentials, root: Int32) {
             self.peer = peer

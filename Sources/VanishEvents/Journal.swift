@@ -18,7 +18,7 @@ public final class Journal: @unchecked Sendable {
         /// Most bytes kept on disk; the oldest segments go first.
         public var maxBytes: UInt64 = 256 << 20
         /// Segments older than this go (ns).
-        public var maxAge: UInt64 = 7 * 86_400 * 1_000_000_000
+        public var maxAge: UInt64 = Duration.seconds(7 * 86_400).nanoseconds
         public var segmentBytes: UInt64 = 16 << 20
         /// Below this share of free space on the backing filesystem (percent)
         /// the journal keeps only its newest segment: it never grows into

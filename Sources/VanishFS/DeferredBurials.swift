@@ -17,7 +17,7 @@ import VanishGraveyard
 /// on the graveyard directories' locks and entries.
 ///
 /// A queued burial lands on its own once its directory has been quiet for
-/// `quietNanoseconds` or it has waited `maxAgeNanoseconds`, sent by one
+/// `quiet` or it has waited `maxAge`, sent by one
 /// flusher thread; when an entry is made in its directory (`landQueue`);
 /// and at once when anything needs it. Nobody may see a name whose burial
 /// is pending: `BackingNamespace`, the only owner of this type, lands or
@@ -90,9 +90,9 @@ final class DeferredBurials: @unchecked Sendable {
 
     /// A directory quiet this long will not be removed next (`rm -rf` comes
     /// back for it within milliseconds): its queued burials land.
-    static let quietNanoseconds: UInt64 = 100_000_000
+    static let quiet = Duration.milliseconds(100)
     /// No burial waits longer, however busy its directory stays.
-    static let maxAgeNanoseconds: UInt64 = 1_000_000_000
+    static let maxAge = Duration.seconds(1)
     /// Beyond this many queued, an unlink's handler lands its own burial.
     static let queueLimit = 32768
 
@@ -318,7 +318,7 @@ final class DeferredBurials: @unchecked Sendable {
             var due: [InodeKey] = []
             var next = UInt64.max
             for (key, q) in queues {
-                let at = min(q.last!.since &+ Self.quietNanoseconds, q.first!.since &+ Self.maxAgeNanoseconds)
+                let at = min(q.last!.since &+ Self.quiet.nanoseconds, q.first!.since &+ Self.maxAge.nanoseconds)
                 if at <= now { due.append(key) } else { next = min(next, at) }
             }
             for key in due {

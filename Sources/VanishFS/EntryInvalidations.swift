@@ -34,19 +34,19 @@ final class EntryInvalidations: @unchecked Sendable {
     /// Tells the kernel `name` in `parent` may now exist (a restore) and
     /// waits until it was told, so whoever asked for the restore finds the
     /// name next, not a negative entry the kernel still remembers: false if
-    /// that took longer than `timeout` nanoseconds (someone holds the
+    /// that took longer than `timeout` (someone holds the
     /// parent's lock), and the notice goes through after.
-    func send(parent: fuse_ino_t, name: ContiguousArray<CChar>, timeout: UInt64) -> Bool {
+    func send(parent: fuse_ino_t, name: ContiguousArray<CChar>, timeout: Duration) -> Bool {
         condition.lock()
         defer { condition.unlock() }
         guard invalidate != nil else { return true }
         enqueue(Pending(parent: parent, name: name))
-        return waitUntilSent(queued, deadline: Condition.now() &+ timeout)
+        return waitUntilSent(queued, deadline: Condition.now() &+ timeout.nanoseconds)
     }
 
     /// Tells the kernel `name` in `parent` is gone and waits until it has
     /// expired the entry, for a request handler that must not answer
-    /// before: false if that took longer than `timeout` nanoseconds.
+    /// before: false if that took longer than `timeout`.
     ///
     /// Expiring is quick: dropping the entry prunes every cached entry
     /// below it while the parent's lock is held (112 ms for a cached
@@ -62,14 +62,14 @@ final class EntryInvalidations: @unchecked Sendable {
     /// someone may hold while waiting for the entry's lock (an rmdir of it
     /// at that very moment): the timeout ends that wait, the handler
     /// answers, and the invalidation goes through after.
-    func expire(parent: fuse_ino_t, name: ContiguousArray<CChar>, timeout: UInt64) -> Bool {
+    func expire(parent: fuse_ino_t, name: ContiguousArray<CChar>, timeout: Duration) -> Bool {
         condition.lock()
         defer { condition.unlock() }
         guard invalidate != nil else { return true }
         enqueue(Pending(parent: parent, name: name, expireOnly: true))
         let ticket = queued
         enqueue(Pending(parent: parent, name: name))
-        return waitUntilSent(ticket, deadline: Condition.now() &+ timeout)
+        return waitUntilSent(ticket, deadline: Condition.now() &+ timeout.nanoseconds)
     }
 
     /// Tells the kernel to drop the attributes it keeps for `ino` (a mode
@@ -81,7 +81,7 @@ final class EntryInvalidations: @unchecked Sendable {
         defer { condition.unlock() }
         guard invalidate != nil else { return }
         enqueue(Pending(parent: ino, name: []))
-        if wait { _ = waitUntilSent(queued, deadline: Condition.now() &+ 1_000_000_000) }
+        if wait { _ = waitUntilSent(queued, deadline: Condition.now() &+ Duration.seconds(1).nanoseconds) }
     }
 
     /// Tells the kernel, without waiting, that `name` in `parent` changed

@@ -89,7 +89,7 @@ public struct FilesystemOptions: Sendable {
     public var client: ClientID?
     /// How long (ns) a client may go without renewing its lease before
     /// another adopts its graveyard.
-    public var leaseLength: UInt64 = 60_000_000_000
+    public var leaseLength: UInt64 = Duration.seconds(60).nanoseconds
     /// Reaper threads; nil picks the number of cores.
     public var reaperWorkers: Int?
     /// Delete through the graveyard. Off for read-only mounts, which must

@@ -116,7 +116,7 @@ package final class MountControl: Sendable {
         // The kernel may remember the name as absent: tell it, from outside
         // any handler, before the caller looks for the name.
         let name = Inode.copyName(leaf)
-        if !invalidations.send(parent: table.nodeID(parent), name: name, timeout: 1_000_000_000) {
+        if !invalidations.send(parent: table.nodeID(parent), name: name, timeout: .seconds(1)) {
             log.debug("answering a restore before the kernel forgot the name's absence (its parent stayed locked)")
         }
     }

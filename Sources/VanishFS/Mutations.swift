@@ -287,7 +287,7 @@ extension Deleter {
             // block), delete in place.
             // Once a minute at most: rm -rf of a big tree would write a line per file.
             let now = Condition.now(), last = Self.lastNoSpaceWarning.load(ordering: .relaxed)
-            if last == 0 || now &- last > 60_000_000_000,
+            if last == 0 || now &- last > Duration.seconds(60).nanoseconds,
                Self.lastNoSpaceWarning.compareExchange(expected: last, desired: now, ordering: .relaxed).exchanged {
                 log.warning("no space for the graveyard: deleting without an undo window (said once a minute)",
                             metadata: ["name": "\(String(cString: name))", "error": "\(error)"])

@@ -130,7 +130,7 @@ extension Graveyard {
     }
 
     /// How long a record that cannot be read is waited for (its mtime's age).
-    static let recordGrace: UInt64 = 120 * 1_000_000_000
+    static let recordGrace = Duration.seconds(120).nanoseconds
 
     /// Whether `name` in `dirFD` changed less than `recordGrace` ago.
     static func isRecent(_ dirFD: Int32, _ name: String) -> Bool {

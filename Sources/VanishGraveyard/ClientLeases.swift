@@ -52,7 +52,7 @@ public final class ClientLeases: @unchecked Sendable {
     /// `vanish reap` does only when told which).
     public init(graveyard: Graveyard, length: UInt64, adopting: Bool) throws(Errno) {
         self.graveyard = graveyard
-        self.length = max(length, 1_000_000_000)
+        self.length = max(length, Duration.seconds(1).nanoseconds)
         self.adopting = adopting
         leaseFD = try Sys.openat(graveyard.stateFD, ClientLeases.fileName, O_RDWR | O_CREAT | O_NOFOLLOW, 0o600)
         renew()
@@ -100,7 +100,7 @@ public final class ClientLeases: @unchecked Sendable {
     /// How often the lease is renewed and the others looked at: four times a
     /// length, and at least every 5 s, so what `vanish reap --adopt` claimed
     /// for this mount is soon taken in.
-    static func period(_ length: UInt64) -> UInt64 { min(length / 4, 5_000_000_000) }
+    static func period(_ length: UInt64) -> UInt64 { min(length / 4, Duration.seconds(5).nanoseconds) }
 
     /// Stops the lease thread (the lease then expires on its own).
     public func stop() {

@@ -75,7 +75,7 @@ final class ReapProgress: Sendable {
         let files = files.load(ordering: .relaxed) &+ directories.load(ordering: .relaxed)
         let entries = entries.load(ordering: .relaxed)
         return log.withLock { log in
-            guard let first = log.first(where: { now &- $0.time <= 5_000_000_000 }) else { return .zero }
+            guard let first = log.first(where: { now &- $0.time <= Duration.seconds(5).nanoseconds }) else { return .zero }
             let seconds = Double(now &- first.time) / 1e9
             guard seconds >= 0.2 else { return .zero }
             return Reaper.Pace(filesPerSecond: Double(files &- first.files) / seconds,
@@ -93,7 +93,7 @@ final class ReapProgress: Sendable {
               lastCheckpoint.compareExchange(expected: last, desired: now, ordering: .relaxed).exchanged else { return }
         let point = (now, files.load(ordering: .relaxed) &+ directories.load(ordering: .relaxed), entries.load(ordering: .relaxed))
         log.withLock { log in
-            if log.isEmpty || now &- log[log.count - 1].time > 5_000_000_000 {
+            if log.isEmpty || now &- log[log.count - 1].time > Duration.seconds(5).nanoseconds {
                 // The first deletion after a rest: count from here, not
                 // from a checkpoint made before the rest.
                 log.removeAll(keepingCapacity: true)

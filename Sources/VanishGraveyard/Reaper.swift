@@ -97,15 +97,15 @@ public final class Reaper: @unchecked Sendable {
     /// `stuck.count`, read without the lock by every pass.
     private let stuckCount = Atomic<Int>(0)
     /// How long a stuck entry waits before it is tried again while the mount serves.
-    static let stuckRetry: UInt64 = 60_000_000_000
+    static let stuckRetry = Duration.seconds(60).nanoseconds
     /// How often a worker without an undo window looks through all of its
     /// shards, burials or not: a guard against the unforeseen. What it
     /// knows to look at again (an entry a restore held, a stuck entry's
     /// retry) sets an earlier time, so an idle mount's workers rarely read
     /// their shards (docs/decisions.md).
-    static let rescanInterval: UInt64 = 60_000_000_000
+    static let rescanInterval = Duration.seconds(60).nanoseconds
     /// How soon an entry a restore held is looked at again.
-    static let heldRetry: UInt64 = 1_000_000_000
+    static let heldRetry = Duration.seconds(1).nanoseconds
     /// Set while the watchdog sleeps because every worker does: the first
     /// worker to wake wakes it.
     private let watchParked = Atomic<Bool>(false)
@@ -449,13 +449,13 @@ public final class Reaper: @unchecked Sendable {
         // Nothing waiting: whatever is buried from now on is due a window later at the earliest.
         let now = Sys.wallClockNow()
         let due = nextDue == .max ? now &+ policy.keep : nextDue
-        let wait = due > now ? min(due - now, 30_000_000_000) : 0
-        return .now() + .nanoseconds(Int(max(wait, 50_000_000)))
+        let wait = due > now ? min(due - now, Duration.seconds(30).nanoseconds) : 0
+        return .now() + .nanoseconds(Int(max(wait, Duration.milliseconds(50).nanoseconds)))
     }
 
     /// A record from before windows were written down is kept this long
     /// when the mount has no window (it was deleted under one, unknown).
-    static let legacyWindow: UInt64 = 3_600_000_000_000
+    static let legacyWindow = Duration.seconds(3600).nanoseconds
 
     /// Whether the entry `name`, deleted at `time`, may be reaped now: a
     /// kept entry at the end of its own window (whatever this mount's), one
@@ -632,7 +632,7 @@ public final class Reaper: @unchecked Sendable {
     private func isSpaceShort(fresh: Bool = false) -> Bool {
         let now = Sys.wallClockNow()
         let last = spaceCheckedAt.load(ordering: .relaxed)
-        if fresh || now &- last > 1_000_000_000,
+        if fresh || now &- last > Duration.seconds(1).nanoseconds,
            spaceCheckedAt.compareExchange(expected: last, desired: now, ordering: .relaxed).exchanged {
             var short = false
             if policy.keepMinFreePercent > 0, let fs = try? Sys.fstatvfs(graveyard.stateFD) {
@@ -720,7 +720,7 @@ public final class Reaper: @unchecked Sendable {
             let short = isSpaceShort(fresh: true) || roomWanted.exchange(false, ordering: .relaxed) || runningOut
             // Deletions then step aside for no one (see ForegroundGate).
             if short { spaceShort.store(true, ordering: .relaxed) }
-            if short || woken || now &- lastFull >= 1_000_000_000 {
+            if short || woken || now &- lastFull >= Duration.seconds(1).nanoseconds {
                 lastFull = now
                 wardOnce(short: short, unmeasurable: &unmeasurable)
             }
@@ -831,11 +831,11 @@ public final class Reaper: @unchecked Sendable {
 
     /// For a request the backing filesystem answered ENOSPC while entries
     /// are kept: has the warden free the oldest now, and waits (up to
-    /// `timeout` ns) until there is more free space than before. True if
+    /// `timeout`) until there is more free space than before. True if
     /// there is: the request is worth trying again.
-    public func makeRoom(timeout: UInt64 = 2_000_000_000) -> Bool {
+    public func makeRoom(timeout: Duration = .seconds(2)) -> Bool {
         guard !graveyard.trash.isEmpty || !isIdle, let before = try? Sys.fstatvfs(graveyard.stateFD) else { return false }
-        let deadline = Condition.now() &+ timeout
+        let deadline = Condition.now() &+ timeout.nanoseconds
         spaceShort.store(true, ordering: .relaxed)
         roomWanted.store(true, ordering: .relaxed)
         wardenWakeup.signal()

@@ -74,7 +74,7 @@ struct MountOptionList {
                         throw ValidationError("-o client=: \(error)")
                     }
                 case "lease":
-                    guard let v = value, let ns = Quantity.duration(v), ns >= 4_000_000_000 else {
+                    guard let v = value, let ns = Quantity.duration(v), ns >= Duration.seconds(4).nanoseconds else {
                         throw ValidationError("-o lease= takes a duration of at least 4s, such as 30s or 2m")
                     }
                     filesystem.leaseLength = ns
@@ -99,7 +99,7 @@ struct MountOptionList {
                     }
                     filesystem.reaping.rate = r
                 case "reap_yield":
-                    guard let v = value, let ns = Quantity.duration(v), ns <= 10_000_000_000 else {
+                    guard let v = value, let ns = Quantity.duration(v), ns <= Duration.seconds(10).nanoseconds else {
                         throw ValidationError("-o reap_yield= takes a duration up to 10s, such as 0, 5ms or 50ms")
                     }
                     filesystem.reaping.yieldToForeground = ns

@@ -92,7 +92,7 @@ struct ReapCommand: ParsableCommand {
         }
         let reapers = found
         // Held while reaping, so no other client of a shared source adopts this graveyard meanwhile.
-        let lease = reapers.isEmpty ? nil : try? ClientLeases(graveyard: reapers[0].graveyard, length: 60_000_000_000, adopting: false)
+        let lease = reapers.isEmpty ? nil : try? ClientLeases(graveyard: reapers[0].graveyard, length: Duration.seconds(60).nanoseconds, adopting: false)
         lease?.start()
         defer { lease?.stop() }
         if reapers.isEmpty {

@@ -44,7 +44,7 @@ struct StatusCommand: ParsableCommand {
                 if terminal {
                     print("\r\u{1B}[K" + line, terminator: "")
                     fflush(nil)
-                } else if lastLine == 0 || now - lastLine >= 1_000_000_000 {
+                } else if lastLine == 0 || now - lastLine >= Duration.seconds(1).nanoseconds {
                     print(line)
                     lastLine = now
                 }
