@@ -48,8 +48,8 @@ final class Inode: @unchecked Sendable {
     }
     var place: Place
 
-    /// For a directory, statahead's view (see `Statahead`). Guarded by
-    /// InodeTable's lock.
+    /// For a directory, statahead's view: read and written by `Statahead`
+    /// alone, under its lock.
     struct Ahead {
         /// Lookups of its files in the current run, when the last one came
         /// (coarse ms), and whether reading ahead has begun in this run.

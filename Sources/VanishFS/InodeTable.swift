@@ -9,7 +9,7 @@ import Synchronization
 /// The lock is held only for table and name bookkeeping, never across a
 /// system call. Lock order: a leaf (see `BackingNamespace`); it also guards
 /// the `Inode` fields marked so. Unchecked: it hands out `Inode`s, whose
-/// mutable fields are guarded by this lock and FDCache's.
+/// mutable fields are guarded by this lock, FDCache's and Statahead's.
 final class InodeTable: @unchecked Sendable {
     let root: Inode
     /// The backing filesystem's handle layout when node ids carry backing
@@ -242,33 +242,6 @@ final class InodeTable: @unchecked Sendable {
         }
     }
 
-    /// Counts a lookup of a file in `dir` for statahead; true when the
-    /// lookups there now make a run of `trigger` (none `idle` ms apart) and
-    /// reading ahead should begin (once per run).
-    func countLookup(in dir: Inode, now: UInt32, trigger: UInt32, idle: UInt32) -> Bool {
-        lock.withLock { _ in
-            if now &- dir.ahead.last > idle {
-                dir.ahead.lookups = 0
-                if dir.ahead.state == .finished { dir.ahead.state = .watching }
-            }
-            dir.ahead.lookups &+= 1
-            dir.ahead.last = now
-            guard dir.ahead.state == .watching, dir.ahead.lookups >= trigger else { return false }
-            dir.ahead.state = .reading
-            return true
-        }
-    }
-
-    /// The lookups counted in `dir`'s current run, and when the last came.
-    func lookupsCounted(in dir: Inode) -> (count: UInt32, last: UInt32) {
-        lock.withLock { _ in (dir.ahead.lookups, dir.ahead.last) }
-    }
-
-    /// Reading ahead in `dir` ended: not again until a new run begins.
-    func endReadAhead(_ dir: Inode) {
-        lock.withLock { _ in dir.ahead.state = .finished }
-    }
-
     /// Whether the directory numbered `ino` on `dev` was listed with
     /// attributes less than `window` ms ago: its entries were stat'ed then,
     /// so the backing filesystem most likely still has them cached.
@@ -278,75 +251,6 @@ final class InodeTable: @unchecked Sendable {
             guard let dir = maps.byKey[InodeKey(dev: dev, ino: ino)] else { return false }
             let listed = dir.listedWithAttributes.load(ordering: .relaxed)
             return listed != 0 && now &- listed < window
-        }
-    }
-
-    /// A listing of `dir` found the subdirectories named in `names` (each
-    /// NUL-terminated; from its start when `restart`). Keeps `limit` bytes at most.
-    func listedSubdirectories(of dir: Inode, _ names: ContiguousArray<CChar>, restart: Bool, limit: Int) {
-        lock.withLock { _ in
-            if restart {
-                dir.ahead.subdirectoryNames.removeAll(keepingCapacity: false)
-                dir.ahead.walkAt = 0
-                dir.ahead.warmedTo = 0
-            }
-            if dir.ahead.subdirectoryNames.count + names.count <= limit { dir.ahead.subdirectoryNames.append(contentsOf: names) }
-        }
-    }
-
-    /// How many recorded names `walkOpened` looks through for the opened one.
-    static let walkSearch = 64
-
-    /// A walk opened the directory `child`: finds it among its parent's
-    /// listed subdirectories (walks go in listing order: from the last one
-    /// found) and returns the parent and the names of the `window` after it
-    /// not handed out before, taking them.
-    func walkOpened(_ child: Inode, window: Int) -> (parent: Inode, names: [ContiguousArray<CChar>])? {
-        lock.withLock { _ -> (parent: Inode, names: [ContiguousArray<CChar>])? in
-            guard let parent = child.place.parent, !parent.ahead.subdirectoryNames.isEmpty else { return nil }
-            // Read from a copy (no allocation) and written back after: the
-            // list is not to be accessed while its neighbours are changed.
-            let listed = parent.ahead.subdirectoryNames
-            var walkAt = parent.ahead.walkAt, warmedTo = parent.ahead.warmedTo
-            defer {
-                // All handed out: the names are not needed any more.
-                if warmedTo >= listed.count {
-                    parent.ahead.subdirectoryNames = []
-                    parent.ahead.walkAt = 0
-                    parent.ahead.warmedTo = 0
-                } else {
-                    parent.ahead.walkAt = walkAt
-                    parent.ahead.warmedTo = warmedTo
-                }
-            }
-            return listed.withUnsafeBufferPointer { all -> (parent: Inode, names: [ContiguousArray<CChar>])? in
-                let base = all.baseAddress!
-                // A few names on at most: a walk in another order (`ls -R`
-                // sorts) gets no warming rather than a scan of a long list
-                // under this lock at every opendir.
-                var at = walkAt
-                var found: Int? = nil
-                for _ in 0..<Self.walkSearch {
-                    guard at < all.count else { break }
-                    let length = strlen(base + at)
-                    if child.nameEquals(base + at) { found = at; break }
-                    at += length + 1
-                }
-                guard let here = found else { return nil }
-                walkAt = here
-                var next = here + strlen(base + here) + 1
-                var due: [ContiguousArray<CChar>] = []
-                for _ in 0..<window {
-                    guard next < all.count else { break }
-                    let length = strlen(base + next)
-                    if next >= warmedTo {
-                        due.append(ContiguousArray(UnsafeBufferPointer(start: base + next, count: length + 1)))
-                    }
-                    next += length + 1
-                }
-                warmedTo = max(warmedTo, next)
-                return due.isEmpty ? nil : (parent, due)
-            }
         }
     }
 

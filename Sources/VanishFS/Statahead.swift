@@ -30,8 +30,9 @@ import Synchronization
 /// (`ls -R` sorts) get none. Only subdirectories the walk's caller may read
 /// and search by their mode bits are warmed.
 ///
-/// Lock order: `jobs` is a leaf. The per-directory counters live on the
-/// `Inode` under `InodeTable`'s lock.
+/// Lock order: `jobs` and `counters` are leaves. The per-directory state
+/// lives on the `Inode` (`Inode.ahead`) under `counters`; nothing but
+/// Statahead reads or writes it.
 final class Statahead: @unchecked Sendable {
     /// Entries read ahead of the lookups seen in a directory, at most.
     static let window: UInt32 = 128
@@ -59,28 +60,31 @@ final class Statahead: @unchecked Sendable {
 
     private let table: InodeTable
     private let namespace: BackingNamespace
-    /// Names never stat'ed ahead (the state directory); set before serving.
-    var skip: (Inode, UnsafePointer<CChar>) -> Bool = { _, _ in false }
+    /// Names never stat'ed ahead (the state directory).
+    private let skip: @Sendable (Inode, UnsafePointer<CChar>) -> Bool
+    /// Guards every directory's `Inode.ahead`.
+    private let counters = Mutex<Void>(())
     private let jobs = Condition()
     private var queue: [Job] = []
     private var started = false
     /// Entries stat'ed ahead so far (`vanish status`, tests).
     let prefetched = Atomic<UInt64>(0)
 
-    init(table: InodeTable, namespace: BackingNamespace) {
+    init(table: InodeTable, namespace: BackingNamespace, skip: @escaping @Sendable (Inode, UnsafePointer<CChar>) -> Bool) {
         self.table = table
         self.namespace = namespace
+        self.skip = skip
     }
 
     /// A LOOKUP found an entry in `dir`: counts it, and starts reading ahead
     /// in `dir` once the lookups there make a pattern.
     func lookedUp(in dir: Inode) {
-        guard table.countLookup(in: dir, now: InodeTable.coarseMilliseconds(), trigger: Self.trigger,
+        guard countLookup(in: dir, now: InodeTable.coarseMilliseconds(), trigger: Self.trigger,
                                 idle: Self.idleMilliseconds) else { return }
         jobs.lock()
         defer { jobs.unlock() }
         guard queue.count < Self.queueLimit else {
-            table.endReadAhead(dir)
+            endReadAhead(dir)
             return
         }
         enqueue(.readAhead(dir))
@@ -92,13 +96,13 @@ final class Statahead: @unchecked Sendable {
     /// subdirectories: a names-only walk pays a copy of each directory's name.
     func listed(_ dir: Inode, subdirectories names: ContiguousArray<CChar>, restart: Bool) {
         guard !names.isEmpty || restart else { return }
-        table.listedSubdirectories(of: dir, names, restart: restart, limit: Self.walkLimit)
+        listedSubdirectories(of: dir, names, restart: restart, limit: Self.walkLimit)
     }
 
     /// A walk opened `dir`; if it stats what it lists, warms the siblings
     /// listed after it, for `caller`.
     func opened(_ dir: Inode, statWalk: Bool, caller: Caller) {
-        guard statWalk, let (parent, names) = table.walkOpened(dir, window: Self.walkWindow) else { return }
+        guard statWalk, let (parent, names) = walkOpened(dir, window: Self.walkWindow) else { return }
         jobs.lock()
         defer { jobs.unlock() }
         for name in names where queue.count < Self.queueLimit {
@@ -132,7 +136,7 @@ final class Statahead: @unchecked Sendable {
             switch job {
             case .readAhead(let dir):
                 readAhead(in: dir)
-                table.endReadAhead(dir)
+                endReadAhead(dir)
             case .warm(let parent, let name, let caller):
                 warm(name, in: parent, for: caller)
             }
@@ -167,6 +171,105 @@ final class Statahead: @unchecked Sendable {
         }
     }
 
+    // MARK: Per-directory state (under `counters`)
+
+    /// Counts a lookup of a file in `dir` for statahead; true when the
+    /// lookups there now make a run of `trigger` (none `idle` ms apart) and
+    /// reading ahead should begin (once per run).
+    private func countLookup(in dir: Inode, now: UInt32, trigger: UInt32, idle: UInt32) -> Bool {
+        counters.withLock { _ in
+            if now &- dir.ahead.last > idle {
+                dir.ahead.lookups = 0
+                if dir.ahead.state == .finished { dir.ahead.state = .watching }
+            }
+            dir.ahead.lookups &+= 1
+            dir.ahead.last = now
+            guard dir.ahead.state == .watching, dir.ahead.lookups >= trigger else { return false }
+            dir.ahead.state = .reading
+            return true
+        }
+    }
+
+    /// The lookups counted in `dir`'s current run, and when the last came.
+    private func lookupsCounted(in dir: Inode) -> (count: UInt32, last: UInt32) {
+        counters.withLock { _ in (dir.ahead.lookups, dir.ahead.last) }
+    }
+
+    /// Reading ahead in `dir` ended: not again until a new run begins.
+    private func endReadAhead(_ dir: Inode) {
+        counters.withLock { _ in dir.ahead.state = .finished }
+    }
+
+    /// A listing of `dir` found the subdirectories named in `names` (each
+    /// NUL-terminated; from its start when `restart`). Keeps `limit` bytes at most.
+    private func listedSubdirectories(of dir: Inode, _ names: ContiguousArray<CChar>, restart: Bool, limit: Int) {
+        counters.withLock { _ in
+            if restart {
+                dir.ahead.subdirectoryNames.removeAll(keepingCapacity: false)
+                dir.ahead.walkAt = 0
+                dir.ahead.warmedTo = 0
+            }
+            if dir.ahead.subdirectoryNames.count + names.count <= limit { dir.ahead.subdirectoryNames.append(contentsOf: names) }
+        }
+    }
+
+    /// How many recorded names `walkOpened` looks through for the opened one.
+    static let walkSearch = 64
+
+    /// A walk opened the directory `child`: finds it among its parent's
+    /// listed subdirectories (walks go in listing order: from the last one
+    /// found) and returns the parent and the names of the `window` after it
+    /// not handed out before, taking them.
+    private func walkOpened(_ child: Inode, window: Int) -> (parent: Inode, names: [ContiguousArray<CChar>])? {
+        guard let (parent, childName) = table.location(of: child) else { return nil }
+        return counters.withLock { _ -> (parent: Inode, names: [ContiguousArray<CChar>])? in
+            guard !parent.ahead.subdirectoryNames.isEmpty else { return nil }
+            // Read from a copy (no allocation) and written back after: the
+            // list is not to be accessed while its neighbours are changed.
+            let listed = parent.ahead.subdirectoryNames
+            var walkAt = parent.ahead.walkAt, warmedTo = parent.ahead.warmedTo
+            defer {
+                // All handed out: the names are not needed any more.
+                if warmedTo >= listed.count {
+                    parent.ahead.subdirectoryNames = []
+                    parent.ahead.walkAt = 0
+                    parent.ahead.warmedTo = 0
+                } else {
+                    parent.ahead.walkAt = walkAt
+                    parent.ahead.warmedTo = warmedTo
+                }
+            }
+            return listed.withUnsafeBufferPointer { all -> (parent: Inode, names: [ContiguousArray<CChar>])? in
+                let base = all.baseAddress!
+                // A few names on at most: a walk in another order (`ls -R`
+                // sorts) gets no warming rather than a scan of a long list
+                // under this lock at every opendir.
+                var at = walkAt
+                var found: Int? = nil
+                for _ in 0..<Self.walkSearch {
+                    guard at < all.count else { break }
+                    let length = strlen(base + at)
+                    if childName.withUnsafeBufferPointer({ strcmp($0.baseAddress!, base + at) }) == 0 { found = at; break }
+                    at += length + 1
+                }
+                guard let here = found else { return nil }
+                walkAt = here
+                var next = here + strlen(base + here) + 1
+                var due: [ContiguousArray<CChar>] = []
+                for _ in 0..<window {
+                    guard next < all.count else { break }
+                    let length = strlen(base + next)
+                    if next >= warmedTo {
+                        due.append(ContiguousArray(UnsafeBufferPointer(start: base + next, count: length + 1)))
+                    }
+                    next += length + 1
+                }
+                warmedTo = max(warmedTo, next)
+                return due.isEmpty ? nil : (parent, due)
+            }
+        }
+    }
+
     /// Reads `dir` from its start and stats each entry, staying at most
     /// `window` entries ahead of the lookups in it, until the directory
     /// ends or the lookups stop.
@@ -183,7 +286,7 @@ final class Statahead: @unchecked Sendable {
             // Ahead by a window at most: wait for the lookups to catch up,
             // and stop when they stopped.
             while true {
-                let (seen, last) = table.lookupsCounted(in: dir)
+                let (seen, last) = lookupsCounted(in: dir)
                 if InodeTable.coarseMilliseconds() &- last > Self.idleMilliseconds { return }
                 if done < seen &+ Self.window { break }
                 usleep(1000)

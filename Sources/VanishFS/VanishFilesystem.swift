@@ -120,7 +120,6 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
         namespace = BackingNamespace(table: table, fdLimit: options.fdCacheLimit ?? FileLimits.defaultCacheLimit(),
                                      intents: opened.defersUnlink ? opened.intents : nil)
         actsForOthers = geteuid() == 0
-        statahead = Statahead(table: table, namespace: namespace)
         devices = DeviceMap(rootDevice: st.st_dev)
         let journal = openJournal.flatMap { open in grave.flatMap(Self.openEventsDirectory).flatMap { fd in
             defer { Sys.close(fd) }
@@ -139,7 +138,9 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
                                namespace: namespace, table: table, invalidations: invalidations, changes: changes,
                                log: logger)
         deleter = Deleter(opened, rootFD: fd, table: table, namespace: namespace, log: logger)
-        statahead.skip = { [deleter] dir, name in deleter.isStateDirectory(dir, name) }
+        statahead = Statahead(table: table, namespace: namespace) { [deleter] dir, name in
+            deleter.isStateDirectory(dir, name)
+        }
     }
 
     /// `.vanish/events`, made if needed: where the journal lives.
