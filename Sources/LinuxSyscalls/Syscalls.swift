@@ -239,6 +239,34 @@ extension Sys {
         _ = try check(Glibc.utimensat(fd, "", times, VANISH_AT_EMPTY_PATH | (isSymlink ? AT_SYMLINK_NOFOLLOW : 0)))
     }
 
+    /// chmod of the file `file` refers to, by the call its kind of fd takes.
+    @inlinable
+    public static func chmod(_ file: FileRef, _ mode: mode_t) throws(Errno) {
+        switch file {
+        case .path(let fd): try chmod(pathFD: fd, mode)
+        case .open(let fd): try fchmod(fd, mode)
+        }
+    }
+
+    /// truncate of the file `file` refers to.
+    @inlinable
+    public static func truncate(_ file: FileRef, _ size: off_t) throws(Errno) {
+        switch file {
+        case .path(let fd): try truncate(pathFD: fd, size)
+        case .open(let fd): try ftruncate(fd, size)
+        }
+    }
+
+    /// Sets the access and modification times of the file `file` refers to
+    /// (`isSymlink`: an O_PATH fd on a symlink, whose own times are set).
+    @inlinable
+    public static func setTimes(_ file: FileRef, isSymlink: Bool, _ times: UnsafePointer<timespec>) throws(Errno) {
+        switch file {
+        case .path(let fd): try utimens(pathFD: fd, isSymlink: isSymlink, times)
+        case .open(let fd): try futimens(fd, times)
+        }
+    }
+
     /// `dup(2)`.
     @inlinable
     public static func dup(_ fd: Int32) throws(Errno) -> Int32 { try check(Glibc.dup(fd)) }
@@ -430,5 +458,21 @@ public enum FilesystemKind {
     public static func isLocalDisk(_ fd: Int32) -> Bool {
         let local = [VANISH_EXT4_SUPER_MAGIC, VANISH_XFS_SUPER_MAGIC, VANISH_BTRFS_SUPER_MAGIC, VANISH_TMPFS_MAGIC]
         return local.contains(vanish_filesystem_type(fd))
+    }
+}
+
+/// An fd on a file, by kind: an O_PATH one allows no I/O and no f*() call
+/// but fstat and fchownat, so its mode, size and times change through other
+/// calls than an open fd's (see `Sys.chmod(_:_:)`).
+public enum FileRef: Sendable {
+    case path(Int32)
+    case open(Int32)
+
+    /// The fd itself, for calls both kinds take (fstat, fchownat).
+    @inlinable
+    public var fd: Int32 {
+        switch self {
+        case .path(let fd), .open(let fd): fd
+        }
     }
 }

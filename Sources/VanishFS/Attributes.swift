@@ -32,25 +32,24 @@ extension VanishFilesystem {
         // Setting a directory's mtime is a change of ours (see `notice`).
         if toSet & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW) != 0 { node.willChangeEntries() }
         let openFD: Int32? = (fi != nil && !node.isDirectory) ? Int32(truncatingIfNeeded: fi!.pointee.fh) : nil
+        let isSymlink = node.isSymlink
         // A truncate by anyone but root clears setuid/setgid, as a write does.
         let clears = actsForOthers && toSet & FUSE_SET_ATTR_SIZE != 0 && toSet & FUSE_SET_ATTR_MODE == 0
             && req.caller.uid != 0
         let outsideGroup = { (gid: gid_t) in !req.isInGroup(gid) }
-        let apply = { (fd: Int32) throws(Errno) -> stat in
-            if toSet & FUSE_SET_ATTR_MODE != 0 {
-                if let openFD { try Sys.fchmod(openFD, attr.pointee.st_mode) } else { try Sys.chmod(pathFD: fd, attr.pointee.st_mode) }
-            }
+        let apply = { (file: FileRef) throws(Errno) -> stat in
+            if toSet & FUSE_SET_ATTR_MODE != 0 { try Sys.chmod(file, attr.pointee.st_mode) }
             if toSet & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID) != 0 {
                 let uid = toSet & FUSE_SET_ATTR_UID != 0 ? attr.pointee.st_uid : uid_t.max
                 let gid = toSet & FUSE_SET_ATTR_GID != 0 ? attr.pointee.st_gid : gid_t.max
-                try Sys.fchown(fd, uid, gid)
+                try Sys.fchown(file.fd, uid, gid)
             }
             if toSet & FUSE_SET_ATTR_SIZE != 0 {
-                if let openFD { try Sys.ftruncate(openFD, attr.pointee.st_size) } else { try Sys.truncate(pathFD: fd, attr.pointee.st_size) }
-                if clears, let st = try? Sys.fstat(openFD ?? fd) {
+                try Sys.truncate(file, attr.pointee.st_size)
+                if clears, let st = try? Sys.fstat(file.fd) {
                     // The reply carries the new mode: nothing for the kernel to drop.
                     let kills = PrivilegeKill(outsideGroup: st.st_mode & S_ISGID != 0 && outsideGroup(st.st_gid))
-                    self.clearPrivileges(openFD ?? fd, kills, nil, pathFD: openFD == nil)
+                    self.clearPrivileges(file, kills, nil)
                 }
             }
             if toSet & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME) != 0 {
@@ -61,16 +60,18 @@ extension VanishFilesystem {
                 else if toSet & FUSE_SET_ATTR_MTIME != 0 { times.1 = attr.pointee.st_mtim }
                 try withUnsafePointer(to: &times) { p throws(Errno) in
                     let ts = UnsafeRawPointer(p).assumingMemoryBound(to: timespec.self)
-                    if let openFD { try Sys.futimens(openFD, ts) } else { try Sys.utimens(pathFD: fd, isSymlink: node.isSymlink, ts) }
+                    try Sys.setTimes(file, isSymlink: isSymlink, ts)
                 }
             }
-            return try Sys.fstat(openFD ?? fd)
+            return try Sys.fstat(file.fd)
         }
         let before = changes.settingAttributes(node, toSet: toSet) {
             try? openFD.map(Sys.fstat) ?? namespace.withFD(node) { fd throws(Errno) in try Sys.fstat(fd) }
         }
         // An open handle reaches the file even after its name is gone.
-        var st = if let openFD { try apply(openFD) } else { try namespace.withFD(node, apply) }
+        var st = if let openFD { try apply(.open(openFD)) } else {
+            try namespace.withFD(node) { fd throws(Errno) in try apply(.path(fd)) }
+        }
         node.sawAttributes(st)
         changes.attributesChanged(req.caller, node, toSet: toSet, before: before, after: st)
         st = devices.present(st)

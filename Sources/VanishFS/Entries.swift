@@ -76,7 +76,7 @@ extension VanishFilesystem {
             }
             do throws(Errno) {
                 var (st, birth) = try Sys.fstatWithBirth(fd)
-                if try adoptOwnership(fd: fd, parentFD: pfd, caller: req.caller, mode: mode, st: &st, pathFD: true) {
+                if try adoptOwnership(.path(fd), parentFD: pfd, caller: req.caller, mode: mode, st: &st) {
                     st = try Sys.fstat(fd)
                 }
                 let node = table.remember(st, birth: birth, parent: p, name: name,
@@ -198,7 +198,7 @@ extension VanishFilesystem {
             }
             do throws(Errno) {
                 var (st, birth) = try Sys.fstatWithBirth(fd)
-                if try adoptOwnership(fd: fd, parentFD: pfd, caller: caller, mode: mode, st: &st, pathFD: false) {
+                if try adoptOwnership(.open(fd), parentFD: pfd, caller: caller, mode: mode, st: &st) {
                     st = try Sys.fstat(fd)
                 }
                 let node = table.remember(st, birth: birth, parent: p, name: name,
@@ -236,7 +236,7 @@ extension VanishFilesystem {
             let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in try Sys.openat(pfd, ".", flags, mode) }
             do throws(Errno) {
                 var (st, birth) = try Sys.fstatWithBirth(fd)
-                if try adoptOwnership(fd: fd, parentFD: pfd, caller: caller, mode: mode, st: &st, pathFD: false) {
+                if try adoptOwnership(.open(fd), parentFD: pfd, caller: caller, mode: mode, st: &st) {
                     st = try Sys.fstat(fd)
                 }
                 let pathFD = try Sys.withProcPath(fd) { path throws(Errno) in try Sys.open(path, VANISH_O_PATH) }
@@ -305,8 +305,8 @@ extension VanishFilesystem {
     /// put back. A daemon running as an ordinary user cannot chown, and
     /// serves only that user unless allow_other is set (then, like bindfs,
     /// new entries belong to the daemon's user). Returns true if it changed anything.
-    func adoptOwnership(fd: Int32, parentFD: Int32, caller: Caller, mode: mode_t, st: inout stat,
-                        pathFD: Bool) throws(Errno) -> Bool {
+    func adoptOwnership(_ file: FileRef, parentFD: Int32, caller: Caller, mode: mode_t,
+                        st: inout stat) throws(Errno) -> Bool {
         guard actsForOthers else { return false }
         var gid = caller.gid
         if st.st_gid != gid {
@@ -314,12 +314,12 @@ extension VanishFilesystem {
             if parent.st_mode & S_ISGID != 0 { gid = st.st_gid }
         }
         guard st.st_uid != caller.uid || st.st_gid != gid else { return false }
-        try Sys.fchown(fd, caller.uid, gid)
+        try Sys.fchown(file.fd, caller.uid, gid)
         let type = st.st_mode & S_IFMT
         let setID = mode & (S_ISUID | S_ISGID)
         if setID != 0 && type != S_IFDIR && type != S_IFLNK {
             let perms = (st.st_mode & 0o7777) | setID
-            if pathFD { try Sys.chmod(pathFD: fd, perms) } else { try Sys.fchmod(fd, perms) }
+            try Sys.chmod(file, perms)
         }
         return true
     }

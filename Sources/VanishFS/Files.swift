@@ -71,7 +71,7 @@ extension VanishFilesystem {
             if n < 0 { throw Errno(rawValue: Int32(-n)) }
             return n
         }
-        if let kills = FileHandle.kills(fi.pointee.fh) { clearPrivileges(fd, kills, ino) }
+        if let kills = FileHandle.kills(fi.pointee.fh) { clearPrivileges(.open(fd), kills, ino) }
         changes.wrote(fd, inode(ino), req.caller)
         req.reply(written: n)
     }
@@ -143,7 +143,7 @@ extension VanishFilesystem {
                           _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let fd = FileHandle.fd(fi.pointee.fh)
         try makingRoom { () throws(Errno) in try Sys.fallocate(fd, mode, offset, length) }
-        if let kills = FileHandle.kills(fi.pointee.fh) { clearPrivileges(fd, kills, ino) }
+        if let kills = FileHandle.kills(fi.pointee.fh) { clearPrivileges(.open(fd), kills, ino) }
         changes.wrote(fd, inode(ino), req.caller)
         req.replyOK()
     }
@@ -157,7 +157,7 @@ extension VanishFilesystem {
         let n = try makingRoom { () throws(Errno) in
             try Sys.copyFileRange(inFD, inputOffset, outFD, outputOffset, length, UInt32(bitPattern: flags))
         }
-        if let kills = FileHandle.kills(fiOut.pointee.fh) { clearPrivileges(outFD, kills, output) }
+        if let kills = FileHandle.kills(fiOut.pointee.fh) { clearPrivileges(.open(outFD), kills, output) }
         changes.copied(from: inode(input), inFD, at: inputOffset, into: inode(output), outFD, at: outputOffset,
                        length: n, req.caller)
         req.reply(written: n)
@@ -198,25 +198,25 @@ extension VanishFilesystem {
         guard let st = known ?? (try? Sys.fstat(fd)) else { return nil }
         let kills = PrivilegeKill(outsideGroup: st.st_mode & S_ISGID != 0 && !req.isInGroup(st.st_gid))
         if kills.cleared(st.st_mode) != st.st_mode {
-            if flags & O_TRUNC != 0 { clearPrivileges(fd, kills, table.nodeID(node)) }
+            if flags & O_TRUNC != 0 { clearPrivileges(.open(fd), kills, table.nodeID(node)) }
             return kills
         }
         return fgetxattr(fd, "security.capability", nil, 0) >= 0 ? kills : nil
     }
 
-    /// Clears what `kills` says of the file `fd` is open on (an O_PATH fd
-    /// when `pathFD`), and security.capability; the kernel is told to drop
+    /// Clears what `kills` says of `file`, and security.capability; the kernel is told to drop
     /// the mode it keeps for `ino`, which would otherwise still show the
     /// bits for the attribute timeout (for ever with cache=always).
-    func clearPrivileges(_ fd: Int32, _ kills: PrivilegeKill, _ ino: fuse_ino_t?, pathFD: Bool = false) {
-        if let st = try? Sys.fstat(fd), case let mode = kills.cleared(st.st_mode & 0o7777), mode != st.st_mode & 0o7777 {
-            if pathFD { try? Sys.chmod(pathFD: fd, mode) } else { try? Sys.fchmod(fd, mode) }
+    func clearPrivileges(_ file: FileRef, _ kills: PrivilegeKill, _ ino: fuse_ino_t?) {
+        if let st = try? Sys.fstat(file.fd), case let mode = kills.cleared(st.st_mode & 0o7777), mode != st.st_mode & 0o7777 {
+            try? Sys.chmod(file, mode)
             if let ino { invalidations.attributes(of: ino) }
         }
-        if pathFD {
+        switch file {
+        case .path(let fd):
             // The magic link names the inode itself; nothing is resolved by name.
             _ = try? Sys.withProcPath(fd) { path throws(Errno) in _ = CLinux.removexattr(path, "security.capability") }
-        } else {
+        case .open(let fd):
             _ = fremovexattr(fd, "security.capability")
         }
     }
