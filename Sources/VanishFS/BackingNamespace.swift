@@ -21,8 +21,9 @@ import VanishGraveyard
 ///   (which settled it) wait for nothing, so `rm -rf` leaves a directory's
 ///   burials queued until the directory itself goes, with them, in one rename;
 /// - `settle`: everything lands (trash listings, restores, snapshots, the end).
-/// Landing a burial is the graveyard's business (`startBurials`' closure); it
-/// gets the directory's fd from here without waiting, since it is what others wait for.
+/// The burials are begun, queued and landed by the `Deleter`, which shares
+/// `DeferredBurials` with this type but no fd: it reaches a directory through
+/// these ways too, or `landing` (no wait) for the burial others wait for.
 ///
 /// Lock order: InodeTable's lock, FDCache's lock and DeferredBurials' condition
 /// are leaves: none is held while another is taken. DeferredBurials releases
@@ -32,10 +33,10 @@ final class BackingNamespace: Sendable {
     private let fds: FDCache
     private let burials: DeferredBurials
 
-    init(table: InodeTable, fdLimit: Int, intents: UnlinkIntents?) {
+    init(table: InodeTable, fdLimit: Int, burials: DeferredBurials) {
         self.table = table
         fds = FDCache(limit: fdLimit, table: table)
-        burials = DeferredBurials(intents: intents)
+        self.burials = burials
     }
 
     // MARK: Reaching the backing directory
@@ -170,40 +171,11 @@ final class BackingNamespace: Sendable {
     /// snapshot must see each answered unlink in place.
     func settle() { burials.drain() }
 
-    // MARK: Pending burials, for the removal logic (`Mutations`)
-
-    var intents: UnlinkIntents? { burials.intents }
-    var noBurialsPending: Bool { burials.isEmpty }
-    var pendingBurials: Int { burials.count }
-
-    func beginBurial(_ dir: Inode, _ name: UnsafePointer<CChar>) -> DeferredBurials.Ticket { burials.begin(dir, name) }
-    /// Queues a begun burial; the ticket comes back if it must land now.
-    func queueBurial(_ ticket: consuming DeferredBurials.Ticket, _ file: DeferredBurials.File, in dir: Inode,
-                     name: UnsafePointer<CChar>, caller: Caller) -> DeferredBurials.Ticket? {
-        burials.queue(ticket, file, in: dir, name: name, caller: caller)
+    /// `body` with the fd of `dir` without waiting for its burials: for
+    /// landing one of them, which is what the others wait for.
+    func landing<R>(in dir: Inode, _ body: (Int32) throws(Errno) -> R) throws(Errno) -> R {
+        try fds.withFD(dir, body)
     }
-    /// The burials queued in the directory `key`, taken to bury with it or land.
-    func takeQueued(in key: InodeKey) -> [DeferredBurials.Queued] { burials.takeDirectory(key) }
-    func land(_ taken: [DeferredBurials.Queued]) { burials.land(taken) }
-    /// Ends burials whose files left with their directory.
-    func buriedWithDirectory(_ taken: [DeferredBurials.Queued]) { burials.end(taken) }
-
-    /// Starts landing queued burials in the background: `land` renames one,
-    /// given its directory's fd; a directory that is gone (it went to the
-    /// graveyard whole, with the file) is passed to `gone`.
-    func startBurials(land: @escaping @Sendable (DeferredBurials.Queued, Int32) -> Void,
-                      gone: @escaping @Sendable (Errno) -> Void) {
-        burials.start { [fds] q in
-            do throws(Errno) {
-                try fds.withFD(q.directory) { pfd in land(q, pfd) }
-            } catch {
-                gone(error)
-            }
-        }
-    }
-
-    /// Lands everything and stops the background landing.
-    func stopBurials() { burials.stop() }
 
     // MARK: The fd cache's bookkeeping
 

@@ -31,6 +31,9 @@ final class Deleter: @unchecked Sendable {
     private let localUnlinkLog: String?
     let table: InodeTable
     let namespace: BackingNamespace
+    /// The unlinks answered before their rename: begun, queued and landed
+    /// here; the namespace waits for them before showing a name.
+    let burials: DeferredBurials
     let rootFD: Int32
     let log: Logger
 
@@ -107,7 +110,8 @@ final class Deleter: @unchecked Sendable {
         return opened
     }
 
-    init(_ opened: Opened, rootFD: Int32, table: InodeTable, namespace: BackingNamespace, log: Logger) {
+    init(_ opened: Opened, rootFD: Int32, table: InodeTable, namespace: BackingNamespace, burials: DeferredBurials,
+         log: Logger) {
         graveyard = opened.graveyard
         reaper = opened.reaper
         leases = opened.leases
@@ -118,6 +122,7 @@ final class Deleter: @unchecked Sendable {
         self.rootFD = rootFD
         self.table = table
         self.namespace = namespace
+        self.burials = burials
         self.log = log
         if let intents = opened.intents { finishInterruptedUnlinks(intents, leftover: opened.leftover) }
     }
@@ -128,11 +133,15 @@ final class Deleter: @unchecked Sendable {
         reaper?.start()
         leases?.start()
         if defersUnlink {
-            namespace.startBurials(land: { [unowned self] in landQueued($0, parentFD: $1) }, gone: { [log] error in
-                // The directory is no longer where it was: it went to the
-                // graveyard whole (`vanish rm` of it or above), with the file.
-                log.debug("a queued burial's directory is gone", metadata: ["error": "\(error)"])
-            })
+            burials.start { [unowned self] q in
+                do throws(Errno) {
+                    try namespace.landing(in: q.directory) { pfd in landQueued(q, parentFD: pfd) }
+                } catch {
+                    // The directory is no longer where it was: it went to the
+                    // graveyard whole (`vanish rm` of it or above), with the file.
+                    log.debug("a queued burial's directory is gone", metadata: ["error": "\(error)"])
+                }
+            }
         }
     }
 
@@ -140,7 +149,7 @@ final class Deleter: @unchecked Sendable {
     /// unmount) or stop at once (after a signal, leaving the rest for the next start).
     func stop(finish: Bool) {
         // Unlinks already answered are owed their rename, whatever the signal.
-        namespace.stopBurials()
+        burials.stop()
         if let localUnlinkLog { Glibc.unlink(localUnlinkLog) }
         leases?.stopAdopting()
         let reapers = allReapers
@@ -162,7 +171,7 @@ final class Deleter: @unchecked Sendable {
     /// Files and directories every reaper has left to delete in due
     /// entries, with burials still pending counted one each; nil if unknown.
     var remainingWork: Int? {
-        var sum = namespace.pendingBurials
+        var sum = burials.count
         for r in allReapers {
             guard let w = r.remainingWork() else { return nil }
             sum += w
@@ -189,10 +198,10 @@ final class Deleter: @unchecked Sendable {
 
     /// Entries waiting in every graveyard, and unlinks on their way there
     /// (directory scans: not for the hot path).
-    var pendingEntries: Int { namespace.pendingBurials + allReapers.reduce(0) { $0 + $1.pendingEntries() } }
+    var pendingEntries: Int { burials.count + allReapers.reduce(0) { $0 + $1.pendingEntries() } }
 
     /// Whether every reaper is asleep with nothing left to do.
-    var reapersIdle: Bool { namespace.noBurialsPending && allReapers.allSatisfy(\.isIdle) }
+    var reapersIdle: Bool { burials.isEmpty && allReapers.allSatisfy(\.isIdle) }
 
     /// Disk space the graveyards hold, kept entries included, as far as known.
     var holdingBytes: UInt64 { allReapers.reduce(0) { $0 + $1.holdingBytes } }

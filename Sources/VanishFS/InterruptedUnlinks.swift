@@ -10,7 +10,7 @@ extension Deleter {
     /// `UnlinkIntents`). False if it could not be written: the caller then
     /// buries the file before answering.
     func recordIntent(_ d: DeferredBurials.File, parent: Inode, name: UnsafePointer<CChar>, caller: Caller) -> Bool {
-        guard let intents = namespace.intents else { return false }
+        guard let intents = burials.intents else { return false }
         let failure: Errno? = table.withPath(of: parent, appending: name) { path in
             do throws(Errno) {
                 try intents.record(d.st, deleted: d.deleted, uid: caller.uid, gid: caller.gid, inPlace: d.inPlace,

@@ -31,7 +31,7 @@ extension Deleter {
             if st.st_nlink == 1 { keepRestorable(parentFD, name, st: st, parent: parent, caller: caller) }
             try Sys.unlinkat(parentFD, name, 0)
         } else if defersUnlink, let graveyard, st.st_dev == graveyard.device {
-            let ticket = namespace.beginBurial(parent, name)
+            let ticket = burials.begin(parent, name)
             // An immutable or append-only directory would refuse the rename
             // after the reply. Asked when its queue starts, not for every
             // file: `rm -rf` pays one statx a directory, and a chattr in the
@@ -100,7 +100,7 @@ extension Deleter {
         var ticket = d.ticket
         // A trash record is for one file, restorable on its own: it may not go with its directory.
         if record == nil {
-            guard let back = namespace.queueBurial(ticket, file, in: parent, name: name, caller: caller) else { return }
+            guard let back = burials.queue(ticket, file, in: parent, name: name, caller: caller) else { return }
             ticket = back
         }
         landBurial(file, record: record, parent: parent, parentFD: parentFD, name: name, caller: caller)
@@ -153,23 +153,23 @@ extension Deleter {
     func removeDirectory(parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>, caller: Caller,
                          known: stat? = nil) throws(Errno) {
         guard undoWindow > 0 else {
-            if !namespace.noBurialsPending {
+            if !burials.isEmpty {
                 let st = try lstatUnlessKnown(known, parentFD, name)
-                let taken = namespace.takeQueued(in: InodeKey(dev: st.st_dev, ino: st.st_ino))
+                let taken = burials.takeDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
                 if !taken.isEmpty {
                     if st.st_mode & S_IFMT == S_IFDIR, holdsOnly(taken, parentFD, name) {
                         do throws(Errno) {
                             // The kernel holds the directory's lock for the rmdir:
                             // nothing can be made in it through the mount meanwhile.
                             try bury(parentFD, name, st: st, from: parent, caller: caller)
-                            namespace.buriedWithDirectory(taken)
+                            burials.end(taken)
                             return
                         } catch {
                             log.debug("an emptied directory could not go whole", metadata: ["error": "\(error)"])
                         }
                     }
                     // Its files' burials must land first, or it is not empty yet.
-                    namespace.land(taken)
+                    burials.land(taken)
                 }
             }
             try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
@@ -178,8 +178,8 @@ extension Deleter {
         let st = try lstatUnlessKnown(known, parentFD, name)
         guard st.st_mode & S_IFMT == S_IFDIR else { throw .notDirectory }
         // Its files' burials land first, or it is not empty yet.
-        let taken = namespace.takeQueued(in: InodeKey(dev: st.st_dev, ino: st.st_ino))
-        if !taken.isEmpty { namespace.land(taken) }
+        let taken = burials.takeDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
+        if !taken.isEmpty { burials.land(taken) }
         try requireEmptyDirectory(parentFD, name)
         try bury(parentFD, name, st: st, from: parent, caller: caller)
     }

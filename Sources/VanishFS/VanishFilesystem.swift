@@ -117,8 +117,9 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
         self.options = options
         log = logger
         passthrough = PassthroughFiles(log: logger)
+        let burials = DeferredBurials(intents: opened.defersUnlink ? opened.intents : nil)
         namespace = BackingNamespace(table: table, fdLimit: options.fdCacheLimit ?? FileLimits.defaultCacheLimit(),
-                                     intents: opened.defersUnlink ? opened.intents : nil)
+                                     burials: burials)
         actsForOthers = geteuid() == 0
         devices = DeviceMap(rootDevice: st.st_dev)
         let journal = openJournal.flatMap { open in grave.flatMap(Self.openEventsDirectory).flatMap { fd in
@@ -137,7 +138,7 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
         control = MountControl(backingRoot: fd, journal: journal, graveyard: grave, reaper: opened.reaper,
                                namespace: namespace, table: table, invalidations: invalidations, changes: changes,
                                log: logger)
-        deleter = Deleter(opened, rootFD: fd, table: table, namespace: namespace, log: logger)
+        deleter = Deleter(opened, rootFD: fd, table: table, namespace: namespace, burials: burials, log: logger)
         statahead = Statahead(table: table, namespace: namespace) { [deleter] dir, name in
             deleter.isStateDirectory(dir, name)
         }

@@ -18,6 +18,7 @@ struct BackingNamespaceTests {
     final class Fixture: @unchecked Sendable {
         let base: String
         let namespace: BackingNamespace
+        let burials: DeferredBurials
         let dir: VanishFS.Inode
         let graveFD: Int32
         let landed = Atomic<Int>(0)
@@ -34,21 +35,25 @@ struct BackingNamespaceTests {
             root.cache.fd = rootFD
             root.place.lookups = 1
             let table = InodeTable(root: root, codec: nil)
-            namespace = BackingNamespace(table: table, fdLimit: 64, intents: nil)
+            let burials = DeferredBurials(intents: nil)
+            self.burials = burials
+            namespace = BackingNamespace(table: table, fdLimit: 64, burials: burials)
             let st = try Sys.lstatat(rootFD, "dir")
             dir = table.remember(st, birth: 0, parent: root, name: "dir")
             graveFD = try Sys.open(base + "/grave", O_RDONLY | O_DIRECTORY)
             // Weak: a strong capture kept the fixture alive for ever, and its directory with it.
-            namespace.startBurials(land: { [weak self] q, pfd in
+            burials.start { [weak self] q in
                 guard let self else { return }
-                let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
-                _ = q.name.withUnsafeBufferPointer { renameat(pfd, $0.baseAddress!, graveFD, "g\(n)") }
-                landed.wrappingAdd(1, ordering: .relaxed)
-            }, gone: { _ in })
+                try? namespace.landing(in: q.directory) { pfd in
+                    let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
+                    _ = q.name.withUnsafeBufferPointer { renameat(pfd, $0.baseAddress!, graveFD, "g\(n)") }
+                    landed.wrappingAdd(1, ordering: .relaxed)
+                }
+            }
         }
 
         deinit {
-            namespace.stopBurials()
+            burials.stop()
             close(graveFD)
             removeTree(base)
         }
@@ -64,9 +69,9 @@ struct BackingNamespaceTests {
         @discardableResult
         func queueBurial(_ name: String) throws -> Bool {
             let st = try Sys.lstatat(AT_FDCWD, base + "/dir/" + name)
-            let ticket = namespace.beginBurial(dir, name)
+            let ticket = burials.begin(dir, name)
             let file = DeferredBurials.File(st: st, inPlace: false, deleted: 0)
-            if let back = namespace.queueBurial(ticket, file, in: dir, name: name, caller: Caller(uid: 0, gid: 0, pid: 1, umask: 0)) {
+            if let back = burials.queue(ticket, file, in: dir, name: name, caller: Caller(uid: 0, gid: 0, pid: 1, umask: 0)) {
                 back.end()
                 return false
             }
@@ -85,24 +90,24 @@ struct BackingNamespaceTests {
         f.make("a")
         f.make("b")
         do {
-            let first = f.namespace.beginBurial(f.dir, "a")
+            let first = f.burials.begin(f.dir, "a")
             let firstIsFirst = first.first
-            #expect(firstIsFirst && f.namespace.pendingBurials == 1)
-            let second = f.namespace.beginBurial(f.dir, "b")
+            #expect(firstIsFirst && f.burials.count == 1)
+            let second = f.burials.begin(f.dir, "b")
             let secondIsFirst = second.first
             #expect(!secondIsFirst, "another burial was pending in the directory")
-            #expect(f.namespace.pendingBurials == 2)
+            #expect(f.burials.count == 2)
             first.end()
-            #expect(f.namespace.pendingBurials == 1)
+            #expect(f.burials.count == 1)
             // `second` goes out of scope unconsumed: it ends as `end` would.
         }
-        #expect(f.namespace.pendingBurials == 0)
+        #expect(f.burials.count == 0)
         #expect(f.lookup("a") && f.lookup("b"), "an ended burial hides nothing (nothing was renamed)")
         // Queued: the queue holds the claim until it lands the file.
         #expect(try f.queueBurial("a"))
-        #expect(f.namespace.pendingBurials == 1)
+        #expect(f.burials.count == 1)
         #expect(!f.lookup("a"))
-        #expect(f.namespace.pendingBurials == 0 && !f.onDisk("a"))
+        #expect(f.burials.count == 0 && !f.onDisk("a"))
     }
 
     @Test("a queued burial stays on disk until something could see its name, then lands first")
@@ -113,7 +118,7 @@ struct BackingNamespaceTests {
         #expect(f.onDisk("a"), "queued, not landed yet")
         #expect(!f.lookup("a"), "a lookup never sees a name whose burial is pending")
         #expect(!f.onDisk("a"))
-        #expect(f.namespace.pendingBurials == 0)
+        #expect(f.burials.count == 0)
     }
 
     @Test("removing a sibling waits for nothing; the directory's own fd lands its whole queue")
@@ -143,11 +148,11 @@ struct BackingNamespaceTests {
         for n in ["a", "b"] { f.make(n) }
         try f.queueBurial("a")
         try f.queueBurial("b")
-        let taken = f.namespace.takeQueued(in: f.dir.key)
+        let taken = f.burials.takeDirectory(f.dir.key)
         #expect(taken.count == 2)
         #expect(rename(f.base + "/dir", f.base + "/grave/dir") == 0)
-        f.namespace.buriedWithDirectory(taken)
-        #expect(f.namespace.pendingBurials == 0)
+        f.burials.end(taken)
+        #expect(f.burials.count == 0)
         #expect(f.landed.load(ordering: .relaxed) == 0, "they went with their directory, not one by one")
     }
 
@@ -161,7 +166,7 @@ struct BackingNamespaceTests {
             try Sys.renameat2(pfd, "sub", npfd, "moved", 0)
         } answer: {}
         #expect(!f.onDisk("a"))
-        #expect(f.namespace.pendingBurials == 0)
+        #expect(f.burials.count == 0)
     }
 
     @Test("making a name answers first, then lands the burials queued in its directory")
@@ -173,11 +178,11 @@ struct BackingNamespaceTests {
         try f.namespace.making(f.dir, "b") { pfd throws(Errno) in
             try Sys.mkdirat(pfd, "b", 0o755)
         } answer: {
-            queuedAtAnswer = f.namespace.pendingBurials
+            queuedAtAnswer = f.burials.count
         }
         #expect(queuedAtAnswer == 1, "the answer does not wait for the directory's queue")
         #expect(!f.onDisk("a"))
-        #expect(f.namespace.pendingBurials == 0)
+        #expect(f.burials.count == 0)
     }
 
     @Test("threads making, burying and looking up names in one directory, beside a lister, never see a pending one")
@@ -211,7 +216,7 @@ struct BackingNamespaceTests {
         }
         f.namespace.settle()
         #expect(failures.load(ordering: .relaxed) == 0)
-        #expect(f.namespace.pendingBurials == 0)
+        #expect(f.burials.count == 0)
         #expect(try FileManagerless.list(f.base + "/dir").isEmpty)
         #expect(try FileManagerless.list(f.base + "/grave").count == threads * rounds)
         #expect(listings > 0)
