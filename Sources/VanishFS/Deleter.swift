@@ -11,7 +11,7 @@ import VanishGraveyard
 /// log of answered unlinks and the burials they owe. Handlers ask it to
 /// remove, replace or bury an entry (Mutations.swift); only it knows
 /// whether an undo window keeps what goes.
-final class Deleter: @unchecked Sendable {
+final class Deleter: Sendable {
     /// Where deleted entries go; nil when the source cannot hold one
     /// (read-only): deletes are then done in the request.
     let graveyard: Graveyard?

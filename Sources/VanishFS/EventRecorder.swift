@@ -196,7 +196,7 @@ final class WritingHandles: Sendable {
 
 /// The change observer with events on: every change made through the mount
 /// becomes one event in the journal, from the handler that made it.
-final class EventRecorder: ChangeObserver, @unchecked Sendable {
+final class EventRecorder: ChangeObserver {
     let journal: Journal
     private let table: InodeTable
     let namespace: BackingNamespace
