@@ -444,6 +444,10 @@ uint64_t vanish_transport_request(struct vanish_transport *t, uint64_t want, uin
 
 uint64_t vanish_transport_granted(const struct vanish_transport *t) { return atomic_load(&t->granted); }
 
+int vanish_transport_device_fd(const struct vanish_transport *t) {
+    return t->session ? fuse_session_fd(t->session) : -1;
+}
+
 void vanish_transport_set_spin(struct vanish_transport *t, uint32_t microseconds) {
     receivers_configure(&t->receivers, fuse_session_fd(t->session), microseconds);
 }

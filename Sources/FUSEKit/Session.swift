@@ -126,9 +126,6 @@ public final class Session {
         guard r == 0 else { throw SessionError.transport(Errno(rawValue: -r)) }
     }
 
-    /// Registers backing files for passthrough opens on this session's device.
-    public var backingFiles: BackingFiles { BackingFiles(device: fuse_session_fd(raw)) }
-
     /// `fuse_daemonize(0)`: fork into the background once the mount is up;
     /// the parent exits only after the child is ready.
     public func daemonize() { _ = fuse_daemonize(0) }

@@ -33,6 +33,12 @@ public final class Transport: @unchecked Sendable {
     /// for io_uring (replies then go into its buffers, not through pipes).
     public var ringComing: Bool { vanish_transport_ring_wanted(raw) != 0 }
 
+    /// The session's device, for registering backing files (nil before it is mounted).
+    public var backingFiles: BackingFiles? {
+        let fd = vanish_transport_device_fd(raw)
+        return fd >= 0 ? BackingFiles(device: fd) : nil
+    }
+
     /// What serves requests now, and why.
     public var channel: RequestChannel.State { RequestChannel.state(of: raw) }
 

@@ -135,7 +135,6 @@ public final class Daemon {
         } catch {
             throw Failure(description: "mounting \(c.source) on \(c.mountpoint) failed; see libfuse's message above")
         }
-        fs.backingFiles = session.backingFiles
         c.afterMount?(c.mountpoint)
         let notifier = session.notifier
         fs.setEntryInvalidator { parent, name, expireOnly in

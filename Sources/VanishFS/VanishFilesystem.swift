@@ -64,9 +64,6 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
     let handleShares = HandleShares(fdLimit: FileLimits.current())
     /// Backing ids of files opened in passthrough mode.
     let passthrough: PassthroughFiles
-    /// The session's device for registering backing files; set after
-    /// mounting, before serving.
-    public var backingFiles: BackingFiles?
     /// Why passthrough is on or off, as negotiated at INIT (for the log and `vanish status`).
     var passthroughReason = "off: not negotiated yet"
     /// The control socket's path, published in the status attribute; set before mounting.
@@ -252,6 +249,7 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
     private func negotiateKernelFeatures(_ transport: Transport) {
         var wanted: KernelFeatures = [.killprivV2, .parallelDirops, .directIOAllowMmap]
         var why = "on"
+        let backingFiles = transport.backingFiles
         if !options.passthrough { why = "off by option" }
         else if options.writeback { why = "off: the kernel allows no passthrough beside writeback" }
         else if !BackingFiles.permitted { why = "off: registering backing files needs CAP_SYS_ADMIN" }

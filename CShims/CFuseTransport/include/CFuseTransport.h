@@ -82,6 +82,10 @@ uint64_t vanish_transport_granted(const struct vanish_transport *t);
 /// Call before the loop.
 void vanish_transport_set_spin(struct vanish_transport *t, uint32_t spin_microseconds);
 
+/// The session's /dev/fuse fd (-1 before the session exists), for
+/// registering backing files.
+int vanish_transport_device_fd(const struct vanish_transport *t);
+
 /// The spin in effect (µs; 0: libfuse's way), for `vanish status`.
 uint32_t vanish_transport_spin_microseconds(struct vanish_transport *t);
 
