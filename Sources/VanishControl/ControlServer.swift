@@ -30,40 +30,19 @@ public final class ControlServer: Sendable {
     /// A peer must send its request within this many seconds of connecting.
     static let requestTimeout = Duration.seconds(5)
 
-    /// Binds the socket at `path`; `shared` lets every local user connect
-    /// (for allow_other mounts), otherwise only the daemon's user may.
-    package init(path: String, shared: Bool, mount: MountControl, logger: Logger) throws {
-        self.path = path
+    /// Serves `socket` (listening already) for the mount `mount`.
+    package init(socket: ControlSocket, mount: MountControl, logger: Logger) throws(Failure) {
+        path = socket.path
+        listener = socket.listener
         self.mount = mount
         log = logger
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw Failure("socket: \(String(cString: strerror(errno)))") }
-        // Bound under another name and renamed once it listens, so a *.sock
-        // that refuses connections is always a dead daemon's (see removeStaleSockets).
-        let binding = path + ".new"
-        unlink(binding)
-        // Born owner-only, so nobody can connect before the mode is final.
-        let old = umask(0o177)
-        let bound = ControlClient.withAddress(binding) { bind(fd, $0, $1) }
-        umask(old)
-        guard let rc = bound else {
-            close(fd)
-            throw Failure("control socket path too long: \(path)")
-        }
-        guard rc == 0, listen(fd, 64) == 0, !shared || chmod(binding, 0o666) == 0, rename(binding, path) == 0 else {
-            let e = errno
-            close(fd)
-            unlink(binding)
-            throw Failure("cannot listen on \(path): \(String(cString: strerror(e)))")
-        }
         var pipeFDs: [Int32] = [-1, -1]
         guard pipe(&pipeFDs) == 0 else {
-            close(fd)
-            unlink(path)
-            throw Failure("cannot make the control socket's wake-up pipe: \(String(cString: strerror(errno)))")
+            let e = errno
+            socket.discard()
+            throw Failure("cannot make the control socket's wake-up pipe: \(String(cString: strerror(e)))")
         }
         for end in pipeFDs { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
-        listener = fd
         (wakeReader, wakeWriter) = (pipeFDs[0], pipeFDs[1])
     }
 
@@ -122,7 +101,7 @@ public final class ControlServer: Sendable {
     /// Why the socket could not be set up.
     public struct Failure: Error, CustomStringConvertible {
         public let description: String
-        init(_ description: String) { self.description = description }
+        package init(_ description: String) { self.description = description }
     }
 
     /// Starts accepting (after any fork: threads don't survive it), with a
@@ -603,5 +582,44 @@ final class Connection: Sendable {
             sent += n
         }
         return true
+    }
+}
+
+/// A control socket, bound and listening. It is made before the filesystem,
+/// whose status attribute names it, and then served by a `ControlServer`.
+package struct ControlSocket: Sendable {
+    package let path: String
+    fileprivate let listener: Int32
+
+    /// Binds the socket at `path`; `shared` lets every local user connect
+    /// (for allow_other mounts), otherwise only the daemon's user may.
+    package static func listen(at path: String, shared: Bool) throws(ControlServer.Failure) -> ControlSocket {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw ControlServer.Failure("socket: \(String(cString: strerror(errno)))") }
+        // Bound under another name and renamed once it listens, so a *.sock
+        // that refuses connections is always a dead daemon's (see removeStaleSockets).
+        let binding = path + ".new"
+        unlink(binding)
+        // Born owner-only, so nobody can connect before the mode is final.
+        let old = umask(0o177)
+        let bound = ControlClient.withAddress(binding) { bind(fd, $0, $1) }
+        umask(old)
+        guard let rc = bound else {
+            close(fd)
+            throw ControlServer.Failure("control socket path too long: \(path)")
+        }
+        guard rc == 0, Glibc.listen(fd, 64) == 0, !shared || chmod(binding, 0o666) == 0, rename(binding, path) == 0 else {
+            let e = errno
+            close(fd)
+            unlink(binding)
+            throw ControlServer.Failure("cannot listen on \(path): \(String(cString: strerror(e)))")
+        }
+        return ControlSocket(path: path, listener: fd)
+    }
+
+    /// Closes it unserved and removes its file (the mount was not made).
+    package func discard() {
+        close(listener)
+        unlink(path)
     }
 }

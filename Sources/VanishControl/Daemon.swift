@@ -13,7 +13,8 @@ import VanishFS
 /// nothing; `run` mounts, serves until an unmount or a stop signal, and
 /// stops the parts in the reverse order of their start:
 ///
-///     start: filesystem, journal, control socket, session (built by init)
+///     start: control socket (listening), filesystem (naming it in its
+///            status), journal, control server, session (built by init)
 ///            → mount → after-mount hook → daemonize → signal watch
 ///            → journal writer → memory return → control socket → `mounted`
 ///            → request loop
@@ -63,30 +64,39 @@ public final class Daemon {
     private let control: ControlServer?
     private let session: Session
 
-    /// Builds the filesystem, the journal, the control socket and the
-    /// session. Nothing is mounted yet.
+    /// Builds the control socket, the filesystem, the journal, the control
+    /// server and the session, each from the ones before. Nothing is mounted yet.
     public init(_ configuration: Configuration, log: Logger) throws(Failure) {
         self.configuration = configuration
         self.log = log
         let src = configuration.source
         let instance = Daemon.newInstanceID()
+        let socket = Daemon.openControlSocket(configuration, instance: instance, log: log)
         do {
             filesystem = try VanishFilesystem(source: src, options: configuration.filesystem, logger: log,
-                                                   journal: Daemon.journalOpener(configuration, instance: instance, log: log))
+                                              journal: Daemon.journalOpener(configuration, instance: instance, log: log),
+                                              status: .init(socket: socket?.path ?? "", render: StatusReport.json))
         } catch {
+            socket?.discard()
             throw Failure(description: "cannot open source \(src): \(error)")
         }
         journal = filesystem.journal
-        control = Daemon.openControlSocket(configuration, filesystem, instance: instance, log: log)
+        let mount = filesystem.control
+        do {
+            control = try socket.map { s throws(ControlServer.Failure) in
+                try ControlServer(socket: s, mount: mount, logger: log)
+            }
+        } catch {
+            // The mount works without it; only trash, restore and events need it.
+            log.error("no control socket: \(error)")
+            control = nil
+        }
         do {
             session = try Session(filesystem: filesystem, options: configuration.fuseOptions, debug: configuration.debug)
         } catch {
             // (The journal's writer has not started: there is nothing to close.)
             control?.stop()
             throw Failure(description: "\(error)")
-        }
-        filesystem.statusReport = { [unowned filesystem, transport = session.transport] uid in
-            StatusReport.json(filesystem.statusFacts(for: uid, transport: transport), for: uid)
         }
     }
 
@@ -106,16 +116,13 @@ public final class Daemon {
         }
     }
 
-    private static func openControlSocket(_ c: Configuration, _ fs: VanishFilesystem, instance: String,
-                                          log: Logger) -> ControlServer? {
-        do {
+    /// The control socket, listening, at its place for this instance.
+    private static func openControlSocket(_ c: Configuration, instance: String, log: Logger) -> ControlSocket? {
+        do throws(ControlServer.Failure) {
             let directory = ControlServer.socketDirectory()
             let stale = ControlServer.removeStaleSockets(in: directory)
             if stale > 0 { log.info("removed control sockets of daemons that are gone", metadata: ["count": "\(stale)"]) }
-            let path = directory + "/\(instance).sock"
-            let server = try ControlServer(path: path, shared: c.sharedControlSocket, mount: fs.control, logger: log)
-            fs.controlSocket = path
-            return server
+            return try ControlSocket.listen(at: directory + "/\(instance).sock", shared: c.sharedControlSocket)
         } catch {
             // The mount works without it; only trash, restore and events need it.
             log.error("no control socket: \(error)")

@@ -160,8 +160,7 @@ extension VanishFilesystem {
 
     public func getxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, size: Int) throws(Errno) {
         if isStatusQuery(ino, name) {
-            guard let report = statusReport else { throw .noData }
-            var json = report(req.caller.uid)
+            guard var json = statusJSON(for: req.caller.uid) else { throw .noData }
             let count = json.utf8.count
             if size == 0 { req.reply(xattrSize: count); return }
             guard size >= count else { throw .outOfRange }

@@ -88,6 +88,12 @@ extension VanishFilesystem {
     /// the undo window's entries of `uid` (none listed for root, who gets
     /// the totals), from the per-user index; how requests are served from
     /// the session's `transport`.
+    /// The status attribute's value for `uid`: nil before INIT or without a renderer.
+    func statusJSON(for uid: uid_t) -> String? {
+        guard let render = status.render, let transport = sessionTransport.withLock({ $0 }) else { return nil }
+        return render(statusFacts(for: uid, transport: transport), uid)
+    }
+
     package func statusFacts(for uid: uid_t, transport: Transport) -> StatusFacts {
         let requests = transport.channel
         let d = deleter
@@ -101,7 +107,7 @@ extension VanishFilesystem {
             remainingWork: d.remainingWork, holdingBytes: d.holdingBytes,
             statistics: d.reapingStatistics, pace: d.reapingPace, reapersIdle: d.reapersIdle,
             reaperWorkers: d.reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize),
-            keepSeconds: Double(d.undoWindow) / 1e9, socket: controlSocket,
+            keepSeconds: Double(d.undoWindow) / 1e9, socket: status.socket,
             knownInodes: table.count, stataheadEntries: statahead.prefetched.load(ordering: .relaxed),
             cachedFDs: namespace.cachedFDs, fdCacheLimit: namespace.fdLimit,
             kernelFeatures: "\(transport.granted)", passthrough: passthroughState,

@@ -66,19 +66,17 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
     let passthrough: PassthroughFiles
     /// Why passthrough is on or off, as negotiated at INIT (for the log and `vanish status`).
     var passthroughReason = "off: not negotiated yet"
-    /// The control socket's path, published in the status attribute; set before mounting.
-    public var controlSocket = ""
-    /// Renders `vanish status`'s JSON for a uid (the control plane's
-    /// `StatusReport`); set before mounting. Without it the status
-    /// attribute has no value.
-    package var statusReport: (@Sendable (uid_t) -> String)?
+    /// What the status attribute shows (`vanish status`).
+    let status: StatusAttribute
+    /// The session's transport, from INIT on: how requests are served, for the status.
+    let sessionTransport = Mutex<Transport?>(nil)
 
     /// Opens `source` (a directory) as the backing root and its graveyard.
     /// `journal` opens the event journal in the state directory's `events`
     /// directory (an fd it may keep only while it runs); without it, or
     /// without a state directory, events are off.
-    public init(source: String, options: FilesystemOptions, logger: Logger,
-                journal openJournal: ((_ eventsFD: Int32) -> Journal?)? = nil) throws {
+    package init(source: String, options: FilesystemOptions, logger: Logger,
+                 journal openJournal: ((_ eventsFD: Int32) -> Journal?)? = nil, status: StatusAttribute = .init()) throws {
         let (fd, privateMount) = try VanishFilesystem.openSource(source, options, logger)
         let st: stat
         do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
@@ -112,6 +110,7 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
         absentXattrs = AbsentXattrs(enabled: localDisk, device: st.st_dev,
                                     timeout: watch != nil ? SourceWatch.timeout : options.attrTimeout)
         self.options = options
+        self.status = status
         log = logger
         passthrough = PassthroughFiles(log: logger)
         let burials = DeferredBurials(intents: opened.defersUnlink ? opened.intents : nil)
@@ -182,6 +181,7 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
     public var fdCacheLimit: Int { namespace.fdLimit }
 
     public func initialize(_ conn: UnsafeMutablePointer<fuse_conn_info>, transport: Transport) {
+        sessionTransport.withLock { $0 = transport }
         let capable = conn.pointee.capable
         if options.writeback && capable & UInt32(FUSE_CAP_WRITEBACK_CACHE) != 0 {
             conn.pointee.want |= UInt32(FUSE_CAP_WRITEBACK_CACHE)
@@ -344,6 +344,19 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
                     && (kind == .passthrough || kind == .passthroughDirect) {
             fi.pointee.noflush = 1
         }
+    }
+}
+
+/// The status attribute (`user.vanish.status` on the mount's root): the
+/// control socket's path and how the control plane renders a mount's facts
+/// for one user. Without a renderer the attribute has no value.
+package struct StatusAttribute: Sendable {
+    package var socket = ""
+    package var render: (@Sendable (StatusFacts, uid_t) -> String)?
+
+    package init(socket: String = "", render: (@Sendable (StatusFacts, uid_t) -> String)? = nil) {
+        self.socket = socket
+        self.render = render
     }
 }
 
