@@ -80,7 +80,8 @@ extension VanishFilesystem {
     /// "on", or "off: " and why (an option, the kernel, the daemon's rights).
     var passthroughState: String {
         if passthrough.active { return "on" }
-        return passthroughReason == "on" ? "off: the kernel refused backing files" : passthroughReason
+        let why = passthroughReason.withLock { $0 }
+        return why == "on" ? "off: the kernel refused backing files" : why
     }
 
     /// What `vanish status` shows `uid`, gathered for the control plane to

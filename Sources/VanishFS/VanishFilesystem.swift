@@ -11,7 +11,7 @@ import VanishGraveyard
 
 /// Vanish's filesystem: every operation on the mount is done on the backing
 /// directory, through fds relative to it, with its errno passed back unchanged.
-public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
+public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     let table: InodeTable
     /// The inodes, their fds and the pending burials: every handler reaches
     /// the backing directory through it (see `BackingNamespace`).
@@ -65,7 +65,7 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
     /// Backing ids of files opened in passthrough mode.
     let passthrough: PassthroughFiles
     /// Why passthrough is on or off, as negotiated at INIT (for the log and `vanish status`).
-    var passthroughReason = "off: not negotiated yet"
+    let passthroughReason = Mutex("off: not negotiated yet")
     /// What the status attribute shows (`vanish status`).
     let status: StatusAttribute
     /// The session's transport, from INIT on: how requests are served, for the status.
@@ -260,7 +260,7 @@ public final class VanishFilesystem: LowLevelFilesystem, @unchecked Sendable {
         let granted = transport.request(wanted, maxStackDepth: depth)
         if wanted.contains(.passthrough) && !granted.contains(.passthrough) { why = "off: the kernel does not offer it" }
         if granted.contains(.passthrough), let backingFiles { passthrough.start(backingFiles) }
-        passthroughReason = why
+        passthroughReason.withLock { $0 = why }
         log.info("kernel features", metadata: ["offered": "\(transport.offered)", "granted": "\(granted)",
                                                "passthrough": "\(why)"])
     }
