@@ -29,7 +29,7 @@ extension VanishFilesystem {
     public func setattr(_ req: Request, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>, toSet: Int32,
                         _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
         let node = inode(ino)
-        // Setting a directory's mtime is a change of ours (see `notice`).
+        // Setting a directory's mtime is a change of ours (see `EventRecorder.sawDirectory`).
         if toSet & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW) != 0 { node.willChangeEntries() }
         let openFD: Int32? = (fi != nil && !node.isDirectory) ? Int32(truncatingIfNeeded: fi!.pointee.fh) : nil
         let isSymlink = node.isSymlink

@@ -12,7 +12,7 @@ import VanishGraveyard
 /// burial is queued on its directory, because `rm -rf` is about to remove
 /// that directory too, and then the directory goes to the graveyard with
 /// every file still queued in it, one rename for all of them (see
-/// `VanishFilesystem.removeDirectory`). On ext4 the renames were a
+/// `Deleter.removeDirectory`). On ext4 the renames were a
 /// third of the daemon's time in `rm -rf` through the mount, mostly spent
 /// on the graveyard directories' locks and entries.
 ///
@@ -28,7 +28,7 @@ import VanishGraveyard
 ///
 /// Each answered unlink is written to `intents` before its answer, so a
 /// daemon killed before the burial lands has it finished by the next mount
-/// (`VanishFilesystem.finishInterruptedUnlinks`); the log is emptied
+/// (`Deleter.finishInterruptedUnlinks`); the log is emptied
 /// when nothing is pending. For the intents' paths to stay true, a
 /// directory is renamed only once no burial is pending (`BackingNamespace.renaming`).
 final class DeferredBurials: @unchecked Sendable {

@@ -115,17 +115,8 @@ public final class Reaper: @unchecked Sendable {
     public var foregroundRequests: (@Sendable () -> UInt64)?
     /// When a worker last deleted while the mount stayed busy (shared).
     private let foregroundTurns = ForegroundTurns()
-    /// What each deletion being reaped adds up to: a tree's subdirectories
-    /// become entries of their own (pieces) that any worker may take, so its
-    /// `reaped` report waits until the last piece is gone and then counts
-    /// the whole tree. In memory only: pieces left by a crash are freed
-    /// without a report.
-    private struct Tally {
-        /// The entry itself (until done) plus pieces not yet freed.
-        var open = 1
-        var freed = Freed()
-    }
-    private let tallies = Mutex<(origins: [String: Tally], pieces: [String: String])>(([:], [:]))
+    /// What each deletion being reaped adds up to (see `ReapTallies`).
+    private let tallies = Mutex(ReapTallies())
     /// How many files and directories each tree buried whole (`vanish rm`)
     /// holds, counted by the walk that checked it could go: the work left in
     /// it is that less what its tally freed. In memory only.
@@ -328,7 +319,7 @@ public final class Reaper: @unchecked Sendable {
     public func remainingWork() -> Int? {
         let stuckNow = Set(stuckEntries())
         let sizes = treeSizes.withLock { $0 }
-        let (origins, pieces) = tallies.withLock { ($0.origins, $0.pieces) }
+        let (origins, pieces) = tallies.withLock { ($0.freedByOrigin, $0.pieces) }
         let judging = keeps || !graveyard.trash.isEmpty
         var work: UInt64 = 0
         var unknown = false
@@ -347,7 +338,7 @@ public final class Reaper: @unchecked Sendable {
         if unknown { return nil }
         for tree in trees {
             let total = sizes[tree] ?? 0
-            let freed = origins[tree].map { $0.freed.files &+ $0.freed.directories } ?? 0
+            let freed = origins[tree].map { $0.files &+ $0.directories } ?? 0
             work += total > freed ? total - freed : 0
         }
         return Int(work)
@@ -487,12 +478,7 @@ public final class Reaper: @unchecked Sendable {
         var remover = TreeRemover(graveyard: graveyard, progress: progress, limiter: limiter, gate: gate(),
                                   shouldStop: { [self] in stopState.load(ordering: .relaxed) == Stop.now.rawValue },
                                   handedBack: { [self] shard, piece, origin in
-                                      if let origin {
-                                          tallies.withLock { t in
-                                              t.pieces[piece] = origin
-                                              t.origins[origin, default: Tally()].open += 1
-                                          }
-                                      }
+                                      if let origin { tallies.withLock { $0.split(piece, from: origin) } }
                                       dirty.bitwiseOr(1 << UInt64(shard), ordering: .sequentiallyConsistent)
                                       splits.wrappingAdd(1, ordering: .sequentiallyConsistent)
                                       wake(owner(of: shard))
@@ -588,36 +574,17 @@ public final class Reaper: @unchecked Sendable {
     /// The deletion `entry` belongs to: itself, or for a piece the entry it
     /// came from (nil for a piece left from before a restart).
     private func origin(of entry: String, isPiece: Bool) -> String? {
-        tallies.withLock { t in
-            if let origin = t.pieces[entry] { return origin }
-            if isPiece { return nil }
-            if t.origins[entry] == nil { t.origins[entry] = Tally() }
-            return entry
-        }
+        tallies.withLock { $0.origin(of: entry, isPiece: isPiece) }
     }
 
     /// Adds what removing `entry` freed to its deletion's tally; reports the
     /// deletion once nothing of it is left.
     private func tally(_ origin: String, entry: String, freed: Freed, done: Bool) {
-        let finished: Tally? = tallies.withLock { t in
-            guard var tally = t.origins[origin] else { return nil }
-            tally.freed += freed
-            if done {
-                tally.open -= 1
-                t.pieces.removeValue(forKey: entry)
-            }
-            if tally.open > 0 {
-                t.origins[origin] = tally
-                return nil
-            }
-            t.origins.removeValue(forKey: origin)
-            return tally
-        }
-        guard let finished else { return }
+        guard let finished = tallies.withLock({ $0.add(freed, to: origin, entry: entry, done: done) }) else { return }
         if treesKnown.load(ordering: .relaxed) > 0, treeSizes.withLock({ $0.removeValue(forKey: origin) }) != nil {
             treesKnown.wrappingSubtract(1, ordering: .relaxed)
         }
-        onReaped?(origin, finished.freed)
+        onReaped?(origin, finished)
     }
 
     /// What makes a worker step aside for requests through the mount, if anything.
@@ -926,6 +893,56 @@ final class ForegroundTurns: Sendable {
         let previous = last.load(ordering: .relaxed)
         return now &- previous >= interval
             && last.compareExchange(expected: previous, desired: now, ordering: .relaxed).exchanged
+    }
+}
+
+/// What each deletion being reaped adds up to. A tree's subdirectories
+/// become entries of their own (pieces) that any worker may take, so its
+/// `reaped` report waits until the last piece is gone and then counts the
+/// whole tree. In memory only: pieces left by a crash are freed without a report.
+struct ReapTallies {
+    private struct Tally {
+        /// The entry itself (until done) plus pieces not yet freed.
+        var open = 1
+        var freed = Freed()
+    }
+    private var origins: [String: Tally] = [:]
+    /// Each piece's deletion.
+    private(set) var pieces: [String: String] = [:]
+
+    /// What each deletion still open has freed so far.
+    var freedByOrigin: [String: Freed] { origins.mapValues(\.freed) }
+
+    /// The deletion `entry` belongs to: itself (counted from now), or for a
+    /// piece the deletion it came from (nil for a piece left from before a restart).
+    mutating func origin(of entry: String, isPiece: Bool) -> String? {
+        if let origin = pieces[entry] { return origin }
+        if isPiece { return nil }
+        if origins[entry] == nil { origins[entry] = Tally() }
+        return entry
+    }
+
+    /// `piece` was split off the deletion `origin`: it stays open until the piece is freed too.
+    mutating func split(_ piece: String, from origin: String) {
+        pieces[piece] = origin
+        origins[origin, default: Tally()].open += 1
+    }
+
+    /// Adds what removing `entry` (`done`: all of it) freed to `origin`'s
+    /// tally; returns the whole deletion's total once nothing of it is left.
+    mutating func add(_ freed: Freed, to origin: String, entry: String, done: Bool) -> Freed? {
+        guard var tally = origins[origin] else { return nil }
+        tally.freed += freed
+        if done {
+            tally.open -= 1
+            pieces.removeValue(forKey: entry)
+        }
+        if tally.open > 0 {
+            origins[origin] = tally
+            return nil
+        }
+        origins.removeValue(forKey: origin)
+        return tally.freed
     }
 }
 

@@ -1,0 +1,87 @@
+import LinuxSyscalls
+import Synchronization
+import Testing
+@testable import VanishGraveyard
+
+/// The reaper's small parts, in process: what a deletion adds up to, the
+/// rate limit, and how workers step aside for requests through the mount.
+@Suite("reaper parts")
+struct ReaperPartsTests {
+    @Test("a tree's tally is reported once, when its last piece is freed, with everything its pieces freed")
+    func tallies() {
+        var t = ReapTallies()
+        #expect(t.origin(of: "tree", isPiece: false) == "tree")
+        t.split("piece-1", from: "tree")
+        t.split("piece-2", from: "tree")
+        #expect(t.origin(of: "piece-1", isPiece: true) == "tree")
+        #expect(t.origin(of: "stranger", isPiece: true) == nil, "a piece left from before a restart belongs to no deletion")
+        // The tree's own top goes first; its pieces are still open.
+        #expect(t.add(Freed(files: 2, directories: 1, dataBytes: 10, diskBytes: 8192), to: "tree", entry: "tree", done: true) == nil)
+        #expect(t.add(Freed(files: 3), to: "tree", entry: "piece-1", done: false) == nil, "half of a piece: still open")
+        #expect(t.add(Freed(files: 1, directories: 1), to: "tree", entry: "piece-1", done: true) == nil)
+        #expect(t.freedByOrigin["tree"] == Freed(files: 6, directories: 2, dataBytes: 10, diskBytes: 8192))
+        let total = t.add(Freed(files: 4, directories: 1, dataBytes: 5, diskBytes: 4096), to: "tree", entry: "piece-2", done: true)
+        #expect(total == Freed(files: 10, directories: 3, dataBytes: 15, diskBytes: 12288))
+        #expect(t.pieces.isEmpty && t.freedByOrigin.isEmpty, "nothing of the tree is kept once it is reported")
+        #expect(t.add(Freed(files: 1), to: "tree", entry: "tree", done: true) == nil, "reported once only")
+    }
+
+    @Test("a single entry is reported when it is done, not before")
+    func singleEntry() {
+        var t = ReapTallies()
+        #expect(t.origin(of: "file", isPiece: false) == "file")
+        #expect(t.add(Freed(files: 1, diskBytes: 4096), to: "file", entry: "file", done: true) == Freed(files: 1, diskBytes: 4096))
+    }
+
+    @Test("the rate limit gives the first deletion its slot at once and makes the next wait, unless a stop comes")
+    func rateLimit() {
+        let limiter = RateLimiter(perSecond: 1)
+        #expect(limiter.take(unless: { Issue.record("the first slot is now: nothing to wait for"); return true }))
+        let asked = Atomic<Int>(0)
+        #expect(!limiter.take(unless: { asked.add(1, ordering: .relaxed); return true }),
+                "the next slot is a second away: a stop ends the wait")
+        #expect(asked.load(ordering: .relaxed) == 1)
+    }
+
+    @Test("a worker steps aside only while requests come, never past a stop, and not when space is short")
+    func foregroundGate() {
+        let requests = Atomic<UInt64>(0)
+        let quiet = ForegroundGate(requests: { requests.load(ordering: .relaxed) }, maxPause: 50_000_000,
+                                   turns: ForegroundTurns(), urgent: { false })
+        #expect(!quiet.mayWait)
+        var idle = quiet
+        let idleWent = idle.wait(unless: { Issue.record("a quiet mount is not waited for"); return true })
+        #expect(idleWent)
+
+        var busy = quiet
+        requests.add(1, ordering: .relaxed)
+        #expect(busy.mayWait)
+        let busyWent = busy.wait(unless: { true })
+        #expect(!busyWent, "a stop never waits for the mount to go quiet")
+
+        var urgent = ForegroundGate(requests: { requests.load(ordering: .relaxed) }, maxPause: 50_000_000,
+                                    turns: ForegroundTurns(), urgent: { true })
+        requests.add(1, ordering: .relaxed)
+        let urgentWent = urgent.wait(unless: { Issue.record("short of space: no stepping aside"); return true })
+        #expect(urgentWent)
+    }
+
+    @Test("on a busy mount the workers share one deletion turn per interval")
+    func turns() {
+        let turns = ForegroundTurns()
+        // A second: the monotonic clock has run that long since boot, and the two asks come within it.
+        let second = Duration.seconds(1).nanoseconds
+        #expect(turns.take(every: second))
+        #expect(!turns.take(every: second), "one turn per interval, whichever worker asks")
+    }
+
+    @Test("progress adds what each deletion freed and counts entries")
+    func progress() {
+        let p = ReapProgress()
+        p.freed(Freed(files: 3, directories: 1, dataBytes: 7, diskBytes: 8192))
+        p.freed(Freed(files: 2))
+        p.entryDone()
+        #expect(p.total == Freed(files: 5, directories: 1, dataBytes: 7, diskBytes: 8192))
+        #expect(p.entries.load(ordering: .relaxed) == 1)
+    }
+}
