@@ -11,6 +11,7 @@ to native and to passthrough_ll.
     sudo benchmarks/bench.py --only create,rm-rf --peers native,vanish
     sudo benchmarks/bench.py --quick --ramdisk ext4   # steadier daemon-vs-daemon ratios
     sudo VANISH_COMPARE=/path/to/other/vanish benchmarks/bench.py ...   # A/B: another build as a column
+    sudo VANISH_COMPARE_OPTIONS=nowatch benchmarks/bench.py ...   # A/B: the same build with other -o items
     sudo benchmarks/bench.py --quick --backend glusterfs --runs 2   # on a GlusterFS replica-2 volume
 
 Needs root (drop_caches, mounting as root like the other peers); installs
@@ -861,9 +862,12 @@ def build_peers(cache, only, vanish_options=""):
         peers.append(Vanish(binary, options=",".join(extra), subscriber=True, name="vanish + subscriber"))
         peers.append(Vanish(binary, options=",".join(extra + ["passthrough=off"]), name="vanish, passthrough off",
                             data_only=True))
-        if os.environ.get("VANISH_COMPARE"):
-            # Another build as a column of its own, interleaved with this one: an A/B in one run.
-            other = Vanish(os.environ["VANISH_COMPARE"], options=",".join(extra), name="vanish, compared build")
+        if os.environ.get("VANISH_COMPARE") or os.environ.get("VANISH_COMPARE_OPTIONS"):
+            # Another build, or this one with other options, as a column of its own,
+            # interleaved with this one: an A/B in one run.
+            compared = [os.environ["VANISH_COMPARE_OPTIONS"]] if os.environ.get("VANISH_COMPARE_OPTIONS") else []
+            other = Vanish(os.environ.get("VANISH_COMPARE") or binary, options=",".join(extra + compared),
+                           name="vanish, compared build")
             other.variant = False
             peers.append(other)
     return peers

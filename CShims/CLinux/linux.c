@@ -245,6 +245,7 @@ int vanish_open_by_handle(int mount_fd, const unsigned char *in, int length, int
 #define VANISH_FAN_OBJECT_MASK (FAN_ATTRIB | FAN_MODIFY | FAN_DELETE_SELF | FAN_MOVE_SELF)
 const uint64_t VANISH_FAN_ENTRY_CHANGED = VANISH_FAN_ENTRY_MASK;
 const uint64_t VANISH_FAN_OBJECT_CHANGED = VANISH_FAN_OBJECT_MASK;
+const uint64_t VANISH_FAN_DATA_CHANGED = FAN_MODIFY;
 const uint64_t VANISH_FAN_Q_OVERFLOW = FAN_Q_OVERFLOW;
 
 int vanish_fanotify_watch(int mount_fd) {

@@ -53,7 +53,9 @@ extension VanishFilesystem {
         configure(fi, kind, node)
         namespace.opened(node)
         if node.type == S_IFREG {
-            changes.opened(fd, node, writing: writesData(node, fi), passthrough: kind == .passthrough, stat: known, caller)
+            let writing = writesData(node, fi)
+            if writing && kind == .passthrough { node.passthroughWriter.store(caller.pid, ordering: .relaxed) }
+            changes.opened(fd, node, writing: writing, passthrough: kind == .passthrough, stat: known, caller)
         }
         return backing
     }
@@ -127,6 +129,10 @@ extension VanishFilesystem {
             invalidations.attributes(of: table.nodeID(node), wait: false)
         }
         passthrough.release(node, kind: kind)
+        if kind == .passthrough && writesData(node, fi) {
+            let pid = node.passthroughWriter.load(ordering: .relaxed)
+            if pid > 0 { _ = node.passthroughWriter.compareExchange(expected: pid, desired: -pid, ordering: .relaxed) }
+        }
         if node.type == S_IFREG { changes.released(fd, node, writing: writesData(node, fi), report: report) }
         handleShares.released(fd)
         Sys.close(fd)

@@ -88,6 +88,12 @@ final class Inode: @unchecked Sendable {
     /// The watch told the kernel to drop its attributes and it has not
     /// asked for them since: a further change need not tell it again.
     let attributesDropped = Atomic<Bool>(false)
+    /// The process (FUSE's caller pid) that last opened it for writing in
+    /// passthrough; negative once that handle was released, until the kernel
+    /// next asks for its attributes; 0: none. The kernel marks size and times
+    /// stale itself after each passthrough write, so the watch need not tell
+    /// it of that writer's modify events, which it often reads after the close.
+    let passthroughWriter = Atomic<Int32>(0)
 
     // Atomic (see `ExternalChanges.swift`).
     /// For a directory: its mtime (ns) when a getattr or lookup last read it; 0 before.
@@ -144,10 +150,20 @@ final class Inode: @unchecked Sendable {
         ctimeSent.store(Sys.nanoseconds(st.st_ctim), ordering: .relaxed)
         attributesSent.store(InodeTable.coarseMilliseconds(), ordering: .relaxed)
         attributesDropped.store(false, ordering: .releasing)
+        if type == S_IFREG, case let writer = passthroughWriter.load(ordering: .relaxed), writer < 0 {
+            _ = passthroughWriter.compareExchange(expected: writer, desired: 0, ordering: .relaxed)
+        }
         if type == S_IFDIR { modeSeen.store(UInt32(st.st_mode), ordering: .relaxed) }
         else if type == S_IFREG { mtimeSent.store(Sys.nanoseconds(st.st_mtim), ordering: .relaxed) }
     }
     var isSymlink: Bool { type == S_IFLNK }
+
+    /// Whether process `pid` writes it, or wrote it, in passthrough and the
+    /// kernel has not asked for its attributes since the close.
+    func wroteThroughMount(pid: Int32) -> Bool {
+        let writer = passthroughWriter.load(ordering: .relaxed)
+        return writer != 0 && (writer == pid || writer == -pid)
+    }
 
     /// Whether `st`'s mtime is not the one last sent to the kernel.
     func mtimeDiffers(from st: stat) -> Bool { Sys.nanoseconds(st.st_mtim) != mtimeSent.load(ordering: .relaxed) }

@@ -47,10 +47,11 @@ final class SourceWatch: @unchecked Sendable {
                     body(event)
                     count += 1
                 }
-                // A flood (another program making thousands of files on the
-                // same filesystem): let the kernel merge and batch the next
-                // ones for 2 ms rather than wake for every few.
-                if count >= Self.floodBatch { usleep(2000) }
+                // Most events are the daemon's own changes, one per request:
+                // waking for each would cost every create a wake-up of this
+                // thread. Let the kernel batch the next ones for a moment
+                // (2 ms in a flood of another program's changes).
+                usleep(count >= Self.floodBatch ? 2000 : 1000)
             }
         }
     }
@@ -72,6 +73,7 @@ extension VanishFilesystem {
             if mask & VANISH_FAN_OBJECT_CHANGED != 0,
                let node = held(codec, e, at: Self.objectHandle, length: e.pointee.object_length),
                // A passthrough write through the mount: the kernel updated its own attributes.
+               !(mask & VANISH_FAN_OBJECT_CHANGED == VANISH_FAN_DATA_CHANGED && node.wroteThroughMount(pid: e.pointee.pid)),
                !changes.follows(node),
                // Dropped already and not asked for since (a writer's stream of modify events).
                !node.attributesDropped.exchange(true, ordering: .acquiringAndReleasing) {

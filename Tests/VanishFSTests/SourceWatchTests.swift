@@ -51,6 +51,24 @@ struct SourceWatchTests {
         }
     }
 
+    @Test("a file written through the mount, then by another program behind it, shows the later write",
+          arguments: [[String](), ["noevents"]])
+    func writeBehindAfterWriteThrough(options: [String]) throws {
+        try withVanishMount(options: options) { m in
+            // Through the mount (passthrough), then at once behind it: the
+            // writer's own modify events, read after its close, are skipped,
+            // another program's are not.
+            #expect(try sh("printf one > w && printf 1 > v", cwd: m.mountpoint).ok)
+            #expect(try sh("echo two >> w", cwd: m.source).ok)
+            try waitForSame(m, "%s.%Y", "w")
+            // Again after the kernel asked for its attributes.
+            #expect(try stat("%s", "v", in: m.mountpoint) == "1\n")
+            #expect(try sh("echo 22 >> v", cwd: m.source).ok)
+            try waitForSame(m, "%s.%Y", "v")
+            #expect(try sh("cat w v", cwd: m.mountpoint).stdout == "onetwo\n122\n")
+        }
+    }
+
     @Test("a filesystem mounted inside the source, which the watch does not cover, keeps the one-second cache")
     func nestedKeepsShortCache() throws {
         try withVanishMount(prepare: { src in

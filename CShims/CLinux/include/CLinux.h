@@ -185,6 +185,7 @@ int vanish_fanotify_event(const unsigned char *buffer, int length, int *offset, 
 
 extern const uint64_t VANISH_FAN_ENTRY_CHANGED;   // created, deleted, moved from or to
 extern const uint64_t VANISH_FAN_OBJECT_CHANGED;  // attributes or data changed, deleted or moved itself
+extern const uint64_t VANISH_FAN_DATA_CHANGED;    // data changed (FAN_MODIFY)
 extern const uint64_t VANISH_FAN_Q_OVERFLOW;
 
 /// open_by_handle_at(2) of a handle in `vanish_file_handle`'s form (type,
