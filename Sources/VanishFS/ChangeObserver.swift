@@ -12,6 +12,8 @@ import SystemPackage
 protocol ChangeObserver: AnyObject, Sendable {
     /// How callers are named in events, for the session's first log line.
     var callerNames: String { get }
+    /// Whether events carry file ids (so a new file's may be read with its handle).
+    var recordsIDs: Bool { get }
 
     /// Before a change of names: an earlier request still recording its
     /// event names its file as it is then, so it records first.
@@ -76,6 +78,7 @@ protocol ChangeObserver: AnyObject, Sendable {
 /// Events off: every change goes unrecorded, at no cost.
 final class NoEvents: ChangeObserver {
     var callerNames: String { "-" }
+    var recordsIDs: Bool { false }
     func awaitEarlierChanges() {}
     func created(_ caller: Caller, parent: Inode, name: UnsafePointer<CChar>, node: Inode, st: stat, fd: Int32) {}
     func linking(_ node: Inode, unnamed: Bool) -> [UInt8] { [] }

@@ -79,8 +79,9 @@ extension VanishFilesystem {
                 if try adoptOwnership(.path(fd), parentFD: pfd, caller: req.caller, mode: mode, st: &st) {
                     st = try Sys.fstat(fd)
                 }
-                let node = table.remember(st, birth: birth, parent: p, name: name,
-                                          generation: generationForID(fd, nil, st, birth: birth))
+                let made = madeIdentity(fd, st, birth: birth)
+                let node = table.remember(st, birth: birth, parent: p, name: name, generation: made.generation)
+                if let id = made.id { _ = table.fileID(of: node) { id } }
                 changes.sawDirectory(node, st)
                 changes.created(req.caller, parent: p, name: name, node: node, st: st, fd: fd)
                 namespace.adopt(node, fd: fd)
@@ -201,8 +202,9 @@ extension VanishFilesystem {
                 if try adoptOwnership(.open(fd), parentFD: pfd, caller: caller, mode: mode, st: &st) {
                     st = try Sys.fstat(fd)
                 }
-                let node = table.remember(st, birth: birth, parent: p, name: name,
-                                          generation: generationForID(fd, nil, st, birth: birth))
+                let made = madeIdentity(fd, st, birth: birth)
+                let node = table.remember(st, birth: birth, parent: p, name: name, generation: made.generation)
+                if let id = made.id { _ = table.fileID(of: node) { id } }
                 changes.created(caller, parent: p, name: name, node: node, st: st, fd: fd)
                 return (fd, node, st)
             } catch {

@@ -220,6 +220,7 @@ final class EventRecorder: ChangeObserver {
     /// Events name their callers: whether those names can be remembered
     /// (process notices) or are read for every event.
     var callerNames: String { CommandNames.shared.remembers ? "remembered" : "read each time" }
+    var recordsIDs: Bool { true }
 
     /// Records the reaper's `reaped` events.
     func recordReaping(of reaper: Reaper) {
@@ -513,13 +514,18 @@ package enum FileID {
                                    buffer.baseAddress, Int32(buffer.count))
             }
             guard n > 0 else { return "" }
-            return String(unsafeUninitializedCapacity: Int(n) * 2) { out in
-                for i in 0..<Int(n) {
-                    out[2 * i] = hexDigits[Int(buffer[i] >> 4)]
-                    out[2 * i + 1] = hexDigits[Int(buffer[i] & 0xF)]
-                }
-                return Int(n) * 2
+            return hex(UnsafeRawBufferPointer(rebasing: raw[..<Int(n)]))
+        }
+    }
+
+    /// The file id of a handle as `read` gets it (type, then handle).
+    package static func hex(_ handle: UnsafeRawBufferPointer) -> String {
+        String(unsafeUninitializedCapacity: handle.count * 2) { out in
+            for (i, byte) in handle.enumerated() {
+                out[2 * i] = hexDigits[Int(byte >> 4)]
+                out[2 * i + 1] = hexDigits[Int(byte & 0xF)]
             }
+            return handle.count * 2
         }
     }
 

@@ -39,6 +39,22 @@ extension VanishFilesystem {
         return Self.generation(codec, dirFD, name, ino: UInt64(st.st_ino))
     }
 
+    /// A file just made through the mount (`fd` opens it): the generation
+    /// its new node carries (as `generationForID`) and, when events carry
+    /// ids, its event id, from one name_to_handle_at rather than one each.
+    func madeIdentity(_ fd: Int32, _ st: stat, birth: UInt64) -> (generation: UInt32?, id: String?) {
+        let codec = table.codec.flatMap { table.wantsGeneration(st, birth: birth) ? $0 : nil }
+        let ids = changes.recordsIDs
+        guard codec != nil || ids else { return (nil, nil) }
+        return withUnsafeTemporaryAllocation(byteCount: 4 + Int(VANISH_MAX_HANDLE_SZ), alignment: 8) { buffer in
+            let n = vanish_file_handle(fd, "", VANISH_AT_EMPTY_PATH,
+                                       buffer.baseAddress!.assumingMemoryBound(to: UInt8.self), Int32(buffer.count))
+            guard n > 0 else { return (nil, nil) }
+            let handle = UnsafeRawBufferPointer(rebasing: buffer[..<Int(n)])
+            return (codec?.generation(of: handle, ino: UInt64(st.st_ino)), ids ? FileID.hex(handle) : nil)
+        }
+    }
+
     private static func generation(_ codec: HandleCodec, _ dirFD: Int32, _ name: UnsafePointer<CChar>?,
                                    ino: UInt64) -> UInt32? {
         withUnsafeTemporaryAllocation(byteCount: 4 + Int(VANISH_MAX_HANDLE_SZ), alignment: 8) { buffer in
