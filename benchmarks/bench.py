@@ -946,9 +946,22 @@ def workloads(quick):
     ]
 
 
+def process_cpu(pid):
+    """User and system CPU seconds of process `pid`, all its threads (those
+    that exited too), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def measure_once(peer, work, base_dir, cache, shared_src=None):
     """One timed run: fresh source (or the shared one of a read-only workload),
-    mount, untimed preparation, the timed step, unmount."""
+    mount, untimed preparation, the timed step, unmount. Returns the time,
+    the workload's own figures, and the daemon's CPU time in the timed step
+    (None for native)."""
     base = tempfile.mkdtemp(prefix="run.", dir=base_dir)
     src, mnt = shared_src or os.path.join(base, "src"), os.path.join(base, "mnt")
     os.mkdir(mnt)
@@ -962,10 +975,15 @@ def measure_once(peer, work, base_dir, cache, shared_src=None):
             work.prepare_mounted(target)
             quiesce(drop=work.cold)
             work.metrics = {}
+            daemon = getattr(peer, "proc", None)
+            cpu0 = process_cpu(daemon.pid) if daemon else None
             t0 = time.perf_counter()
             timed = work.run(target)
+            elapsed = time.perf_counter() - t0
+            cpu1 = process_cpu(daemon.pid) if daemon else None
+            cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
             # A workload may time only its own part, and report figures besides.
-            return (timed if timed is not None else time.perf_counter() - t0), dict(work.metrics)
+            return (timed if timed is not None else elapsed), dict(work.metrics), cpu
         finally:
             peer.unmount(mnt)
     finally:
@@ -979,6 +997,7 @@ def measure(peers, work, runs, base_dir, cache):
     deferred discards, page cache, thermal) spreads over all of them alike."""
     times = {p.name: [] for p in peers}
     metrics = {p.name: [] for p in peers}
+    cpus = {p.name: [] for p in peers}
     errors = {}
     if getattr(work, "vanish_only", False):
         peers = [p for p in peers if isinstance(p, Vanish)]
@@ -999,9 +1018,11 @@ def measure(peers, work, runs, base_dir, cache):
                 continue
             work.peer = p
             try:
-                t, m = measure_once(p, work, base_dir, cache, shared_src=shared)
+                t, m, c = measure_once(p, work, base_dir, cache, shared_src=shared)
                 times[p.name].append(t)
                 metrics[p.name].append(m)
+                if c is not None:
+                    cpus[p.name].append(c)
             except (subprocess.CalledProcessError, OSError, RuntimeError) as e:
                 errors[p.name] = str(e).splitlines()[0][:120]
     if shared:
@@ -1011,6 +1032,8 @@ def measure(peers, work, runs, base_dir, cache):
         t = times[p.name]
         out[p.name] = {"error": errors[p.name]} if p.name in errors else \
             {"median": statistics.median(t), "min": min(t), "max": max(t), "runs": t}
+        if cpus[p.name] and "median" in out[p.name]:
+            out[p.name]["daemon_cpu"] = statistics.median(cpus[p.name])
         if metrics[p.name] and metrics[p.name][0]:
             out[p.name]["metrics"] = {k: statistics.median(m[k] for m in metrics[p.name]) for k in metrics[p.name][0]}
     return out
@@ -1249,6 +1272,25 @@ def markdown(results, names, vanish_names=()):
                 if off and n != "vanish, events off":
                     cell += f" {r['median'] / off:.2f}×"
                 cells.append(cell)
+            lines.append(f"| {md_cell(row['workload'])} | " + " | ".join(cells) + " |")
+    # What each daemon spent: CPU is what other work on the machine loses.
+    fuse_names = [n for n in names if n != "native"]
+    cpu_rows = [r for r in results["workloads"] if any("daemon_cpu" in r["peers"].get(n, {}) for n in fuse_names)]
+    if cpu_rows:
+        lines += ["", "Daemon CPU in the timed step (user + system, all threads; median; ratio to the first Vanish column):",
+                  "", "| workload | " + " | ".join(fuse_names) + " |", "|---|" + "---|" * len(fuse_names)]
+        for row in cpu_rows:
+            first = next((n for n in fuse_names
+                          if n.startswith("vanish") and "daemon_cpu" in row["peers"].get(n, {})), None)
+            base = row["peers"][first]["daemon_cpu"] if first else None
+            cells = []
+            for n in fuse_names:
+                c = row["peers"].get(n, {}).get("daemon_cpu")
+                if c is None:
+                    cells.append("–")
+                    continue
+                shown = base and n != first and n.startswith("vanish")
+                cells.append(fmt_time(c) + (f" {c / base:.2f}×" if shown else ""))
             lines.append(f"| {md_cell(row['workload'])} | " + " | ".join(cells) + " |")
     metric_rows = [(row["workload"], name, r["metrics"]) for row in results["workloads"]
                    for name, r in row["peers"].items() if "metrics" in r]
