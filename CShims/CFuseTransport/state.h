@@ -69,6 +69,7 @@ struct vanish_transport {
     _Atomic int ring_error;         // errno of a ring that could not be made
     _Atomic int ring_asked;         // the INIT reply asks for the ring
     struct vanish_ring *ring;       // its queues, from INIT until close
+    uint32_t ring_spin_us;          // how long its workers watch after a reply
 
     // STATX requests handed to libfuse as GETATTR, by id, until answered.
     pthread_mutex_t statx_lock;

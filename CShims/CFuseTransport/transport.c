@@ -213,7 +213,7 @@ static void patch_init(struct vanish_transport *t, struct fuse_init_out *out) {
         size_t payload = out->max_write;
         if ((size_t)out->max_pages * page > payload) payload = (size_t)out->max_pages * page;
         if (payload < FUSE_MIN_READ_BUFFER) payload = FUSE_MIN_READ_BUFFER;
-        uint64_t spin = (uint64_t)receivers_spin_microseconds(&t->receivers) * 1000;
+        uint64_t spin = (uint64_t)t->ring_spin_us * 1000;
         int r = ring_prepare(t, payload, spin, &t->ring);
         if (r == 0) {
             flags = (uint64_t)out->flags | (uint64_t)out->flags2 << 32 | FUSE_INIT_EXT | VANISH_RING_INIT_FLAG;
@@ -450,6 +450,10 @@ int vanish_transport_device_fd(const struct vanish_transport *t) {
 
 void vanish_transport_set_spin(struct vanish_transport *t, uint32_t microseconds) {
     receivers_configure(&t->receivers, fuse_session_fd(t->session), microseconds);
+}
+
+void vanish_transport_set_ring_spin(struct vanish_transport *t, uint32_t microseconds) {
+    t->ring_spin_us = microseconds;
 }
 
 uint32_t vanish_transport_spin_microseconds(struct vanish_transport *t) {

@@ -22,6 +22,9 @@ public struct LoopConfig: Sendable, Equatable {
     /// others wait in the daemon (workers.c); with 0, every idle worker
     /// waits in the kernel, as libfuse has them. nil: the caller decides.
     public var spinMicroseconds: Int?
+    /// The same over io_uring, where the watching worker yields its CPU to
+    /// the program between looks. nil: `spinMicroseconds`.
+    public var ringSpinMicroseconds: Int?
     /// Whether requests may come over io_uring instead (`RequestChannel`).
     public var ring: RingMode
 
@@ -142,6 +145,7 @@ public final class Session {
         if let idle = config.idleThreads { fuse_loop_cfg_set_idle_threads(cfg, UInt32(idle)) }
         fuse_loop_cfg_set_clone_fd(cfg, config.cloneFD ? 1 : 0)
         vanish_transport_set_spin(transport.raw, UInt32(config.spinMicroseconds ?? 0))
+        vanish_transport_set_ring_spin(transport.raw, UInt32(config.ringSpinMicroseconds ?? config.spinMicroseconds ?? 0))
         vanish_transport_set_ring(transport.raw, Int32(config.ring == .off ? VANISH_RING_OFF : VANISH_RING_AUTO))
         stopper.loopStarts()
         defer { stopper.end() }

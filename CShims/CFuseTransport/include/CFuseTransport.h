@@ -81,6 +81,9 @@ uint64_t vanish_transport_granted(const struct vanish_transport *t);
 /// reply while requests come that close together; with 0, libfuse's way.
 /// Call before the loop.
 void vanish_transport_set_spin(struct vanish_transport *t, uint32_t spin_microseconds);
+/// How long a ring worker watches its entry after a reply (µs), yielding its
+/// CPU to the program meanwhile. Call before the loop.
+void vanish_transport_set_ring_spin(struct vanish_transport *t, uint32_t spin_microseconds);
 
 /// The session's /dev/fuse fd (-1 before the session exists), for
 /// registering backing files.
