@@ -159,10 +159,9 @@ public final class Daemon {
             _ = notifier.invalidateInode(parent)
         }
         if !c.foreground { session.daemonize() }
-        // After daemonize: its fork keeps no threads.
-        fs.startWatching()
-        // A stop signal ends the loop, or after it the reaping; one that came
-        // since the mount became visible is pending and is taken now.
+        // Threads only from here on: the fork keeps none. A stop signal ends
+        // the loop, or after it the reaping; one that came since the mount
+        // became visible is pending and is taken now.
         let stopSignal = Atomic<Int32>(0)
         let stopper = session.stopper
         let log = self.log

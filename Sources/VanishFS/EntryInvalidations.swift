@@ -26,8 +26,13 @@ final class EntryInvalidations: @unchecked Sendable {
     private var queued: UInt64 = 0
     private var sent: UInt64 = 0
     private var invalidate: Invalidate?
+    /// The sending thread runs (from the kernel's INIT on).
+    private var running = false
 
     func start() {
+        condition.lock()
+        running = true
+        condition.unlock()
         spawnThread("vanish-notify") { [self] in run() }
     }
 
@@ -114,6 +119,12 @@ final class EntryInvalidations: @unchecked Sendable {
     /// destroyed after.
     func setInvalidator(_ f: Invalidate?) {
         condition.lock()
+        // A session that ended before the kernel's INIT never started the
+        // sender: nothing queued can be sent, and nothing needs to be.
+        if !running {
+            queue.removeAll()
+            sent = queued
+        }
         while !queue.isEmpty || sending { condition.wait() }
         invalidate = f
         condition.unlock()

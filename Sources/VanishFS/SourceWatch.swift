@@ -58,8 +58,9 @@ final class SourceWatch: @unchecked Sendable {
 }
 
 extension VanishFilesystem {
-    /// Starts following changes behind the mount, once the kernel can be told of them.
-    package func startWatching() {
+    /// Starts following changes behind the mount, once the kernel can be told
+    /// of them (at INIT: before it the kernel holds nothing to drop).
+    func startWatching() {
         guard let watch, let codec = table.codec else { return }
         let me = getpid()
         watch.start { [unowned self] e in

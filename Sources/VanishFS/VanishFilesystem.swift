@@ -221,8 +221,10 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         case .never: conn.pointee.want &= ~UInt32(FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO)
         }
         // Threads start here, after daemonizing (a fork keeps only the forking thread).
+        // The watch last: what it sees goes to the notice sender, which must run.
         deleter.start()
         invalidations.start()
+        startWatching()
         log.info("session started", metadata: ["fd_cache": "\(namespace.fdLimit)", "cache": "\(options.cache.rawValue)",
                                                 "reapers": "\(deleter.reaper?.workerCount ?? 0)", "caller_names": "\(changes.callerNames)",
                                                 "passthrough": "\(passthrough.active ? "on" : "off")",
