@@ -36,7 +36,7 @@ extension VanishFilesystem {
         var e = entry(node, st)
         req.reply(entry: &e)
         // Files only: a names-only walk looks up directories, never files.
-        if st.st_mode & S_IFMT != S_IFDIR { statahead.lookedUp(in: p) }
+        if st.st_mode & S_IFMT != S_IFDIR { statahead.lookedUp(name, in: p) }
     }
 
     public func forget(_ ino: fuse_ino_t, count: UInt64) {

@@ -63,6 +63,11 @@ final class Inode: @unchecked Sendable {
         var subdirectoryNames = ContiguousArray<CChar>()
         var walkAt = 0
         var warmedTo = 0
+        /// While reading ahead: the names stat'ed so far (`StatedNames`), and
+        /// how many lookups since found theirs among them or did not.
+        var stated: StatedNames?
+        var hits: UInt32 = 0
+        var misses: UInt32 = 0
 
         enum State { case watching, reading, finished }
     }

@@ -13,8 +13,9 @@ import Synchronization
 /// As in Lustre's statahead: the pattern is detected per directory (a run
 /// of lookups in it, none further than a second apart), the read-ahead
 /// stays within a window of the lookups seen, and it stops when the
-/// pattern breaks (no lookup in the directory for a second) or the
-/// directory ends. The stats only warm the backing filesystem's caches:
+/// pattern breaks (no lookup in the directory for a second), when the
+/// lookups are mostly of names it has not read (another order than the
+/// listing's), or when the directory ends. The stats only warm the backing filesystem's caches:
 /// replies are still made from the handler's own stat, so nothing a
 /// program sees can be older than its request. It starts only after
 /// lookups in the directory succeeded, that is after the kernel let the
@@ -76,11 +77,11 @@ final class Statahead: @unchecked Sendable {
         self.skip = skip
     }
 
-    /// A LOOKUP found an entry in `dir`: counts it, and starts reading ahead
+    /// A LOOKUP found `name` in `dir`: counts it, and starts reading ahead
     /// in `dir` once the lookups there make a pattern.
-    func lookedUp(in dir: Inode) {
-        guard countLookup(in: dir, now: InodeTable.coarseMilliseconds(), trigger: Self.trigger,
-                                idle: Self.idleMilliseconds) else { return }
+    func lookedUp(_ name: UnsafePointer<CChar>, in dir: Inode) {
+        guard countLookup(name, in: dir, now: InodeTable.coarseMilliseconds(), trigger: Self.trigger,
+                          idle: Self.idleMilliseconds) else { return }
         jobs.lock()
         defer { jobs.unlock() }
         guard queue.count < Self.queueLimit else {
@@ -173,10 +174,19 @@ final class Statahead: @unchecked Sendable {
 
     // MARK: Per-directory state (under `counters`)
 
-    /// Counts a lookup of a file in `dir` for statahead; true when the
-    /// lookups there now make a run of `trigger` (none `idle` ms apart) and
-    /// reading ahead should begin (once per run).
-    private func countLookup(in dir: Inode, now: UInt32, trigger: UInt32, idle: UInt32) -> Bool {
+    /// Lookups not among the names read ahead, at least, before reading
+    /// ahead gives up on a directory (`countLookup`).
+    static let missesToStop: UInt32 = 64
+
+    /// Counts a lookup of `name`, a file in `dir`, for statahead; true when
+    /// the lookups there now make a run of `trigger` (none `idle` ms apart)
+    /// and reading ahead should begin (once per run). While it reads, it
+    /// stops when the lookups are mostly of names it has not reached: they
+    /// go in another order than the listing's (names sorted in a hashed
+    /// directory, a program's own list), and the stats would only take a
+    /// core from them.
+    private func countLookup(_ name: UnsafePointer<CChar>, in dir: Inode, now: UInt32, trigger: UInt32,
+                             idle: UInt32) -> Bool {
         counters.withLock { _ in
             if now &- dir.ahead.last > idle {
                 dir.ahead.lookups = 0
@@ -184,20 +194,44 @@ final class Statahead: @unchecked Sendable {
             }
             dir.ahead.lookups &+= 1
             dir.ahead.last = now
+            if dir.ahead.state == .reading, let stated = dir.ahead.stated {
+                if stated.contains(name) { dir.ahead.hits &+= 1 } else { dir.ahead.misses &+= 1 }
+                if dir.ahead.misses >= Self.missesToStop && dir.ahead.misses > 4 &* dir.ahead.hits {
+                    dir.ahead.state = .finished
+                }
+            }
             guard dir.ahead.state == .watching, dir.ahead.lookups >= trigger else { return false }
             dir.ahead.state = .reading
             return true
         }
     }
 
-    /// The lookups counted in `dir`'s current run, and when the last came.
-    private func lookupsCounted(in dir: Inode) -> (count: UInt32, last: UInt32) {
-        counters.withLock { _ in (dir.ahead.lookups, dir.ahead.last) }
+    /// Reading ahead in `dir` is about to stat `name`: records it, and
+    /// returns the lookups counted in the current run, when the last came,
+    /// and whether reading ahead should go on.
+    private func readingAhead(_ name: UnsafePointer<CChar>, in dir: Inode) -> (count: UInt32, last: UInt32, goOn: Bool) {
+        counters.withLock { _ in
+            dir.ahead.stated?.insert(name)
+            return (dir.ahead.lookups, dir.ahead.last, dir.ahead.state == .reading)
+        }
+    }
+
+    /// Reading ahead in `dir` begins: no names stat'ed yet.
+    private func beginReadAhead(_ dir: Inode) {
+        let stated = StatedNames()
+        counters.withLock { _ in
+            dir.ahead.stated = stated
+            dir.ahead.hits = 0
+            dir.ahead.misses = 0
+        }
     }
 
     /// Reading ahead in `dir` ended: not again until a new run begins.
     private func endReadAhead(_ dir: Inode) {
-        counters.withLock { _ in dir.ahead.state = .finished }
+        counters.withLock { _ in
+            dir.ahead.state = .finished
+            dir.ahead.stated = nil
+        }
     }
 
     /// A listing of `dir` found the subdirectories named in `names` (each
@@ -278,16 +312,17 @@ final class Statahead: @unchecked Sendable {
               fd >= 0 else { return }
         guard let stream = fdopendir(fd) else { Glibc.close(fd); return }
         defer { closedir(stream) }
+        beginReadAhead(dir)
         let dfd = dirfd(stream)
         var done: UInt32 = 0
         while let d = Glibc.readdir(stream) {
             let name = vanish_dirent_name(d)!
             if isDotOrDotDot(name) || skip(dir, name) { continue }
             // Ahead by a window at most: wait for the lookups to catch up,
-            // and stop when they stopped.
+            // and stop when they stopped or went another way.
             while true {
-                let (seen, last) = lookupsCounted(in: dir)
-                if InodeTable.coarseMilliseconds() &- last > Self.idleMilliseconds { return }
+                let (seen, last, goOn) = readingAhead(name, in: dir)
+                if !goOn || InodeTable.coarseMilliseconds() &- last > Self.idleMilliseconds { return }
                 if done < seen &+ Self.window { break }
                 usleep(1000)
             }
@@ -296,5 +331,35 @@ final class Statahead: @unchecked Sendable {
             done &+= 1
             prefetched.add(1, ordering: .relaxed)
         }
+    }
+}
+
+/// The names reading ahead stat'ed in one directory, as a 4,096-bit set of
+/// their hashes: enough to tell lookups that follow the listing (nearly all
+/// found) from lookups in another order (nearly none: a few hundred names
+/// are set when it decides), without keeping the names. Guarded by
+/// Statahead's `counters`.
+final class StatedNames {
+    private var bits = [UInt64](repeating: 0, count: 64)
+
+    private static func bit(_ name: UnsafePointer<CChar>) -> Int {
+        // FNV-1a.
+        var h: UInt32 = 2_166_136_261
+        var p = name
+        while p.pointee != 0 {
+            h = (h ^ UInt32(UInt8(bitPattern: p.pointee))) &* 16_777_619
+            p += 1
+        }
+        return Int(h & 4095)
+    }
+
+    func insert(_ name: UnsafePointer<CChar>) {
+        let b = Self.bit(name)
+        bits[b >> 6] |= 1 << UInt64(b & 63)
+    }
+
+    func contains(_ name: UnsafePointer<CChar>) -> Bool {
+        let b = Self.bit(name)
+        return bits[b >> 6] & (1 << UInt64(b & 63)) != 0
     }
 }

@@ -157,6 +157,33 @@ struct StataheadTests {
         }
     }
 
+    /// Looks up the 2,000 files of `big` in the backing listing's order
+    /// (`forward`) or the reverse, with no listing through the mount.
+    @Test("lookups in the listing's order are read ahead; in another order, reading ahead stops soon",
+          arguments: [true, false])
+    func lookupOrder(forward: Bool) throws {
+        try withVanishMount(prepare: { src in
+            try FileManager.default.createDirectory(atPath: src + "/big", withIntermediateDirectories: true)
+            for f in 0..<2000 { #expect(FileManager.default.createFile(atPath: src + "/big/f\(f)", contents: nil)) }
+        }) { m throws in
+            let r = try run(["python3", "-c", """
+                import os, sys
+                src, mnt, forward = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+                names = os.listdir(os.path.join(src, "big"))
+                for name in (names if forward else reversed(names)):
+                    os.lstat(os.path.join(mnt, "big", name))
+                """, m.source, m.mountpoint, forward ? "1" : "0"])
+            #expect(r.ok, "\(r.stderr)")
+            let read = try Self.statahead(m)
+            if forward {
+                #expect(read >= 1000, "\(read) of 2,000 read ahead")
+            } else {
+                // Stopped after 64 lookups it had not read, a window (128) ahead at most.
+                #expect(read <= 500, "\(read) of 2,000 read ahead")
+            }
+        }
+    }
+
     @Test("names renamed, and files made behind the mount (cache=auto), during a read-ahead walk are shown as they are now")
     func changesDuringWalk() throws {
         try withVanishMount(options: ["readdirplus=never"], prepare: { try Self.makeBigDirectory($0 + "/big") }) { m throws in
