@@ -10,6 +10,7 @@ to native and to passthrough_ll.
     sudo benchmarks/bench.py                  # full sizes, tens of minutes
     sudo benchmarks/bench.py --only create,rm-rf --peers native,vanish
     sudo benchmarks/bench.py --quick --ramdisk ext4   # steadier daemon-vs-daemon ratios
+    sudo benchmarks/bench.py --quick --ramdisk ext4 --ramdisk-device zram   # reads completed in the reader's context
     sudo VANISH_COMPARE=/path/to/other/vanish benchmarks/bench.py ...   # A/B: another build as a column
     sudo VANISH_COMPARE_OPTIONS=nowatch benchmarks/bench.py ...   # A/B: the same build with other -o items
     sudo benchmarks/bench.py --quick --backend glusterfs --runs 2   # on a GlusterFS replica-2 volume
@@ -1066,30 +1067,59 @@ def fmt_time(s):
 
 
 class RamDisk:
-    """A fresh filesystem of `fstype` on a loop device over a sparse file in
-    /dev/shm: the backing filesystem's own code runs (journal, allocator,
-    page cache, drop_caches), but no disk's queue, discards or write-back
-    bursts add their noise, so daemon-to-daemon ratios settle. It says
-    nothing about a real disk's latency: quote both."""
-    def __init__(self, fstype, size_gib):
+    """A fresh filesystem of `fstype` in RAM: the backing filesystem's own
+    code runs (journal, allocator, page cache, drop_caches), but no disk's
+    queue, discards or write-back bursts add their noise, so daemon-to-daemon
+    ratios settle. It says nothing about a real disk's latency: quote both.
+
+    `device` "loop": a loop device over a sparse file in /dev/shm, whose
+    reads a kernel worker thread completes, waking the reader from there (so
+    a program that waits for reads tends to move between CPUs). "zram": a
+    zram device, which completes each read in the reader's own context, as
+    an NVMe queue of the reader's CPU does."""
+    def __init__(self, fstype, size_gib, device="loop"):
         self.fstype = fstype
+        self.device = device
         self.image = f"/dev/shm/vanish-bench-{fstype}.img"
+        self.zram = None
         self.mountpoint = f"/var/tmp/vanish-bench-{fstype}-ram"
         self.size_gib = size_gib
+
+    def describe(self):
+        if self.zram:
+            return f"on {self.zram} (zram: RAM, no disk; reads complete in the reader's context)"
+        return f"on a loop device over {self.image}: RAM, no disk"
 
     def __enter__(self):
         mkfs = {"ext4": ["mkfs.ext4", "-q", "-F"], "xfs": ["mkfs.xfs", "-q", "-f"],
                 "btrfs": ["mkfs.btrfs", "-q", "-f"]}[self.fstype]
         unmount(self.mountpoint)
+        os.makedirs(self.mountpoint, exist_ok=True)
+        if self.device == "zram":
+            try:
+                with open("/sys/class/zram-control/hot_add") as f:
+                    self.zram = f"/dev/zram{int(f.read())}"
+            except OSError as e:
+                sys.exit(f"--ramdisk-device zram: no zram device to add ({e}); use loop")
+            with open(f"/sys/block/{os.path.basename(self.zram)}/disksize", "w") as f:
+                f.write(f"{self.size_gib}G")
+            sh(mkfs + [self.zram])
+            sh(["mount", self.zram, self.mountpoint])
+            return self
         with open(self.image, "wb") as f:
             f.truncate(self.size_gib << 30)
         sh(mkfs + [self.image])
-        os.makedirs(self.mountpoint, exist_ok=True)
         sh(["mount", "-o", "loop", self.image, self.mountpoint])
         return self
 
     def __exit__(self, *exc):
         sh(["umount", self.mountpoint], check=False)
+        if self.zram:
+            number = self.zram.removeprefix("/dev/zram")
+            with open(f"/sys/block/zram{number}/reset", "w") as f:
+                f.write("1")
+            with open("/sys/class/zram-control/hot_remove", "w") as f:
+                f.write(number)
         if os.path.exists(self.image):
             os.unlink(self.image)
 
@@ -1100,7 +1130,7 @@ def machine_facts(base_dir, ramdisk=None, backend=None):
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     mem = next((l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal")), "0")
     if ramdisk:
-        fstype += f" (fresh, on a loop device over {ramdisk.image}: RAM, no disk)"
+        fstype += f" (fresh, {ramdisk.describe()})"
     if backend:
         bricks = sh(["findmnt", "-n", "-o", "FSTYPE", "-T", backend.bricks[0]], capture_output=True, text=True).stdout.strip()
         version = sh(["glusterfs", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
@@ -1122,6 +1152,9 @@ def main():
     ap.add_argument("--ramdisk", choices=["ext4", "xfs", "btrfs"],
                     help="run on a fresh FSTYPE over a RAM-backed loop device instead of --dir's disk "
                          "(--dir still holds the build cache)")
+    ap.add_argument("--ramdisk-device", choices=["loop", "zram"], default="loop",
+                    help="what holds --ramdisk's filesystem: a loop device over /dev/shm, or a zram device "
+                         "(reads complete in the reader's context, as on a per-CPU NVMe queue)")
     ap.add_argument("--backend", choices=["local", "glusterfs"], default="local",
                     help="glusterfs: run on a fresh replica-2 GlusterFS volume (two local bricks under the "
                          "backing directory, one client mount): rm -rf, vanish rm, reaper drain, create and read rows")
@@ -1141,7 +1174,7 @@ def main():
     with PageReportingOff(), RingOffered():
         if args.ramdisk:
             # Room for the full run's 10 GiB unlink (fallocated, so nearly free) and its trees.
-            with RamDisk(args.ramdisk, 16 if args.quick else 32) as disk:
+            with RamDisk(args.ramdisk, 16 if args.quick else 32, args.ramdisk_device) as disk:
                 run_backend(args, runs, disk.mountpoint, cache, ramdisk=disk)
         else:
             run_backend(args, runs, args.dir, cache)
