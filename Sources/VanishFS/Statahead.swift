@@ -15,9 +15,9 @@ import Synchronization
 /// stays within a window of the lookups seen, and it stops when the
 /// pattern breaks (no lookup in the directory for a second), when the
 /// lookups are mostly of names it has not read (another order than the
-/// listing's), or when the directory ends. The stats only warm the backing filesystem's caches:
-/// replies are still made from the handler's own stat, so nothing a
-/// program sees can be older than its request. It starts only after
+/// listing's), or when the directory ends. The stats only warm the backing
+/// filesystem's caches: replies are still made from the handler's own
+/// stat, so nothing a program sees can be older than its request. It starts only after
 /// lookups in the directory succeeded, that is after the kernel let the
 /// callers search it, and any name in a directory one may search one may
 /// look up; a walk that looks nothing up (`find -name`) never starts it.
