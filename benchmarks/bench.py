@@ -1116,10 +1116,14 @@ class RamDisk:
         sh(["umount", self.mountpoint], check=False)
         if self.zram:
             number = self.zram.removeprefix("/dev/zram")
-            with open(f"/sys/block/zram{number}/reset", "w") as f:
-                f.write("1")
-            with open("/sys/class/zram-control/hot_remove", "w") as f:
-                f.write(number)
+            try:
+                with open(f"/sys/block/zram{number}/reset", "w") as f:
+                    f.write("1")
+                with open("/sys/class/zram-control/hot_remove", "w") as f:
+                    f.write(number)
+            except OSError as e:
+                print(f"could not remove {self.zram} ({e}): echo 1 > /sys/block/zram{number}/reset, "
+                      f"then echo {number} > /sys/class/zram-control/hot_remove", file=sys.stderr)
         if os.path.exists(self.image):
             os.unlink(self.image)
 
