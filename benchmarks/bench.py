@@ -719,20 +719,26 @@ class ParallelStat(ListBigDir):
         procs = [subprocess.Popen([sys.executable, "-c", code, f"{target}/big/d000", str(k), str(self.files)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
                  for k in range(4)]
-        for p in procs:
-            if p.stdout.read(1) != b"r":
-                raise RuntimeError("a stat process did not start")
-        t0 = time.perf_counter()
-        for p in procs:
-            p.stdin.write(b"g")
-            p.stdin.close()
-        for p in procs:
-            if p.wait() != 0:
-                raise RuntimeError("a stat process failed")
-        elapsed = time.perf_counter() - t0
-        for p in procs:
-            p.stdout.close()
-        return elapsed
+        try:
+            for p in procs:
+                if p.stdout.read(1) != b"r":
+                    raise RuntimeError("a stat process did not start")
+            t0 = time.perf_counter()
+            for p in procs:
+                p.stdin.write(b"g")
+                p.stdin.close()
+            for p in procs:
+                if p.wait() != 0:
+                    raise RuntimeError("a stat process failed")
+            return time.perf_counter() - t0
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                p.stdout.close()
+                if not p.stdin.closed:
+                    p.stdin.close()
 
 
 class XattrRoundTrip(Workload):
