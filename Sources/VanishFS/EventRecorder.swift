@@ -505,7 +505,15 @@ package enum FileID {
     /// remounts and is never given to another file. "" if the filesystem
     /// has no handles.
     package static func read(_ dirFD: Int32, _ name: UnsafePointer<CChar>?) -> String {
-        // On the stack: this runs for every event.
+        withHandle(dirFD, name) { handle in handle.map(hex) ?? "" }
+    }
+
+    /// Runs `body` with the backing handle of `name` in `dirFD` (of `dirFD`
+    /// itself without a name) as `vanish_file_handle` gives it (type, then
+    /// handle), or nil if the filesystem gave none. One name_to_handle_at,
+    /// into a buffer on the stack: this runs for every event and new node.
+    package static func withHandle<R>(_ dirFD: Int32, _ name: UnsafePointer<CChar>?,
+                                      _ body: (UnsafeRawBufferPointer?) -> R) -> R {
         withUnsafeTemporaryAllocation(byteCount: 4 + Int(VANISH_MAX_HANDLE_SZ), alignment: 8) { raw in
             let buffer = raw.bindMemory(to: UInt8.self)
             let empty: CChar = 0
@@ -513,8 +521,7 @@ package enum FileID {
                 vanish_file_handle(dirFD, name ?? emptyName, name == nil ? VANISH_AT_EMPTY_PATH : 0,
                                    buffer.baseAddress, Int32(buffer.count))
             }
-            guard n > 0 else { return "" }
-            return hex(UnsafeRawBufferPointer(rebasing: raw[..<Int(n)]))
+            return body(n > 0 ? UnsafeRawBufferPointer(rebasing: raw[..<Int(n)]) : nil)
         }
     }
 

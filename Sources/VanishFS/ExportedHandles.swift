@@ -14,15 +14,12 @@ extension VanishFilesystem {
     /// files by handle there (it needs CAP_DAC_READ_SEARCH): tried on the root.
     /// It keeps a reading fd of the root, for open_by_handle_at.
     static func handleCodec(rootFD: Int32, root st: stat) -> HandleCodec? {
-        withUnsafeTemporaryAllocation(byteCount: 4 + Int(VANISH_MAX_HANDLE_SZ), alignment: 8) { buffer in
-            let n = vanish_file_handle(rootFD, "", VANISH_AT_EMPTY_PATH,
-                                       buffer.baseAddress!.assumingMemoryBound(to: UInt8.self), Int32(buffer.count))
-            guard n > 0 else { return nil }
-            let handle = UnsafeRawBufferPointer(rebasing: buffer[..<Int(n)])
-            guard var codec = HandleCodec(root: handle, ino: UInt64(st.st_ino)),
+        FileID.withHandle(rootFD, nil) { handle in
+            guard let handle, var codec = HandleCodec(root: handle, ino: UInt64(st.st_ino)),
                   let mountFD = try? Sys.openat(rootFD, ".", O_RDONLY | O_DIRECTORY) else { return nil }
             codec.mountFD = mountFD
-            let fd = vanish_open_by_handle(mountFD, handle.baseAddress!.assumingMemoryBound(to: UInt8.self), n, VANISH_O_PATH)
+            let fd = vanish_open_by_handle(mountFD, handle.baseAddress!.assumingMemoryBound(to: UInt8.self),
+                                           Int32(handle.count), VANISH_O_PATH)
             let same = fd >= 0 && (try? Sys.fstat(fd)).map { $0.st_dev == st.st_dev && $0.st_ino == st.st_ino } == true
             if fd >= 0 { Sys.close(fd) }
             guard same else { Sys.close(mountFD); return nil }
@@ -46,26 +43,15 @@ extension VanishFilesystem {
         let codec = table.codec.flatMap { table.wantsGeneration(st, birth: birth) ? $0 : nil }
         let ids = changes.recordsIDs
         guard codec != nil || ids else { return (nil, nil) }
-        return withUnsafeTemporaryAllocation(byteCount: 4 + Int(VANISH_MAX_HANDLE_SZ), alignment: 8) { buffer in
-            let n = vanish_file_handle(fd, "", VANISH_AT_EMPTY_PATH,
-                                       buffer.baseAddress!.assumingMemoryBound(to: UInt8.self), Int32(buffer.count))
-            guard n > 0 else { return (nil, nil) }
-            let handle = UnsafeRawBufferPointer(rebasing: buffer[..<Int(n)])
+        return FileID.withHandle(fd, nil) { handle in
+            guard let handle else { return (nil, nil) }
             return (codec?.generation(of: handle, ino: UInt64(st.st_ino)), ids ? FileID.hex(handle) : nil)
         }
     }
 
     private static func generation(_ codec: HandleCodec, _ dirFD: Int32, _ name: UnsafePointer<CChar>?,
                                    ino: UInt64) -> UInt32? {
-        withUnsafeTemporaryAllocation(byteCount: 4 + Int(VANISH_MAX_HANDLE_SZ), alignment: 8) { buffer in
-            let empty: CChar = 0
-            let n = withUnsafePointer(to: empty) { emptyName in
-                vanish_file_handle(dirFD, name ?? emptyName, name == nil ? VANISH_AT_EMPTY_PATH : 0,
-                                   buffer.baseAddress!.assumingMemoryBound(to: UInt8.self), Int32(buffer.count))
-            }
-            guard n > 0 else { return nil }
-            return codec.generation(of: UnsafeRawBufferPointer(rebasing: buffer[..<Int(n)]), ino: ino)
-        }
+        FileID.withHandle(dirFD, name) { handle in handle.flatMap { codec.generation(of: $0, ino: ino) } }
     }
 
     /// A LOOKUP of "." (`dotDot` false) or "..": the kernel sends these only
