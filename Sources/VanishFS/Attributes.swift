@@ -39,7 +39,9 @@ extension VanishFilesystem {
         let outsideGroup = { (gid: gid_t) in !req.isInGroup(gid) }
         let apply = { (file: FileRef) throws(Errno) -> stat in
             if toSet & FUSE_SET_ATTR_MODE != 0 { try Sys.chmod(file, attr.pointee.st_mode) }
-            if toSet & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID) != 0 {
+            // chown(path, -1, -1) arrives with no field to set, and moves
+            // only the ctime: it does the same on the backing file.
+            if toSet & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID) != 0 || toSet & Self.attributeFields == 0 {
                 let uid = toSet & FUSE_SET_ATTR_UID != 0 ? attr.pointee.st_uid : uid_t.max
                 let gid = toSet & FUSE_SET_ATTR_GID != 0 ? attr.pointee.st_gid : gid_t.max
                 try Sys.fchown(file.fd, uid, gid)
@@ -77,6 +79,10 @@ extension VanishFilesystem {
         st = devices.present(st)
         req.reply(attr: &st, timeout: cacheTimeout(node))
     }
+
+    /// The setattr bits that name a field to change (the rest say how).
+    private static let attributeFields = FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID | FUSE_SET_ATTR_SIZE
+        | FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_ATIME_NOW | FUSE_SET_ATTR_MTIME_NOW
 
     public func readlink(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
         let node = inode(ino)

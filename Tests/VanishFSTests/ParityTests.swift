@@ -318,6 +318,46 @@ struct ParityTests {
         }
     }
 
+    /// `chown(path, -1, -1)` changes no owner, yet Linux file systems move the
+    /// ctime; the kernel sends FUSE a SETATTR with no field set for it.
+    @Test("chown, lchown and fchown to -1, -1 move the ctime on the mount as on a plain directory")
+    func chownToNobodyMovesCtime() throws {
+        func ctimes(_ root: String) -> [String] {
+            let dir = open(root, O_RDONLY | O_DIRECTORY)
+            defer { close(dir) }
+            mkdirat(dir, "d", 0o755)
+            close(openat(dir, "f", O_CREAT | O_WRONLY, 0o644))
+            symlinkat("f", dir, "l")
+            let fd = openat(dir, "o", O_CREAT | O_RDWR, 0o644)
+            defer { close(fd) }
+            let changes: [(String, () -> Int32)] = [
+                ("chown d", { fchownat(dir, "d", uid_t.max, gid_t.max, 0) }),
+                ("chown f", { fchownat(dir, "f", uid_t.max, gid_t.max, 0) }),
+                ("lchown l", { fchownat(dir, "l", uid_t.max, gid_t.max, AT_SYMLINK_NOFOLLOW) }),
+                ("fchown o", { fchown(fd, uid_t.max, gid_t.max) }),
+            ]
+            return changes.map { label, change in
+                let name = String(label.split(separator: " ")[1])
+                var before = Glibc.stat(), after = Glibc.stat()
+                fstatat(dir, name, &before, AT_SYMLINK_NOFOLLOW)
+                // Wait for the clock file systems stamp with to pass the ctime,
+                // so a change cannot get the same stamp.
+                var now = timespec()
+                repeat { clock_gettime(CLOCK_REALTIME_COARSE, &now) }
+                while (now.tv_sec, now.tv_nsec) <= (before.st_ctim.tv_sec, before.st_ctim.tv_nsec)
+                let r = change()
+                fstatat(dir, name, &after, AT_SYMLINK_NOFOLLOW)
+                let moved = (after.st_ctim.tv_sec, after.st_ctim.tv_nsec) > (before.st_ctim.tv_sec, before.st_ctim.tv_nsec)
+                return "\(label): \(r == 0 ? "ok" : errnoName(errno)), ctime \(moved ? "moved" : "kept")"
+            }
+        }
+        let plain = try makeTempDirectory()
+        defer { removeTree(plain) }
+        let expected = ctimes(plain)
+        #expect(expected.allSatisfy { $0.hasSuffix("ok, ctime moved") }, "\(expected)")
+        try withVanishMount { m in #expect(ctimes(m.mountpoint) == expected) }
+    }
+
     /// Device nodes: like every FUSE mount, Vanish mounts nosuid,nodev unless
     /// told otherwise (the README says so); root's `-o dev,suid` gives what a
     /// plain directory gives.
