@@ -23,6 +23,13 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     /// Set when the daemon runs as root: new entries are then given to the
     /// caller with fchown, since the kernel already checked the caller may make them.
     let actsForOthers: Bool
+    /// Whether the backing root keeps POSIX ACLs. Without them (tmpfs built
+    /// without, GlusterFS mounted without `acl`) it answers EOPNOTSUPP, which
+    /// the kernel's own ACL check would hand the caller as the error of every
+    /// access outside the owner's bits.
+    let backingKeepsACLs: Bool
+    /// Set at INIT: the kernel checks POSIX ACLs (FUSE_POSIX_ACL).
+    let kernelChecksACLs = Atomic(false)
     let devices: DeviceMap
     /// The graveyard, its reapers and the burials owed: all deleting.
     let deleter: Deleter
@@ -117,6 +124,7 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         namespace = BackingNamespace(table: table, fdLimit: options.fdCacheLimit ?? FileLimits.defaultCacheLimit(),
                                      burials: burials)
         actsForOthers = geteuid() == 0
+        backingKeepsACLs = Self.keepsACLs(fd)
         devices = DeviceMap(rootDevice: st.st_dev)
         let journal = openJournal.flatMap { open in grave.flatMap(Self.openEventsDirectory).flatMap { fd in
             defer { Sys.close(fd) }
@@ -211,7 +219,12 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
             conn.pointee.want |= UInt32(FUSE_CAP_EXPORT_SUPPORT)
         }
         if options.posixACLs && capable & UInt32(FUSE_CAP_POSIX_ACL) != 0 {
-            conn.pointee.want |= UInt32(FUSE_CAP_POSIX_ACL)
+            if backingKeepsACLs {
+                conn.pointee.want |= UInt32(FUSE_CAP_POSIX_ACL)
+                kernelChecksACLs.store(true, ordering: .relaxed)
+            } else {
+                log.info("the source keeps no POSIX ACLs: the kernel checks the mode bits alone, as it does there")
+            }
         }
         negotiateKernelFeatures(transport)
         switch options.readdirPlus {
@@ -237,6 +250,15 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
                 to the graveyard, and a directory from one is deleted in the request, so deletes of \
                 lower-layer entries are not instant
                 """)
+        }
+    }
+
+    private static func keepsACLs(_ rootFD: Int32) -> Bool {
+        do throws(Errno) {
+            _ = try Sys.getxattr(pathFD: rootFD, "system.posix_acl_access", nil)
+            return true
+        } catch {
+            return error != .notSupported
         }
     }
 

@@ -114,6 +114,38 @@ struct PermissionsTests {
         }
     }
 
+    /// ramfs keeps no xattrs, so ACL reads answer EOPNOTSUPP (as GlusterFS
+    /// mounted without `acl` does); the kernel's ACL check on the mount
+    /// (allow_other asks for it) handed that error to anyone but the owner.
+    @Test("on a file system that keeps no ACLs, as the source or inside it, nobody works in their directory and root lists it",
+          arguments: [true, false])
+    func filesystemWithoutACLs(asSource: Bool) throws {
+        var ramfs = ""
+        defer {
+            for _ in 0..<4 where !ramfs.isEmpty && mountType(at: ramfs) != nil { _ = try? run(["umount", "-l", ramfs]) }
+        }
+        func mountRamfs(at dir: String) throws {
+            mkdir(dir, 0o755)
+            guard try run(["mount", "-t", "ramfs", "ramfs", dir]).ok else { throw TestFailure("mounting ramfs at \(dir)") }
+            ramfs = dir
+            chmod(dir, 0o755)
+            #expect(try sh("mkdir own && chown nobody:nogroup own", cwd: dir).ok)
+        }
+        let base = try makeTempDirectory()
+        defer { removeTree(base) }
+        if asSource { try mountRamfs(at: base + "/fs") }
+        try withVanishMount(options: ["allow_other"], prepareExisting: asSource ? ramfs : nil, prepare: { src in
+            if !asSource { try mountRamfs(at: src + "/sub") }
+        }) { m in
+            let dir = asSource ? "own" : "sub/own"
+            let made = try asNobody("echo x > \(dir)/f && mkdir \(dir)/d && ls \(dir)", cwd: m.mountpoint)
+            #expect(made.ok && made.stdout == "d\nf\n", "\(made.stderr)")
+            let listed = try sh("ls -l \(dir) | wc -l && cat \(dir)/f", cwd: m.mountpoint)
+            #expect(listed.ok && listed.stdout == "3\nx\n", "\(listed.stderr)")
+            #expect(try m.unmount() == 0)
+        }
+    }
+
     @Test("without allow_other other users cannot enter the mount at all")
     func privateByDefault() throws {
         try withVanishMount { m in

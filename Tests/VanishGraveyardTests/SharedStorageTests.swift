@@ -146,6 +146,27 @@ struct SharedStorageTests {
         }
     }
 
+    /// A GlusterFS client mounted without `acl` answers EOPNOTSUPP for ACLs;
+    /// the kernel's ACL check on the mount (allow_other asks for it) passed
+    /// that on as the error of every access by anyone but the owner.
+    @Test("on a volume that keeps no ACLs, another user works in their directory and root lists it, as on the volume")
+    func volumeWithoutACLs() throws {
+        try withGlusterVolume(clients: 1) { v in
+            #expect(try sh("mkdir own && chown nobody:nogroup own", cwd: v.clients[0]).ok)
+            let m = try VanishMount(options: ["allow_other"], existingSource: v.clients[0])
+            defer { m.close() }
+            let made = try runAsNobody(["sh", "-c", "echo x > own/f && mkdir own/d && ls own"], cwd: m.mountpoint)
+            #expect(made.ok && made.stdout == "d\nf\n", "\(made.stderr)")
+            let listed = try sh("ls -l own | wc -l && cat own/f", cwd: m.mountpoint)
+            #expect(listed.ok && listed.stdout == "3\nx\n", "\(listed.stderr)")
+            // setfacl fails there as it does on the volume itself.
+            let native = try run(["setfacl", "-m", "u:nobody:rwx", v.clients[0] + "/own"])
+            let mounted = try run(["setfacl", "-m", "u:nobody:rwx", m.path("own")])
+            #expect(!native.ok && !mounted.ok, "\(native.stderr) \(mounted.stderr)")
+            #expect(try m.unmount() == 0)
+        }
+    }
+
     @Test("on a network volume the log of answered unlinks stays on this machine, and unlinks answered before a SIGKILL are done by the next mount")
     func answeredUnlinksOnNetworkVolume() throws {
         try withGlusterVolume(clients: 1) { v in
