@@ -48,7 +48,9 @@ extension VanishFilesystem {
         // the daemon, which frees kept entries for it rather than fail (ENOSPC).
         let tight = flags & O_ACCMODE != O_RDONLY && deleter.reaper?.spaceIsTight == true
         let (kind, backing) = node.type == S_IFREG && passthrough.active
-            ? passthrough.open(node, fd: fd, throughDaemon: kills != nil || tight) : (OpenKind.daemon, Int32(0))
+            ? passthrough.open(node, fd: fd, throughDaemon: kills != nil || tight
+                                  || reopenRefused(known, flags: flags, caller: caller, req))
+            : (OpenKind.daemon, Int32(0))
         fi.pointee.fh = FileHandle.make(fd: fd, kind: kind, kills: kills)
         configure(fi, kind, node)
         namespace.opened(node)
@@ -58,6 +60,23 @@ extension VanishFilesystem {
             changes.opened(fd, node, writing: writing, passthrough: kind == .passthrough, stat: known, caller)
         }
         return backing
+    }
+
+    /// For passthrough the kernel opens the backing file again, as the
+    /// caller. A source that is not a local disk (GlusterFS, any FUSE or
+    /// network file system) checks that opener itself, and refuses a file
+    /// whose mode does not grant the caller the access asked for, as a file
+    /// just made by `open(O_CREAT | O_RDWR, 0)` does not, which natively
+    /// works: such a handle is served by the daemon.
+    private func reopenRefused(_ st: stat?, flags: Int32, caller: Caller, _ req: Request) -> Bool {
+        guard !sourceIsLocalDisk, caller.uid != 0, let st else { return false }
+        let wanted: mode_t = switch flags & O_ACCMODE {
+        case O_RDONLY: 4
+        case O_WRONLY: 2
+        default: 6
+        }
+        let shift: mode_t = st.st_uid == caller.uid ? 6 : req.isInGroup(st.st_gid) ? 3 : 0
+        return (st.st_mode >> shift) & wanted != wanted
     }
 
     public func read(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
