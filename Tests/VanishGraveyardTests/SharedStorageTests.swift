@@ -146,15 +146,23 @@ struct SharedStorageTests {
         }
     }
 
+    /// A one-client volume with `own/`, nobody's, and an allow_other mount over it.
+    private func withNobodysDirectory(_ body: (GlusterVolume, VanishMount) throws -> Void) throws {
+        try withGlusterVolume(clients: 1) { v in
+            #expect(try sh("mkdir own && chown nobody:nogroup own", cwd: v.clients[0]).ok)
+            let m = try VanishMount(options: ["allow_other"], existingSource: v.clients[0])
+            defer { m.close() }
+            try body(v, m)
+            #expect(try m.unmount() == 0)
+        }
+    }
+
     /// A GlusterFS client mounted without `acl` answers EOPNOTSUPP for ACLs;
     /// the kernel's ACL check on the mount (allow_other asks for it) passed
     /// that on as the error of every access by anyone but the owner.
     @Test("on a volume that keeps no ACLs, another user works in their directory and root lists it, as on the volume")
     func volumeWithoutACLs() throws {
-        try withGlusterVolume(clients: 1) { v in
-            #expect(try sh("mkdir own && chown nobody:nogroup own", cwd: v.clients[0]).ok)
-            let m = try VanishMount(options: ["allow_other"], existingSource: v.clients[0])
-            defer { m.close() }
+        try withNobodysDirectory { v, m in
             let made = try runAsNobody(["sh", "-c", "echo x > own/f && mkdir own/d && ls own"], cwd: m.mountpoint)
             #expect(made.ok && made.stdout == "d\nf\n", "\(made.stderr)")
             let listed = try sh("ls -l own | wc -l && cat own/f", cwd: m.mountpoint)
@@ -163,7 +171,6 @@ struct SharedStorageTests {
             let native = try run(["setfacl", "-m", "u:nobody:rwx", v.clients[0] + "/own"])
             let mounted = try run(["setfacl", "-m", "u:nobody:rwx", m.path("own")])
             #expect(!native.ok && !mounted.ok, "\(native.stderr) \(mounted.stderr)")
-            #expect(try m.unmount() == 0)
         }
     }
 
@@ -171,10 +178,7 @@ struct SharedStorageTests {
     /// caller, and GlusterFS checks that opener against the file's mode.
     @Test("another user's open(O_CREAT) with a mode that grants them nothing gives a usable handle, as on the volume")
     func restrictiveCreateOnVolume() throws {
-        try withGlusterVolume(clients: 1) { v in
-            #expect(try sh("mkdir own && chown nobody:nogroup own", cwd: v.clients[0]).ok)
-            let m = try VanishMount(options: ["allow_other"], existingSource: v.clients[0])
-            defer { m.close() }
+        try withNobodysDirectory { _, m in
             let script = """
                 import os
                 for mode, flags in [(0, os.O_RDWR), (0o200, os.O_RDWR), (0o400, os.O_WRONLY), (0o400, os.O_RDWR)]:
@@ -187,7 +191,6 @@ struct SharedStorageTests {
             let r = try runAsNobody(["/usr/bin/python3", "-c", script], cwd: m.mountpoint)
             #expect(r.stdout == "ok\n", "\(r.stderr)")
             #expect(try sh("cat own/m0-2 own/m200-2 own/m400-1 own/m400-2", cwd: m.mountpoint).stdout == "xxxx")
-            #expect(try m.unmount() == 0)
         }
     }
 
