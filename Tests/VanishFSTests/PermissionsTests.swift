@@ -120,6 +120,9 @@ struct PermissionsTests {
     @Test("on a file system that keeps no ACLs, as the source or inside it, nobody works in their directory and root lists it",
           arguments: [true, false])
     func filesystemWithoutACLs(asSource: Bool) throws {
+        let base = try makeTempDirectory()
+        defer { removeTree(base) }
+        // Declared after the base, so the ramfs goes first.
         var ramfs = ""
         defer {
             for _ in 0..<4 where !ramfs.isEmpty && mountType(at: ramfs) != nil { _ = try? run(["umount", "-l", ramfs]) }
@@ -131,8 +134,6 @@ struct PermissionsTests {
             chmod(dir, 0o755)
             #expect(try sh("mkdir own && chown nobody:nogroup own", cwd: dir).ok)
         }
-        let base = try makeTempDirectory()
-        defer { removeTree(base) }
         if asSource { try mountRamfs(at: base + "/fs") }
         try withVanishMount(options: ["allow_other"], prepareExisting: asSource ? ramfs : nil, prepare: { src in
             if !asSource { try mountRamfs(at: src + "/sub") }
