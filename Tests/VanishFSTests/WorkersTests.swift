@@ -120,6 +120,7 @@ struct WorkersTests {
         try "data\n".write(toFile: lower.path("f"), atomically: false, encoding: .utf8)
         let upper = try VanishMount(options: ["cache=never"], existingSource: lower.mountpoint)
         defer { upper.close() }
+        let client = try #require(try statusJSON(upper)["client"] as? String)
         kill(lower.pid, SIGSTOP)
         defer { kill(lower.pid, SIGCONT) }
         let caller = try spawn(["/usr/bin/python3", "-c", "import os, sys\ntry: os.stat(sys.argv[1])\nexcept OSError: pass",
@@ -148,6 +149,17 @@ struct WorkersTests {
         // the orderly end's 0.
         kill(lower.pid, SIGCONT)
         #expect(try upper.waitForExit(timeout: 20) == 128 + SIGTERM)
+        upper.close()
+
+        // A FUSE source keeps its log of answered unlinks on this machine;
+        // a daemon that did not end in order leaves it for the source's next
+        // mount to finish, whose orderly end removes it.
+        let logs = { (try? FileManager.default.contentsOfDirectory(atPath: "/var/lib/vanish")) ?? [] }
+        #expect(logs().contains { $0.hasPrefix("unlinks-\(client)-") })
+        let again = try VanishMount(options: ["cache=never"], existingSource: lower.mountpoint)
+        defer { again.close() }
+        #expect(try again.unmount() == 0)
+        #expect(!logs().contains { $0.hasPrefix("unlinks-\(client)-") })
     }
 
     /// A spinning worker stops within microseconds of the last request, so
