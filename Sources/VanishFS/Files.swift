@@ -69,14 +69,15 @@ extension VanishFilesystem {
     /// just made by `open(O_CREAT | O_RDWR, 0)` does not, which natively
     /// works: such a handle is served by the daemon.
     private func reopenRefused(_ st: stat?, flags: Int32, caller: Caller, _ req: Request) -> Bool {
-        guard !sourceIsLocalDisk, caller.uid != 0, let st else { return false }
+        guard !sourceIsLocalDisk, let st else { return false }
         let wanted: mode_t = switch flags & O_ACCMODE {
         case O_RDONLY: 4
         case O_WRONLY: 2
         default: 6
         }
-        let shift: mode_t = st.st_uid == caller.uid ? 6 : req.isInGroup(st.st_gid) ? 3 : 0
-        return (st.st_mode >> shift) & wanted != wanted
+        // The supplementary groups matter only to the group's bits.
+        let groups = st.st_uid == caller.uid || st.st_gid == caller.gid ? [] : req.groups()
+        return !Credentials(uid: caller.uid, gid: caller.gid, groups: groups).modeBitsGrant(st, wanted)
     }
 
     public func read(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
