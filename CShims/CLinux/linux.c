@@ -383,6 +383,16 @@ int vanish_thread_setgroups(size_t count, const gid_t *groups) {
     return (int)syscall(SYS_setgroups, count, groups);
 }
 
+static _Thread_local int thread_has_own_fs;
+
+int vanish_thread_umask(mode_t mask) {
+    if (!thread_has_own_fs) {
+        if (unshare(CLONE_FS) != 0) return -1;
+        thread_has_own_fs = 1;
+    }
+    return (int)umask(mask);
+}
+
 int vanish_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid) {
     struct ucred cred;
     socklen_t len = sizeof(cred);

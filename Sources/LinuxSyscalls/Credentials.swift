@@ -55,6 +55,17 @@ public struct Credentials: Sendable {
         return try body()
     }
 
+    /// Runs `body` (which makes a file) with the calling thread's umask set to
+    /// `mask`, then sets it back, also when `body` throws. The filesystem that
+    /// makes the file then applies the mask as it would for the caller: not at
+    /// all where the directory has a default ACL, which decides instead.
+    public static func withUmask<R>(_ mask: mode_t, _ body: () throws(Errno) -> R) throws(Errno) -> R {
+        let old = vanish_thread_umask(mask)
+        if old < 0 { throw Errno(rawValue: errno) }
+        defer { _ = vanish_thread_umask(mode_t(old)) }
+        return try body()
+    }
+
     /// The calling thread's file-system identity.
     public static func current() -> Credentials {
         let n = Glibc.getgroups(0, nil)

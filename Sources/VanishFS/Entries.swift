@@ -46,14 +46,14 @@ extension VanishFilesystem {
 
     public func mkdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t) throws(Errno) {
         try makeEntry(req, parent: parent, name: name, mode: mode) { pfd throws(Errno) in
-            try Sys.mkdirat(pfd, name, mode)
+            try withCallersUmask(req.caller) { () throws(Errno) in try Sys.mkdirat(pfd, name, mode) }
         }
     }
 
     public func mknod(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
                       rdev: dev_t) throws(Errno) {
         try makeEntry(req, parent: parent, name: name, mode: mode) { pfd throws(Errno) in
-            try Sys.mknodat(pfd, name, mode, rdev)
+            try withCallersUmask(req.caller) { () throws(Errno) in try Sys.mknodat(pfd, name, mode, rdev) }
         }
     }
 
@@ -194,7 +194,9 @@ extension VanishFilesystem {
             // O_NOFOLLOW: a symlink raced into place is refused, never followed.
             let fd = try makingRoom { () throws(Errno) in
                 try namespace.retryingOnFDExhaustion { () throws(Errno) in
-                    try Sys.openat(pfd, name, flags | O_CREAT | O_NOFOLLOW, mode)
+                    try withCallersUmask(caller) { () throws(Errno) in
+                        try Sys.openat(pfd, name, flags | O_CREAT | O_NOFOLLOW, mode)
+                    }
                 }
             }
             do throws(Errno) {
@@ -235,7 +237,9 @@ extension VanishFilesystem {
         var handed = false
         defer { if !handed { handleShares.giveBack(caller.uid) } }
         let (fd, node, st) = try namespace.withFD(p) { pfd throws(Errno) -> (Int32, Inode, stat) in
-            let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in try Sys.openat(pfd, ".", flags, mode) }
+            let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in
+                try withCallersUmask(caller) { () throws(Errno) in try Sys.openat(pfd, ".", flags, mode) }
+            }
             do throws(Errno) {
                 var (st, birth) = try Sys.fstatWithBirth(fd)
                 if try adoptOwnership(.open(fd), parentFD: pfd, caller: caller, mode: mode, st: &st) {
@@ -295,6 +299,15 @@ extension VanishFilesystem {
     func checkChangeable(_ parent: Inode, _ name: UnsafePointer<CChar>) throws(Errno) {
         if deleter.isStateDirectory(parent, name) { throw .notPermitted }
         if table.isBuried(parent) { throw .noSuchFileOrDirectory }
+    }
+
+    /// Runs `make`, which makes a file for `caller`, with the caller's umask
+    /// where the kernel left it to the daemon: the backing filesystem applies
+    /// it, or the directory's default ACL in its place, as natively.
+    @inline(__always)
+    func withCallersUmask<R>(_ caller: Caller, _ make: () throws(Errno) -> R) throws(Errno) -> R {
+        guard caller.umask != 0 && kernelLeavesUmask.load(ordering: .relaxed) else { return try make() }
+        return try Credentials.withUmask(caller.umask, make)
     }
 
     /// Gives a new entry to the process that asked for it.

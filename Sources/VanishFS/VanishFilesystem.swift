@@ -30,6 +30,10 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     let backingKeepsACLs: Bool
     /// Set at INIT: the kernel checks POSIX ACLs (FUSE_POSIX_ACL).
     let kernelChecksACLs = Atomic(false)
+    /// Set at INIT: the kernel sends the caller's umask with each mode
+    /// instead of applying it (FUSE_DONT_MASK), so a directory's default ACL
+    /// can decide in its place, as natively.
+    let kernelLeavesUmask = Atomic(false)
     let devices: DeviceMap
     /// The graveyard, its reapers and the burials owed: all deleting.
     let deleter: Deleter
@@ -212,6 +216,13 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         // Where the kernel checks access itself (default_permissions), it
         // checks POSIX ACLs too, as the backing filesystem would, instead of
         // the mode bits alone, which let through a user an ACL shuts out.
+        // The umask is applied by the backing filesystem as the file is made
+        // (see `withCallersUmask`): where the directory has a default ACL
+        // that ACL decides instead, which the kernel cannot know.
+        if capable & UInt32(FUSE_CAP_DONT_MASK) != 0 {
+            conn.pointee.want |= UInt32(FUSE_CAP_DONT_MASK)
+            kernelLeavesUmask.store(true, ordering: .relaxed)
+        }
         // Inode-flag ioctls (lsattr, chattr) on directories too, not only files.
         if capable & UInt32(FUSE_CAP_IOCTL_DIR) != 0 { conn.pointee.want |= UInt32(FUSE_CAP_IOCTL_DIR) }
         // Node ids that name their files: the kernel may then ask for a file by id (see ExportedHandles).

@@ -103,8 +103,9 @@ struct MountCommand: ParsableCommand {
     func run() throws {
         // First, before any thread exists, so every thread inherits the block.
         StopSignals.block()
-        // The kernel already applied the caller's umask to every mode it sends;
-        // the daemon's own (022) would strip group and other bits a second time.
+        // A caller's umask is applied only while making that caller's file
+        // (`withCallersUmask`); the daemon's own (022) would strip group and
+        // other bits from modes the kernel or a default ACL already decided.
         // What the daemon makes for itself carries explicit modes.
         umask(0)
         // A fixed mmap threshold, so a burst's memory comes back (docs/decisions.md).

@@ -91,6 +91,50 @@ struct PermissionsTests {
         }
     }
 
+    /// What `touch`, `mkdir`, `mkfifo` and `open(O_TMPFILE)` make under
+    /// several umasks, in a plain directory and in one with a default ACL,
+    /// which decides in the umask's place. xfstests generic/099 and 319.
+    func umaskScript() -> String {
+        """
+        for m in 022 077 722 000; do
+          umask $m
+          for d in plain acl; do
+            touch $d/f$m && mkdir $d/d$m && mkfifo $d/p$m || exit 1
+            /usr/bin/python3 -c 'import os, sys; print(oct(os.fstat(os.open(sys.argv[1], os.O_TMPFILE | os.O_RDWR, 0o666)).st_mode))' $d
+            echo "$m $d: $(stat -c %a $d/f$m $d/d$m $d/p$m | tr '\n' ' ') $(getfacl -cn $d/f$m $d/d$m | tr '\n' ' ')"
+          done
+        done
+        """
+    }
+
+    func prepareUmaskDirectories(_ dir: String) throws {
+        let r = try sh("mkdir plain acl && chmod 777 plain acl && setfacl -d --set u::rwx,g::rwx,o::-,u:daemon:r-x,m::rwx acl",
+                       cwd: dir)
+        guard r.ok else { throw TestFailure(r.stderr) }
+    }
+
+    @Test("new entries get the caller's umask, or the directory's default ACL in its place, as on a plain directory",
+          arguments: [false, true])
+    func umaskAndDefaultACLs(asNobody: Bool) throws {
+        let plain = try makeTempDirectory()
+        defer { removeTree(plain) }
+        chmod(plain, 0o755)
+        try prepareUmaskDirectories(plain)
+        let run = { (dir: String) throws -> ProcessResult in
+            asNobody ? try self.asNobody(self.umaskScript(), cwd: dir) : try sh(self.umaskScript(), cwd: dir)
+        }
+        let expected = try run(plain)
+        #expect(expected.ok, "\(expected.stderr)")
+        // The fixture: the ACL, not the umask, decides in acl/.
+        #expect(expected.stdout.contains("722 acl: 660 770 660"), "\(expected.stdout)")
+        #expect(expected.stdout.contains("022 plain: 644 755 644"), "\(expected.stdout)")
+        try withVanishMount(options: asNobody ? ["allow_other"] : [], prepare: prepareUmaskDirectories) { m in
+            let actual = try run(m.mountpoint)
+            #expect(actual.ok, "\(actual.stderr)")
+            #expect(actual.stdout == expected.stdout)
+        }
+    }
+
     @Test("trusted.* attribute names are listed to root only, as on the backing filesystem")
     func trustedNames() throws {
         let prepareXattrs = { (dir: String) throws in

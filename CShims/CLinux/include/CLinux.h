@@ -67,6 +67,12 @@ int vanish_thread_setfsuid(uid_t uid);
 int vanish_thread_setfsgid(gid_t gid);
 int vanish_thread_setgroups(size_t count, const gid_t *groups);
 
+/// Sets the calling thread's umask alone and returns the one it had, or -1
+/// with errno. The first call on a thread gives it file-system attributes
+/// of its own (unshare(CLONE_FS): umask, and a cwd and root the daemon does
+/// not use), so the process's and other threads' umasks stay as they are.
+int vanish_thread_umask(mode_t mask);
+
 /// Forks a process that unlinks `path` (if it is still the file it is now)
 /// once this process is gone, however it ended (SIGKILL included): it waits
 /// for EOF on a pipe whose write end only this process holds. `argv_area`
