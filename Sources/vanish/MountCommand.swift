@@ -173,7 +173,7 @@ struct MountCommand: ParsableCommand {
             log.notice("turned on the kernel's FUSE over io_uring", metadata: ["switch": "\(RequestChannel.kernelSwitch)"])
         }
         config.singleThreaded = singleThreaded
-        config.sourceLock = try MountPaths.lockSource(src, patience: 30, takeOver: true)
+        config.sourceLock = try MountPaths.lockSource(src, patience: 30, takeOver: true, log: log)
         let (readahead, explicit) = (parsed.filesystem.readaheadKB, parsed.readaheadGiven)
         config.afterMount = { Readahead.apply(kb: readahead, at: $0, explicit: explicit, log: log) }
         do {

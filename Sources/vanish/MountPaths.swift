@@ -2,6 +2,7 @@ import ArgumentParser
 import CLinux
 import Glibc
 import LinuxSyscalls
+import Logging
 import VanishClient
 import VanishGraveyard
 
@@ -15,22 +16,27 @@ enum MountPaths {
     ///
     /// A daemon lets go a moment after its unmount returns (it first joins
     /// its workers): while no Vanish mount of the source is left, the lock
-    /// is waited for, up to `patience` seconds, saying so once. An unmounted
+    /// is waited for, up to `patience` seconds, saying so once a wait passes
+    /// a second (a mount is otherwise silent when it succeeds). An unmounted
     /// daemon may also go on reaping its graveyard for minutes: with
     /// `takeOver` (a new mount) it is asked to stop (SIGTERM, which leaves
     /// the rest of the graveyard where it is), and the new mount's reaper
     /// carries on, instead of two reapers slowing each other down.
     @discardableResult
-    static func lockSource(_ source: String, patience: Double = 5, takeOver: Bool = false) throws -> Int32 {
+    static func lockSource(_ source: String, patience: Double = 5, takeOver: Bool = false,
+                           log: Logger? = nil) throws -> Int32 {
         let fd = open(source, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { return -1 }
         var said = false
         var asked = false
-        let deadline = monotonicSeconds() + patience
+        let start = monotonicSeconds()
+        let deadline = start + patience
         while flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK {
             if let m = vanishMount(of: source) {
                 close(fd)
-                throw RuntimeError("\(source) is already mounted by Vanish at \(m): unmount it first (vanish unmount \(m))")
+                // A second mount's daemon would keep a graveyard and events of its own over the same tree.
+                let elsewhere = takeOver ? ", or show that mount in a second place too (mount --bind \(m) DIR)" : ""
+                throw RuntimeError("\(source) is already mounted by Vanish at \(m): unmount it first (vanish unmount \(m))\(elsewhere)")
             }
             if monotonicSeconds() >= deadline {
                 close(fd)
@@ -42,16 +48,14 @@ enum MountPaths {
             if takeOver && !asked {
                 asked = true
                 if let pid = leavingDaemon(holding: fd) {
-                    FileHandleStderr.write("""
-                        vanish: the daemon that served \(source) (pid \(pid)) is still reaping its graveyard: \
-                        asking it to stop; this mount's reaper carries on from there
-
-                        """)
+                    // The usual course of a remount: logged, not put on the terminal.
+                    log?.notice("the daemon that served the source is still reaping its graveyard: asked it to stop; this mount's reaper carries on from there",
+                                metadata: ["source": "\(source)", "pid": "\(pid)"])
                     kill(pid, SIGTERM)
-                    said = true
                 }
             }
-            if !said {
+            // A mount is silent when it succeeds; only a wait one would notice is explained.
+            if !said && monotonicSeconds() - start >= 1 {
                 FileHandleStderr.write("vanish: waiting for the vanish process leaving \(source) to let go of it\n")
                 said = true
             }
