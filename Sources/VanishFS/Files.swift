@@ -104,6 +104,12 @@ extension VanishFilesystem {
         let fd = FileHandle.fd(fi.pointee.fh)
         let dup = try Sys.dup(fd)
         if Glibc.close(dup) < 0 { throw Errno(rawValue: errno) }
+        // close() waits for this reply, not for the RELEASE: a stat right
+        // after must not find the attributes from before mmap writes.
+        // (FLUSH carries no open flags: the backing fd has the caller's access mode.)
+        if FileHandle.kind(fi.pointee.fh) == .passthrough && fcntl(fd, F_GETFL) & O_ACCMODE == O_RDWR {
+            dropAttributesIfMappedWrites(inode(ino), fd, wait: true)
+        }
         req.replyOK()
     }
 
@@ -117,6 +123,16 @@ extension VanishFilesystem {
     @inline(__always)
     func writesData(_ node: Inode, _ fi: UnsafeMutablePointer<fuse_file_info>) -> Bool {
         node.type == S_IFREG && fi.pointee.flags & O_ACCMODE != O_RDONLY
+    }
+
+    /// A shared writable mmap (which needs O_RDWR) of a passthrough file
+    /// changes it where neither the daemon nor the kernel's FUSE side sees
+    /// (write(2) through passthrough the kernel notes itself): given the fd
+    /// of such a handle, the kernel's copy of its attributes goes if the
+    /// mtime moved.
+    func dropAttributesIfMappedWrites(_ node: Inode, _ fd: Int32, wait: Bool) {
+        guard let st = try? Sys.fstat(fd), node.mtimeDiffers(from: st) else { return }
+        invalidations.attributes(of: table.nodeID(node), wait: wait)
     }
 
     /// Lets go of a handle whose open could not be answered (the caller was interrupted).
@@ -140,13 +156,9 @@ extension VanishFilesystem {
         let fd = FileHandle.fd(fh)
         let last = namespace.closed(node)
         let kind = FileHandle.kind(fh)
-        // A shared writable mmap (which needs O_RDWR) of a passthrough file
-        // changes it where neither the daemon nor the kernel's FUSE side
-        // sees (write(2) through passthrough the kernel notes itself): the
-        // kernel's copy of its attributes goes if its mtime moved.
-        if kind == .passthrough && fi.pointee.flags & O_ACCMODE == O_RDWR, let st = try? Sys.fstat(fd),
-           node.mtimeDiffers(from: st) {
-            invalidations.attributes(of: table.nodeID(node), wait: false)
+        // A mapping may outlive the close (and its FLUSH) and write on.
+        if kind == .passthrough && fi.pointee.flags & O_ACCMODE == O_RDWR {
+            dropAttributesIfMappedWrites(node, fd, wait: false)
         }
         passthrough.release(node, kind: kind)
         if kind == .passthrough && writesData(node, fi) {

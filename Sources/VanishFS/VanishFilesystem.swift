@@ -375,8 +375,12 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         // report nothing (`closesSilently`), a FLUSH would only dup and close
         // an fd: every created file (tar, git checkout, compilers) was one
         // round trip more. Its writing session still ends at the release.
+        // O_RDWR handles keep it: a shared mapping, which needs O_RDWR, writes
+        // behind the kernel's copy of the mtime, and only FLUSH comes before
+        // close() returns (`dropAttributesIfMappedWrites`).
         else if closesSilently && node.key.dev == table.root.key.dev
-                    && (kind == .passthrough || kind == .passthroughDirect) {
+                    && (kind == .passthrough || kind == .passthroughDirect)
+                    && fi.pointee.flags & O_ACCMODE != O_RDWR {
             fi.pointee.noflush = 1
         }
     }

@@ -170,6 +170,57 @@ struct PassthroughTests {
             #expect(try String(contentsOfFile: m.backing("s0"), encoding: .utf8) == "xz\n")
         }
     }
+
+    /// Writes through a shared mapping of a passthrough file reach the
+    /// backing file behind the kernel's FUSE side, whose copy of the mtime
+    /// stays valid (the mapping marks only the atime stale). close() waits
+    /// for FLUSH, not for RELEASE (which comes later, and here not at all
+    /// while a duplicate of the fd is open), so FLUSH drops that copy. GNU
+    /// stat asks statx for the mtime alone, as xfstests generic/080 does
+    /// right after its writer exits.
+    @Test("after writes through a shared mapping, stat shows the new mtime as soon as close returns, as natively",
+          arguments: ["io_uring=on", "io_uring=off"])
+    func mappedWritesShowAtClose(channel: String) throws {
+        func mtime(_ path: String) throws -> String {
+            let r = try run(["stat", "-c", "%.9Y", path])
+            guard r.ok else { throw TestFailure(r.stderr) }
+            return r.stdout
+        }
+        // Made before the mount: no RELEASE of its maker may land later and drop the kernel's copy.
+        func make(_ dir: String) throws {
+            guard FileManager.default.createFile(atPath: dir + "/mapped", contents: Data(count: 4096)) else {
+                throw TestFailure("create in \(dir)")
+            }
+        }
+        func moves(_ dir: String) throws -> String {
+            let path = dir + "/mapped"
+            let before = try mtime(path)
+            // Wait for the clock file systems stamp with to pass the mtime,
+            // so the write cannot get the same stamp.
+            var st = stat(), now = timespec()
+            stat(path, &st)
+            repeat { clock_gettime(CLOCK_REALTIME_COARSE, &now) }
+            while (now.tv_sec, now.tv_nsec) <= (st.st_mtim.tv_sec, st.st_mtim.tv_nsec)
+            let fd = open(path, O_RDWR)
+            guard fd >= 0, let map = mmap(nil, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), map != MAP_FAILED else {
+                throw TestFailure("map: \(errno)")
+            }
+            let duplicate = dup(fd)
+            defer { munmap(map, 4096); close(duplicate) }
+            map.storeBytes(of: 0x41, as: UInt8.self)
+            close(fd)
+            return try mtime(path) != before ? "mtime moved" : "mtime kept"
+        }
+        let plain = try makeTempDirectory()
+        defer { removeTree(plain) }
+        try make(plain)
+        #expect(try moves(plain) == "mtime moved")
+        try withVanishMount(options: [channel], prepare: make) { m in
+            let status = try run([vanishBinary, "status", m.mountpoint])
+            #expect(status.stdout.contains("file data:        passthrough"), "\(status.stdout)")
+            #expect(try moves(m.mountpoint) == "mtime moved")
+        }
+    }
 }
 
 /// The kernel's rules for privilege bits on another user's change, which
