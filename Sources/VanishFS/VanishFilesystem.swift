@@ -213,9 +213,6 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         for cap in [FUSE_CAP_SPLICE_WRITE, FUSE_CAP_SPLICE_MOVE, FUSE_CAP_SPLICE_READ] where !transport.ringComing {
             if capable & UInt32(cap) != 0 { conn.pointee.want |= UInt32(cap) }
         }
-        // Where the kernel checks access itself (default_permissions), it
-        // checks POSIX ACLs too, as the backing filesystem would, instead of
-        // the mode bits alone, which let through a user an ACL shuts out.
         // The umask is applied by the backing filesystem as the file is made
         // (see `withCallersUmask`): where the directory has a default ACL
         // that ACL decides instead, which the kernel cannot know.
@@ -229,6 +226,9 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         if table.codec != nil && capable & UInt32(FUSE_CAP_EXPORT_SUPPORT) != 0 {
             conn.pointee.want |= UInt32(FUSE_CAP_EXPORT_SUPPORT)
         }
+        // Where the kernel checks access itself (default_permissions), it
+        // checks POSIX ACLs too, as the backing filesystem would, instead of
+        // the mode bits alone, which let through a user an ACL shuts out.
         if options.posixACLs && capable & UInt32(FUSE_CAP_POSIX_ACL) != 0 {
             if backingKeepsACLs {
                 conn.pointee.want |= UInt32(FUSE_CAP_POSIX_ACL)
