@@ -45,45 +45,39 @@ extension VanishFilesystem {
     }
 
     public func mkdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t) throws(Errno) {
-        try makeEntry(req, parent: parent, name: name, mode: mode) { pfd throws(Errno) in
-            try withCallersUmask(req.caller) { () throws(Errno) in try Sys.mkdirat(pfd, name, mode) }
-        }
+        try makeEntry(req, parent: parent, name: name) { pfd throws(Errno) in try Sys.mkdirat(pfd, name, mode) }
     }
 
     public func mknod(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
                       rdev: dev_t) throws(Errno) {
-        try makeEntry(req, parent: parent, name: name, mode: mode) { pfd throws(Errno) in
-            try withCallersUmask(req.caller) { () throws(Errno) in try Sys.mknodat(pfd, name, mode, rdev) }
-        }
+        try makeEntry(req, parent: parent, name: name) { pfd throws(Errno) in try Sys.mknodat(pfd, name, mode, rdev) }
     }
 
     public func symlink(_ req: Request, target: UnsafePointer<CChar>, parent: fuse_ino_t,
                         name: UnsafePointer<CChar>) throws(Errno) {
-        try makeEntry(req, parent: parent, name: name, mode: S_IFLNK | 0o777) { pfd throws(Errno) in
-            try Sys.symlinkat(target, pfd, name)
-        }
+        try makeEntry(req, parent: parent, name: name) { pfd throws(Errno) in try Sys.symlinkat(target, pfd, name) }
     }
 
-    /// Makes an entry with `make`, gives it to the caller, and replies with it.
-    private func makeEntry(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
+    /// Makes an entry with `make`, run as the caller (`asCaller`), and
+    /// replies with it. Nothing is chowned afterwards: the backing kernel
+    /// gave it its owner and group as it made it.
+    private func makeEntry(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>,
                            _ make: (Int32) throws(Errno) -> Void) throws(Errno) {
         let p = inode(parent)
         try checkChangeable(p, name)
+        let caller = req.caller
         try namespace.making(p, name) { pfd throws(Errno) -> (Inode, stat) in
-            try makingRoom { () throws(Errno) in try make(pfd) }
+            try makingRoom { () throws(Errno) in try asCaller(req, caller) { () throws(Errno) in try make(pfd) } }
             let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in
                 try Sys.openat(pfd, name, VANISH_O_PATH | O_NOFOLLOW)
             }
             do throws(Errno) {
-                var (st, birth) = try Sys.fstatWithBirth(fd)
-                if try adoptOwnership(.path(fd), parentFD: pfd, caller: req.caller, mode: mode, st: &st) {
-                    st = try Sys.fstat(fd)
-                }
+                let (st, birth) = try Sys.fstatWithBirth(fd)
                 let made = madeIdentity(fd, st, birth: birth)
                 let node = table.remember(st, birth: birth, parent: p, name: name, generation: made.generation)
                 if let id = made.id { _ = table.fileID(of: node) { id } }
                 changes.sawDirectory(node, st)
-                changes.created(req.caller, parent: p, name: name, node: node, st: st, fd: fd)
+                changes.created(caller, parent: p, name: name, node: node, st: st, fd: fd)
                 namespace.adopt(node, fd: fd)
                 return (node, st)
             } catch {
@@ -104,7 +98,9 @@ extension VanishFilesystem {
         try namespace.making(np, newName) { npfd throws(Errno) -> (Inode, stat) in
             let unnamed = table.isUnnamed(node)
             let target = changes.linking(node, unnamed: unnamed)
-            try namespace.withFD(node) { fd throws(Errno) in try Sys.link(fd: fd, npfd, newName) }
+            try namespace.withFD(node) { fd throws(Errno) in
+                try asCaller(req, req.caller, umask: false) { () throws(Errno) in try Sys.link(fd: fd, npfd, newName) }
+            }
             let (st, birth) = try Sys.lstatatWithBirth(npfd, newName)
             let linked = table.remember(st, birth: birth, parent: np, name: newName,
                                         generation: generationForID(npfd, newName, st, birth: birth))
@@ -191,19 +187,27 @@ extension VanishFilesystem {
         var handed = false
         defer { if !handed { handleShares.giveBack(caller.uid) } }
         try namespace.making(p, name) { pfd throws(Errno) -> (Int32, Inode, stat) in
-            // O_NOFOLLOW: a symlink raced into place is refused, never followed.
-            let fd = try makingRoom { () throws(Errno) in
-                try namespace.retryingOnFDExhaustion { () throws(Errno) in
-                    try withCallersUmask(caller) { () throws(Errno) in
-                        try Sys.openat(pfd, name, flags | O_CREAT | O_NOFOLLOW, mode)
+            // O_EXCL: only a file this call makes is opened, so one renamed
+            // onto the name on the source meanwhile is never opened with
+            // the daemon's rights; O_NOFOLLOW refuses a symlink raced into place.
+            let fd: Int32
+            do throws(Errno) {
+                fd = try makingRoom { () throws(Errno) in
+                    try namespace.retryingOnFDExhaustion { () throws(Errno) in
+                        try asCaller(req, caller) { () throws(Errno) in
+                            try Sys.openat(pfd, name, flags | O_CREAT | O_EXCL | O_NOFOLLOW, mode)
+                        }
                     }
                 }
+            } catch .fileExists where fi.pointee.flags & O_EXCL == 0 {
+                // The kernel believed the name absent, but it was made on the
+                // source since. ESTALE makes the kernel walk the path again
+                // with a fresh LOOKUP, then open what is there as an open
+                // checked with the caller's rights, as natively.
+                throw .staleNFSFileHandle
             }
             do throws(Errno) {
-                var (st, birth) = try Sys.fstatWithBirth(fd)
-                if try adoptOwnership(.open(fd), parentFD: pfd, caller: caller, mode: mode, st: &st) {
-                    st = try Sys.fstat(fd)
-                }
+                let (st, birth) = try Sys.fstatWithBirth(fd)
                 let made = madeIdentity(fd, st, birth: birth)
                 let node = table.remember(st, birth: birth, parent: p, name: name, generation: made.generation)
                 if let id = made.id { _ = table.fileID(of: node) { id } }
@@ -238,13 +242,10 @@ extension VanishFilesystem {
         defer { if !handed { handleShares.giveBack(caller.uid) } }
         let (fd, node, st) = try namespace.withFD(p) { pfd throws(Errno) -> (Int32, Inode, stat) in
             let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in
-                try withCallersUmask(caller) { () throws(Errno) in try Sys.openat(pfd, ".", flags, mode) }
+                try asCaller(req, caller) { () throws(Errno) in try Sys.openat(pfd, ".", flags, mode) }
             }
             do throws(Errno) {
-                var (st, birth) = try Sys.fstatWithBirth(fd)
-                if try adoptOwnership(.open(fd), parentFD: pfd, caller: caller, mode: mode, st: &st) {
-                    st = try Sys.fstat(fd)
-                }
+                let (st, birth) = try Sys.fstatWithBirth(fd)
                 let pathFD = try Sys.withProcPath(fd) { path throws(Errno) in try Sys.open(path, VANISH_O_PATH) }
                 // No name: a reopen by name finds nothing (ENOENT), never another file.
                 let node = table.remember(st, birth: birth, parent: p, name: "",
@@ -310,33 +311,25 @@ extension VanishFilesystem {
         return try Credentials.withUmask(caller.umask, make)
     }
 
-    /// Gives a new entry to the process that asked for it.
-    ///
-    /// A root daemon creates everything as root; the kernel has already
-    /// checked (default_permissions) that the caller may create it, so the
-    /// entry is handed over: uid to the caller, gid to the caller's unless
-    /// the directory is setgid (then it keeps the directory's group, as the
-    /// backing filesystem set it). chown clears set-id bits, so they are
-    /// put back. A daemon running as an ordinary user cannot chown, and
-    /// serves only that user unless allow_other is set (then, like bindfs,
-    /// new entries belong to the daemon's user). Returns true if it changed anything.
-    func adoptOwnership(_ file: FileRef, parentFD: Int32, caller: Caller, mode: mode_t,
-                        st: inout stat) throws(Errno) -> Bool {
-        guard actsForOthers else { return false }
-        var gid = caller.gid
-        if st.st_gid != gid {
-            let parent = try Sys.fstat(parentFD)
-            if parent.st_mode & S_ISGID != 0 { gid = st.st_gid }
+    /// Runs `body`, which makes or links an entry for the request's caller,
+    /// as that caller: on a root daemon serving others, with the caller's
+    /// fsuid, fsgid and supplementary groups on this thread alone, so the
+    /// backing kernel checks the directory at the moment of the call and
+    /// gives the entry its owner and group (a setgid directory's included);
+    /// with `umask`, the caller's umask where the kernel left it to the daemon.
+    /// A daemon run by an ordinary user cannot switch: it serves only its
+    /// user, or with allow_other makes entries as its user, as bindfs does.
+    @inline(__always)
+    func asCaller<R>(_ req: Request, _ caller: Caller, umask: Bool = true,
+                     _ body: () throws(Errno) -> R) throws(Errno) -> R {
+        guard actsForOthers, caller.uid != 0 || caller.gid != 0 else {
+            return umask ? try withCallersUmask(caller, body) : try body()
         }
-        guard st.st_uid != caller.uid || st.st_gid != gid else { return false }
-        try Sys.fchown(file.fd, caller.uid, gid)
-        let type = st.st_mode & S_IFMT
-        let setID = mode & (S_ISUID | S_ISGID)
-        if setID != 0 && type != S_IFDIR && type != S_IFLNK {
-            let perms = (st.st_mode & 0o7777) | setID
-            try Sys.chmod(file, perms)
+        // Root's capabilities pass every check its groups could change.
+        let groups = caller.uid == 0 ? [] : req.groups()
+        return try Credentials(uid: caller.uid, gid: caller.gid, groups: groups).acting { () throws(Errno) -> R in
+            umask ? try withCallersUmask(caller, body) : try body()
         }
-        return true
     }
 
     /// The flags to open a backing file with.
