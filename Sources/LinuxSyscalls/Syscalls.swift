@@ -433,6 +433,26 @@ extension Sys {
     }
 }
 
+extension Sys {
+    /// The names in the directory `name` of `dirfd` (not followed if a
+    /// symlink), "." and ".." left out. The stream is closed on every path.
+    public static func names(in dirfd: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> [String] {
+        let fd = try openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW)
+        guard let dp = fdopendir(fd) else {
+            let e = Errno(rawValue: errno)
+            close(fd)
+            throw e
+        }
+        defer { closedir(dp) }
+        var names: [String] = []
+        while let d = readdir(dp) {
+            let n = vanish_dirent_name(d)!
+            if !isDotOrDotDot(n) { names.append(String(cString: n)) }
+        }
+        return names
+    }
+}
+
 /// Whether a directory entry's name is `.` or `..` (compared without allocating).
 @inline(__always)
 public func isDotOrDotDot(_ name: UnsafePointer<CChar>) -> Bool {

@@ -35,11 +35,14 @@ extension VanishFilesystem {
         ino == fuse_ino_t(FUSE_ROOT_ID) && name[0] == 0x75 && strcmp(name, VanishFilesystem.statusAttribute) == 0
     }
 
-    /// Buries the entry `ino` was last looked up as, after checking that the
-    /// caller could delete it, and all it holds, with rm -r (`RemovalCheck`,
-    /// with the caller's own credentials, never the daemon's). A file with
-    /// other hard links is refused (EMLINK): the request names the inode,
-    /// not which of its names the caller meant.
+    /// Removes the entry `ino` was last looked up as, a file or a whole
+    /// tree, in one step: one rename into the caller's room made with the
+    /// caller's credentials, so the kernel decides as it would for `mv` into
+    /// another directory, and the request walks nothing (`OneStepBurials`
+    /// then checks, in the background, that `rm -r` by the caller would
+    /// have emptied it, or puts it back). A file with other hard links is
+    /// refused (EMLINK): the request names the inode, not which of its names
+    /// the caller meant; a tree with a filesystem mounted inside, EBUSY.
     func deleteByTrigger(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
         let node = inode(ino)
         guard node !== table.root else { throw .resourceBusy }
@@ -55,11 +58,34 @@ extension VanishFilesystem {
                 if !isDirectory && entry.st_nlink > 1 { throw .tooManyLinks }
                 // As rm -r would stop at it: the caller unmounts it first.
                 if isDirectory, hasMounts(below: pfd, n.baseAddress!) { throw .resourceBusy }
-                let extent = try permissions.check(pfd, n.baseAddress!, recursive: isDirectory)
                 let id = changes.removing(pfd, n.baseAddress!, entry)
-                let grave = try deleter.buryTree(pfd, n.baseAddress!, st: entry, from: parent, caller: caller,
+                var grave: String?
+                if let graveyard = deleter.graveyard, let rooms = deleter.rooms, entry.st_dev == graveyard.device {
+                    let room = try rooms.room(for: caller.uid, gid: caller.gid)
+                    let reservation = graveyard.reserve()
+                    do throws(Errno) {
+                        try graveyard.withName(reservation) { g throws(Errno) in
+                            try permissions.acting { () throws(Errno) in try Sys.renameNoReplace(pfd, n.baseAddress!, room, g) }
+                        }
+                        grave = try graveyard.withName(reservation) { String(cString: $0) }
+                        oneStep.add(.init(room: room, reservation: reservation, permissions: permissions, caller: caller,
+                                          st: entry, node: node, parent: parent, name: name,
+                                          record: deleter.trashRecord(entry, parent: parent, name: n.baseAddress!,
+                                                                      caller: caller)))
+                    } catch .improperLink {
+                        // The source's filesystem refuses this move (overlayfs, for a
+                        // directory of a lower layer): checked and removed in place below.
+                    }
+                }
+                if grave == nil {
+                    // On a filesystem mounted inside the source, without a graveyard,
+                    // or where the move was refused with EXDEV: checked here, then
+                    // buried or deleted with the daemon's rights.
+                    let extent = try permissions.check(pfd, n.baseAddress!, recursive: isDirectory)
+                    grave = try deleter.buryTree(pfd, n.baseAddress!, st: entry, from: parent, caller: caller,
                                                  counted: extent)
-                if entry.st_mode & S_IFMT == S_IFDIR { table.markBuried(node) }
+                }
+                if isDirectory { table.markBuried(node) }
                 changes.deleted(caller, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true,
                                 entry: grave)
             }
@@ -102,11 +128,11 @@ extension VanishFilesystem {
         _ = fstatvfs(rootFD, &fs)
         return StatusFacts(
             source: sourcePath, stateDirectory: d.stateDirectory, graveyard: d.graveyard != nil,
-            pendingEntries: d.pendingEntries, restorable: uid == 0 ? [] : d.graveyard?.restorable(of: uid) ?? [],
+            pendingEntries: d.pendingEntries + oneStep.count, restorable: uid == 0 ? [] : d.graveyard?.restorable(of: uid) ?? [],
             restorableCount: d.graveyard?.restorableCount ?? 0,
             restorableBytes: d.graveyard?.restorableBytes ?? 0, stuckEntries: d.stuckEntries,
             remainingWork: d.remainingWork, holdingBytes: d.holdingBytes,
-            statistics: d.reapingStatistics, pace: d.reapingPace, reapersIdle: d.reapersIdle,
+            statistics: d.reapingStatistics, pace: d.reapingPace, reapersIdle: d.reapersIdle && oneStep.count == 0,
             reaperWorkers: d.reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize),
             keepSeconds: Double(d.undoWindow) / 1e9, socket: status.socket,
             knownInodes: table.count, stataheadEntries: statahead.prefetched.load(ordering: .relaxed),

@@ -36,6 +36,8 @@ final class Deleter: Sendable {
     let burials: DeferredBurials
     let rootFD: Int32
     let log: Logger
+    /// Each deleter's room for one-step deletes (nil without a graveyard, or where it could not be made).
+    let rooms: DeleterRooms?
 
     /// What deleting needs from the source, opened before the inode table
     /// and namespace exist (the namespace holds the unlink log).
@@ -124,6 +126,12 @@ final class Deleter: Sendable {
         self.namespace = namespace
         self.burials = burials
         self.log = log
+        do throws(Errno) {
+            rooms = try opened.graveyard.map(DeleterRooms.init)
+        } catch {
+            log.warning("no rooms for one-step deletes: vanish rm deletes file by file", metadata: ["error": "\(error)"])
+            rooms = nil
+        }
         if let intents = opened.intents { finishInterruptedUnlinks(intents, leftover: opened.leftover) }
     }
 

@@ -250,7 +250,8 @@ extension Deleter {
     @discardableResult
     func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, st: stat, from parent: Inode,
               caller: Caller, asName: UnsafePointer<CChar>? = nil, wantEntry: Bool = false,
-              made: (record: TrashRecord?, deleted: UInt64)? = nil) throws(Errno) -> String? {
+              made: (record: TrashRecord?, deleted: UInt64)? = nil,
+              reserved: Graveyard.Reservation? = nil) throws(Errno) -> String? {
         guard let graveyard, let reaper else {
             try deleteNow(parentFD, name)
             return nil
@@ -260,7 +261,8 @@ extension Deleter {
         var entry: String?
         do {
             if wantEntry {
-                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, deletion: deletion) { entry = String(cString: $0) },
+                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, deletion: deletion,
+                                                            reserved: reserved) { entry = String(cString: $0) },
                                   sizeUnknown: record != nil && record?.bytes == nil, bytes: Self.freedBytes(st))
             } else {
                 reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, deletion: deletion),
@@ -307,9 +309,14 @@ extension Deleter {
     /// returns its graveyard entry (nil if it was deleted at once). The
     /// permission walk `counted` what the reaper will delete: status can
     /// tell how long that takes, and how much space waits in the graveyard.
+    /// `reserved` and `record`: the name and trash record a one-step delete
+    /// took when its caller removed the tree (`OneStepBurials`).
     func buryTree(_ parentFD: Int32, _ name: UnsafePointer<CChar>, st: stat, from parent: Inode, caller: Caller,
-                  counted: RemovalCheck.Extent) throws(Errno) -> String? {
-        let grave = try bury(parentFD, name, st: st, from: parent, caller: caller, wantEntry: true)
+                  counted: RemovalCheck.Extent, reserved: Graveyard.Reservation? = nil,
+                  record: TrashRecord? = nil) throws(Errno) -> String? {
+        let made = reserved.map { _ in (record: record, deleted: UInt64(0)) }
+        let grave = try bury(parentFD, name, st: st, from: parent, caller: caller, wantEntry: true, made: made,
+                             reserved: reserved)
         if st.st_mode & S_IFMT == S_IFDIR, let grave, st.st_dev == table.root.key.dev {
             if counted.entries > 1 { reaper?.expectTree(grave, count: counted.entries) }
             reaper?.noteHeld(bytes: counted.bytes)

@@ -20,7 +20,7 @@ import SystemPackage
 ///   empty directory needs nothing of its own: rmdir asks only its parent);
 /// - no immutable or append-only entry, and no such directory holding one;
 /// - no filesystem mounted in the tree (EBUSY).
-struct RemovalCheck {
+struct RemovalCheck: Sendable {
     /// The caller's identity, or nil for root, whom no mode or sticky bit stops.
     let credentials: Credentials?
     /// Directories deeper than this are refused (each level holds an fd).
@@ -46,6 +46,13 @@ struct RemovalCheck {
     func check(_ parentFD: Int32, _ name: UnsafePointer<CChar>, recursive: Bool) throws(Errno) -> Extent {
         guard let credentials, Credentials.canSwitch else { return try checkAsSelf(parentFD, name, recursive) }
         return try credentials.acting { () throws(Errno) -> Extent in try checkAsSelf(parentFD, name, recursive) }
+    }
+
+    /// Runs `body` with these credentials where the daemon can take them on
+    /// (as `check` does), else with its own.
+    func acting<R>(_ body: () throws(Errno) -> R) throws(Errno) -> R {
+        guard let credentials, Credentials.canSwitch else { return try body() }
+        return try credentials.acting(body)
     }
 
     /// What a tree holds, as the reaper will meet it.

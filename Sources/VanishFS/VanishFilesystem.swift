@@ -37,6 +37,8 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     let devices: DeviceMap
     /// The graveyard, its reapers and the burials owed: all deleting.
     let deleter: Deleter
+    /// One-step deletes in their deleters' rooms, waiting for their check.
+    let oneStep: OneStepBurials
     /// Whether close(2) of the source's own files never reports an error
     /// (see `configure`).
     let closesSilently: Bool
@@ -147,6 +149,7 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
                                namespace: namespace, table: table, invalidations: invalidations, changes: changes,
                                log: logger)
         deleter = Deleter(opened, rootFD: fd, table: table, namespace: namespace, burials: burials, log: logger)
+        oneStep = OneStepBurials(deleter: deleter, changes: changes, log: logger)
         statahead = Statahead(table: table, namespace: namespace) { [deleter] dir, name in
             deleter.isStateDirectory(dir, name)
         }
@@ -246,6 +249,7 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         }
         // Threads start here, after daemonizing (a fork keeps only the forking thread).
         // The watch last: what it sees goes to the notice sender, which must run.
+        oneStep.start()
         deleter.start()
         invalidations.start()
         startWatching()
@@ -320,7 +324,11 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
 
     /// After the session ended: finish emptying the graveyard (after an
     /// unmount) or stop at once (after a signal).
-    public func stopReaping(finish: Bool) { deleter.stop(finish: finish) }
+    public func stopReaping(finish: Bool) {
+        // Trees already gone from their place are owed their check first.
+        oneStep.stop()
+        deleter.stop(finish: finish)
+    }
 
     public func destroy() {
         log.info("session ending", metadata: ["inodes": "\(table.count)"])

@@ -209,15 +209,15 @@ public final class Graveyard: @unchecked Sendable {
     /// the name where it is, for the caller to unlink (a file still open).
     @inline(__always) @discardableResult
     public func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, record: TrashRecord? = nil,
-                     deletion: Deletion = .now, linking: Bool = false,
+                     deletion: Deletion = .now, linking: Bool = false, reserved: Reservation? = nil,
                      named: ((UnsafePointer<CChar>) -> Void)? = nil) throws(Errno) -> Int {
-        let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
+        let n = reserved?.number ?? counter.wrappingAdd(1, ordering: .relaxed).newValue
         // Runs of 64 deletions share a shard, so a reaper woken for a program
         // that unlinks file after file scans one directory for many of them;
         // pieces of a tree being reaped are spread one by one, for parallel workers.
         let shard = Int((deletion == .piece ? n : n >> 6) % UInt64(Graveyard.shardCount))
         let sfd = shardFDs[shard]
-        try withUniqueName(n, time: deletion.nameTime) { grave throws(Errno) in
+        try withUniqueName(n, time: reserved?.time ?? deletion.nameTime) { grave throws(Errno) in
             guard var record else {
                 try Sys.renameNoReplace(parentFD, name, sfd, grave)
                 named?(grave)

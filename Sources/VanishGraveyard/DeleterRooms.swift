@@ -1,0 +1,82 @@
+import CLinux
+import Glibc
+import LinuxSyscalls
+import Synchronization
+import SystemPackage
+
+extension Graveyard {
+    /// A graveyard name taken before its entry arrives: a one-step delete
+    /// moves the tree into its deleter's room under this name, and `bury`
+    /// with `reserved` later moves it on into a shard under the same name,
+    /// so the `deleted` event can name the entry at once.
+    public struct Reservation: Sendable, Equatable {
+        let number: UInt64
+        let time: UInt64
+    }
+
+    public func reserve() -> Reservation {
+        Reservation(number: counter.wrappingAdd(1, ordering: .relaxed).newValue, time: Sys.wallClockNow())
+    }
+
+    /// `body` with the name `reservation` stands for.
+    public func withName<R>(_ reservation: Reservation,
+                            _ body: (UnsafePointer<CChar>) throws(Errno) -> R) throws(Errno) -> R {
+        try withUniqueName(reservation.number, time: reservation.time, body)
+    }
+}
+
+/// Where a one-step delete lands first: `users/<uid>` in this client's state
+/// directory, a directory of the deleter's own (mode 0700) inside the
+/// daemon's private one. The deleter's move into it is made with their
+/// credentials, so the kernel decides whether they may move the tree at all
+/// (as `mv` would), and no path reaches it: only descriptors opened inside
+/// the tree before the delete.
+public final class DeleterRooms: Sendable {
+    /// `users/` (O_PATH), private to the daemon's user.
+    private let usersFD: Int32
+    /// Each user's room (O_PATH), opened once.
+    private let rooms = Mutex<[uid_t: Int32]>([:])
+
+    public init(_ graveyard: Graveyard) throws(Errno) {
+        usersFD = try Graveyard.makeDirectory(graveyard.stateFD, ["users"])
+    }
+
+    deinit {
+        Sys.close(usersFD)
+        rooms.withLock { $0.values.forEach(Sys.close) }
+    }
+
+    /// What rooms hold: trees a daemon that stopped before checking them
+    /// left there, by the uid whose room it is and its group.
+    public func leftovers() -> [(uid: uid_t, gid: gid_t, room: Int32, names: [String])] {
+        var found: [(uid: uid_t, gid: gid_t, room: Int32, names: [String])] = []
+        for user in (try? Sys.names(in: usersFD, ".")) ?? [] {
+            guard let uid = uid_t(user), let st = try? Sys.lstatat(usersFD, user), st.st_mode & S_IFMT == S_IFDIR,
+                  let room = try? room(for: uid, gid: st.st_gid),
+                  let names = try? Sys.names(in: room, "."), !names.isEmpty else { continue }
+            found.append((uid, st.st_gid, room, names))
+        }
+        return found
+    }
+
+    /// `uid`'s room, made on first use: a directory only the daemon's user
+    /// could have made (`users/` is private), given to `uid` and `gid`.
+    public func room(for uid: uid_t, gid: gid_t) throws(Errno) -> Int32 {
+        try rooms.withLock { (rooms: inout [uid_t: Int32]) throws(Errno) -> Int32 in
+            if let fd = rooms[uid] { return fd }
+            let name = String(uid)
+            do throws(Errno) { try Sys.mkdirat(usersFD, name, 0o700) } catch .fileExists {}
+            let fd = try Sys.openat(usersFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+            do throws(Errno) {
+                let st = try Sys.fstat(fd)
+                if st.st_uid != uid { try Sys.fchown(fd, uid, gid) }
+                if st.st_mode & 0o077 != 0 { try Sys.chmod(.path(fd), 0o700) }
+            } catch {
+                Sys.close(fd)
+                throw error
+            }
+            rooms[uid] = fd
+            return fd
+        }
+    }
+}
