@@ -69,7 +69,7 @@ extension VanishFilesystem {
                         }
                         grave = try graveyard.withName(reservation) { String(cString: $0) }
                         oneStep.add(.init(room: room, reservation: reservation, permissions: permissions, caller: caller,
-                                          st: entry, node: node, parent: parent, name: name,
+                                          st: entry, parent: parent, name: name,
                                           record: deleter.trashRecord(entry, parent: parent, name: n.baseAddress!,
                                                                       caller: caller)))
                     } catch .improperLink {

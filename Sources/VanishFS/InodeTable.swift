@@ -288,11 +288,6 @@ final class InodeTable: @unchecked Sendable {
         anyBuried.store(true, ordering: .releasing)
     }
 
-    /// A tree `vanish rm` took is back where it was (`OneStepBurials`).
-    func unmarkBuried(_ inode: Inode) {
-        lock.withLock { _ in inode.place.buried = false }
-    }
-
     /// Whether `dir` or a directory above it went to the graveyard with
     /// `vanish rm`: nothing may be made in it any more. The kernel cannot
     /// know (for it, the tree just went away), so a process still inside

@@ -25,8 +25,7 @@ final class OneStepBurials: Sendable {
         let permissions: RemovalCheck
         let caller: Caller
         let st: stat
-        /// The tree's node and where it was: for the put-back.
-        let node: Inode
+        /// Where the tree was: for the put-back.
         let parent: Inode
         let name: ContiguousArray<CChar>
         /// Its trash record, made when the caller removed it.
@@ -43,11 +42,13 @@ final class OneStepBurials: Sendable {
     private let wake = Condition()
     private let deleter: Deleter
     private let changes: any ChangeObserver
+    private let invalidations: EntryInvalidations
     private let log: Logger
 
-    init(deleter: Deleter, changes: any ChangeObserver, log: Logger) {
+    init(deleter: Deleter, changes: any ChangeObserver, invalidations: EntryInvalidations, log: Logger) {
         self.deleter = deleter
         self.changes = changes
+        self.invalidations = invalidations
         self.log = log
     }
 
@@ -160,7 +161,10 @@ final class OneStepBurials: Sendable {
                         try p.permissions.acting { () throws(Errno) in
                             try Sys.renameNoReplace(p.room, grave, pfd, n.baseAddress!)
                         }
-                        deleter.table.unmarkBuried(p.node)
+                        // As after a restore: the tree is usable again, and the
+                        // kernel forgets any absence of the name it remembers.
+                        if let st = try? Sys.lstatat(pfd, n.baseAddress!) { deleter.table.moved(st, to: p.parent, name: n.baseAddress!) }
+                        _ = invalidations.send(parent: deleter.table.nodeID(p.parent), name: p.name, timeout: .seconds(1))
                         changes.restored(into: pfd, n.baseAddress!, path: path, kind: TrashRecord.Kind(mode: p.st.st_mode).name,
                                          entry: String(cString: grave), uid: p.caller.uid)
                     }

@@ -149,7 +149,7 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
                                namespace: namespace, table: table, invalidations: invalidations, changes: changes,
                                log: logger)
         deleter = Deleter(opened, rootFD: fd, table: table, namespace: namespace, burials: burials, log: logger)
-        oneStep = OneStepBurials(deleter: deleter, changes: changes, log: logger)
+        oneStep = OneStepBurials(deleter: deleter, changes: changes, invalidations: invalidations, log: logger)
         statahead = Statahead(table: table, namespace: namespace) { [deleter] dir, name in
             deleter.isStateDirectory(dir, name)
         }
