@@ -60,9 +60,11 @@ extension VanishFilesystem {
                 if isDirectory, hasMounts(below: pfd, n.baseAddress!) { throw .resourceBusy }
                 let id = changes.removing(pfd, n.baseAddress!, entry)
                 var grave: String?
+                // What the tree holds when the reaper comes is freed with the caller's rights.
+                let deletedBy = try deleter.graveyard?.identify(permissions.credentials)
                 if let graveyard = deleter.graveyard, let rooms = deleter.rooms, entry.st_dev == graveyard.device {
                     let room = try rooms.room(for: caller.uid, gid: caller.gid)
-                    let reservation = graveyard.reserve()
+                    let reservation = graveyard.reserve(by: deletedBy)
                     do throws(Errno) {
                         try graveyard.withName(reservation) { g throws(Errno) in
                             try permissions.acting { () throws(Errno) in try Sys.renameNoReplace(pfd, n.baseAddress!, room, g) }
@@ -83,7 +85,7 @@ extension VanishFilesystem {
                     // buried or deleted with the daemon's rights.
                     let extent = try permissions.check(pfd, n.baseAddress!, recursive: isDirectory)
                     grave = try deleter.buryTree(pfd, n.baseAddress!, st: entry, from: parent, caller: caller,
-                                                 counted: extent)
+                                                 counted: extent, by: deletedBy)
                 }
                 if isDirectory { table.markBuried(node) }
                 changes.deleted(caller, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true,

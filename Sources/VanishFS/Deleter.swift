@@ -126,11 +126,9 @@ final class Deleter: Sendable {
         self.namespace = namespace
         self.burials = burials
         self.log = log
-        do throws(Errno) {
-            rooms = try opened.graveyard.map(DeleterRooms.init)
-        } catch {
-            log.warning("no rooms for one-step deletes: vanish rm deletes file by file", metadata: ["error": "\(error)"])
-            rooms = nil
+        rooms = opened.graveyard?.rooms
+        if opened.graveyard != nil && rooms == nil {
+            log.warning("no rooms for one-step deletes: vanish rm deletes file by file")
         }
         if let intents = opened.intents { finishInterruptedUnlinks(intents, leftover: opened.leftover) }
     }

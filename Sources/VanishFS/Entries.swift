@@ -138,7 +138,8 @@ extension VanishFilesystem {
         let caller = req.caller
         try namespace.removing(p, name) { pfd throws(Errno) in
             let (id, st) = try changes.removingDirectory(pfd, name)
-            try deleter.removeDirectory(parent: p, parentFD: pfd, name: name, caller: caller, known: st)
+            try deleter.removeDirectory(parent: p, parentFD: pfd, name: name, caller: caller, groups: { req.groups() },
+                                        known: st)
             changes.deleted(caller, parent: p, name: name, mode: S_IFDIR, id: id, tree: false, entry: nil)
         }
         req.replyOK()

@@ -150,8 +150,11 @@ extension Deleter {
     /// the graveyard goes there whole instead, with them: `rm -rf` costs one
     /// rename per directory rather than one per file.
     /// `known` is the entry's lstat when the caller already made one.
+    /// `groups` gives the caller's supplementary groups, asked only when the
+    /// directory goes to the graveyard: what it holds then (a descriptor
+    /// inside it can still add to it) is freed with the caller's rights.
     func removeDirectory(parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>, caller: Caller,
-                         known: stat? = nil) throws(Errno) {
+                         groups: () -> [gid_t], known: stat? = nil) throws(Errno) {
         guard undoWindow > 0 else {
             if !burials.isEmpty {
                 let st = try lstatUnlessKnown(known, parentFD, name)
@@ -161,7 +164,8 @@ extension Deleter {
                         do throws(Errno) {
                             // The kernel holds the directory's lock for the rmdir:
                             // nothing can be made in it through the mount meanwhile.
-                            try bury(parentFD, name, st: st, from: parent, caller: caller)
+                            try bury(parentFD, name, st: st, from: parent, caller: caller,
+                                     by: identify(caller, groups))
                             burials.end(taken)
                             return
                         } catch {
@@ -181,7 +185,13 @@ extension Deleter {
         let taken = burials.takeDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
         if !taken.isEmpty { burials.land(taken) }
         try requireEmptyDirectory(parentFD, name)
-        try bury(parentFD, name, st: st, from: parent, caller: caller)
+        try bury(parentFD, name, st: st, from: parent, caller: caller, by: identify(caller, groups))
+    }
+
+    /// The name mark for what `caller` buries (see `Graveyard.identify`).
+    private func identify(_ caller: Caller, _ groups: () -> [gid_t]) throws(Errno) -> DeletedBy? {
+        guard let graveyard, caller.uid != geteuid(), Credentials.canSwitch else { return nil }
+        return try graveyard.identify(Credentials(uid: caller.uid, gid: caller.gid, groups: groups()))
     }
 
     /// The trash record for an entry about to be buried, when there is an
@@ -248,10 +258,11 @@ extension Deleter {
     /// Returns the graveyard entry's name when `wantEntry` (nil if it was deleted at once).
     /// An answered unlink landing later passes the record and time made when it came (`made`).
     @discardableResult
+    /// `by`: whom what a directory holds is freed as (nil: the daemon).
     func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, st: stat, from parent: Inode,
               caller: Caller, asName: UnsafePointer<CChar>? = nil, wantEntry: Bool = false,
               made: (record: TrashRecord?, deleted: UInt64)? = nil,
-              reserved: Graveyard.Reservation? = nil) throws(Errno) -> String? {
+              reserved: Graveyard.Reservation? = nil, by deletedBy: DeletedBy? = nil) throws(Errno) -> String? {
         guard let graveyard, let reaper else {
             try deleteNow(parentFD, name)
             return nil
@@ -262,10 +273,11 @@ extension Deleter {
         do {
             if wantEntry {
                 reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, deletion: deletion,
-                                                            reserved: reserved) { entry = String(cString: $0) },
+                                                            reserved: reserved, by: deletedBy) { entry = String(cString: $0) },
                                   sizeUnknown: record != nil && record?.bytes == nil, bytes: Self.freedBytes(st))
             } else {
-                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, deletion: deletion),
+                reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, deletion: deletion,
+                                                            by: deletedBy),
                                   sizeUnknown: record != nil && record?.bytes == nil, bytes: Self.freedBytes(st))
             }
         } catch .improperLink {
@@ -295,7 +307,8 @@ extension Deleter {
                             metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
             }
             if record != nil,
-               let shard = try? graveyard.bury(parentFD, name, deletion: .unheld, named: { entry = String(cString: $0) }) {
+               let shard = try? graveyard.bury(parentFD, name, deletion: .unheld, by: deletedBy,
+                                               named: { entry = String(cString: $0) }) {
                 reaper.noteBuried(shard: shard, dueNow: true)
             } else {
                 try deleteNow(parentFD, name)
@@ -313,10 +326,10 @@ extension Deleter {
     /// took when its caller removed the tree (`OneStepBurials`).
     func buryTree(_ parentFD: Int32, _ name: UnsafePointer<CChar>, st: stat, from parent: Inode, caller: Caller,
                   counted: RemovalCheck.Extent, reserved: Graveyard.Reservation? = nil,
-                  record: TrashRecord? = nil) throws(Errno) -> String? {
+                  record: TrashRecord? = nil, by deletedBy: DeletedBy?) throws(Errno) -> String? {
         let made = reserved.map { _ in (record: record, deleted: UInt64(0)) }
         let grave = try bury(parentFD, name, st: st, from: parent, caller: caller, wantEntry: true, made: made,
-                             reserved: reserved)
+                             reserved: reserved, by: deletedBy)
         if st.st_mode & S_IFMT == S_IFDIR, let grave, st.st_dev == table.root.key.dev {
             if counted.entries > 1 { reaper?.expectTree(grave, count: counted.entries) }
             reaper?.noteHeld(bytes: counted.bytes)

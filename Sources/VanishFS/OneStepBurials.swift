@@ -120,7 +120,7 @@ final class OneStepBurials: Sendable {
             try deleter.graveyard!.withName(p.reservation) { grave throws(Errno) in
                 let extent = try p.permissions.check(p.room, grave, recursive: isDirectory)
                 _ = try deleter.buryTree(p.room, grave, st: p.st, from: p.parent, caller: p.caller, counted: extent,
-                                         reserved: p.reservation, record: p.record)
+                                         reserved: p.reservation, record: p.record, by: nil)
             }
         } catch {
             putBack(p, because: error)
@@ -140,7 +140,12 @@ final class OneStepBurials: Sendable {
                 do throws(Errno) {
                     let st = try Sys.lstatat(room, name)
                     try check.check(room, name, recursive: st.st_mode & S_IFMT == S_IFDIR)
-                    reaper.noteBuried(shard: try graveyard.bury(room, name))
+                    // Freed as its deleter: as its name says, or else as the room's user.
+                    var by = name.withCString { DeletedBy(entryName: $0) }
+                    if by == nil { by = try graveyard.identify(uid == 0 ? nil : credentials) }
+                    reaper.noteBuried(shard: try graveyard.bury(room, name, by: by))
+                } catch .noSuchFileOrDirectory {
+                    // A reaper moving a piece on through the room took it first.
                 } catch {
                     log.warning("a one-step delete left unchecked by an earlier daemon stays in its deleter's room",
                                 metadata: ["uid": "\(uid)", "entry": "\(name)", "error": "\(error)"])

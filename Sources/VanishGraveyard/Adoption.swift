@@ -101,7 +101,8 @@ extension Graveyard {
             let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
             let shard = Int(n % UInt64(Graveyard.shardCount))
             let sfd = shardFDs[shard]
-            let ok = (try? withUniqueName(n, time: time) { grave throws(Errno) -> Bool in
+            let deleter = name.withCString { DeletedBy(entryName: $0) }
+            let ok = (try? withUniqueName(n, time: time, by: deleter) { grave throws(Errno) -> Bool in
                 if record != nil {
                     var side: [CChar] = [0x2E]
                     side.append(contentsOf: UnsafeBufferPointer(start: grave, count: strlen(grave) + 1))

@@ -12,16 +12,35 @@ extension Graveyard {
     public struct Reservation: Sendable, Equatable {
         let number: UInt64
         let time: UInt64
+        let deleter: DeletedBy?
     }
 
-    public func reserve() -> Reservation {
-        Reservation(number: counter.wrappingAdd(1, ordering: .relaxed).newValue, time: Sys.wallClockNow())
+    /// A name for an entry `deleter` buries (nil: the daemon's own user).
+    public func reserve(by deleter: DeletedBy?) -> Reservation {
+        Reservation(number: counter.wrappingAdd(1, ordering: .relaxed).newValue, time: Sys.wallClockNow(),
+                    deleter: deleter)
     }
 
     /// `body` with the name `reservation` stands for.
     public func withName<R>(_ reservation: Reservation,
                             _ body: (UnsafePointer<CChar>) throws(Errno) -> R) throws(Errno) -> R {
-        try withUniqueName(reservation.number, time: reservation.time, body)
+        try withUniqueName(reservation.number, time: reservation.time, by: reservation.deleter, body)
+    }
+
+    /// What to write into the names of entries `c` buries: nil where the
+    /// reaper frees them with the daemon's own rights anyway (`c` is nil or
+    /// the daemon's user, or the daemon cannot take on another identity).
+    /// Throws if the deleter's record cannot be written: such an entry must
+    /// not be buried in a way that would free it with the daemon's rights.
+    public func identify(_ c: Credentials?) throws(Errno) -> DeletedBy? {
+        guard let c, c.uid != geteuid(), Credentials.canSwitch else { return nil }
+        return try deleters.identify(c)
+    }
+
+    /// Whom the contents of the entry `name` are freed as; nil for the daemon itself.
+    func credentials(ofEntry name: UnsafePointer<CChar>) -> Credentials? {
+        guard Credentials.canSwitch, let id = DeletedBy(entryName: name) else { return nil }
+        return deleters.credentials(id)
     }
 }
 
@@ -37,8 +56,8 @@ public final class DeleterRooms: Sendable {
     /// Each user's room (O_PATH), opened once.
     private let rooms = Mutex<[uid_t: Int32]>([:])
 
-    public init(_ graveyard: Graveyard) throws(Errno) {
-        usersFD = try Graveyard.makeDirectory(graveyard.stateFD, ["users"])
+    init(stateFD: Int32) throws(Errno) {
+        usersFD = try Graveyard.makeDirectory(stateFD, ["users"])
     }
 
     deinit {

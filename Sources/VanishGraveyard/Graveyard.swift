@@ -45,6 +45,12 @@ public final class Graveyard: @unchecked Sendable {
     let window = Atomic<UInt64>(0)
     private let instance: UInt32
     let trash = TrashIndex()
+    /// The deleters' groups, named by the entries they buried (`DeletedBy`).
+    let deleters: DeleterRecords
+    /// Where one-step deletes land, and where the reaper, acting as a
+    /// deleter, moves the subdirectories it splits off; nil if they could
+    /// not be made.
+    public let rooms: DeleterRooms?
 
     /// Opens (or, with `create`, makes) the state directory in the root
     /// `rootFD`, and `client`'s directory in it. Refuses a `.vanish` that is
@@ -77,8 +83,10 @@ public final class Graveyard: @unchecked Sendable {
         self.client = client
         var shards: [Int32] = []
         var state: Int32 = -1, grave: Int32 = -1
+        var deleters: DeleterRecords?
         do throws(GraveyardError) {
             state = try Graveyard.makePrivateDirectory(shared, [Graveyard.clientsDirectoryName, client.name])
+            deleters = try DeleterRecords(stateFD: state)
             Graveyard.moveLegacyState(from: shared, to: state)
             grave = try Graveyard.makePrivateDirectory(state, [Graveyard.graveyardName])
             for i in 0..<Graveyard.shardCount {
@@ -95,6 +103,8 @@ public final class Graveyard: @unchecked Sendable {
         stateFD = state
         graveyardFD = grave
         shardFDs = shards
+        self.deleters = deleters!
+        rooms = try? DeleterRooms(stateFD: state)
         instance = UInt32(truncatingIfNeeded: getpid())
         loadTrash()
     }
@@ -210,6 +220,7 @@ public final class Graveyard: @unchecked Sendable {
     @inline(__always) @discardableResult
     public func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, record: TrashRecord? = nil,
                      deletion: Deletion = .now, linking: Bool = false, reserved: Reservation? = nil,
+                     by deleter: DeletedBy? = nil,
                      named: ((UnsafePointer<CChar>) -> Void)? = nil) throws(Errno) -> Int {
         let n = reserved?.number ?? counter.wrappingAdd(1, ordering: .relaxed).newValue
         // Runs of 64 deletions share a shard, so a reaper woken for a program
@@ -217,7 +228,7 @@ public final class Graveyard: @unchecked Sendable {
         // pieces of a tree being reaped are spread one by one, for parallel workers.
         let shard = Int((deletion == .piece ? n : n >> 6) % UInt64(Graveyard.shardCount))
         let sfd = shardFDs[shard]
-        try withUniqueName(n, time: reserved?.time ?? deletion.nameTime) { grave throws(Errno) in
+        try withUniqueName(n, time: reserved?.time ?? deletion.nameTime, by: reserved?.deleter ?? deleter) { grave throws(Errno) in
             guard var record else {
                 try Sys.renameNoReplace(parentFD, name, sfd, grave)
                 named?(grave)
@@ -243,11 +254,12 @@ public final class Graveyard: @unchecked Sendable {
     }
 
     /// `<ns since epoch>-<pid>-<counter>` in hex, built on the stack: unique
-    /// across restarts, and sorting by name sorts by deletion time.
+    /// across restarts, and sorting by name sorts by deletion time; then
+    /// whom the entry's contents are freed as, if not the daemon (`DeletedBy`).
     @inline(__always)
-    func withUniqueName<R>(_ n: UInt64, time ns: UInt64,
+    func withUniqueName<R>(_ n: UInt64, time ns: UInt64, by deleter: DeletedBy? = nil,
                                    _ body: (UnsafePointer<CChar>) throws(Errno) -> R) throws(Errno) -> R {
-        return try withUnsafeTemporaryAllocation(byteCount: 40, alignment: 8) { raw throws(Errno) -> R in
+        return try withUnsafeTemporaryAllocation(byteCount: 72, alignment: 8) { raw throws(Errno) -> R in
             let p = raw.bindMemory(to: CChar.self).baseAddress!
             var i = 0
             Graveyard.writeHex(ns, digits: 16, into: p, at: &i)
@@ -255,6 +267,7 @@ public final class Graveyard: @unchecked Sendable {
             Graveyard.writeHex(UInt64(instance), digits: 8, into: p, at: &i)
             p[i] = 0x2D; i += 1
             Graveyard.writeHex(n, digits: 10, into: p, at: &i)
+            deleter?.write(into: p, at: &i)
             p[i] = 0
             return try body(UnsafePointer(p))
         }

@@ -369,7 +369,10 @@ extension Graveyard {
         let sfd = shardFDs[e.shard]
         let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
         do throws(Errno) {
-            try withUniqueName(n, time: Deletion.unheld.nameTime) { grave throws(Errno) in try Sys.renameNoReplace(sfd, e.id, sfd, grave) }
+            let deleter = e.id.withCString { DeletedBy(entryName: $0) }
+            try withUniqueName(n, time: Deletion.unheld.nameTime, by: deleter) { grave throws(Errno) in
+                try Sys.renameNoReplace(sfd, e.id, sfd, grave)
+            }
         } catch {
             trash.finishRestore(e, restored: false)
             return nil

@@ -10,6 +10,12 @@ import SystemPackage
 /// independent entries that every reaper worker can take (parallel per
 /// directory, as rmz is), no path is ever longer than one name, depth costs
 /// neither stack nor fds, and a stop or a crash leaves only whole entries.
+///
+/// A directory whose name says who buried it (`DeletedBy`) is emptied with
+/// that user's credentials: what it holds goes only where the kernel lets
+/// them remove it, as `rm -r` run by them would. Its subdirectories leave
+/// through their room, moved as them, and go on into the graveyard as the
+/// daemon; what they could not remove stays, and the entry is stuck.
 struct TreeRemover {
     /// What the current entry freed so far.
     var freed = Freed()
@@ -53,11 +59,15 @@ struct TreeRemover {
             return true
         }
         if st.st_mode & S_IFMT != S_IFDIR {
+            // A file holds nothing: its graveyard name is the daemon's own to remove.
             guard pace() else { return false }
             if unlink(parentFD, name, 0) { count(st); removedEntry = true }
             return true
         }
-        makeRemovable(parentFD, name, st)
+        if let who = graveyard.credentials(ofEntry: name) {
+            return remove(parentFD, name, st, as: who, id: DeletedBy(entryName: name)!)
+        }
+        makeRemovable(parentFD, name, st, owner: geteuid())
         let fd: Int32
         do { fd = try Sys.openat(parentFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW) } catch { note(error); return true }
         guard let dp = fdopendir(fd) else {
@@ -84,6 +94,99 @@ struct TreeRemover {
         guard pace() else { return false }
         if unlink(parentFD, name, AT_REMOVEDIR) { count(Freed(directories: 1)); removedEntry = true }
         return true
+    }
+
+    /// Empties the directory entry `name` as `who` (see the type's comment),
+    /// then removes it from the graveyard as the daemon.
+    private mutating func remove(_ parentFD: Int32, _ name: UnsafePointer<CChar>, _ st: stat,
+                                 as who: Credentials, id: DeletedBy) -> Bool {
+        let room: Int32
+        let top: Int32
+        do {
+            guard let rooms = graveyard.rooms else { throw Errno.notPermitted }
+            room = try rooms.room(for: who.uid, gid: who.gid)
+            top = try Sys.openat(parentFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        } catch {
+            note(error as? Errno ?? .notPermitted)
+            return true
+        }
+        defer { Sys.close(top) }
+        var pieces: [String] = []
+        var stopped = false
+        do throws(Errno) {
+            try who.acting { () throws(Errno) in
+                if st.st_uid == who.uid && st.st_mode & 0o700 != 0o700 {
+                    try? Sys.chmod(pathFD: top, (st.st_mode & 0o7777) | 0o700)
+                }
+                // Opened as them: rm -r must be able to list it (an empty one
+                // it removes without listing, as the rmdir below does).
+                let fd: Int32
+                do throws(Errno) { fd = try Sys.openat(top, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) } catch .permissionDenied {
+                    return
+                }
+                guard let dp = fdopendir(fd) else {
+                    let e = Errno(rawValue: errno)
+                    Sys.close(fd)
+                    throw e
+                }
+                defer { closedir(dp) }
+                let dfd = dirfd(dp)
+                while let d = readdir(dp) {
+                    let child = vanish_dirent_name(d)!
+                    if isDotOrDotDot(child) { continue }
+                    guard let cst = try? Sys.lstatat(dfd, child) else { continue }
+                    if cst.st_mode & S_IFMT == S_IFDIR {
+                        if let piece = handBack(dfd, child, cst, into: room, as: who, id: id) { pieces.append(piece) }
+                    } else {
+                        guard pace() else { stopped = true; return }
+                        if unlink(dfd, child, 0) { count(cst) }
+                    }
+                    if shouldStop() { stopped = true; return }
+                }
+            }
+        } catch {
+            note(error)
+        }
+        // As the daemon: on from the room into the graveyard (a crash between
+        // leaves them in the room, where the next mount buries them as theirs).
+        for piece in pieces {
+            var entry = ""
+            do throws(Errno) {
+                let shard = try graveyard.bury(room, piece, deletion: .piece, by: id, named: { entry = String(cString: $0) })
+                handedBack(shard, entry, origin)
+            } catch {
+                note(error)
+            }
+        }
+        if stopped { return false }
+        guard pace() else { return false }
+        if unlink(parentFD, name, AT_REMOVEDIR) { count(Freed(directories: 1)); removedEntry = true }
+        return true
+    }
+
+    /// Moves the subdirectory `child` of `dirFD` into `who`'s room, as them
+    /// (on this thread's credentials): the kernel lets it go only if they may
+    /// remove it from `dirFD`. Returns its name in the room. A directory the
+    /// move needs write permission on and they may not write (its ".." would
+    /// change) goes with rmdir if it is empty, as `rm -r` takes it.
+    private mutating func handBack(_ dirFD: Int32, _ child: UnsafePointer<CChar>, _ st: stat, into room: Int32,
+                                   as who: Credentials, id: DeletedBy) -> String? {
+        let reservation = graveyard.reserve(by: id)
+        do throws(Errno) {
+            return try graveyard.withName(reservation) { piece throws(Errno) -> String in
+                do throws(Errno) {
+                    try Sys.renameNoReplace(dirFD, child, room, piece)
+                } catch .permissionDenied where makeRemovable(dirFD, child, st, owner: who.uid) {
+                    try Sys.renameNoReplace(dirFD, child, room, piece)
+                }
+                return String(cString: piece)
+            }
+        } catch .permissionDenied {
+            if unlink(dirFD, child, AT_REMOVEDIR) { count(Freed(directories: 1)) }
+        } catch {
+            note(error)
+        }
+        return nil
     }
 
     /// unlinkat; a failure other than ENOENT is noted.
@@ -113,7 +216,7 @@ struct TreeRemover {
         } catch {
             guard let st = try? Sys.lstatat(dirFD, child), st.st_mode & S_IFMT == S_IFDIR else { return false }
             // Moving a directory rewrites its "..": it must be writable.
-            if error == .permissionDenied && makeRemovable(dirFD, child, st) { return handBack(dirFD, child) }
+            if error == .permissionDenied && makeRemovable(dirFD, child, st, owner: geteuid()) { return handBack(dirFD, child) }
             note(error)
             return false
         }
@@ -121,15 +224,16 @@ struct TreeRemover {
         return true
     }
 
-    /// Gives a directory the daemon owns u+rwx if it lacks any of them: a
+    /// Gives a directory `owner` owns u+rwx if it lacks any of them: a
     /// read-only tree (Go's module cache, an unpacked archive) is not
     /// removable even by its owner, and an unprivileged daemon would
     /// otherwise leave it stuck in the graveyard. It is deleted already;
     /// only its owner's own mode bits stood in the way (`go clean -modcache`
-    /// does the same). Root is never refused, but may still find modes changed.
+    /// does the same). Root is never refused, but may still find modes
+    /// changed. Runs with the thread's credentials: `owner`'s own, or the daemon's.
     @discardableResult
-    private func makeRemovable(_ dirFD: Int32, _ name: UnsafePointer<CChar>, _ st: stat) -> Bool {
-        guard st.st_mode & 0o700 != 0o700, st.st_uid == geteuid() else { return false }
+    private func makeRemovable(_ dirFD: Int32, _ name: UnsafePointer<CChar>, _ st: stat, owner: uid_t) -> Bool {
+        guard st.st_mode & 0o700 != 0o700, st.st_uid == owner else { return false }
         return fchmodat(dirFD, name, (st.st_mode & 0o7777) | 0o700, 0) == 0
     }
 

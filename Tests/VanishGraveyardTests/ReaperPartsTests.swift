@@ -1,7 +1,10 @@
+import Foundation
+import Glibc
 import LinuxSyscalls
 import Synchronization
 import Testing
 @testable import VanishGraveyard
+import VanishTestSupport
 
 /// The reaper's small parts, in process: what a deletion adds up to, the
 /// rate limit, and how workers step aside for requests through the mount.
@@ -83,5 +86,36 @@ struct ReaperPartsTests {
         p.entryDone()
         #expect(p.total == Freed(files: 5, directories: 1, dataBytes: 7, diskBytes: 8192))
         #expect(p.entries.load(ordering: .relaxed) == 1)
+    }
+
+    @Test("a deleter's identity goes into an entry's name and comes back with its groups; a record that does not match gives fewer rights",
+          .enabled(if: Credentials.canSwitch, "the daemon records deleters only where it can act as them (root)"))
+    func deleterIdentity() throws {
+        let dir = try makeTempDirectory()
+        defer { removeTree(dir) }
+        let fd = open(dir, O_RDONLY | O_DIRECTORY)
+        defer { close(fd) }
+        let g = try Graveyard(rootFD: fd, client: try ClientID("alpha"))
+        let who = Credentials(uid: 65534, gid: 65534, groups: [27, 4, 27])
+        let id = try #require(try g.identify(who))
+        #expect(try g.identify(who) == id, "one record per identity")
+        #expect(try g.identify(Credentials(uid: geteuid(), gid: 0, groups: [])) == nil, "the daemon's own user needs none")
+        let name = try g.withName(g.reserve(by: id)) { String(cString: $0) }
+        #expect(name.count == 69)
+        #expect(name.withCString { Graveyard.deletionTime($0) } != nil)
+        #expect(name.withCString { DeletedBy(entryName: $0) } == id)
+        let back = try #require(name.withCString { g.credentials(ofEntry: $0) })
+        #expect(back.uid == 65534 && back.gid == 65534 && back.groups == [4, 27])
+        // Another graveyard of the same source reads the record afresh.
+        let again = try Graveyard(rootFD: fd, client: try ClientID("alpha"))
+        #expect(name.withCString { again.credentials(ofEntry: $0) }?.groups == [4, 27])
+        // A record changed to claim another uid is not believed: no groups at all.
+        let record = try #require(try FileManager.default.contentsOfDirectory(atPath: dir + "/.vanish/clients/alpha/deleters").first)
+        try "0 0 0\n".write(toFile: dir + "/.vanish/clients/alpha/deleters/" + record, atomically: false, encoding: .utf8)
+        let third = try Graveyard(rootFD: fd, client: try ClientID("alpha"))
+        let tampered = try #require(name.withCString { third.credentials(ofEntry: $0) })
+        #expect(tampered.uid == 65534 && tampered.groups.isEmpty)
+        #expect("0000000000000001-00000001-0000000001".withCString { g.credentials(ofEntry: $0) } == nil,
+                "a name without a deleter is the daemon's")
     }
 }

@@ -1,0 +1,138 @@
+import Foundation
+import Glibc
+import Testing
+import VanishTestSupport
+
+/// The reaper frees what a buried directory holds with its deleter's
+/// credentials (issue 49, attacks 4 and 5): a descriptor held inside the
+/// directory on the source can move another user's tree into it after the
+/// delete, and nothing of that may be freed that the deleter could not
+/// have removed with `rm -r`.
+@Suite("the reaper frees with its deleter's rights", .enabled(if: FUSEAvailability.shouldRunAsRoot, "needs /dev/fuse, fusermount3 and root"))
+struct ReaperRightsTests {
+    /// root's `pub/drop` (0777, in a 0777 directory) holding root's
+    /// read-only `archive/data`, and nobody's empty `home/t` (its file too, for
+    /// the one-step case) in nobody's `home`, with a process of nobody's holding its cwd there.
+    static let fixture = """
+        chmod 755 . && install -d -m 777 pub pub/drop && install -d -m 755 pub/drop/archive
+        echo keep > pub/drop/archive/data && install -d -o nobody home home/t
+        """
+
+    /// Runs nobody's holder: cwd in `tree` on the source, it waits for
+    /// `signals/go`, moves `drop` in from `pub`, and writes how that went
+    /// to `signals/moved`.
+    static func holder(_ m: VanishMount, tree: String) throws -> (pid: pid_t, signals: String) {
+        let signals = m.base + "/signals"
+        mkdir(signals, 0o777)
+        chmod(signals, 0o777)
+        let script = m.base + "/holder.py"
+        try """
+            import os, sys
+            os.chdir(sys.argv[1])
+            signals = sys.argv[2]
+            open(signals + "/ready", "w").close()
+            while not os.path.exists(signals + "/go"):
+                os.sched_yield()
+            try:
+                os.rename(sys.argv[3], "drop")
+                result = "moved"
+            except OSError as e:
+                result = str(e)
+            with open(signals + "/moved", "w") as f:
+                f.write(result)
+            """.write(toFile: script, atomically: true, encoding: .utf8)
+        let pid = try spawn(["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
+                             "/usr/bin/python3", script, m.backing(tree), signals, m.backing("pub/drop")])
+        try waitFor("the holder to be in \(tree)") { access(signals + "/ready", F_OK) == 0 }
+        return (pid, signals)
+    }
+
+    /// Lets the holder move `drop` in and checks it could (natively, as nobody).
+    static func moveIn(_ signals: String, _ pid: pid_t) throws {
+        _ = FileManager.default.createFile(atPath: signals + "/go", contents: nil)
+        var status: Int32 = 0
+        waitpid(pid, &status, 0)
+        let result = try String(contentsOfFile: signals + "/moved", encoding: .utf8)
+        #expect(result == "moved", "the held directory took root's drop/: \(result)")
+    }
+
+    /// nobody's own `rm -r` of a tree holding `drop/` leaves root's file: the fixture's premise.
+    static func nativeKeepsData() throws {
+        let plain = try makeTempDirectory()
+        defer { removeTree(plain) }
+        chmod(plain, 0o755)
+        #expect(try sh(fixture + " && mv pub/drop home/t/", cwd: plain).ok)
+        _ = try runAsNobody(["rm", "-r", "home/t"], cwd: plain)
+        #expect(try sh("cat home/t/drop/archive/data", cwd: plain).stdout == "keep\n", "nobody's rm -r leaves root's file")
+    }
+
+    /// root's file, wherever it is in the source (in the graveyard, stuck): its text, owner and mode.
+    static func rootsFile(_ m: VanishMount, inode: String) throws -> String {
+        try sh("find . -inum \(inode) -exec stat -c '%U %a' {} \\; -exec cat {} \\;", cwd: m.source).stdout
+    }
+
+    /// The attack: `extra` set up, nobody's holder in `home/t`, `delete`
+    /// run as nobody with the vanish binary given, drop/ moved in, nobody's
+    /// trash emptied; then root's file must still be there, as it was.
+    static func attack(extra: String = "", _ delete: (VanishMount, String) throws -> Void) throws {
+        try nativeKeepsData()
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            let r = try sh(fixture + extra, cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let binary = m.base + "/vanish"
+            #expect(try run(["cp", vanishBinary, binary]).ok)
+            let inode = try sh("stat -c %i pub/drop/archive/data", cwd: m.source).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+            let (pid, signals) = try holder(m, tree: "home/t")
+            try delete(m, binary)
+            try moveIn(signals, pid)
+            let empty = try runAsNobody([binary, "trash", "empty", m.mountpoint])
+            #expect(empty.ok, "\(empty)")
+            try waitForReaper(m)
+            #expect(try rootsFile(m, inode: inode) == "root 644\nkeep\n", "root's file is not freed")
+            #expect(try sh("find .vanish -name f -user nobody | wc -l", cwd: m.source).stdout == "0\n",
+                    "nobody's own file is freed")
+        }
+    }
+
+    @Test("a tree moved into a one-step delete through a held cwd is not freed as root (attack 5)")
+    func oneStepHeldDirectory() throws {
+        try ReaperRightsTests.attack(extra: " && install -o nobody /dev/null home/t/f") { m, binary in
+            let rm = try runAsNobody([binary, "rm", "-r", m.path("home/t")])
+            #expect(rm.ok, "\(rm)")
+            try waitFor("nobody's room to be empty") {
+                try sh("ls .vanish/clients/*/users/65534 2>/dev/null", cwd: m.source).stdout.isEmpty
+            }
+        }
+    }
+
+    @Test("a tree moved into a removed directory through a held cwd is not freed as root (attack 5, by rmdir)")
+    func rmdirHeldDirectory() throws {
+        try ReaperRightsTests.attack { m, _ in
+            let rmdir = try runAsNobody(["rmdir", m.path("home/t")])
+            #expect(rmdir.ok, "\(rmdir)")
+        }
+    }
+
+    @Test("what a deleter could remove is freed as them: their own tree in their own buried directory goes whole")
+    func ownTreeFreed() throws {
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            let r = try sh("chmod 755 . && install -d -o nobody t", cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let binary = m.base + "/vanish"
+            #expect(try run(["cp", vanishBinary, binary]).ok)
+            #expect(try runAsNobody(["/bin/sh", "-c", """
+                mkdir -p t/a/b/c t/ro && for i in 1 2 3; do echo $i > t/a/b/c/$i; echo $i > t/ro/$i; done && chmod 555 t/ro
+                """], cwd: m.mountpoint).ok)
+            let rm = try runAsNobody([binary, "rm", "-r", m.path("t/a")])
+            #expect(rm.ok, "\(rm)")
+            // nobody's own read-only directory: rm -r leaves it; the one-step delete puts it back.
+            _ = try runAsNobody([binary, "rm", "-r", m.path("t/ro")])
+            try waitForReaper(m)
+            #expect(try sh("find .vanish/clients/*/graveyard -mindepth 2 | wc -l", cwd: m.source).stdout == "0\n")
+            #expect(access(m.path("t/a"), F_OK) != 0)
+            #expect(try sh("ls t/ro | wc -l", cwd: m.source).stdout == "3\n", "the read-only directory is back whole")
+        }
+    }
+}
