@@ -5,7 +5,9 @@ import Glibc
 /// the daemon and the CLI do not link Foundation). `name` (at most 15
 /// bytes kept, prctl PR_SET_NAME) is what `top -H`, `ps -L` and perf show,
 /// so a busy background thread can be told from the request workers.
-public func spawnThread(_ name: StaticString, _ body: @escaping @Sendable () -> Void) {
+/// `stackSize` (bytes), if given, replaces the default (RLIMIT_STACK's,
+/// 8 MiB here): for a thread that recurses once per level of a tree.
+public func spawnThread(_ name: StaticString, stackSize: Int? = nil, _ body: @escaping @Sendable () -> Void) {
     final class Box {
         let name: StaticString
         let body: @Sendable () -> Void
@@ -13,7 +15,11 @@ public func spawnThread(_ name: StaticString, _ body: @escaping @Sendable () -> 
     }
     var tid = pthread_t()
     let arg = Unmanaged.passRetained(Box(name, body)).toOpaque()
-    let rc = pthread_create(&tid, nil, { raw in
+    var attr = pthread_attr_t()
+    pthread_attr_init(&attr)
+    defer { pthread_attr_destroy(&attr) }
+    if let stackSize { pthread_attr_setstacksize(&attr, stackSize) }
+    let rc = pthread_create(&tid, &attr, { raw in
         let box = Unmanaged<Box>.fromOpaque(raw!).takeRetainedValue()
         box.name.withUTF8Buffer { utf8 in
             // The kernel keeps 15 bytes and a NUL; a StaticString promises no NUL.

@@ -12,11 +12,11 @@ import VanishGraveyard
 /// The request moves the tree into its deleter's room with one rename made
 /// with the deleter's credentials (`DeleterRooms`), so it returns at once
 /// whatever the tree's size. Here, on a background thread and again with the
-/// deleter's credentials, `RemovalCheck` asks whether `rm -r` by that user
-/// would have emptied the tree. If so it goes on into the graveyard (the
-/// undo window and the reaper take it from there); if not, it is put back
-/// where it was, with the deleter's credentials again, and nothing of it is
-/// freed: no reaper ever deletes what its deleter could not.
+/// deleter's credentials, `RemovalCheck` sorts it by what `rm -r` by that
+/// user would remove. All of it: it goes on into the graveyard (the undo
+/// window and the reaper take it from there). Part: the parts that go move
+/// out as the deleter and on into the graveyard, and the rest is put back
+/// where it was, with the deleter's credentials again, as `rm -r` leaves it.
 final class OneStepBurials: Sendable {
     /// One tree in its deleter's room, waiting for its check.
     struct Pending: Sendable {
@@ -57,7 +57,8 @@ final class OneStepBurials: Sendable {
 
     func start() {
         state.withLock { $0.running = true }
-        spawnThread("vanish-onestep") { [self] in
+        // RemovalCheck recurses once per directory level, up to its maxDepth.
+        spawnThread("vanish-onestep", stackSize: 256 << 20) { [self] in
             becomeBackgroundThread(nice: 10)
             recoverLeftovers()
             run()
@@ -113,17 +114,59 @@ final class OneStepBurials: Sendable {
         }
     }
 
-    /// Into the graveyard if its deleter could have removed all of it, else back.
+    /// Into the graveyard if its deleter could have removed all of it;
+    /// else what `rm -r` by them would have removed goes, and the rest,
+    /// its directories as they were, goes back.
     private func settle(_ p: Pending) {
-        let isDirectory = p.st.st_mode & S_IFMT == S_IFDIR
         do throws(Errno) {
-            try deleter.graveyard!.withName(p.reservation) { grave throws(Errno) in
-                let extent = try p.permissions.check(p.room, grave, recursive: isDirectory)
-                _ = try deleter.buryTree(p.room, grave, st: p.st, from: p.parent, caller: p.caller, counted: extent,
-                                         reserved: p.reservation, record: p.record, by: nil)
+            let sifted = try deleter.graveyard!.withName(p.reservation) { grave throws(Errno) -> RemovalCheck.Sifted in
+                let sifted = try p.permissions.sift(p.room, grave)
+                if sifted.whole {
+                    _ = try deleter.buryTree(p.room, grave, st: p.st, from: p.parent, caller: p.caller,
+                                             counted: sifted.extent, reserved: p.reservation, record: p.record, by: nil)
+                } else {
+                    for path in sifted.goes { bury(path, of: grave, p) }
+                }
+                return sifted
             }
+            if !sifted.whole { putBack(p, because: sifted.why ?? .permissionDenied) }
         } catch {
             putBack(p, because: error)
+        }
+    }
+
+    /// Moves the part `path` (from the top of the tree `grave` in the
+    /// room) out into the room as its deleter, who may remove it, and on
+    /// into the graveyard; a part that cannot be moved stays with the tree.
+    private func bury(_ path: [[CChar]], of grave: UnsafePointer<CChar>, _ p: Pending) {
+        guard let graveyard = deleter.graveyard, let reaper = deleter.reaper, let leaf = path.last else { return }
+        do throws(Errno) {
+            let by = try graveyard.identify(p.permissions.credentials)
+            let reservation = graveyard.reserve(by: by)
+            try p.permissions.acting { () throws(Errno) in
+                var dir = try Sys.openat(p.room, grave, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                defer { Sys.close(dir) }
+                for name in path.dropLast() {
+                    let next = try Sys.openat(dir, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                    Sys.close(dir)
+                    dir = next
+                }
+                try graveyard.withName(reservation) { part throws(Errno) in try Sys.renameNoReplace(dir, leaf, p.room, part) }
+            }
+            var record: TrashRecord?
+            if var r = p.record {
+                for name in path { r.path += [UInt8(ascii: "/")] + name.dropLast().map { UInt8(bitPattern: $0) } }
+                let st = try graveyard.withName(reservation) { part throws(Errno) in try Sys.lstatat(p.room, part) }
+                r.kind = TrashRecord.Kind(mode: st.st_mode)
+                r.bytes = st.st_mode & S_IFMT == S_IFDIR ? nil : UInt64(st.st_blocks) * 512
+                record = r
+            }
+            try graveyard.withName(reservation) { part throws(Errno) in
+                reaper.noteBuried(shard: try graveyard.bury(p.room, part, record: record, reserved: reservation))
+            }
+        } catch {
+            log.debug("a part of a one-step delete its deleter may remove stays with the tree",
+                      metadata: ["error": "\(error)"])
         }
     }
 

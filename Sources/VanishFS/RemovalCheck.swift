@@ -7,7 +7,7 @@ import SystemPackage
 /// Whether a user could remove an entry, and for a directory everything
 /// in it, as `rm -r` run by that user would: the one-step delete
 /// (`vanish rm -r`, the `user.vanish.delete` trigger) moves the whole tree
-/// with one rename, so it must refuse wherever `rm -r` would stop.
+/// with one rename, so what `rm -r` would leave must come back (`sift`).
 ///
 /// The kernel does the checking: the walk runs with the caller's fsuid,
 /// fsgid and groups on the worker's thread (`Credentials`), so
@@ -135,6 +135,119 @@ struct RemovalCheck: Sendable {
             defer { Sys.close(child) }
             try checkDirectory(child, sub.st, depth: depth + 1, into: &extent)
         }
+    }
+
+    /// What `rm -r` by the caller leaves of a tree it may remove from its
+    /// directory: nothing (`whole`), or else the paths, from the tree's top,
+    /// of the largest parts that go (each removable whole from a directory
+    /// that stays), and the first errno `rm` would have met.
+    struct Sifted {
+        var whole = true
+        var goes: [[[CChar]]] = []
+        var extent = Extent()
+        var why: Errno?
+    }
+
+    /// Sorts the tree `name` in the directory `parentFD` (O_PATH), which
+    /// the caller has already moved there with their own rename, into what
+    /// goes and what stays, by `rm -r`'s rules (see the type's comment) and
+    /// the kernel's answers to the caller. Unlike `check`, it walks all of it.
+    func sift(_ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> Sifted {
+        try acting { () throws(Errno) -> Sifted in
+            var sifted = Sifted()
+            let entry = try Sys.lstatat(parentFD, name)
+            guard entry.st_mode & S_IFMT == S_IFDIR else {
+                sifted.extent.add(entry)
+                return sifted
+            }
+            let fd = try Sys.openat(parentFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+            defer { Sys.close(fd) }
+            var extent = Extent()
+            sifted.whole = siftDirectory(fd, entry, goes: true, path: [], depth: 1, into: &sifted, extent: &extent)
+            if sifted.whole { sifted.extent = extent; sifted.extent.add(entry) }
+            return sifted
+        }
+    }
+
+    /// Whether everything in the directory `fd` (O_PATH; `st` its stat) goes,
+    /// and it too if `goes` (its own directory lets it). Where not, the
+    /// parts of it that go whole are added to `sifted`; `extent` gets what
+    /// goes of it.
+    private func siftDirectory(_ fd: Int32, _ st: stat, goes: Bool, path: [[CChar]], depth: Int,
+                               into sifted: inout Sifted, extent: inout Extent) -> Bool {
+        func fail(_ e: Errno) { if sifted.why == nil { sifted.why = e } }
+        guard depth <= RemovalCheck.maxDepth else { fail(.fileNameTooLong); return false }
+        let listing: Int32
+        do throws(Errno) {
+            listing = try Sys.openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        } catch {
+            // rm -r cannot list it, but removes it if it is empty.
+            if error == .permissionDenied, (try? isEmptyAsDaemon(fd)) == true { return goes }
+            fail(error)
+            return false
+        }
+        guard let dp = fdopendir(listing) else {
+            fail(Errno(rawValue: errno))
+            Sys.close(listing)
+            return false
+        }
+        let protected = (try? Sys.lstatatProtected(fd, ""))?.protected ?? true
+        var writable: Errno? = protected ? .notPermitted : nil
+        if writable == nil, credentials != nil {
+            do throws(Errno) { try Sys.access(fd, W_OK | X_OK) } catch { writable = error }
+        }
+        var all = true
+        var going: [[CChar]] = []
+        var goingExtent = Extent()
+        var subdirectories: [(name: [CChar], st: stat, goes: Bool)] = []
+        while let d = readdir(dp) {
+            let name = vanish_dirent_name(d)!
+            if isDotOrDotDot(name) { continue }
+            guard let (entry, isProtected) = try? Sys.lstatatProtected(fd, name) else { all = false; continue }
+            var fromHere = writable == nil
+            if let writable { fail(writable) } else {
+                do throws(Errno) { try checkEntry(entry, isProtected, in: st) } catch { fail(error); fromHere = false }
+            }
+            let owned = Array(UnsafeBufferPointer(start: name, count: strlen(name) + 1))
+            if entry.st_mode & S_IFMT == S_IFDIR {
+                // Another filesystem mounted here: rmdir would say EBUSY, and nothing of it goes.
+                if entry.st_dev != st.st_dev { fail(.resourceBusy); all = false; continue }
+                subdirectories.append((owned, entry, fromHere))
+            } else if fromHere {
+                going.append(owned)
+                goingExtent.add(entry)
+            } else {
+                all = false
+            }
+        }
+        closedir(dp)
+        for sub in subdirectories {
+            guard let child = try? sub.name.withUnsafeBufferPointer({ n throws(Errno) in
+                try Sys.openat(fd, n.baseAddress!, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+            }) else { all = false; continue }
+            var inner = Extent()
+            let whole = siftDirectory(child, sub.st, goes: sub.goes, path: path + [sub.name], depth: depth + 1,
+                                      into: &sifted, extent: &inner)
+            Sys.close(child)
+            if whole {
+                going.append(sub.name)
+                goingExtent.entries += inner.entries + 1
+                goingExtent.bytes += inner.bytes
+            } else {
+                all = false
+                extent.entries += inner.entries
+                extent.bytes += inner.bytes
+            }
+        }
+        if all && goes {
+            extent.entries += goingExtent.entries
+            extent.bytes += goingExtent.bytes
+            return true
+        }
+        for name in going { sifted.goes.append(path + [name]) }
+        extent.entries += goingExtent.entries
+        extent.bytes += goingExtent.bytes
+        return false
     }
 
     /// Whether the directory `fd` holds nothing, read with the daemon's own

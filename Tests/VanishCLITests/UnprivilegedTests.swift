@@ -51,8 +51,8 @@ struct UnprivilegedTests {
             """])
         #expect(use.ok, "\(use.stderr)")
         #expect(use.stdout == "2000\n1999\n2\n0\n")
-        // A read-only tree (as Go's module cache is) is put back whole, as
-        // rm -r fails on it even for its owner; made writable, it goes.
+        // A read-only tree (as Go's module cache is) is put back as rm -r
+        // leaves it (all of it: rm -r fails on it even for its owner); made writable, it goes.
         let readOnly = try runAsNobody(["/bin/sh", "-c", """
             set -e
             cd \(mnt)
