@@ -4,15 +4,20 @@ import Glibc
 import LinuxSyscalls
 import Logging
 import VanishClient
+import VanishControl
 import VanishGraveyard
 
 /// Facts about paths and mounts the mount and unmount commands check first.
 enum MountPaths {
-    /// Takes the one lock a source has (flock on its directory): one mount or
-    /// `vanish reap` per source at a time, since two would share its
-    /// graveyard and the second would delete the first's event journal.
-    /// Returns the fd that holds it (closing it lets go; so does exiting),
-    /// or -1 for a source that cannot be opened for reading (not locked).
+    /// Takes the one lock a source has: one mount or `vanish reap` per
+    /// source at a time, since two would share its graveyard and the second
+    /// would delete the first's event journal. The lock is a flock on a file
+    /// named after the source's device and inode in the daemon user's own
+    /// lock directory (`lockPath`), which no other user can open: a flock on
+    /// the source itself could be taken by anyone who can read it, and held
+    /// to keep root's mount out. Returns the fd that holds it (closing it
+    /// lets go; so does exiting), or -1 for a source that cannot be opened
+    /// for reading (not locked).
     ///
     /// A daemon lets go a moment after its unmount returns (it first joins
     /// its workers): while no Vanish mount of the source is left, the lock
@@ -25,8 +30,16 @@ enum MountPaths {
     @discardableResult
     static func lockSource(_ source: String, patience: Double = 5, takeOver: Bool = false,
                            log: Logger? = nil) throws -> Int32 {
-        let fd = open(source, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard fd >= 0 else { return -1 }
+        let sourceFD = open(source, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard sourceFD >= 0 else { return -1 }
+        var st = stat()
+        let known = fstat(sourceFD, &st) == 0
+        close(sourceFD)
+        guard known, let path = lockPath(device: st.st_dev, inode: st.st_ino) else {
+            throw RuntimeError("cannot make the lock for \(source) in \(lockDirectory()): \(String(cString: strerror(errno)))")
+        }
+        let fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw RuntimeError("cannot open the lock \(path) for \(source): \(String(cString: strerror(errno)))") }
         var said = false
         var asked = false
         let start = monotonicSeconds()
@@ -65,8 +78,26 @@ enum MountPaths {
         return fd
     }
 
+    /// Where this user's source locks are: `locks/` in the control socket
+    /// directory (/run/vanish for root), private to the user.
+    static func lockDirectory() -> String { ControlServer.socketDirectory() + "/locks" }
+
+    /// The lock file of the source with this device and inode, its
+    /// directory made if needed; nil if the directory is not this user's
+    /// alone (someone planted it).
+    static func lockPath(device: dev_t, inode: ino_t) -> String? {
+        let dir = lockDirectory()
+        mkdir(dir, 0o700)
+        var st = stat()
+        guard lstat(dir, &st) == 0, st.st_mode & S_IFMT == S_IFDIR, st.st_uid == geteuid(), st.st_mode & 0o077 == 0 else {
+            errno = EPERM
+            return nil
+        }
+        return dir + "/\(device)-\(inode)"
+    }
+
     /// The unmounted `vanish mount` daemon holding the source lock on the
-    /// directory `fd` is open on, if one is: a process of this user (any,
+    /// lock file `fd` is open on, if one is: a process of this user (any,
     /// for root) running a binary named vanish as `vanish mount`, whose
     /// /proc fdinfo shows the flock on that very inode. Nothing else is ever
     /// signalled: not `vanish reap`, not a process another user started.

@@ -117,7 +117,7 @@ struct MountLifecycleTests {
         #expect(try run([vanishBinary, "mount", "--keep", "1h", repo, base + "/mnt"]).ok)
         #expect(try sh("rm mnt/a", cwd: base).ok)
         #expect(try run([vanishBinary, "unmount", base + "/mnt"]).ok)
-        try waitFor("the daemon to let go of the source") { try run(["/usr/bin/flock", "-n", repo, "true"]).ok }
+        try waitFor("the daemon to let go of the source") { try run(["/usr/bin/flock", "-n", sourceLock(repo), "true"]).ok }
         #expect(access(repo + "/.vanish", F_OK) == 0)
 
         #expect(try run([vanishBinary, "mount", "--keep", "1h", repo]).ok)
@@ -128,7 +128,7 @@ struct MountLifecycleTests {
         #expect(try run([vanishBinary, "trash", "list", "--json", repo]).stdout.split(separator: "\n").count == 2,
                 "the entry kept before the move is still in the trash, beside the new one")
         #expect(try run([vanishBinary, "unmount", repo]).ok)
-        try waitFor("the daemon to let go of the source") { try run(["/usr/bin/flock", "-n", repo, "true"]).ok }
+        try waitFor("the daemon to let go of the source") { try run(["/usr/bin/flock", "-n", sourceLock(repo), "true"]).ok }
 
         #expect(access(repo + "/.vanish", F_OK) != 0, "the old state moved out of the tree")
         #expect(try sh("git status --porcelain --ignored", cwd: repo, environment: env).stdout == " D a\n D b\n")
@@ -139,7 +139,7 @@ struct MountLifecycleTests {
         #expect(try run([vanishBinary, "restore", repo + "/b"]).ok)
         #expect(try String(contentsOfFile: repo + "/b", encoding: .utf8) == "b\n")
         #expect(try run([vanishBinary, "unmount", repo]).ok)
-        try waitFor("the daemon to let go of the source") { try run(["/usr/bin/flock", "-n", repo, "true"]).ok }
+        try waitFor("the daemon to let go of the source") { try run(["/usr/bin/flock", "-n", sourceLock(repo), "true"]).ok }
         // Without a mount, vanish reap finds the state outside and frees what it keeps.
         let reap = try run([vanishBinary, "reap", repo])
         #expect(reap.ok && reap.stdout.contains("reaped 1 deletion:"), "\(reap.stdout)\(reap.stderr)")
@@ -175,6 +175,33 @@ struct MountLifecycleTests {
         #expect(try run([vanishBinary, "unmount", other]).ok)
     }
 
+    @Test("another user's flock on the source keeps neither a mount nor vanish reap out (issue 49)", .timeLimit(.minutes(2)))
+    func sourceLockIsPrivate() throws {
+        let (base, src, mnt) = try makeSourceAndMountpoint()
+        defer { unmountAndRemove(mnt, base: base) }
+        chmod(base, 0o755)
+        chmod(src, 0o755)
+        let stop = base + "/stop"
+        let holder = try spawn(["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
+                                "/usr/bin/flock", "-o", "-x", src, "/bin/sh", "-c",
+                                "while [ ! -e \(shellQuote(stop)) ]; do sleep 0.1; done"])
+        defer {
+            _ = FileManager.default.createFile(atPath: stop, contents: nil)
+            var st: Int32 = 0
+            waitpid(holder, &st, 0)
+        }
+        try waitFor("nobody to hold a flock on the source") {
+            try run(["/usr/bin/flock", "-n", "-x", src, "true"]).status != 0
+        }
+        let mount = try run([vanishBinary, "mount", src, mnt])
+        #expect(mount.ok, "\(mount.stderr)")
+        #expect(!mount.stderr.contains("waiting"), "\(mount.stderr)")
+        #expect(try run([vanishBinary, "unmount", mnt]).ok)
+        try waitFor("the daemon to let go of the source") { try run(["/usr/bin/flock", "-n", sourceLock(src), "true"]).ok }
+        let reap = try run(["timeout", "20", vanishBinary, "reap", src])
+        #expect(reap.ok, "\(reap.stderr)")
+    }
+
     @Test("a source or mountpoint that is already Vanish's is refused: no mount stacks on another")
     func noStacking() throws {
         let inPlace = try VanishMount(inPlace: true)
@@ -205,10 +232,10 @@ struct MountLifecycleTests {
         defer { unmountAndRemove(mnt, base: base) }
         // A daemon leaving holds the source's lock a moment after its
         // unmount returns: a holder of the lock for 3 s stands for a slow one.
-        let holder = try spawn(["/usr/bin/flock", "-x", src, "-c", "sleep 3"])
+        let holder = try spawn(["/usr/bin/flock", "-x", sourceLock(src), "-c", "sleep 3"])
         defer { var st: Int32 = 0; waitpid(holder, &st, 0) }
         try waitFor("the holder to take the lock") {
-            try run(["/usr/bin/flock", "-n", "-x", src, "true"]).status != 0
+            try run(["/usr/bin/flock", "-n", "-x", sourceLock(src), "true"]).status != 0
         }
         let waited = try run([vanishBinary, "mount", src, mnt])
         #expect(waited.ok, "\(waited.stderr)")

@@ -497,3 +497,11 @@ public func withLoopFilesystem<R>(_ type: String, size: String = "320M", _ body:
     }
     return try body(dir)
 }
+
+/// The lock file a mount or `vanish reap` of `source` holds (MountPaths.lockPath,
+/// for root, who runs these tests): `flock -n` on it succeeds once the daemon let go.
+public func sourceLock(_ source: String) -> String {
+    var st = stat()
+    stat(source, &st)
+    return "/run/vanish/locks/\(st.st_dev)-\(st.st_ino)"
+}
