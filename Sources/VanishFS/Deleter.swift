@@ -66,7 +66,7 @@ final class Deleter: Sendable {
         var stateRoot = fd
         var statePlace = source
         if let outside, options.stateOutside || Graveyard.isStateDirectory(in: outside.fd) {
-            if options.stateOutside && !StateLocation.moveIn(from: fd, to: outside.fd) {
+            if options.stateOutside, try !StateLocation.moveIn(from: fd, to: outside.fd) {
                 logger.warning("the source has a state directory of its own beside the one outside it; using the outside one",
                                metadata: ["source": "\(source)"])
             }

@@ -321,8 +321,8 @@ public enum GraveyardError: Error, CustomStringConvertible, Equatable {
             return """
                 refusing the source's \(Graveyard.stateDirectoryName) state directory: \(name) is not private \
                 to this daemon's user (\(why)), so another user could have planted or changed what it holds. \
-                If it is Vanish's own, make it so (chown -R and chmod -R go= on \(Graveyard.stateDirectoryName)); \
-                otherwise move it aside. Then mount again.
+                Nothing in it was used or moved. Move it aside (or, if it is a mount's of that user, mount as \
+                them), then mount again: a fresh one is made.
                 """
         }
     }

@@ -1,5 +1,6 @@
 import CLinux
 import Glibc
+import SystemPackage
 import LinuxSyscalls
 
 /// Where a source's state directory (`.vanish`) lives when not in the source
@@ -54,9 +55,20 @@ public enum StateLocation {
     /// Moves a state directory from the source (`sourceFD`) into `directory`,
     /// one rename on the same mount, unless `directory` has one already.
     /// Returns whether the source's own is gone (moved, or there was none).
+    /// One the daemon's user does not own alone is refused where it is,
+    /// before anything moves: another user may have planted it, and it must
+    /// not reach the daemon's private base.
     @discardableResult
-    public static func moveIn(from sourceFD: Int32, to directory: Int32) -> Bool {
+    public static func moveIn(from sourceFD: Int32, to directory: Int32) throws(GraveyardError) -> Bool {
         guard Graveyard.isStateDirectory(in: sourceFD) else { return true }
+        let fd: Int32
+        do throws(Errno) {
+            fd = try Sys.openat(sourceFD, Graveyard.stateDirectoryName, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        } catch {
+            throw .cannotCreate(error)
+        }
+        defer { Sys.close(fd) }
+        try Graveyard.checkPrivate(fd, Graveyard.stateDirectoryName)
         guard !Graveyard.isStateDirectory(in: directory) else { return false }
         return (try? Sys.renameNoReplace(sourceFD, Graveyard.stateDirectoryName, directory, Graveyard.stateDirectoryName)) != nil
     }

@@ -60,6 +60,22 @@ struct StateDirectoryTrustTests {
         }
     }
 
+    @Test("an in-place mount refuses a planted state directory where it is, before moving it anywhere (issue 49)")
+    func plantedStateDirectoryInPlace() throws {
+        try withSharedSource { _, source in
+            try plant(in: source)
+            let m = try run([vanishBinary, "mount", "-o", "client=test", source])
+            defer { if mountType(at: source) != nil { _ = try? run(["fusermount3", "-u", source]) } }
+            #expect(m.status == 1, "\(m.stdout)\(m.stderr)")
+            #expect(m.stderr.contains("not private") && !m.stderr.contains("chown"), "\(m.stderr)")
+            #expect(mountType(at: source) == nil)
+            #expect(try sh("stat -c %U .vanish", cwd: source).stdout == "nobody\n", "the planted directory stays where it was")
+            let carried = try sh("find /var/lib/vanish/in-place -maxdepth 2 -name .vanish -user nobody 2>/dev/null")
+            #expect(carried.stdout.isEmpty, "moved into root's state base: \(carried.stdout)")
+            #expect(access(source + "/rootdata/important.db", F_OK) == 0)
+        }
+    }
+
     @Test("a state directory of root's with a client directory nobody made in it is refused")
     func plantedClientDirectory() throws {
         try withSharedSource { base, source in
