@@ -29,6 +29,29 @@ public final class ControlServer: Sendable {
     static let reserved = 16
     /// A peer must send its request within this many seconds of connecting.
     static let requestTimeout = Duration.seconds(5)
+    /// Requests being answered, by user (see `Lanes`).
+    private let lanes = Mutex(Lanes())
+
+    /// Answers are made off the control thread, one lane per user: a lane
+    /// answers its user's requests one after another on a thread of its own,
+    /// so a user's long request (a restore of 50,000 entries) delays only
+    /// that user's next ones, never another user's. The control thread only
+    /// reads requests and writes answers, without blocking.
+    private struct Lanes {
+        /// Requests waiting, by lane (uid; nil: a peer without credentials).
+        var waiting: [uid_t?: [Job]] = [:]
+        /// Lanes with a thread answering.
+        var busy: Set<uid_t?> = []
+        /// Answers made, by peer, for the control thread to send.
+        var done: [Int: [UInt8]] = [:]
+    }
+
+    private struct Job: @unchecked Sendable {
+        let peer: Int
+        let operation: ControlProtocol.Operation?
+        let request: JSON
+        let credentials: Credentials
+    }
 
     /// Serves `socket` (listening already) for the mount `mount`.
     package init(socket: ControlSocket, mount: MountControl, logger: Logger) throws(Failure) {
@@ -135,9 +158,13 @@ public final class ControlServer: Sendable {
     private struct Peer {
         let conn: Connection
         let uid: uid_t?
+        /// Names it to its lane's answer.
+        let serial: Int
         var input: [UInt8] = []
         var output: [UInt8] = []
         var sent = 0
+        /// Its request is in its user's lane: neither read nor timed out meanwhile.
+        var waiting = false
         /// It is dropped at this time (`Condition.now()` ns) if not done.
         var deadline: UInt64
         var answering: Bool { !output.isEmpty }
@@ -155,16 +182,36 @@ public final class ControlServer: Sendable {
             close(listener)
             close(wakeReader)
         }
+        var serial = 0
         while !state.withLock({ $0.stopped }) {
+            // Answers the lanes made since the last pass go out now.
+            let answers = lanes.withLock { l in
+                defer { l.done = [:] }
+                return l.done
+            }
+            for i in peers.indices where peers[i].waiting {
+                guard let output = answers[peers[i].serial] else { continue }
+                peers[i].waiting = false
+                peers[i].output = output
+                peers[i].deadline = Condition.now() + ControlServer.requestTimeout.nanoseconds
+            }
             var fds = [pollfd(fd: listener, events: Int16(POLLIN), revents: 0),
                        pollfd(fd: wakeReader, events: Int16(POLLIN), revents: 0)]
-            for p in peers { fds.append(pollfd(fd: p.conn.fd, events: Int16(p.answering ? POLLOUT : POLLIN), revents: 0)) }
+            for p in peers {
+                // A peer waiting for its answer is not polled (-1): what it sends meanwhile waits.
+                fds.append(pollfd(fd: p.waiting ? -1 : p.conn.fd, events: Int16(p.answering ? POLLOUT : POLLIN), revents: 0))
+            }
             let now = Condition.now()
-            let next = peers.map(\.deadline).min().map { Int32(clamping: ($0 > now ? $0 - now : 0) / 1_000_000 + 1) } ?? -1
+            let next = peers.filter { !$0.waiting }.map(\.deadline).min()
+                .map { Int32(clamping: ($0 > now ? $0 - now : 0) / 1_000_000 + 1) } ?? -1
             let n = poll(&fds, nfds_t(fds.count), next)
             if n < 0 && errno != EINTR {
                 log.error("control socket stopped serving", metadata: ["errno": "\(errno)"])
                 return
+            }
+            if fds[1].revents & Int16(POLLIN) != 0 {
+                var drain = [UInt8](repeating: 0, count: 64)
+                _ = Glibc.read(wakeReader, &drain, drain.count)
             }
             let at = Condition.now()
             var kept: [Peer] = []
@@ -174,7 +221,9 @@ public final class ControlServer: Sendable {
             var served: Set<uid_t> = []
             for (i, var p) in peers.enumerated() {
                 // Each branch either keeps the peer or lets it go (and counts it gone) once.
-                if fds[i + 2].revents != 0 && !p.answering, let uid = p.uid, served.contains(uid) {
+                if p.waiting {
+                    kept.append(p)
+                } else if fds[i + 2].revents != 0 && !p.answering, let uid = p.uid, served.contains(uid) {
                     kept.append(p)
                 } else if fds[i + 2].revents != 0 {
                     if !p.answering, let uid = p.uid { served.insert(uid) }
@@ -188,12 +237,15 @@ public final class ControlServer: Sendable {
                 }
             }
             peers = kept
-            if fds[0].revents & Int16(POLLIN) != 0, let p = acceptPeer() { peers.append(p) }
+            if fds[0].revents & Int16(POLLIN) != 0, let p = acceptPeer(serial: serial) {
+                peers.append(p)
+                serial &+= 1
+            }
         }
     }
 
     /// Accepts one peer, or turns it away when it would pass a limit.
-    private func acceptPeer() -> Peer? {
+    private func acceptPeer(serial: Int) -> Peer? {
         let fd = accept(listener, nil, nil)
         guard fd >= 0 else { return nil }
         _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
@@ -221,7 +273,7 @@ public final class ControlServer: Sendable {
             conn.write(["error": JSON(refusal + "; try again later"), "errno": JSON(EAGAIN)])
             return nil
         }
-        return Peer(conn: conn, uid: uid, deadline: Condition.now() + ControlServer.requestTimeout.nanoseconds)
+        return Peer(conn: conn, uid: uid, serial: serial, deadline: Condition.now() + ControlServer.requestTimeout.nanoseconds)
     }
 
     /// Reads what `p` sent; once its request is in, answers it. False when it is done with.
@@ -248,9 +300,35 @@ public final class ControlServer: Sendable {
             }
             return false
         }
-        p.output = Array((answer(operation, request, peer).serialized + "\n").utf8)
-        p.deadline = Condition.now() + ControlServer.requestTimeout.nanoseconds
-        return writeSome(&p)
+        p.waiting = true
+        submit(Job(peer: p.serial, operation: operation, request: request, credentials: peer), lane: p.uid)
+        return true
+    }
+
+    /// Queues `job` in its user's lane, starting the lane's thread if it has none.
+    private func submit(_ job: Job, lane: uid_t?) {
+        let start = lanes.withLock { l in
+            l.waiting[lane, default: []].append(job)
+            return l.busy.insert(lane).inserted
+        }
+        guard start else { return }
+        spawnThread("vanish-ctl-lane") { [self] in
+            while let job = lanes.withLock({ l -> Job? in
+                guard var queue = l.waiting[lane], !queue.isEmpty else {
+                    l.waiting[lane] = nil
+                    l.busy.remove(lane)
+                    return nil
+                }
+                let job = queue.removeFirst()
+                l.waiting[lane] = queue
+                return job
+            }) {
+                let output = Array((answer(job.operation, job.request, job.credentials).serialized + "\n").utf8)
+                lanes.withLock { $0.done[job.peer] = output }
+                var byte: UInt8 = 1
+                _ = Glibc.write(wakeWriter, &byte, 1)
+            }
+        }
     }
 
     /// Writes what the socket takes of `p`'s answer. False once all is sent or the peer is gone.

@@ -41,4 +41,42 @@ struct ControlFairnessTests {
             #expect(roots.stdout.split(separator: "\n").count >= 20000)
         }
     }
+
+    @Test("nobody's restore of 30,000 entries delays neither root's restore nor another user's trash list (issue 49)")
+    func longRequestDelaysNoOne() throws {
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            let r = try sh("""
+                chmod 755 . && install -d -o nobody home home/t && cd home/t && seq 1 30000 | sed 's/^/f/' | xargs touch && chown nobody: *
+                cd ../.. && echo mine > rootfile
+                """, cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let binary = m.base + "/vanish"
+            #expect(try run(["cp", vanishBinary, binary]).ok)
+            #expect(try runAsNobody(["rm", "-rf", m.path("home/t")]).ok)
+            #expect(try sh("rm rootfile", cwd: m.mountpoint).ok)
+            let restorer = try spawn(["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
+                                      binary, "restore", m.path("home/t")])
+            defer { var st: Int32 = 0; waitpid(restorer, &st, 0) }
+            let count = { () throws -> Int in
+                Int(try sh("ls home/t 2>/dev/null | wc -l", cwd: m.source).stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+            }
+            try waitFor("nobody's restore to be under way") { try count() > 0 }
+            // Answered while nobody's restore still runs: not behind it. (Root's
+            // trash list would hold all 30,000 of nobody's entries: a third
+            // user's list is the small request here.)
+            let mine = try run([vanishBinary, "restore", m.path("rootfile")])
+            let list = try run(["setpriv", "--reuid=daemon", "--regid=daemon", "--clear-groups", "--",
+                                binary, "trash", "list", m.mountpoint])
+            let restored = try count()
+            #expect(mine.ok, "\(mine)")
+            #expect(list.ok && list.stdout.contains("nothing restorable"), "\(list)")
+            #expect(restored < 30000, "root's restore and daemon's trash list waited for nobody's whole restore")
+            #expect(try String(contentsOfFile: m.path("rootfile"), encoding: .utf8) == "mine\n")
+            var st: Int32 = 0
+            waitpid(restorer, &st, 0)
+            #expect(st == 0)
+            #expect(try count() == 30000)
+        }
+    }
 }
