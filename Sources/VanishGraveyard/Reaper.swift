@@ -79,7 +79,6 @@ public final class Reaper: @unchecked Sendable {
     public let policy: Policy
     /// Entries deleted at or before this time (ns) are due now, inside
     /// their window or not: space ran short or the byte limit was passed.
-    private let horizon = Atomic<UInt64>(0)
     private let wardenWakeup = DispatchSemaphore(value: 0)
     private let limiter: RateLimiter?
     /// Called after each graveyard entry is freed, with what it held.
@@ -344,7 +343,7 @@ public final class Reaper: @unchecked Sendable {
         return Int(work)
     }
 
-    /// Whether the kept entry `name` has reached the end of its window (or the horizon).
+    /// Whether the kept entry `name` has reached the end of its window (or was given up for the limits).
     private func isDue(kept name: UnsafePointer<CChar>) -> Bool {
         var ignored = UInt64.max
         return isDue(name, Graveyard.deletionTime(name) ?? 0, now: Sys.wallClockNow(), nextDue: &ignored)
@@ -451,10 +450,10 @@ public final class Reaper: @unchecked Sendable {
     /// Whether the entry `name`, deleted at `time`, may be reaped now: a
     /// kept entry at the end of its own window (whatever this mount's), one
     /// not (yet) in the index a window after its deletion, and any entry
-    /// older than the horizon (freed early for space) at once.
+    /// given up for the window's limits (`FairEviction`) at once.
     @inline(__always)
     private func isDue(_ name: UnsafePointer<CChar>, _ time: UInt64, now: UInt64, nextDue: inout UInt64) -> Bool {
-        guard time > 1, time > horizon.load(ordering: .relaxed), !policy.freesKeptEntries else { return true }
+        guard time > 1, !policy.freesKeptEntries else { return true }
         let legacy = keeps ? policy.keep : Self.legacyWindow
         let end: UInt64
         if !graveyard.trash.isEmpty, let until = graveyard.trash.keptUntil(name, legacyWindow: legacy) {
@@ -660,12 +659,12 @@ public final class Reaper: @unchecked Sendable {
         for thread in threads { thread.set(.background) }
     }
 
-    /// Keeps the undo window within its limits: moves the horizon forward,
-    /// oldest entries first, until the restorable bytes fit under
+    /// Keeps the undo window within its limits: gives entries up, the
+    /// largest users' oldest first (`FairEviction`), until the restorable bytes fit under
     /// keepMaxBytes and the filesystem has keepMinFreePercent free. Free
     /// space is looked at every 5 to 50 ms while anything is kept (one
     /// statvfs), the rest every second or when woken; when space is short the warden
-    /// frees the entries behind the horizon itself, at once: a writer
+    /// frees the entries given up itself, at once: a writer
     /// through passthrough gets ENOSPC from the backing filesystem, which no
     /// retry of the daemon's can take back.
     private func ward() {
@@ -742,36 +741,32 @@ public final class Reaper: @unchecked Sendable {
                 }
             }
         }
-        // Entries already behind the horizon are on their way out, though
-        // still restorable until a worker takes them: counted as kept, a
-        // burst of deletions moved the horizon again each second, past
-        // entries the limit had room for.
-        let current = horizon.load(ordering: .relaxed)
+        // Entries already given up are on their way out, though still
+        // restorable until a worker takes them: counted as kept, a burst of
+        // deletions gave up more each second than the limit needed.
         let restorable = graveyard.restorable
-        let leaving = restorable.reduce(0) { $1.deleted <= current ? $0 + ($1.record.bytes ?? 0) : $0 }
+        let given = graveyard.trash.evicted
+        let leaving = given.isEmpty ? 0 : restorable.reduce(0) { given.contains($1.id) ? $0 + ($1.record.bytes ?? 0) : $0 }
         // Counted from the same snapshot, not the index's running total:
         // an entry a worker is taking right now is out of the snapshot
         // but may still be in the total, which then counted it as kept
-        // and moved the horizon past an entry the limit had room for.
+        // and gave up an entry the limit had room for.
         let all = restorable.reduce(0) { $0 + ($1.record.bytes ?? 0) }
-        // Short of space (or a request met ENOSPC): at least the oldest goes.
+        // Short of space (or a request met ENOSPC): at least one goes.
         let wanted = max(bytesToFree(kept: all - leaving, leaving: short ? 0 : leaving), short ? 1 : 0)
-        var newHorizon = current
         if wanted > 0 {
-            var freed: UInt64 = 0
-            for e in restorable where e.deleted > newHorizon {
-                newHorizon = e.deleted
-                freed += e.record.bytes ?? 0
-                if freed >= wanted { break }
-            }
-            if newHorizon > horizon.load(ordering: .relaxed) {
-                horizon.store(newHorizon, ordering: .relaxed)
+            let candidates = given.isEmpty ? restorable : restorable.filter { !given.contains($0.id) }
+            let chosen = FairEviction.choose(candidates.map { (uid: $0.record.uid, bytes: $0.record.bytes ?? 0) },
+                                             wanted: wanted)
+            if !chosen.isEmpty {
+                graveyard.trash.evict(chosen.map { candidates[$0].id })
                 for w in 0..<workerCount { wakeups[w].signal() }
             }
         }
         guard short else { return }
-        // Short of space: the entries behind the horizon go now, from here.
-        let shards = Set(restorable.filter { $0.deleted <= newHorizon }.map(\.shard))
+        // Short of space: the entries given up go now, from here.
+        let now = graveyard.trash.evicted
+        let shards = Set(restorable.filter { now.contains($0.id) }.map(\.shard))
         for shard in shards.sorted() {
             var ignored = UInt64.max
             _ = reap(graveyard.shardFDs[shard], nextDue: &ignored)

@@ -101,6 +101,8 @@ final class TrashIndex: Sendable {
         var byUser: [UInt32: Set<String>] = [:]
         /// Entries a restore has taken and not finished with.
         var restoring: Set<String> = []
+        /// Entries the window's limits gave up (see `FairEviction`): due at once.
+        var evicted: Set<String> = []
 
         mutating func add(_ e: TrashEntry) -> Bool {
             byUser[e.record.uid, default: []].insert(e.id)
@@ -109,6 +111,7 @@ final class TrashIndex: Sendable {
 
         mutating func remove(_ id: String) -> TrashEntry? {
             guard let e = entries.removeValue(forKey: id) else { return nil }
+            if !evicted.isEmpty { evicted.remove(id) }
             byUser[e.record.uid]?.remove(id)
             if byUser[e.record.uid]?.isEmpty == true { byUser[e.record.uid] = nil }
             return e
@@ -193,8 +196,21 @@ final class TrashIndex: Sendable {
     /// nil if it is not a kept entry.
     func keptUntil(_ id: UnsafePointer<CChar>, legacyWindow: UInt64) -> UInt64? {
         let key = String(cString: id)
-        return state.withLock { s in s.entries[key].map { $0.deleted &+ ($0.record.window ?? legacyWindow) } }
+        return state.withLock { s in
+            if !s.evicted.isEmpty && s.evicted.contains(key) { return s.entries[key] == nil ? nil : 0 }
+            return s.entries[key].map { $0.deleted &+ ($0.record.window ?? legacyWindow) }
+        }
     }
+
+    /// Gives the entries `ids` up before their windows end.
+    func evict(_ ids: [String]) {
+        state.withLock { s in
+            for id in ids where s.entries[id] != nil { s.evicted.insert(id) }
+        }
+    }
+
+    /// The entries given up and not freed yet.
+    var evicted: Set<String> { state.withLock { $0.evicted } }
 
     /// One user's entries.
     func entries(of uid: UInt32) -> [TrashEntry] {

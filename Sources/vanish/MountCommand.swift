@@ -59,8 +59,8 @@ struct MountCommand: ParsableCommand {
     var keep: String?
 
     @Option(help: ArgumentHelp("""
-        Most bytes restorable entries may hold; beyond it the oldest are freed early. The oldest \
-        also go early whenever the source filesystem has less than keep_min_free (default 10%) free.
+        Most bytes restorable entries may hold; beyond it the largest users' oldest are freed early. \
+        They also go early whenever the source filesystem has less than keep_min_free (default 10%) free.
         """, valueName: "size"))
     var keepMaxBytes: String?
 

@@ -118,4 +118,20 @@ struct ReaperPartsTests {
         #expect("0000000000000001-00000001-0000000001".withCString { g.credentials(ofEntry: $0) } == nil,
                 "a name without a deleter is the daemon's")
     }
+
+    @Test("the window's limits give up the largest users' oldest entries, down to a common cap, and no one else's")
+    func fairEviction() {
+        // root: one 1 MiB entry; nobody (65534): eight 4 MiB ones, all newer; limit 16 MiB.
+        let mib: UInt64 = 1 << 20
+        let items = [(uid: UInt32(0), bytes: mib)] + (0..<8).map { _ in (uid: UInt32(65534), bytes: 4 * mib) }
+        #expect(FairEviction.choose(items, wanted: 33 * mib - 16 * mib) == [1, 2, 3, 4, 5], "nobody's five oldest")
+        // Two users over the cap each come down to it; the small one loses nothing.
+        let two = [(uid: UInt32(1), bytes: 10 * mib), (uid: UInt32(2), bytes: 10 * mib), (uid: UInt32(3), bytes: mib),
+                   (uid: UInt32(1), bytes: 10 * mib), (uid: UInt32(2), bytes: 10 * mib)]
+        #expect(FairEviction.choose(two, wanted: 20 * mib) == [0, 1], "each of the two big users' oldest")
+        #expect(FairEviction.cap([1, 20, 20], keeping: 21) == 10)
+        // Short of space with sizes unknown: at least the oldest goes.
+        #expect(FairEviction.choose([(uid: 0, bytes: 0), (uid: 1, bytes: 0)], wanted: 1) == [0, 1])
+        #expect(FairEviction.choose([(uid: 0, bytes: 5)], wanted: 0).isEmpty)
+    }
 }

@@ -213,6 +213,26 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("one user's deletions past keep_max_bytes give up their own oldest entries, not another user's (issue 49)")
+    func byteLimitPerUser() throws {
+        try withVanishMount(options: ["allow_other", "keep=1h", "keep_max_bytes=16M"], prepare: { src in
+            let r = try sh("chmod 755 . && install -d -o nobody junk", cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            // root's one kept file, the oldest in the trash.
+            #expect(try sh("head -c 1M /dev/urandom > mine && sync mine && rm mine", cwd: m.mountpoint).ok)
+            // Then nobody deletes 32 MiB, twice the limit.
+            #expect(try runAsNobody(["/bin/sh", "-c", """
+                for i in 1 2 3 4 5 6 7 8; do head -c 4M /dev/urandom > j$i; done && sync && rm j1 j2 j3 j4 j5 j6 j7 j8
+                """], cwd: m.path("junk")).ok)
+            // 16 MiB hold root's 1 MiB and nobody's newest three 4 MiB files.
+            let expected = ["junk/j6", "junk/j7", "junk/j8", "mine"]
+            try waitFor("nobody's oldest to go", timeout: 60) { try trashPaths(m) == expected }
+            try waitForReaper(m)
+            #expect(try trashPaths(m) == expected)
+        }
+    }
+
     @Test("deletions that come together are cut to the byte limit exactly: the newest that fit stay")
     func byteLimitBurst() throws {
         try withVanishMount(options: ["keep=1h", "keep_max_bytes=10M"]) { m in
