@@ -55,6 +55,13 @@ public struct Credentials: Sendable {
         return Credentials(uid: uid, gid: pw.pw_gid, groups: Array(groups.prefix(Int(max(count, 0)))))
     }
 
+    /// `body` with `credentials` taken on (`acting`), or with the thread's own when nil.
+    @inline(__always)
+    public static func acting<R>(_ credentials: Credentials?, _ body: () throws(Errno) -> R) throws(Errno) -> R {
+        guard let credentials else { return try body() }
+        return try credentials.acting(body)
+    }
+
     /// Whether this process may take other users' identities.
     public static var canSwitch: Bool { geteuid() == 0 }
 

@@ -154,15 +154,20 @@ extension VanishFilesystem {
         changes.awaitEarlierChanges()
         let caller = req.caller
         let exchange = flags & VANISH_RENAME_EXCHANGE != 0
+        // The move is the caller's, checked by the kernel as they make it: an
+        // entry exchanged onto the name on the source since the kernel's
+        // own check moves only where the caller could move it.
+        let credentials = callerCredentials(req, caller)
         try namespace.renaming(p, name, np, newName, exchange: exchange) { pfd, npfd throws(Errno) in
             // Most renames replace nothing: try that first, which spares
             // them the lstat of the new name.
             var target: stat? = nil
-            if try !renameIfFree(pfd, name, npfd, newName, flags: flags) {
+            if try !renameIfFree(pfd, name, npfd, newName, flags: flags, as: credentials) {
                 // What the new name holds now: a file it replaces goes to the
                 // graveyard, and the event says it was replaced.
                 target = exchange ? nil : try? Sys.lstatat(npfd, newName)
-                try deleter.replace(pfd, name, npfd, newName, target: target, flags: flags, newParent: np, caller: caller)
+                try deleter.replace(pfd, name, npfd, newName, target: target, flags: flags, newParent: np, caller: caller,
+                                    as: credentials)
             }
             // Keep the moved inode reachable under its new name (and the
             // other one, for an exchange) so its fd can be reopened later.
@@ -281,10 +286,12 @@ extension VanishFilesystem {
     /// what the new name holds. The check and the rename are one step, so a
     /// true answer cannot be stale.
     func renameIfFree(_ pfd: Int32, _ name: UnsafePointer<CChar>, _ npfd: Int32, _ newName: UnsafePointer<CChar>,
-                      flags: UInt32) throws(Errno) -> Bool {
+                      flags: UInt32, as credentials: Credentials?) throws(Errno) -> Bool {
         guard flags == 0 else { return false }
         do throws(Errno) {
-            try Sys.renameat2(pfd, name, npfd, newName, VANISH_RENAME_NOREPLACE)
+            try Credentials.acting(credentials) { () throws(Errno) in
+                try Sys.renameat2(pfd, name, npfd, newName, VANISH_RENAME_NOREPLACE)
+            }
             return true
         } catch .fileExists {
             return false
@@ -323,14 +330,20 @@ extension VanishFilesystem {
     @inline(__always)
     func asCaller<R>(_ req: Request, _ caller: Caller, umask: Bool = true,
                      _ body: () throws(Errno) -> R) throws(Errno) -> R {
-        guard actsForOthers, caller.uid != 0 || caller.gid != 0 else {
+        guard let credentials = callerCredentials(req, caller) else {
             return umask ? try withCallersUmask(caller, body) : try body()
         }
-        // Root's capabilities pass every check its groups could change.
-        let groups = caller.uid == 0 ? [] : req.groups()
-        return try Credentials(uid: caller.uid, gid: caller.gid, groups: groups).acting { () throws(Errno) -> R in
+        return try credentials.acting { () throws(Errno) -> R in
             umask ? try withCallersUmask(caller, body) : try body()
         }
+    }
+
+    /// The caller's identity for `Credentials.acting`; nil where the daemon
+    /// acts as itself (it serves only its own user, or the caller is root).
+    func callerCredentials(_ req: Request, _ caller: Caller) -> Credentials? {
+        guard actsForOthers, caller.uid != 0 || caller.gid != 0 else { return nil }
+        // Root's capabilities pass every check its groups could change.
+        return Credentials(uid: caller.uid, gid: caller.gid, groups: caller.uid == 0 ? [] : req.groups())
     }
 
     /// The flags to open a backing file with.

@@ -398,8 +398,10 @@ extension Deleter {
     /// A rename that may replace a file (see `VanishFilesystem.rename`),
     /// with renameat2 semantics (NOREPLACE, EXCHANGE passed through).
     /// `target`: what `newName` held just before (nil: nothing, or an exchange).
+    /// The renames run with `credentials` (the caller's; nil: the daemon's own).
     func replace(_ pfd: Int32, _ name: UnsafePointer<CChar>, _ npfd: Int32, _ newName: UnsafePointer<CChar>,
-                     target: stat?, flags: UInt32, newParent: Inode, caller: Caller) throws(Errno) {
+                 target: stat?, flags: UInt32, newParent: Inode, caller: Caller,
+                 as credentials: Credentials?) throws(Errno) {
         if flags == 0, let target, target.st_mode & S_IFMT != S_IFDIR, target.st_nlink == 1, !holdIfOpen(target),
            let source = try? Sys.lstatat(pfd, name), source.st_mode & S_IFMT != S_IFDIR,
            source.st_ino != target.st_ino || source.st_dev != target.st_dev {
@@ -407,18 +409,20 @@ extension Deleter {
             // two atomically (the new name never goes missing), then bury the
             // old target from where the source was, so the reaper frees it.
             do throws(Errno) {
-                try Sys.renameat2(pfd, name, npfd, newName, VANISH_RENAME_EXCHANGE)
+                try Credentials.acting(credentials) { () throws(Errno) in
+                    try Sys.renameat2(pfd, name, npfd, newName, VANISH_RENAME_EXCHANGE)
+                }
             } catch .invalidArgument {
                 // Two files can always be exchanged, so the backing filesystem
                 // lacks the flag (NFS, many FUSE filesystems): rename plainly,
                 // and it frees the replaced file itself.
-                try Sys.renameat2(pfd, name, npfd, newName, 0)
+                try Credentials.acting(credentials) { () throws(Errno) in try Sys.renameat2(pfd, name, npfd, newName, 0) }
                 return
             }
             // Its trash record names where it was: the target's path.
             try bury(pfd, name, st: target, from: newParent, caller: caller, asName: newName)
             return
         }
-        try Sys.renameat2(pfd, name, npfd, newName, flags)
+        try Credentials.acting(credentials) { () throws(Errno) in try Sys.renameat2(pfd, name, npfd, newName, flags) }
     }
 }

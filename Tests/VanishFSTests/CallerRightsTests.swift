@@ -125,4 +125,26 @@ struct CallerRightsTests {
             #expect(owners.stdout == String(repeating: "nobody nogroup\n", count: 4) + "0\n")
         }
     }
+
+    @Test("a directory exchanged onto a name being renamed moves only where its mover could move it (issue 49)")
+    func exchangeDuringRename() throws {
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            let r = try sh("""
+                chmod 755 . && install -d -m 777 shared && install -d -m 755 shared/R && install -d -o nobody other
+                for f in 1 2 3; do echo x > shared/R/$f; done
+                """, cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            // Natively nobody cannot move root's 0755 R to another directory (its ".." would change).
+            try whileNobodyExchanges("A", "R", in: m.backing("shared"), scratch: m.base) {
+                for i in 0..<50 {
+                    _ = try runAsNobody(["/bin/sh", "-c", "mkdir -p shared/A 2>/dev/null; mv shared/A other/A\(i) 2>/dev/null; true"],
+                                        cwd: m.mountpoint)
+                }
+            }
+            let moved = try sh("find other -name 1 -o -name 2 -o -name 3 | wc -l", cwd: m.source)
+            #expect(moved.stdout == "0\n", "root's files moved into nobody's directory: \(moved.stdout)")
+            #expect(try sh("find shared -name 1 -o -name 2 -o -name 3 | wc -l", cwd: m.source).stdout == "3\n")
+        }
+    }
 }

@@ -129,28 +129,13 @@ struct OneStepDeleteTests {
                 """, cwd: src)
             guard r.ok else { throw TestFailure(r.stderr) }
         }) { m in
-            let swapper = m.base + "/exchange.py"
-            try """
-                import ctypes, os, sys
-                libc = ctypes.CDLL(None, use_errno=True)
-                os.chdir(sys.argv[1])
-                while not os.path.exists(sys.argv[2]):
-                    libc.renameat2(-100, b"A", -100, b"R", 2)  # RENAME_EXCHANGE
-                """.write(toFile: swapper, atomically: true, encoding: .utf8)
-            let stop = m.base + "/stop"
-            let attacker = try spawn(["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
-                                      "/usr/bin/python3", swapper, m.backing("shared"), stop])
-            defer {
-                _ = FileManager.default.createFile(atPath: stop, contents: nil)
-                var status: Int32 = 0
-                waitpid(attacker, &status, 0)
+            try whileNobodyExchanges("A", "R", in: m.backing("shared"), scratch: m.base) {
+                for _ in 0..<50 {
+                    _ = try runAsNobody(["/bin/sh", "-c", "mkdir -p A/d && touch A/d/f A/g; true"],
+                                        cwd: m.path("shared"))
+                    _ = try runAsNobody([vanishBinary, "rm", "-r", "-f", m.path("shared/A")])
+                }
             }
-            for _ in 0..<50 {
-                _ = try runAsNobody(["/bin/sh", "-c", "mkdir -p A/d && touch A/d/f A/g; true"],
-                                    cwd: m.path("shared"))
-                _ = try runAsNobody([vanishBinary, "rm", "-r", "-f", m.path("shared/A")])
-            }
-            _ = FileManager.default.createFile(atPath: stop, contents: nil)
             try waitFor("nobody's room to be empty") { try OneStepDeleteTests.room(m).isEmpty }
             let left = try sh("find shared -path '*/1' -o -path '*/2' -o -path '*/3' | wc -l", cwd: m.source)
             #expect(left.stdout == "3\n", "root's files left: \(left.stdout)")

@@ -505,3 +505,30 @@ public func sourceLock(_ source: String) -> String {
     stat(source, &st)
     return "/run/vanish/locks/\(st.st_dev)-\(st.st_ino)"
 }
+
+/// Runs `body` while a process of nobody's exchanges `a` and `b` in the
+/// directory `dir` (a path on the source) in a loop with
+/// `renameat2(RENAME_EXCHANGE)`, as an attacker racing the daemon's calls
+/// would; the loop ends (and is waited for) when `body` does. `scratch`
+/// holds its script and stop file.
+public func whileNobodyExchanges(_ a: String, _ b: String, in dir: String, scratch: String,
+                                 _ body: () throws -> Void) throws {
+    let script = scratch + "/exchange.py"
+    try """
+        import ctypes, os, sys
+        libc = ctypes.CDLL(None, use_errno=True)
+        os.chdir(sys.argv[1])
+        a, b = sys.argv[3].encode(), sys.argv[4].encode()
+        while not os.path.exists(sys.argv[2]):
+            libc.renameat2(-100, a, -100, b, 2)  # RENAME_EXCHANGE
+        """.write(toFile: script, atomically: true, encoding: .utf8)
+    let stop = scratch + "/stop-exchanging"
+    let attacker = try spawn(["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
+                              "/usr/bin/python3", script, dir, stop, a, b])
+    defer {
+        _ = FileManager.default.createFile(atPath: stop, contents: nil)
+        var status: Int32 = 0
+        waitpid(attacker, &status, 0)
+    }
+    try body()
+}
