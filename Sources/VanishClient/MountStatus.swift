@@ -32,6 +32,8 @@ public struct MountStatus: Sendable, Equatable {
     public var restorableEntries = 0
     /// Entries the reaper could not delete (logged); tried again later.
     public var stuckEntries = 0
+    /// One-step deletes put back since the mount (all or part): their deleters could not remove all of them.
+    public var putBackEntries = 0
     public var restorableBytes = 0
     /// The undo window for what is deleted from now on.
     public var keepSeconds = 0.0
@@ -96,7 +98,7 @@ public struct MountStatus: Sendable, Equatable {
             "freed_data_bytes": JSON(freedDataBytes), "freed_bytes": JSON(freedBytes),
             "buried_entries": buriedEntries.map { JSON($0) } ?? .null, "reaper_workers": JSON(reaperWorkers),
             "free_bytes": JSON(freeBytes), "restorable_entries": JSON(restorableEntries),
-            "stuck_entries": JSON(stuckEntries), "restorable_bytes": JSON(restorableBytes),
+            "stuck_entries": JSON(stuckEntries), "put_back_entries": JSON(putBackEntries), "restorable_bytes": JSON(restorableBytes),
             "keep_seconds": JSON(keepSeconds), "graveyard_bytes": JSON(graveyardBytes), "socket": JSON(socket),
             "known_inodes": JSON(knownInodes), "statahead_entries": JSON(stataheadEntries),
             "cached_fds": JSON(cachedFDs), "fd_cache_limit": JSON(fdCacheLimit),
@@ -140,6 +142,7 @@ public struct MountStatus: Sendable, Equatable {
         freeBytes = int("free_bytes")
         restorableEntries = int("restorable_entries")
         stuckEntries = int("stuck_entries")
+        putBackEntries = int("put_back_entries")
         restorableBytes = int("restorable_bytes")
         keepSeconds = o["keep_seconds"]?.double ?? 0
         graveyardBytes = int("graveyard_bytes")

@@ -49,6 +49,7 @@ enum StatusReport {
         o.freeBytes = Int(f.freeBytes)
         o.restorableEntries = restorable
         o.stuckEntries = f.stuckEntries
+        o.putBackEntries = f.putBack
         o.restorableBytes = Int(restorableBytes)
         o.keepSeconds = f.keepSeconds
         // Waiting to be reaped, the kept entries' known bytes aside.

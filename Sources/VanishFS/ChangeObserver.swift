@@ -42,9 +42,10 @@ protocol ChangeObserver: AnyObject, Sendable {
                  _ newName: UnsafePointer<CChar>, newParentFD: Int32, moved: Inode?, st: stat?, exchange: Bool,
                  replaced: Bool)
 
-    /// A graveyard entry was put back as `leaf` in `dirFD`, at `path` in the mount, by `uid`.
+    /// A graveyard entry was put back as `leaf` in `dirFD`, at `path` in the mount, by `uid`;
+    /// `kept`: by the daemon, because its deleter could not have removed all of it with `rm -r`.
     func restored(into dirFD: Int32, _ leaf: UnsafePointer<CChar>, path: [UInt8], kind: String, entry: String,
-                  uid: uid_t)
+                  uid: uid_t, kept: Bool)
 
     /// A directory's attributes as a getattr or lookup just read them
     /// (changes behind the mount show as a moved mtime).
@@ -94,7 +95,7 @@ final class NoEvents: ChangeObserver {
                  _ newName: UnsafePointer<CChar>, newParentFD: Int32, moved: Inode?, st: stat?, exchange: Bool,
                  replaced: Bool) {}
     func restored(into dirFD: Int32, _ leaf: UnsafePointer<CChar>, path: [UInt8], kind: String, entry: String,
-                  uid: uid_t) {}
+                  uid: uid_t, kept: Bool) {}
     func sawDirectory(_ node: Inode, _ st: stat) {}
     func opened(_ fd: Int32, _ node: Inode, writing: Bool, passthrough: Bool, stat known: stat?, _ caller: Caller) {}
     func wrote(_ fd: Int32, _ node: Inode, _ caller: Caller) {}

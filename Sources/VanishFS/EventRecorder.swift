@@ -347,7 +347,7 @@ final class EventRecorder: ChangeObserver {
     }
 
     func restored(into dirFD: Int32, _ leaf: UnsafePointer<CChar>, path: [UInt8], kind: String, entry: String,
-                  uid: uid_t) {
+                  uid: uid_t, kept: Bool) {
         let id = FileID.read(dirFD, leaf)
         emit(.restored, nil) { ev in
             ev.path("path", path)
@@ -355,6 +355,7 @@ final class EventRecorder: ChangeObserver {
             ev.string("id", id)
             ev.string("entry", entry)
             ev.int("uid", uid)
+            if kept { ev.string("reason", "kept: its deleter could not have removed all of it with rm -r") }
         }
     }
 

@@ -109,7 +109,7 @@ package final class MountControl: Sendable {
             throw .failed(error)
         }
         reaper?.forgetTree(claimed.id)
-        changes.restored(into: dirFD, leaf, path: path, kind: claimed.record.kind.name, entry: claimed.id, uid: uid)
+        changes.restored(into: dirFD, leaf, path: path, kind: claimed.record.kind.name, entry: claimed.id, uid: uid, kept: false)
         guard let parent else { return }
         // A process still inside the tree may make entries in it again.
         if let st = try? Sys.lstatat(dirFD, leaf) { table.moved(st, to: parent, name: leaf) }

@@ -37,6 +37,7 @@ final class OneStepBurials: Sendable {
         var running = false
         var stopping = false
         var busy = false
+        var putBack = 0
     }
     private let state = Lock(State())
     private let wake = Condition()
@@ -54,6 +55,8 @@ final class OneStepBurials: Sendable {
 
     /// Trees moved in and not yet checked (for status and tests).
     var count: Int { state.withLock { $0.queue.count + ($0.busy ? 1 : 0) } }
+    /// Trees put back since the mount, whole or as `rm -r` leaves them (for status).
+    var putBack: Int { state.withLock { $0.putBack } }
 
     func start() {
         state.withLock { $0.running = true }
@@ -214,10 +217,11 @@ final class OneStepBurials: Sendable {
                         if let st = try? Sys.lstatat(pfd, n.baseAddress!) { deleter.table.moved(st, to: p.parent, name: n.baseAddress!) }
                         _ = invalidations.send(parent: deleter.table.nodeID(p.parent), name: p.name, timeout: .seconds(1))
                         changes.restored(into: pfd, n.baseAddress!, path: path, kind: TrashRecord.Kind(mode: p.st.st_mode).name,
-                                         entry: String(cString: grave), uid: p.caller.uid)
+                                         entry: String(cString: grave), uid: p.caller.uid, kept: true)
                     }
                 }
             }
+            state.withLock { $0.putBack += 1 }
             log.notice("a one-step delete was put back: its deleter could not have removed all of it with rm -r",
                        metadata: ["path": "\(String(decoding: path, as: UTF8.self))", "uid": "\(p.caller.uid)",
                                   "error": "\(why)"])

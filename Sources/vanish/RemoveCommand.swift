@@ -8,13 +8,11 @@ struct RemoveCommand: ParsableCommand {
         commandName: "rm",
         abstract: "Remove files or whole trees inside a Vanish mount, in one step whatever their size.",
         discussion: """
-            A directory goes to the graveyard with one rename (through the xattr trigger \
-            user.vanish.delete, which any program can set too); the reaper frees the data later. \
-            It is refused exactly where rm -r by the calling user would fail to empty the tree: \
-            the daemon checks every directory in it with the caller's own rights (modes, ACLs, \
-            sticky bits, immutable entries, mounts inside), a walk that takes a fraction of what \
-            deleting would. Other entries are unlinked, which on a Vanish mount is the same \
-            single rename.
+            A directory goes to the graveyard with one rename made with the caller's rights \
+            (through the xattr trigger user.vanish.delete, which any program can set too); the \
+            reaper frees the data later. Moments later, what rm -r by the caller would have left \
+            (entries they may not remove, and the directories on their paths) is put back where \
+            it was. Other entries are unlinked, which on a Vanish mount is the same single rename.
             """
     )
 
@@ -24,6 +22,12 @@ struct RemoveCommand: ParsableCommand {
     @Flag(name: .shortAndLong, help: "Ignore paths that do not exist.")
     var force = false
 
+    @Flag(help: ArgumentHelp("""
+        Wait until what was removed is freed (or kept by the undo window) and what rm -r would have \
+        left is back, then report each entry left as rm does, with exit status 1.
+        """))
+    var wait = false
+
     @Argument(help: "What to remove.")
     var paths: [String]
 
@@ -32,7 +36,8 @@ struct RemoveCommand: ParsableCommand {
     }
 
     func run() throws {
-        let code = RemoveCommand.removeAll(paths, recursive: recursive, force: force)
+        var code = RemoveCommand.removeAll(paths, recursive: recursive, force: force)
+        if wait, RemoveCommand.reportLeftovers(paths) { code = max(code, 1) }
         if code != 0 { throw ExitCode(code) }
     }
 
@@ -144,6 +149,74 @@ struct RemoveCommand: ParsableCommand {
         // lookup of it, by any process, gets ENOENT. Looking it up here
         // would make this process prune every cached entry below it, the
         // work the daemon leaves to the kernel's background.
+    }
+}
+
+extension RemoveCommand {
+    /// For `--wait`: waits until each path's mount has settled its deletes,
+    /// then reports what is back at each path as `rm -r` would have reported
+    /// it failing. Returns whether anything was left.
+    static func reportLeftovers(_ paths: [String]) -> Bool {
+        var mounts: Set<String> = []
+        for path in paths {
+            if let m = MountPaths.mount(containing: MountPaths.lexicallyAbsolute(path)), m.type == "fuse.vanish" {
+                mounts.insert(m.point)
+            }
+        }
+        for mountpoint in mounts { waitUntilSettled(mountpoint) }
+        var left = false
+        for path in paths {
+            var st = stat()
+            guard lstat(path, &st) == 0 else { continue }
+            left = true
+            report(path, st)
+        }
+        return left
+    }
+
+    /// Until the mount's one-step deletes are sorted and its reaper has
+    /// nothing due (kept entries aside).
+    private static func waitUntilSettled(_ mountpoint: String) {
+        var buffer = [UInt8](repeating: 0, count: 1 << 16)
+        while true {
+            let n = getxattr(mountpoint, ControlProtocol.statusAttribute, &buffer, buffer.count)
+            guard n > 0, let json = JSON.parse(buffer[..<n]), let status = MountStatus(json: json) else { return }
+            if status.settled { return }
+            usleep(20_000)
+        }
+    }
+
+    /// What `rm -r` says of what it could not remove at `path` (stat `st`):
+    /// each entry left whose own removal failed (a directory left only
+    /// because something in it was is not named), with the errno the
+    /// caller met: EACCES where they may not write the directory, EPERM
+    /// where a sticky bit or a flag stopped them.
+    private static func report(_ path: String, _ st: stat) {
+        let shown = "'" + TerminalText.escaped(path) + "'"
+        let isDirectory = st.st_mode & S_IFMT == S_IFDIR
+        // One rm -r cannot list: it says so of the directory itself.
+        if isDirectory && access(path, R_OK | X_OK) != 0 {
+            FileHandleStderr.write("vanish rm: cannot remove \(shown): \(String(cString: strerror(EACCES)))\n")
+            return
+        }
+        if isDirectory, let dir = opendir(path) {
+            var children: [String] = []
+            while let d = readdir(dir) {
+                let name = String(cString: vanish_dirent_name(d)!)
+                if name != "." && name != ".." { children.append(name) }
+            }
+            closedir(dir)
+            if !children.isEmpty {
+                for child in children.sorted() {
+                    var cst = stat()
+                    if lstat(path + "/" + child, &cst) == 0 { report(path + "/" + child, cst) }
+                }
+                return
+            }
+        }
+        let parent = path.contains("/") ? String(path[..<path.lastIndex(of: "/")!]) : "."
+        let why = access(parent.isEmpty ? "/" : parent, W_OK | X_OK) == 0 ? EPERM : errno
+        FileHandleStderr.write("vanish rm: cannot remove \(shown): \(String(cString: strerror(why)))\n")
     }
 }
 

@@ -58,7 +58,7 @@ struct StatusCommand: ParsableCommand {
         } else {
             print("""
                 source:           \(status.source) (vanish \(status.version), pid \(status.pid))
-                graveyard:        \(counted(status.pendingEntries, "deletion")) waiting, \(status.restorableEntries) of them restorable (\(bytes(status.restorableBytes)) known)\(status.stuckEntries > 0 ? ", \(status.stuckEntries) that cannot be deleted (see the daemon's log)" : "")
+                graveyard:        \(counted(status.pendingEntries, "deletion")) waiting, \(status.restorableEntries) of them restorable (\(bytes(status.restorableBytes)) known)\(status.stuckEntries > 0 ? ", \(status.stuckEntries) that cannot be deleted (see the daemon's log)" : "")\(status.putBackEntries > 0 ? "\nput back:         \(counted(status.putBackEntries, "one-step delete")) whose deleters could not have removed all (see the daemon's log)" : "")
                 undo window:      \(status.window)
                 reaped:           \(counted(status.reapedEntries, "deletion")), \(counted(status.freedFiles, "file")), \(counted(status.freedDirectories, "directory", "directories")), \(bytes(status.freedBytes)) of disk (\(bytes(status.freedDataBytes)) of data)
                 reaping now:      \(status.pace)

@@ -123,7 +123,7 @@ struct ControlPlaneTests {
                       work: Int? = nil) -> StatusFacts {
         StatusFacts(source: "/src\"x", stateDirectory: "/src/.vanish", graveyard: true, pendingEntries: pending, restorable: restorable,
                     restorableCount: restorable.count,
-                    restorableBytes: restorable.reduce(0) { $0 + ($1.record.bytes ?? 0) } + 100, stuckEntries: stuck,
+                    restorableBytes: restorable.reduce(0) { $0 + ($1.record.bytes ?? 0) } + 100, stuckEntries: stuck, putBack: 0,
                     remainingWork: work ?? max(0, pending - restorable.count - stuck), holdingBytes: 0,
                     statistics: .zero, pace: Reaper.Pace(filesPerSecond: rate, entriesPerSecond: rate), reapersIdle: false,
                     reaperWorkers: 2, freeBytes: 1 << 30, keepSeconds: 3600, socket: "/run/vanish/x.sock",

@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import Testing
+import VanishClient
 import VanishTestSupport
 
 /// A `vanish events --json` subscriber writing to a file; stopped and reaped by `stop()`.
@@ -597,6 +598,28 @@ struct EventStreamTests {
             #expect(reaped.first?["directories"] as? Int == 3)
             #expect(reaped.first?["data_bytes"] as? Int == 6)
             #expect((reaped.first?["disk_bytes"] as? Int ?? 0) >= 3 * 512)
+        }
+    }
+
+    @Test("a one-step delete its deleter could not empty is deleted, then restored with the reason kept")
+    func keptTree() throws {
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            let r = try sh("chmod 755 . && install -d -o nobody nb nb/A && install -d -m 1777 nb/A/t && echo x > nb/A/t/f",
+                           cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let s = try Subscriber(m, ["--type", "deleted,restored"])
+            defer { s.stop() }
+            try attach(s, m)
+            let binary = m.base + "/vanish"
+            #expect(try run(["cp", vanishBinary, binary]).ok)
+            _ = try runAsNobody([binary, "rm", "-r", m.path("nb/A")])
+            try s.waitFor("the tree to be put back") { $0["type"] as? String == "restored" && $0["path"] as? String == "nb/A" }
+            let kept = s.events.first { $0["type"] as? String == "restored" }
+            #expect((kept?["reason"] as? String)?.hasPrefix("kept") == true, "\(String(describing: kept))")
+            #expect(kept?["uid"] as? Int == 65534)
+            let status = try run([vanishBinary, "status", "--json", m.mountpoint]).stdout
+            #expect(JSON.parse(status)?["put_back_entries"]?.int == 1, "\(status)")
         }
     }
 

@@ -120,6 +120,38 @@ struct OneStepDeleteTests {
         }
     }
 
+    @Test("vanish rm -r --wait reports what rm -r would have reported, with its exit status")
+    func waitReportsLikeRm() throws {
+        let fixture = """
+            chmod 755 . && install -d -o nobody nb nb/A && install -d -m 1777 nb/A/t && echo x > nb/A/t/f
+            install -o nobody /dev/null nb/A/t/g && install -d -m 755 nb/A/ro && echo x > nb/A/ro/h
+            install -d -m 700 nb/A/p && echo y > nb/A/p/q && install -d -o nobody nb/A/own && install -o nobody /dev/null nb/A/own/o
+            install -d -o nobody nb/B && install -o nobody /dev/null nb/B/b
+            """
+        let plain = try makeTempDirectory()
+        defer { removeTree(plain) }
+        chmod(plain, 0o755)
+        #expect(try sh(fixture, cwd: plain).ok)
+        let native = try runAsNobody(["rm", "-r", "nb/A"], cwd: plain)
+        #expect(native.status == 1)
+        let expected = native.stderr.split(separator: "\n").map { "vanish " + $0 }.sorted()
+        let left = try sh("find nb -printf '%p %u %m\\n' | sort", cwd: plain).stdout
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            let r = try sh(fixture, cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let binary = m.base + "/vanish"
+            #expect(try run(["cp", vanishBinary, binary]).ok)
+            let vanish = try runAsNobody([binary, "rm", "-r", "--wait", "nb/A"], cwd: m.mountpoint)
+            #expect(vanish.status == 1, "\(vanish)")
+            #expect(vanish.stderr.split(separator: "\n").map(String.init).sorted() == expected, "\(vanish.stderr)")
+            #expect(try sh("find nb -printf '%p %u %m\\n' | sort", cwd: m.source).stdout == left)
+            // Nothing left: silent, exit 0.
+            let clean = try runAsNobody([binary, "rm", "-r", "--wait", "nb/B"], cwd: m.mountpoint)
+            #expect(clean.ok && clean.stderr.isEmpty, "\(clean)")
+        }
+    }
+
     @Test("a tree exchanged under vanish rm -r is moved only if its deleter may move it (issue 49, attack 3)")
     func exchangeDuringDelete() throws {
         try withVanishMount(options: ["allow_other"], prepare: { src in
