@@ -568,6 +568,45 @@ class RemoveCachedTreeOneStep(RemoveTreeOneStep):
         sh(["find", f"{target}/tree"], stdout=subprocess.DEVNULL)
 
 
+class RemoveTreeOneStepAsUser(RemoveTreeOneStep):
+    """The same, run by an ordinary user (nobody) on a tree of theirs: Vanish
+    makes the one rename with their credentials. Vanish needs
+    `--vanish-options allow_other` for nobody to reach the mount. `cached`:
+    after a walk through the mount as nobody, as RemoveCachedTreeOneStep."""
+    def __init__(self, files, cached=False):
+        super().__init__(files)
+        self.cached = cached
+        what = " the kernel has cached" if cached else ""
+        self.name = f"remove a {files // 1000}k-file tree{what} in one step as nobody (vanish rm -r; rm -rf elsewhere)"
+
+    @staticmethod
+    def as_nobody(argv):
+        return ["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"] + argv
+
+    def prepare_source(self, src, cache):
+        super().prepare_source(src, cache)
+        sh(["chown", "-R", "nobody:nogroup", os.path.join(src, "tree")])
+        sh(["chown", "nobody:nogroup", src])
+        # The run's directories (mkdtemp's, 0700) must let nobody through.
+        for d in (os.path.dirname(src), os.path.dirname(os.path.dirname(src))):
+            os.chmod(d, 0o755)
+
+    def prepare_mounted(self, target):
+        if self.cached:
+            sh(self.as_nobody(["find", f"{target}/tree"]), stdout=subprocess.DEVNULL)
+
+    def run(self, target):
+        if isinstance(self.peer, Vanish):
+            # nobody runs a copy it may execute (the build directory may be closed to it).
+            binary = "/tmp/vanish-bench-nobody"
+            if not os.path.exists(binary) or os.path.getmtime(binary) < os.path.getmtime(self.peer.binary):
+                shutil.copy2(self.peer.binary, binary)
+                os.chmod(binary, 0o755)
+            spawn_wait(self.as_nobody([binary, "rm", "-r", f"{target}/tree"]))
+        else:
+            spawn_wait(self.as_nobody(["/bin/rm", "-rf", f"{target}/tree"]))
+
+
 class RemoveTreeInProcess(RemoveTreeOneStep):
     """The time a program waits: Vanish's in-band trigger (setxattr user.vanish.delete,
     then the path is gone) versus shutil.rmtree elsewhere, with no process start-up."""
@@ -965,7 +1004,8 @@ def workloads(quick):
         HeaderProbe(),
         SeqWrite(mib), SeqRead(mib), WarmRead(mib), SeqWrite(mib, direct=True), SeqRead(mib, direct=True),
         RandRead(mib), RandRead(mib, engine="mmap"), TarExtract(), TarCreate(), ListTreeAgain(), RsyncNoop(), CopyWithAcls(), TarWithAcls(), CompileallNoop(), GitStatus(repo), GitStatusAgain(repo), GitCheckout(repo),
-        MetadataOps(n // 5 if not quick else n), RmRf(n), RemoveTreeOneStep(n), RemoveCachedTreeOneStep(n), RemoveTreeInProcess(n), ReaperDrain(n),
+        MetadataOps(n // 5 if not quick else n), RmRf(n), RemoveTreeOneStep(n), RemoveCachedTreeOneStep(n), RemoveTreeInProcess(n),
+        RemoveTreeOneStepAsUser(n), RemoveTreeOneStepAsUser(n, cached=True), ReaperDrain(n),
         LatencyWhileReaping(n), UnlinkBig(1 if quick else 10),
     ]
 
