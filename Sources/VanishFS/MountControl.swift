@@ -18,18 +18,21 @@ package final class MountControl: Sendable {
     private let graveyard: Graveyard?
     private let reaper: Reaper?
     private let namespace: BackingNamespace
+    private let oneStep: OneStepBurials
     private let table: InodeTable
     private let invalidations: EntryInvalidations
     private let changes: any ChangeObserver
     private let log: Logger
 
     init(backingRoot: Int32, journal: Journal?, graveyard: Graveyard?, reaper: Reaper?, namespace: BackingNamespace,
-         table: InodeTable, invalidations: EntryInvalidations, changes: any ChangeObserver, log: Logger) {
+         oneStep: OneStepBurials, table: InodeTable, invalidations: EntryInvalidations, changes: any ChangeObserver,
+         log: Logger) {
         self.backingRoot = backingRoot
         self.journal = journal
         self.graveyard = graveyard
         self.reaper = reaper
         self.namespace = namespace
+        self.oneStep = oneStep
         self.table = table
         self.invalidations = invalidations
         self.changes = changes
@@ -44,13 +47,17 @@ package final class MountControl: Sendable {
 
     /// Lets every pending burial land: a listing, a restore or a walk must
     /// see each answered unlink in place (and a name whose burial is pending
-    /// is free, not taken).
-    package func settle() { namespace.settle() }
+    /// is free, not taken), and each one-step delete in the trash once sorted
+    /// (up to 5 s: `vanish rm -r` then `vanish restore` finds the tree).
+    package func settle() {
+        namespace.settle()
+        oneStep.awaitSorted(timeout: .seconds(5))
+    }
 
     /// The restorable entries `uid` may see (root: all), oldest first.
     package func restorable(for uid: uid_t) -> [TrashEntry] {
         guard let graveyard else { return [] }
-        namespace.settle()
+        settle()
         return uid == 0 ? graveyard.restorable : graveyard.restorable(of: uid)
     }
 

@@ -55,6 +55,13 @@ final class OneStepBurials: Sendable {
 
     /// Trees moved in and not yet checked (for status and tests).
     var count: Int { state.withLock { $0.queue.count + ($0.busy ? 1 : 0) } }
+    /// Waits (up to `timeout`) until every tree moved in so far is sorted:
+    /// in the graveyard, and the trash if there is a window, or put back.
+    func awaitSorted(timeout: Duration) {
+        let deadline = Condition.now() &+ timeout.nanoseconds
+        while count > 0 && Condition.now() < deadline { usleep(2_000) }
+    }
+
     /// Trees put back since the mount, whole or as `rm -r` leaves them (for status).
     var putBack: Int { state.withLock { $0.putBack } }
 

@@ -145,11 +145,11 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         } else {
             changes = NoEvents()
         }
-        control = MountControl(backingRoot: fd, journal: journal, graveyard: grave, reaper: opened.reaper,
-                               namespace: namespace, table: table, invalidations: invalidations, changes: changes,
-                               log: logger)
         deleter = Deleter(opened, rootFD: fd, table: table, namespace: namespace, burials: burials, log: logger)
         oneStep = OneStepBurials(deleter: deleter, changes: changes, invalidations: invalidations, log: logger)
+        control = MountControl(backingRoot: fd, journal: journal, graveyard: grave, reaper: opened.reaper,
+                               namespace: namespace, oneStep: oneStep, table: table, invalidations: invalidations,
+                               changes: changes, log: logger)
         statahead = Statahead(table: table, namespace: namespace) { [deleter] dir, name in
             deleter.isStateDirectory(dir, name)
         }
