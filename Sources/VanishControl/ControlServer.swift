@@ -173,7 +173,7 @@ public final class ControlServer: Sendable {
     /// The control thread: one poll loop accepts peers, reads their
     /// requests, answers them and writes the answers, all without blocking,
     /// so idle or slow peers hold no thread; each has `requestTimeout`
-    /// seconds to send its request and as long again to read the answer.
+    /// seconds to send its request and as long again for each part of the answer it reads.
     /// Only an event stream, which lasts, gets a thread.
     private func serveLoop() {
         var peers: [Peer] = []
@@ -343,6 +343,8 @@ public final class ControlServer: Sendable {
                 break
             }
             p.sent += n
+            // A slow reader of a long answer is not idle: its time counts from the last byte it took.
+            p.deadline = Condition.now() + ControlServer.requestTimeout.nanoseconds
         }
         finished(p.uid)
         return false
