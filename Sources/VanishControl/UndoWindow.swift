@@ -185,7 +185,7 @@ struct UndoWindow {
         do throws(MountControl.PutBackFailure) {
             try (leaf + [0]).withUnsafeBufferPointer { b throws(MountControl.PutBackFailure) in
                 try mount.putBack(e, into: dirFD, leaf: UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
-                                       path: target, uid: who.uid)
+                                       path: target, as: who)
             }
         } catch {
             switch error {

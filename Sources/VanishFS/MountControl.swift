@@ -101,15 +101,16 @@ package final class MountControl: Sendable {
 
     /// Puts the graveyard entry `e` back as `leaf` in `dirFD`, a directory
     /// the caller opened with the peer's rights; `path` is where that is in
-    /// the mount (for the event), `uid` who asked. The kernel is told the
-    /// name exists before this returns.
+    /// the mount (for the event), `who` who asked: the move is theirs. The
+    /// kernel is told the name exists before this returns.
     package func putBack(_ e: TrashEntry, into dirFD: Int32, leaf: UnsafePointer<CChar>, path: [UInt8],
-                         uid: uid_t) throws(PutBackFailure) {
+                         as who: Credentials) throws(PutBackFailure) {
+        let uid = who.uid
         guard let graveyard, let claimed = graveyard.claim(e.id) else { throw .gone }
         let parent: Inode? = dirFD == backingRoot ? table.root : (try? Sys.fstat(dirFD)).flatMap(table.known)
         parent?.willChangeEntries()
         do throws(Errno) {
-            try graveyard.restore(claimed, to: dirFD, leaf)
+            try graveyard.restore(claimed, to: dirFD, leaf, as: who, inPlace: path == claimed.record.path)
         } catch {
             graveyard.release(claimed)
             if error == .fileExists || error == .directoryNotEmpty { throw .taken }

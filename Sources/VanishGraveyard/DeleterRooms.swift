@@ -72,10 +72,34 @@ public final class DeleterRooms: Sendable {
         for user in (try? Sys.names(in: usersFD, ".")) ?? [] {
             guard let uid = uid_t(user), let st = try? Sys.lstatat(usersFD, user), st.st_mode & S_IFMT == S_IFDIR,
                   let room = try? room(for: uid, gid: st.st_gid),
-                  let names = try? Sys.names(in: room, "."), !names.isEmpty else { continue }
+                  case let names = ((try? Sys.names(in: room, ".")) ?? []).filter({ !Self.isStaged($0) }),
+                  !names.isEmpty else { continue }
             found.append((uid, st.st_gid, room, names))
         }
         return found
+    }
+
+    /// A restore moves its entry through its user's room under this name,
+    /// which says where it goes back if the daemon stops meanwhile.
+    static func stagedName(shard: Int, id: String) -> String {
+        "restoring-" + Graveyard.hex(UInt64(shard), digits: 2) + "-" + id
+    }
+
+    /// Whether `name` in a room is a restore under way, not a one-step delete.
+    public static func isStaged(_ name: String) -> Bool { name.hasPrefix("restoring-") }
+
+    /// Moves entries that restores left staged in rooms (the daemon stopped
+    /// between its two renames) back to their shards, before the trash is read.
+    func returnStaged(to shardFDs: [Int32]) {
+        for user in (try? Sys.names(in: usersFD, ".")) ?? [] {
+            guard let room = try? Sys.openat(usersFD, user, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else { continue }
+            defer { Sys.close(room) }
+            for name in (try? Sys.names(in: room, ".")) ?? [] where Self.isStaged(name) {
+                let parts = name.split(separator: "-", maxSplits: 2)
+                guard parts.count == 3, let shard = Int(parts[1], radix: 16), shardFDs.indices.contains(shard) else { continue }
+                _ = try? Sys.renameNoReplace(room, name, shardFDs[shard], String(parts[2]))
+            }
+        }
     }
 
     /// `uid`'s room, made on first use: a directory only the daemon's user

@@ -105,6 +105,7 @@ public final class Graveyard: @unchecked Sendable {
         shardFDs = shards
         self.deleters = deleters!
         rooms = try? DeleterRooms(stateFD: state)
+        rooms?.returnStaged(to: shards)
         instance = UInt32(truncatingIfNeeded: getpid())
         loadTrash()
     }

@@ -400,9 +400,61 @@ extension Graveyard {
 
     /// Moves a claimed entry back to `name` in `parentFD`, never replacing
     /// what is there (EEXIST). On failure the entry stays claimed: `release` it.
-    public func restore(_ e: TrashEntry, to parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
-        try Sys.renameNoReplace(shardFDs[e.shard], e.id, parentFD, name)
-        removeSidecar(shardFDs[e.shard], e.id)
+    ///
+    /// For `who` (another user than the daemon's) the move out is theirs:
+    /// the daemon stages the entry in their room, and the rename from there
+    /// is made with their credentials, so the kernel decides it as for
+    /// their `mv` (write and search on the target directory, write on a
+    /// directory that changes parent). If it refuses, the entry goes back.
+    /// `inPlace`: `name` in `parentFD` is where the entry was deleted from.
+    public func restore(_ e: TrashEntry, to parentFD: Int32, _ name: UnsafePointer<CChar>,
+                        as who: Credentials? = nil, inPlace: Bool = true) throws(Errno) {
+        let sfd = shardFDs[e.shard]
+        if let who, who.uid != geteuid(), Credentials.canSwitch, let rooms {
+            let room = try rooms.room(for: who.uid, gid: who.gid)
+            let staged = DeleterRooms.stagedName(shard: e.shard, id: e.id)
+            try Sys.renameNoReplace(sfd, e.id, room, staged)
+            do throws(Errno) {
+                try Self.moveOut(room, staged, to: parentFD, name, as: who, inPlace: inPlace)
+            } catch {
+                // If this fails too, nothing frees the entry there; the next start moves it back (`returnStaged`).
+                try Sys.renameNoReplace(room, staged, sfd, e.id)
+                throw error
+            }
+        } else {
+            try Sys.renameNoReplace(sfd, e.id, parentFD, name)
+        }
+        removeSidecar(sfd, e.id)
         trash.finishRestore(e, restored: true)
+    }
+
+    /// `rename(from, fromName, to, toName)` as `who`. A directory that
+    /// changes parent must be writable (its `..` changes), which the room
+    /// makes every restore of a directory: one `who` owns is made writable
+    /// for the move, as they could do themselves, and given its mode back;
+    /// one they do not own goes back only to where they deleted it from
+    /// (undoing their own rmdir), once the kernel grants them write and
+    /// search on that directory. Anywhere else it stays, as for `mv`.
+    static func moveOut(_ from: Int32, _ fromName: String, to: Int32, _ toName: UnsafePointer<CChar>,
+                        as who: Credentials, inPlace: Bool) throws(Errno) {
+        do throws(Errno) {
+            try who.acting { () throws(Errno) in try Sys.renameNoReplace(from, fromName, to, toName) }
+        } catch .permissionDenied {
+            let st = try Sys.lstatat(from, fromName)
+            guard st.st_mode & S_IFMT == S_IFDIR, st.st_mode & 0o200 == 0 || st.st_uid != who.uid else { throw .permissionDenied }
+            if st.st_uid != who.uid {
+                guard inPlace else { throw .permissionDenied }
+                try who.acting { () throws(Errno) in try Sys.access(to, W_OK | X_OK) }
+                try Sys.renameNoReplace(from, fromName, to, toName)
+                return
+            }
+            try who.acting { () throws(Errno) in
+                let fd = try Sys.openat(from, fromName, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+                defer { Sys.close(fd) }
+                do throws(Errno) { try Sys.chmod(pathFD: fd, (st.st_mode & 0o7777) | 0o200) } catch { throw .permissionDenied }
+                defer { _ = try? Sys.chmod(pathFD: fd, st.st_mode & 0o7777) }
+                try Sys.renameNoReplace(from, fromName, to, toName)
+            }
+        }
     }
 }

@@ -509,6 +509,57 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("a restore is its user's own move: the kernel decides it as for their mv, and a restore cut short by a stop is restorable again (issue 49)")
+    func restoreAsTheUser() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root to become nobody")
+        let tree = """
+            chmod 755 . && install -d -o nobody home home/sub && install -d -m 755 home/rootdir
+            install -d -o nobody -m 555 home/ro && echo theirs > home/f && chown nobody: home/f
+            """
+        let m = try VanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            let r = try sh(tree, cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        })
+        defer { m.close() }
+        let binary = m.base + "/vanish"
+        #expect(try run(["cp", vanishBinary, binary]).ok)
+        // nobody may rmdir root's empty directory in their own (as natively), but
+        // not move it to another parent: mv needs write on it to change its `..`.
+        let plain = m.base + "/plain"
+        #expect(try sh("mkdir \(plain) && cd \(plain) && \(tree)").ok)
+        let nativeMove = try runAsNobody(["mv", plain + "/home/rootdir", plain + "/home/sub/"])
+        #expect(!nativeMove.ok && nativeMove.stderr.contains("Permission denied"), "\(nativeMove)")
+        #expect(try runAsNobody(["rmdir", m.path("home/rootdir"), m.path("home/ro")]).ok)
+        let elsewhere = try runAsNobody([binary, "restore", m.path("home/rootdir"), "--to", m.path("home/sub/rootdir")])
+        #expect(elsewhere.status == 1 && elsewhere.stderr.contains("ermission denied"), "\(elsewhere)")
+        #expect(access(m.path("home/sub/rootdir"), F_OK) != 0, "root's directory was moved to another parent")
+        // Undoing their own rmdir puts it back where it was, root's still.
+        #expect(try runAsNobody([binary, "restore", m.path("home/rootdir")]).ok)
+        var st = stat()
+        #expect(lstat(m.backing("home/rootdir"), &st) == 0 && st.st_uid == 0)
+        // Their own read-only directory goes anywhere they may write, mode kept.
+        let own = try runAsNobody([binary, "restore", m.path("home/ro"), "--to", m.path("home/sub/ro")])
+        #expect(own.ok, "\(own)")
+        #expect(lstat(m.backing("home/sub/ro"), &st) == 0 && st.st_mode & 0o7777 == 0o555 && st.st_uid == 65534)
+
+        // A stop between the two renames of a restore: the entry waits in
+        // nobody's room under its staged name; the next start puts it back in the trash.
+        #expect(try runAsNobody(["rm", m.path("home/f")]).ok)
+        let id = try #require(try trashList(m).first { $0["path"] as? String == "home/f" }?["id"] as? String)
+        #expect(try m.unmount() == 0)
+        let planted = try sh("""
+            g=$(find .vanish/clients/*/graveyard -mindepth 2 -maxdepth 2 -name '\(id)') && shard=$(basename $(dirname $g)) &&
+            room=$(dirname $(dirname $(dirname $g)))/users/65534 && mv $g $room/restoring-$shard-\(id)
+            """, cwd: m.source)
+        #expect(planted.ok, "\(planted)")
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepareExisting: m.source) { again in
+            let back = try runAsNobody([binary, "restore", again.path("home/f")])
+            #expect(back.ok, "\(back)")
+            #expect(try String(contentsOfFile: again.path("home/f"), encoding: .utf8) == "theirs\n")
+            #expect(try sh("ls -A .vanish/clients/*/users/65534", cwd: again.source).stdout == "")
+        }
+    }
+
     @Test("reaper workers run in the idle CPU and I/O classes; request handlers do not")
     func reaperPriorities() throws {
         try withVanishMount(options: ["reapers=3"]) { m in
