@@ -201,6 +201,15 @@ public struct Notifier: @unchecked Sendable {
         fuse_lowlevel_notify_expire_entry(session, parent, name, length, FUSE_LL_EXPIRE_ONLY)
     }
 
+    /// `fuse_lowlevel_notify_delete`: the entry is gone, as after an unlink
+    /// or rmdir, and inotify watchers see it deleted. Fails (ENOTEMPTY) for
+    /// a directory something still holds open inside, ENOENT when the kernel
+    /// knows the name as another node.
+    @discardableResult
+    public func deleteEntry(parent: fuse_ino_t, child: fuse_ino_t, name: UnsafePointer<CChar>, length: Int) -> Int32 {
+        fuse_lowlevel_notify_delete(session, parent, child, name, length)
+    }
+
     /// `fuse_lowlevel_notify_inval_inode`.
     @discardableResult
     public func invalidateInode(_ ino: fuse_ino_t, offset: off_t = 0, length: off_t = 0) -> Int32 {

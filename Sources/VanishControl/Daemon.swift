@@ -144,13 +144,17 @@ public final class Daemon {
         }
         c.afterMount?(c.mountpoint)
         let notifier = session.notifier
-        fs.setEntryInvalidator { parent, name, expireOnly in
+        fs.setEntryInvalidator { parent, name, notice in
             // A negative offset drops the attributes and keeps the page cache.
             if name.isEmpty { _ = notifier.invalidateInode(parent, offset: -1); return }
             name.withUnsafeBufferPointer {
-                if expireOnly {
+                switch notice {
+                case .expire:
                     _ = notifier.expireEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
-                } else {
+                case .delete(let child)
+                    where notifier.deleteEntry(parent: parent, child: child, name: $0.baseAddress!, length: $0.count - 1) == 0:
+                    break
+                case .invalidate, .delete:
                     _ = notifier.invalidateEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
                 }
             }

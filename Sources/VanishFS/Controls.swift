@@ -100,7 +100,7 @@ extension VanishFilesystem {
         // Up to 5 s: under load the parent's lock can be held a second and
         // more by requests queued in it, and answering before the entry is
         // gone would let the caller still find the tree (the model check did).
-        if !invalidations.expire(parent: table.nodeID(parent), name: name, timeout: .seconds(5)) {
+        if !invalidations.expire(parent: table.nodeID(parent), name: name, deleted: table.nodeID(node), timeout: .seconds(5)) {
             log.warning("answering a delete trigger before the kernel dropped the entry (its parent stayed locked 5 s)")
         }
     }

@@ -9,15 +9,14 @@ import LinuxSyscalls
 /// them in order. (A Dispatch queue started a thread for the first
 /// notification of each mount, and `vanish rm` waited about 0.3 ms for it.)
 final class EntryInvalidations: @unchecked Sendable {
-    /// Sends one notice; `expireOnly`: mark the entry expired (the next
-    /// lookup of it asks the daemon) instead of dropping it and every
-    /// cached entry below it. An empty name: drop `parent`'s own attributes.
-    typealias Invalidate = @Sendable (_ parent: fuse_ino_t, _ name: ContiguousArray<CChar>, _ expireOnly: Bool) -> Void
+    /// Sends one notice about `name` in `parent` (an empty name: drop
+    /// `parent`'s own attributes).
+    typealias Invalidate = @Sendable (_ parent: fuse_ino_t, _ name: ContiguousArray<CChar>, _ notice: EntryNotice) -> Void
 
     private struct Pending {
         let parent: fuse_ino_t
         let name: ContiguousArray<CChar>
-        var expireOnly = false
+        var notice = EntryNotice.invalidate
     }
     private let condition = Condition()
     private var queue: [Pending] = []
@@ -67,13 +66,18 @@ final class EntryInvalidations: @unchecked Sendable {
     /// someone may hold while waiting for the entry's lock (an rmdir of it
     /// at that very moment): the timeout ends that wait, the handler
     /// answers, and the invalidation goes through after.
-    func expire(parent: fuse_ino_t, name: ContiguousArray<CChar>, timeout: Duration) -> Bool {
+    ///
+    /// `deleted`: the node the entry was, told to the kernel as deleted
+    /// once the caller has its answer, so watchers see `DELETE` (the
+    /// caller's inode lock, which that notice takes, is free by then).
+    func expire(parent: fuse_ino_t, name: ContiguousArray<CChar>, deleted: fuse_ino_t? = nil,
+                timeout: Duration) -> Bool {
         condition.lock()
         defer { condition.unlock() }
         guard invalidate != nil else { return true }
-        enqueue(Pending(parent: parent, name: name, expireOnly: true))
+        enqueue(Pending(parent: parent, name: name, notice: .expire))
         let ticket = queued
-        enqueue(Pending(parent: parent, name: name))
+        enqueue(Pending(parent: parent, name: name, notice: deleted.map { .delete(child: $0) } ?? .invalidate))
         return waitUntilSent(ticket, deadline: Condition.now() &+ timeout.nanoseconds)
     }
 
@@ -138,11 +142,22 @@ final class EntryInvalidations: @unchecked Sendable {
             let f = invalidate
             sending = true
             condition.unlock()
-            f?(next.parent, next.name, next.expireOnly)
+            f?(next.parent, next.name, next.notice)
             condition.lock()
             sending = false
             sent += 1
             condition.broadcast()
         }
     }
+}
+
+/// What the kernel is told about an entry the filesystem changed on its own.
+public enum EntryNotice: Sendable, Equatable {
+    /// Drop the entry and every cached entry below it.
+    case invalidate
+    /// Mark the entry expired: the next lookup of it asks the daemon.
+    case expire
+    /// The entry, node `child`, was deleted: as `invalidate`, and
+    /// inotify watchers see a delete (else it is only invalidated).
+    case delete(child: fuse_ino_t)
 }

@@ -309,7 +309,7 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     /// `name` in `parent`; `nil` stops it. Returns once any notification
     /// already queued has been sent, so the session can be destroyed after.
     public func setEntryInvalidator(
-        _ f: (@Sendable (_ parent: fuse_ino_t, _ name: ContiguousArray<CChar>, _ expireOnly: Bool) -> Void)?
+        _ f: (@Sendable (_ parent: fuse_ino_t, _ name: ContiguousArray<CChar>, _ notice: EntryNotice) -> Void)?
     ) {
         invalidations.setInvalidator(f)
     }

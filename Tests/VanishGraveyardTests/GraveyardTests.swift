@@ -135,6 +135,33 @@ struct GraveyardTests {
         }
     }
 
+    @Test("a recursive inotify watcher sees the top of a tree vanish rm -r removed deleted, as after rm -rf (issue 51)")
+    func watchersSeeOneStepDeletes() throws {
+        try withVanishMount(prepare: { src in
+            let r = try sh("mkdir -p w/rmrf/a/b w/onestep/a/b && touch w/rmrf/a/b/f w/onestep/a/b/f", cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let events = m.base + "/events", errors = m.base + "/watch.err"
+            let watcher = try spawn(["/bin/sh", "-c", "exec inotifywait -m -r --format '%e %w%f' \(shellQuote(m.path("w"))) >\(events) 2>\(errors)"])
+            defer {
+                kill(watcher, SIGTERM)
+                var st: Int32 = 0
+                waitpid(watcher, &st, 0)
+            }
+            try waitFor("the watches to be set") { (try? String(contentsOfFile: errors, encoding: .utf8))?.contains("Watches established") == true }
+            #expect(try sh("rm -rf w/rmrf", cwd: m.mountpoint).ok)
+            #expect(try run([vanishBinary, "rm", "-r", m.path("w/onestep")]).ok)
+            let read = { (try? String(contentsOfFile: events, encoding: .utf8)) ?? "" }
+            try waitFor("rm -rf's delete of the tree's top") { read().contains("DELETE_SELF \(m.path("w/rmrf"))/\n") }
+            // The build before told the kernel only to forget the entry: the watcher saw
+            // the trigger's ATTRIB and nothing else. (The kernel raises no DELETE in the
+            // parent for an entry the filesystem says was deleted: docs/design.md.)
+            try waitFor("vanish rm -r's delete of the tree's top, as rm -rf's") {
+                read().contains("DELETE_SELF \(m.path("w/onestep"))/\n")
+            }
+        }
+    }
+
     @Test("the in-band trigger returns with the path gone for everyone: it can be made again at once")
     func triggerThenRemake() throws {
         try withVanishMount { m in
