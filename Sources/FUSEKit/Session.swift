@@ -103,13 +103,22 @@ public final class Session {
     }
 
     /// Whether libfuse takes `options` (as `init` passes them): nil if it
-    /// does, else the list it refused (libfuse prints which on stderr). No
+    /// does, else the list it refused (libfuse's own message is kept off stderr). No
     /// session is mounted.
     public static func rejectedOptions(_ options: [String]) -> String? {
         guard !options.isEmpty else { return nil }
         let argv = ["vanish", "-o", options.joined(separator: ",")]
         let cargs = argv.map { strdup($0) } + [nil]
         defer { cargs.forEach { free($0) } }
+        // libfuse prints its own complaint; the caller words the answer. (Run
+        // while parsing arguments, before any other thread writes to stderr.)
+        let saved = dup(2), null = open("/dev/null", O_WRONLY | O_CLOEXEC)
+        if saved >= 0 && null >= 0 { dup2(null, 2) }
+        defer {
+            if saved >= 0 && null >= 0 { dup2(saved, 2) }
+            if saved >= 0 { close(saved) }
+            if null >= 0 { close(null) }
+        }
         return cargs.withUnsafeBufferPointer { p -> String? in
             var args = fuse_args(argc: Int32(argv.count), argv: UnsafeMutablePointer(mutating: p.baseAddress), allocated: 0)
             var ops = fuse_lowlevel_ops()

@@ -140,7 +140,13 @@ public final class Daemon {
         do {
             try session.mount(at: c.mountpoint)
         } catch {
-            throw Failure(description: "mounting \(c.source) on \(c.mountpoint) failed; see libfuse's message above")
+            var why = "mounting \(c.source) on \(c.mountpoint) failed; see libfuse's message above"
+            if geteuid() != 0 && access("/dev/fuse", R_OK | W_OK) != 0 {
+                // The usual first failure of an ordinary user: the device, not Vanish.
+                why += ". /dev/fuse is not open to you: an administrator can make it mode 0666 "
+                    + "(the fuse3 package's default) or give you its group"
+            }
+            throw Failure(description: why)
         }
         c.afterMount?(c.mountpoint)
         let notifier = session.notifier

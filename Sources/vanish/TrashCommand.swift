@@ -215,7 +215,7 @@ struct RestoreCommand: ParsableCommand {
         guard let first = restored.first else { return }
         func shown(_ p: PathBytes) -> String { TerminalText.escaped("\(mountpoint == "/" ? "" : mountpoint)/\(p.description)") }
         func entries(_ n: Int) -> String { "\(n) entr\(n == 1 ? "y" : "ies")" }
-        if let named, first.bytes != named {
+        if let named, first.bytes != named, to == nil {
             // The directory itself was not deleted: what was deleted inside it came back.
             print("restored \(entries(restored.count)) inside \(shown(PathBytes(named)))")
         } else {

@@ -11,6 +11,22 @@ struct UnprivilegedTests {
         try withFUSEDeviceOpenToAll { try nobodyMountsOwnDirectory() }
     }
 
+    @Test("an ordinary user's mount that fails for want of /dev/fuse says so, in one message (issue 51)")
+    func noDeviceHint() throws {
+        let base = try makeTempDirectory()
+        defer { removeTree(base) }
+        chmod(base, 0o755)
+        #expect(try sh("mkdir src mnt && chown nobody:nogroup src mnt && cp \(shellQuote(vanishBinary)) vanish", cwd: base).ok)
+        // A 0600 /dev/fuse in a mount namespace of this test's own, whatever the machine's mode.
+        let r = try sh("""
+            exec unshare -m sh -c 'mknod fuse c 10 229 && chmod 600 fuse && mount --bind fuse /dev/fuse &&
+              exec setpriv --reuid=nobody --regid=nogroup --clear-groups -- ./vanish mount src mnt'
+            """, cwd: base)
+        #expect(r.status == 1)
+        #expect(r.stderr.contains("/dev/fuse is not open to you"), "\(r.stderr)")
+        #expect(mountType(at: base + "/mnt") == nil)
+    }
+
     func nobodyMountsOwnDirectory() throws {
         let base = try makeTempDirectory()
         let (src, mnt) = (base + "/src", base + "/mnt")

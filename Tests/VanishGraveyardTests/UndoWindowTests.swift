@@ -539,7 +539,7 @@ struct UndoWindowTests {
         #expect(lstat(m.backing("home/rootdir"), &st) == 0 && st.st_uid == 0)
         // Their own read-only directory goes anywhere they may write, mode kept.
         let own = try runAsNobody([binary, "restore", m.path("home/ro"), "--to", m.path("home/sub/ro")])
-        #expect(own.ok, "\(own)")
+        #expect(own.ok && own.stdout == "restored \(m.path("home/sub/ro"))\n", "\(own)")
         #expect(lstat(m.backing("home/sub/ro"), &st) == 0 && st.st_mode & 0o7777 == 0o555 && st.st_uid == 65534)
 
         // A stop between the two renames of a restore: the entry waits in
