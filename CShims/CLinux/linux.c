@@ -140,6 +140,14 @@ int vanish_fchmodat2(int dirfd, const char *path, mode_t mode, int flags) {
     return (int)syscall(SYS_fchmodat2, dirfd, path, mode, flags);
 }
 
+int vanish_pidfd_open(pid_t pid) {
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+}
+
+int vanish_pidfd_send_signal(int pidfd, int sig) {
+    return (int)syscall(SYS_pidfd_send_signal, pidfd, sig, NULL, 0);
+}
+
 int vanish_faccessat2(int dirfd, const char *path, int mode, int flags) {
     return (int)syscall(SYS_faccessat2, dirfd, path, mode, flags);
 }

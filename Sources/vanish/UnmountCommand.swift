@@ -2,16 +2,24 @@ import ArgumentParser
 import CLinux
 import Glibc
 import LinuxSyscalls
+import VanishClient
 
 struct UnmountCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "unmount",
         abstract: "Unmount a Vanish filesystem (also a dead one).",
-        discussion: "Runs `fusermount3 -u`; the daemon then finishes and exits 0."
+        discussion: """
+            Runs `fusermount3 -u`, then waits until the daemon has let go of the source, so the \
+            source's filesystem can be unmounted next. What the reaper had not freed yet is freed \
+            at the next mount or by `vanish reap`; with --reap it is freed first.
+            """
     )
 
     @Flag(name: [.customShort("z"), .long], help: "Detach now even if the mount is busy; it goes away when no longer used.")
     var lazy = false
+
+    @Flag(help: "Wait for the reaper to free what is left before the daemon exits.")
+    var reap = false
 
     @OptionGroup var target: MountpointArgument
     var mountpoint: String { target.mountpoint }
@@ -30,11 +38,18 @@ struct UnmountCommand: ParsableCommand {
 
     func run() throws {
         let path = self.path
+        // The daemon, held by a pidfd from before the unmount: never a later process with its pid.
+        let daemon = Self.daemonPID(path).map(vanish_pidfd_open) ?? -1
+        defer { if daemon >= 0 { close(daemon) } }
         var args = ["fusermount3", "-u"]
         if lazy { args.append("-z") }
         args.append(path)
         let status = try spawnAndWait(args)
-        guard status != 0 else { return }
+        if status == 0 {
+            // A lazy detach lets go only once the mount is no longer used: nothing to wait for now.
+            if daemon >= 0 && !lazy { Self.waitForExit(daemon, stopReaping: !reap) }
+            return
+        }
         // Busy: say who holds it, and how to detach it anyway.
         if !lazy, MountPaths.mountType(at: path) == "fuse.vanish" {
             let users = Self.processes(using: path)
@@ -43,6 +58,31 @@ struct UnmountCommand: ParsableCommand {
             throw RuntimeError("\(path) is busy\(who); close those, or detach it now with vanish unmount --lazy \(path)")
         }
         throw RuntimeError("fusermount3 -u \(path) failed (exit \(status))")
+    }
+
+    /// The daemon's pid, from the mount's status attribute; nil for a dead mount.
+    static func daemonPID(_ mountpoint: String) -> pid_t? {
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        let n = getxattr(mountpoint, ControlProtocol.statusAttribute, &buffer, buffer.count)
+        guard n > 0, let pid = JSON.parse(buffer[..<n])?["pid"]?.int, pid > 0 else { return nil }
+        return pid_t(pid)
+    }
+
+    /// Waits until the process `pidfd` exits (it has closed everything in the
+    /// source then). `stopReaping`: it is asked first (SIGTERM) to leave
+    /// what its reaper has not freed for the next mount.
+    static func waitForExit(_ pidfd: Int32, stopReaping: Bool) {
+        if stopReaping { _ = vanish_pidfd_send_signal(pidfd, SIGTERM) }
+        var p = pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)
+        var told = false
+        while true {
+            let r = poll(&p, 1, told ? -1 : 2000)
+            if r > 0 || (r < 0 && errno != EINTR) { return }
+            if r == 0 {
+                FileHandleStderr.write("vanish unmount: waiting for the daemon to let go of the source\n")
+                told = true
+            }
+        }
     }
 
     /// "comm[pid]" of each process (this user's; all for root) whose working

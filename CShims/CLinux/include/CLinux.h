@@ -56,6 +56,10 @@ int vanish_stat_birth(int dirfd, const char *path, int flags, struct stat *st, u
 /// Whether stx_attributes says immutable or append-only.
 int vanish_attributes_protected(uint64_t attributes);
 
+/// pidfd_open(2) and pidfd_send_signal(2) (Linux 5.3, 5.1): a process that
+/// cannot be mistaken for a later one with its pid.
+int vanish_pidfd_open(pid_t pid);
+int vanish_pidfd_send_signal(int pidfd, int sig);
 /// fchmodat2 (Linux 6.6): chmod of the inode behind an O_PATH fd with AT_EMPTY_PATH.
 int vanish_fchmodat2(int dirfd, const char *path, mode_t mode, int flags);
 int vanish_faccessat2(int dirfd, const char *path, int mode, int flags);
