@@ -29,6 +29,10 @@ public final class ControlServer: Sendable {
     static let reserved = 16
     /// A peer must send its request within this many seconds of connecting.
     static let requestTimeout = Duration.seconds(5)
+    /// A peer reading its answer is dropped after this long without taking
+    /// a byte: the socket wakes a writer only once half its buffer is free,
+    /// so a slow reader makes progress in steps seconds apart.
+    static let answerIdleTimeout = Duration.seconds(30)
     /// Requests being answered, by user (see `Lanes`).
     private let lanes = Mutex(Lanes())
 
@@ -173,7 +177,7 @@ public final class ControlServer: Sendable {
     /// The control thread: one poll loop accepts peers, reads their
     /// requests, answers them and writes the answers, all without blocking,
     /// so idle or slow peers hold no thread; each has `requestTimeout`
-    /// seconds to send its request and as long again for each part of the answer it reads.
+    /// to send its request and `answerIdleTimeout` for each part of the answer it reads.
     /// Only an event stream, which lasts, gets a thread.
     private func serveLoop() {
         var peers: [Peer] = []
@@ -193,7 +197,7 @@ public final class ControlServer: Sendable {
                 guard let output = answers[peers[i].serial] else { continue }
                 peers[i].waiting = false
                 peers[i].output = output
-                peers[i].deadline = Condition.now() + ControlServer.requestTimeout.nanoseconds
+                peers[i].deadline = Condition.now() + ControlServer.answerIdleTimeout.nanoseconds
             }
             var fds = [pollfd(fd: listener, events: Int16(POLLIN), revents: 0),
                        pollfd(fd: wakeReader, events: Int16(POLLIN), revents: 0)]
@@ -344,7 +348,7 @@ public final class ControlServer: Sendable {
             }
             p.sent += n
             // A slow reader of a long answer is not idle: its time counts from the last byte it took.
-            p.deadline = Condition.now() + ControlServer.requestTimeout.nanoseconds
+            p.deadline = Condition.now() + ControlServer.answerIdleTimeout.nanoseconds
         }
         finished(p.uid)
         return false
@@ -377,6 +381,7 @@ public final class ControlServer: Sendable {
                                          "gid": JSON(e.record.gid), "kind": JSON(e.record.kind.name)]
                 if let b = e.record.bytes { o["bytes"] = JSON(b) }
                 if let size = mount.apparentSize(of: e) { o["size"] = JSON(size) }
+                if let held = e.record.held { o["held"] = JSON(held.explanation) }
                 PathBytes(e.record.path).put(into: &o, key: "path")
                 return .object(o)
             }
