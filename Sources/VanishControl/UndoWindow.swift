@@ -78,6 +78,9 @@ struct UndoWindow {
             let cutoff = Sys.wallClockNow() &- olderThan
             chosen = chosen.filter { $0.deleted <= cutoff }
         }
+        // A held entry goes only when named by its id: emptying it frees
+        // what its deleter may remove and leaves the rest in the graveyard.
+        chosen = chosen.filter { $0.record.held == nil || ids.contains($0.id) }
         return (chosen, unknown)
     }
 

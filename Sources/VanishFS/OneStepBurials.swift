@@ -208,8 +208,8 @@ final class OneStepBurials: Sendable {
     }
 
     /// Moves the tree back to its name, as its deleter; where that fails
-    /// (the name was taken, its directory went) it stays in the room, where
-    /// nothing frees it, and the log says so.
+    /// (the name was taken, its directory went) it goes into their trash,
+    /// held until restored (by them or root) whatever the window, with why.
     private func putBack(_ p: Pending, because why: Errno) {
         let path = p.name.withUnsafeBufferPointer { deleter.table.path(of: p.parent, appending: $0.baseAddress!) }
         do throws(Errno) {
@@ -233,9 +233,29 @@ final class OneStepBurials: Sendable {
                        metadata: ["path": "\(String(decoding: path, as: UTF8.self))", "uid": "\(p.caller.uid)",
                                   "error": "\(why)"])
         } catch {
-            log.warning("a one-step delete its deleter could not have completed stays in their room: its place is taken or gone",
-                        metadata: ["path": "\(String(decoding: path, as: UTF8.self))", "uid": "\(p.caller.uid)",
+            hold(p, path: path, because: error == .fileExists || error == .directoryNotEmpty ? .taken
+                                         : error == .noSuchFileOrDirectory ? .gone : .failed, why: why, error: error)
+        }
+    }
+
+    /// Buries what could not be put back as a trash entry of its deleter's
+    /// that no window or limit frees; else it stays in the room, logged.
+    private func hold(_ p: Pending, path: [UInt8], because held: TrashRecord.Held, why: Errno, error: Errno) {
+        let shown = String(decoding: path, as: UTF8.self)
+        var record = p.record ?? TrashRecord(path: path, uid: p.caller.uid, gid: p.caller.gid, bytes: nil,
+                                             kind: TrashRecord.Kind(mode: p.st.st_mode))
+        record.held = held
+        do throws(Errno) {
+            guard let graveyard = deleter.graveyard, let reaper = deleter.reaper else { throw .noSuchFileOrDirectory }
+            try graveyard.withName(p.reservation) { grave throws(Errno) in
+                reaper.noteBuried(shard: try graveyard.bury(p.room, grave, record: record, reserved: p.reservation))
+            }
+            log.warning("a one-step delete its deleter could not have completed is kept in their trash until restored",
+                        metadata: ["path": "\(shown)", "uid": "\(p.caller.uid)", "held": "\(held.rawValue)",
                                    "why": "\(why)", "error": "\(error)"])
+        } catch let kept {
+            log.warning("a one-step delete its deleter could not have completed stays in their room: its place is taken or gone",
+                        metadata: ["path": "\(shown)", "uid": "\(p.caller.uid)", "why": "\(why)", "error": "\(kept)"])
         }
     }
 }

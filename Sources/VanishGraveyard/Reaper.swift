@@ -755,7 +755,8 @@ public final class Reaper: @unchecked Sendable {
         // Short of space (or a request met ENOSPC): at least one goes.
         let wanted = max(bytesToFree(kept: all - leaving, leaving: short ? 0 : leaving), short ? 1 : 0)
         if wanted > 0 {
-            let candidates = given.isEmpty ? restorable : restorable.filter { !given.contains($0.id) }
+            // Held entries go only by a restore: freeing one would strand what its deleter could not remove.
+            let candidates = restorable.filter { $0.record.held == nil && (given.isEmpty || !given.contains($0.id)) }
             let chosen = FairEviction.choose(candidates.map { (uid: $0.record.uid, bytes: $0.record.bytes ?? 0) },
                                              wanted: wanted)
             if !chosen.isEmpty {

@@ -21,6 +21,28 @@ public struct TrashRecord: Sendable, Equatable {
     /// it was deleted, whatever later mounts' windows are. nil in records
     /// from before windows were written down (see `keptUntil`).
     public var window: UInt64?
+    /// Why it is kept until restored, whatever the window: nil for an
+    /// ordinary deletion. Set for a tree its deleter could not have removed
+    /// whole whose place was gone or taken when it was to be put back: the
+    /// reaper would free only the deleter's part and strand the rest.
+    public var held: Held?
+
+    public enum Held: String, Sendable {
+        /// Another entry had its name.
+        case taken
+        /// Its directory was gone.
+        case gone
+        /// It could not be put back for another reason.
+        case failed
+
+        public var explanation: String {
+            switch self {
+            case .taken: "holds what its deleter could not remove, and its name was taken: restore it elsewhere with --to"
+            case .gone: "holds what its deleter could not remove, and its directory was gone: restore it elsewhere with --to"
+            case .failed: "holds what its deleter could not remove, and could not be put back: restore it with --to"
+            }
+        }
+    }
 
     public enum Kind: UInt8, Sendable {
         case file = 0x66, directory = 0x64, symlink = 0x6C, other = 0x6F
@@ -37,39 +59,48 @@ public struct TrashRecord: Sendable, Equatable {
         }
     }
 
-    public init(path: [UInt8], uid: UInt32, gid: UInt32, bytes: UInt64?, kind: Kind, window: UInt64? = nil) {
+    public init(path: [UInt8], uid: UInt32, gid: UInt32, bytes: UInt64?, kind: Kind, window: UInt64? = nil,
+                held: Held? = nil) {
         self.path = path
         self.uid = uid
         self.gid = gid
         self.bytes = bytes
         self.kind = kind
         self.window = window
+        self.held = held
     }
 
+    static let heldMagic = "vanish-trash 3\n"
     static let magic = "vanish-trash 2\n"
     static let firstMagic = "vanish-trash 1\n"
 
     /// `vanish-trash 2\n<uid> <gid> <bytes|-> <kind> <window ns|->\n<path bytes>`:
     /// the path last, so it may hold any byte, newlines included. Version 1
-    /// had no window.
+    /// had no window; version 3 (only for held entries, so ordinary records
+    /// stay readable by older daemons) adds why it is held.
     func encoded() -> [UInt8] {
-        var out = Array(TrashRecord.magic.utf8)
+        var out = Array((held == nil ? TrashRecord.magic : TrashRecord.heldMagic).utf8)
         out += Array(("\(uid) \(gid) \(bytes.map(String.init) ?? "-") \(Character(Unicode.Scalar(kind.rawValue))) "
-                      + "\(window.map(String.init) ?? "-")\n").utf8)
+                      + "\(window.map(String.init) ?? "-")" + (held.map { " " + $0.rawValue } ?? "") + "\n").utf8)
         out += path
         return out
     }
 
     init?(decoding data: [UInt8]) {
-        let (magic, first) = (Array(TrashRecord.magic.utf8), Array(TrashRecord.firstMagic.utf8))
-        guard data.count > magic.count, Array(data[..<magic.count]) == magic || Array(data[..<magic.count]) == first,
-              let nl = data[magic.count...].firstIndex(of: 0x0A) else { return nil }
-        let fields = String(decoding: data[magic.count..<nl], as: UTF8.self).split(separator: " ")
-        let windowed = Array(data[..<magic.count]) == magic
-        guard fields.count == (windowed ? 5 : 4), let uid = UInt32(fields[0]), let gid = UInt32(fields[1]),
+        let versions = [TrashRecord.firstMagic, TrashRecord.magic, TrashRecord.heldMagic].map { Array($0.utf8) }
+        let length = versions[0].count
+        guard data.count > length, let version = versions.firstIndex(of: Array(data[..<length])),
+              let nl = data[length...].firstIndex(of: 0x0A) else { return nil }
+        let fields = String(decoding: data[length..<nl], as: UTF8.self).split(separator: " ")
+        guard fields.count == 4 + version, let uid = UInt32(fields[0]), let gid = UInt32(fields[1]),
               let k = fields[3].utf8.first, let kind = Kind(rawValue: k) else { return nil }
+        var held: Held?
+        if version == 2 {
+            guard let h = Held(rawValue: String(fields[5])) else { return nil }
+            held = h
+        }
         self.init(path: Array(data[(nl + 1)...]), uid: uid, gid: gid, bytes: UInt64(fields[2]), kind: kind,
-                  window: windowed ? UInt64(fields[4]) : nil)
+                  window: version > 0 ? UInt64(fields[4]) : nil, held: held)
     }
 }
 
@@ -198,7 +229,7 @@ final class TrashIndex: Sendable {
         let key = String(cString: id)
         return state.withLock { s in
             if !s.evicted.isEmpty && s.evicted.contains(key) { return s.entries[key] == nil ? nil : 0 }
-            return s.entries[key].map { $0.deleted &+ ($0.record.window ?? legacyWindow) }
+            return s.entries[key].map { $0.record.held != nil ? UInt64.max : $0.deleted &+ ($0.record.window ?? legacyWindow) }
         }
     }
 

@@ -26,7 +26,7 @@ struct TrashCommand: ParsableCommand {
         @Flag(help: "Add a column with the disk space each entry holds.")
         var long = false
 
-        @Flag(help: "One JSON object per line, one per entry (fields: id, path, path_b64 if not UTF-8, deleted_ns, size, bytes (disk usage), kind, uid, gid).")
+        @Flag(help: "One JSON object per line, one per entry (fields: id, path, path_b64 if not UTF-8, deleted_ns, size, bytes (disk usage), kind, uid, gid, and held: why it is kept until restored).")
         var json = false
 
         @OptionGroup var target: MountpointArgument
@@ -58,6 +58,7 @@ struct TrashCommand: ParsableCommand {
                 let kind = e["kind"]?.string == "directory" ? "/" : ""
                 print("\(e["id"]?.string ?? "?")  \(when)  \(pad(size, 9)) \(long ? pad(disk, 9) + " " : "")"
                       + "\(pad(user, 8)) \(path)\(kind)\(g.summary)")
+                if let held = e["held"]?.string { print(String(repeating: " ", count: 38) + "kept: " + held) }
             }
         }
     }

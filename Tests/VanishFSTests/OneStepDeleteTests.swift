@@ -152,6 +152,32 @@ struct OneStepDeleteTests {
         }
     }
 
+    @Test("what nobody could not remove, its place taken meanwhile, is kept in nobody's trash until restored, with why (issue 49)")
+    func heldWhenPlaceTaken() throws {
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            let r = try sh("""
+                chmod 755 . && install -d -o nobody nb nb/A nb/A/many && mkdir nb/A/r && echo x > nb/A/r/f
+                cd nb/A/many && seq 1 30000 | sed 's/^/f/' | xargs touch && chown nobody: . *
+                """, cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let binary = m.base + "/vanish"
+            #expect(try run(["cp", vanishBinary, binary]).ok)
+            // The check of 30,000 entries takes longer than a mkdir right after the delete returns.
+            let taken = try runAsNobody(["/bin/sh", "-c", "\(binary) rm -r nb/A && mkdir nb/A"], cwd: m.mountpoint)
+            try #require(taken.ok, "the name was not free right after the delete: \(taken)")
+            try waitFor("nobody's room to be empty") { try OneStepDeleteTests.room(m).isEmpty }
+            let list = try runAsNobody([binary, "trash", "list", m.mountpoint])
+            #expect(list.stdout.contains("kept: holds what its deleter could not remove, and its name was taken"), "\(list)")
+            // Neither the window nor emptying the trash frees it: root's file stays.
+            #expect(try runAsNobody([binary, "trash", "empty", m.mountpoint]).ok)
+            try waitForReaper(m)
+            let back = try runAsNobody([binary, "restore", m.path("nb/A"), "--to", m.path("nb/B")])
+            #expect(back.ok, "\(back)")
+            #expect(try sh("find nb/B -printf '%p %u\\n' | sort", cwd: m.source).stdout == "nb/B nobody\nnb/B/r root\nnb/B/r/f root\n")
+        }
+    }
+
     @Test("a tree exchanged under vanish rm -r is moved only if its deleter may move it (issue 49, attack 3)")
     func exchangeDuringDelete() throws {
         try withVanishMount(options: ["allow_other"], prepare: { src in
