@@ -13,6 +13,15 @@ public enum ControlProtocol {
     /// tree in one step (`vanish rm`).
     public static let deleteAttribute = "user.vanish.delete"
 
+    /// Whether `s` has the form of a trash entry's id: its graveyard name,
+    /// `<16 hex>-<8 hex>-<10 hex>`, and for an entry another user than the
+    /// daemon's deleted, `-<8 hex uid><8 hex gid><16 hex key>` after it.
+    public static func isEntryID(_ s: String) -> Bool {
+        let count = s.utf8.count
+        return (count == 36 || count == 69)
+            && s.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) || $0 == 0x2D }
+    }
+
     /// The requests the control socket answers (`op`).
     public enum Operation: String, Sendable, CaseIterable {
         /// The caller's restorable entries.

@@ -131,6 +131,9 @@ struct UndoWindow {
         var firstError: RestoreError?
         for (i, e) in plan.enumerated() {
             let target = i == 0 ? (destination ?? e.record.path) : e.record.path
+            if target.isEmpty {
+                throw .invalidDestination("where \(e.id) was is not known (a part of a tree kept for what its deleter could not remove): restore it with --to")
+            }
             do {
                 try restore(e, to: target, as: who)
                 restored.append(target)

@@ -92,6 +92,10 @@ final class Deleter: Sendable {
             logger.warning("cannot delete a graveyard entry; it stays until the next mount or vanish reap",
                            metadata: ["entry": "\(entry)", "error": "\(error)"])
         }
+        reaper.onHeld = { entry, error in
+            logger.warning("its deleter could not remove all of a graveyard entry: kept in their trash until restored",
+                           metadata: ["entry": "\(entry)", "error": "\(error)"])
+        }
         opened.reaper = reaper
         let leases = try ClientLeases(graveyard: grave, length: options.leaseLength, adopting: true)
         leases.landed = { [unowned reaper] shard in reaper.noteBuried(shard: shard, dueNow: true) }

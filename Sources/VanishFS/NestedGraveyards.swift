@@ -112,6 +112,7 @@ extension Deleter {
         let r = Reaper(graveyard: g, workers: 1, policy: policy)
         r.onReaped = main.onReaped
         r.onStuck = main.onStuck
+        r.onHeld = main.onHeld
         r.foregroundRequests = main.foregroundRequests
         r.start()
         return r

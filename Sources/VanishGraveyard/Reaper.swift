@@ -87,6 +87,9 @@ public final class Reaper: @unchecked Sendable {
     /// Called the first time an entry cannot be deleted: (entry id, error).
     /// Set before `start`.
     public var onStuck: (@Sendable (String, Errno) -> Void)?
+    /// Called for an entry its deleter could not wholly remove, now kept in
+    /// their trash until restored (`Graveyard.hold`).
+    public var onHeld: (@Sendable (String, Errno) -> Void)?
     /// Entries the reaper could not delete (an immutable file inside, a
     /// directory the daemon may not write), by name: when each is tried
     /// again, and its shard. Without this, a pass that found only such an
@@ -514,8 +517,17 @@ public final class Reaper: @unchecked Sendable {
             } else if done, !remover.vanished, let failure = remover.failure, stillThere(dirfd(dp), name) {
                 // Not work done: a pass that found only this must let its worker rest.
                 found -= 1
-                stick(name, shard: shard, failure)
-                nextDue = min(nextDue, Sys.wallClockNow() &+ Self.stuckRetry)
+                // Refused to its deleter, or left holding what was (ENOTEMPTY).
+                if failure == .permissionDenied || failure == .notPermitted || failure == .directoryNotEmpty,
+                   let index = graveyard.shardFDs.firstIndex(of: shard), graveyard.hold(shard: index, name, because: .stuck) {
+                    // What its deleter may not remove: kept for them to restore, never retried.
+                    restorable = false
+                    if stuckCount.load(ordering: .relaxed) > 0 { unstick(name) }
+                    onHeld?(String(cString: name), failure)
+                } else {
+                    stick(name, shard: shard, failure)
+                    nextDue = min(nextDue, Sys.wallClockNow() &+ Self.stuckRetry)
+                }
             }
             if done && restorable { graveyard.removeSidecar(dirfd(dp), name) }
             remover.freed = Freed()

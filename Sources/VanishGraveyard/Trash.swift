@@ -34,12 +34,17 @@ public struct TrashRecord: Sendable, Equatable {
         case gone
         /// It could not be put back for another reason.
         case failed
+        /// The reaper, acting as its deleter, could not remove all of it
+        /// (something moved in through a descriptor held inside it, or made
+        /// immutable meanwhile).
+        case stuck
 
         public var explanation: String {
             switch self {
             case .taken: "holds what its deleter could not remove, and its name was taken: restore it elsewhere with --to"
             case .gone: "holds what its deleter could not remove, and its directory was gone: restore it elsewhere with --to"
             case .failed: "holds what its deleter could not remove, and could not be put back: restore it with --to"
+            case .stuck: "holds what its deleter could not remove when it was to be freed: restore it with --to"
             }
         }
     }
@@ -371,6 +376,29 @@ extension Graveyard {
             removeSidecar(sfd, temporary)
         }
         return total
+    }
+
+    /// Makes the entry `name` of shard `shard`, which its deleter (named in
+    /// it) could not wholly remove, a trash entry of theirs held until
+    /// restored, so what stays is listed and restorable rather than left
+    /// stuck where no one sees it. Its record keeps the path it had; an
+    /// entry without one (no window, a piece) has no path: it is restored
+    /// with --to. False for an entry the daemon frees with its own rights.
+    public func hold(shard: Int, _ name: UnsafePointer<CChar>, because held: TrashRecord.Held) -> Bool {
+        guard let by = DeletedBy(entryName: name), let st = try? Sys.lstatat(shardFDs[shard], name) else { return false }
+        let sfd = shardFDs[shard]
+        let id = String(cString: name)
+        var record = readSidecar(sfd, id)
+            ?? TrashRecord(path: [], uid: by.uid, gid: by.gid, bytes: nil, kind: TrashRecord.Kind(mode: st.st_mode), window: 0)
+        record.held = held
+        let temporary = ".held-" + id
+        removeSidecar(sfd, temporary)
+        guard (try? writeSidecar(sfd, temporary, record)) != nil, renameat(sfd, "." + temporary, sfd, "." + id) == 0 else {
+            removeSidecar(sfd, temporary)
+            return false
+        }
+        trash.insert(TrashEntry(id: id, shard: shard, deleted: Graveyard.deletionTime(name) ?? 0, record: record))
+        return true
     }
 
     /// What the entries below the directory `name` in `dirFD` occupy.

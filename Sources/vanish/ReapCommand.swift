@@ -105,6 +105,9 @@ struct ReapCommand: ParsableCommand {
         let failures = Failures()
         for r in reapers {
             r.onStuck = { entry, error in failures.add("  \(entry): \(error)") }
+            r.onHeld = { entry, error in
+                FileHandleStderr.write("vanish reap: kept in its deleter's trash until restored (\(error)): \(entry)\n")
+            }
             r.start()
             r.stop(.whenEmpty)
         }

@@ -54,7 +54,8 @@ struct TrashCommand: ParsableCommand {
                 let disk = g.disk.map { bytes(Int($0)) } ?? "-"
                 let uid = UInt32(e["uid"]?.int ?? 0)
                 let user = TerminalText.escaped(getpwuid(uid).map { String(cString: $0.pointee.pw_name) } ?? "\(uid)")
-                let path = TerminalText.escaped(PathBytes.get(e, key: "path")?.description ?? "?")
+                let named = PathBytes.get(e, key: "path")?.description ?? ""
+                let path = named.isEmpty ? "(where it was is not known)" : TerminalText.escaped(named)
                 let kind = e["kind"]?.string == "directory" ? "/" : ""
                 print("\(e["id"]?.string ?? "?")  \(when)  \(pad(size, 9)) \(long ? pad(disk, 9) + " " : "")"
                       + "\(pad(user, 8)) \(path)\(kind)\(g.summary)")
@@ -168,9 +169,7 @@ struct RestoreCommand: ParsableCommand {
     @Argument(help: "The original path, or an id from `vanish trash list`.")
     var entry: String
 
-    static func isID(_ s: String) -> Bool {
-        s.utf8.count == 36 && s.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) || $0 == 0x2D }
-    }
+    static func isID(_ s: String) -> Bool { ControlProtocol.isEntryID(s) }
 
     /// A path outside every Vanish mount is a bad argument (exit 64, this command's usage).
     func validate() throws {

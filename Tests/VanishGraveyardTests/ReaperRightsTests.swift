@@ -92,6 +92,16 @@ struct ReaperRightsTests {
             #expect(try rootsFile(m, inode: inode) == "root 644\nkeep\n", "root's file is not freed")
             #expect(try sh("find .vanish -name f -user nobody | wc -l", cwd: m.source).stdout == "0\n",
                     "nobody's own file is freed")
+            // What stays is in nobody's trash, held, with why; nobody may move it out where they may write.
+            let list = try runAsNobody([binary, "trash", "list", "--json", m.mountpoint])
+            let held = list.stdout.split(separator: "\n").compactMap {
+                (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: Any]
+            }.filter { ($0["held"] as? String)?.contains("its deleter could not remove") == true }
+            #expect(held.count == 1, "\(list)")
+            let id = try #require(held.first?["id"] as? String)
+            let back = try runAsNobody([binary, "restore", id, "--mount", m.mountpoint, "--to", m.path("home/back")])
+            #expect(back.ok, "\(back)")
+            #expect(try sh("find home/back -inum \(inode) | wc -l", cwd: m.source).stdout == "1\n")
         }
     }
 
