@@ -25,6 +25,7 @@ import hashlib
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -34,7 +35,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 EXAMPLES = "/usr/share/doc/libfuse3-dev/examples"
-PACKAGES = ["libfuse3-dev", "liburing-dev", "fuse3", "bindfs", "mergerfs", "fio", "git", "gcc", "pkg-config", "rsync", "python3"]
+PACKAGES = ["libfuse3-dev", "liburing-dev", "fuse3", "bindfs", "mergerfs", "fio", "git", "gcc", "pkg-config", "rsync", "python3",
+            "stress-ng"]
 
 
 def sh(cmd, check=True, **kw):
@@ -1217,6 +1219,9 @@ def main():
     ap.add_argument("--backend", choices=["local", "glusterfs"], default="local",
                     help="glusterfs: run on a fresh replica-2 GlusterFS volume (two local bricks under the "
                          "backing directory, one client mount): rm -rf, vanish rm, reaper drain, create and read rows")
+    ap.add_argument("--load", type=int, default=0, metavar="N",
+                    help="run N CPU hogs (stress-ng --cpu N) for the whole run, started and stopped here: "
+                         "a busy machine, each ratio to native under the same load")
     ap.add_argument("--vanish-options", default="",
                     help="extra -o items for every Vanish mount, e.g. reap_yield=40ms (named in the results)")
     args = ap.parse_args()
@@ -1230,7 +1235,7 @@ def main():
     os.makedirs(args.dir, exist_ok=True)
     cache = os.path.join(args.dir, "cache")
     os.makedirs(cache, exist_ok=True)
-    with PageReportingOff(), RingOffered():
+    with PageReportingOff(), RingOffered(), CPUHogs(args.load):
         if args.ramdisk:
             # Room for the full run's 10 GiB unlink (fallocated, so nearly free) and its trees.
             with RamDisk(args.ramdisk, 16 if args.quick else 32, args.ramdisk_device) as disk:
@@ -1273,6 +1278,32 @@ class KernelSetting:
                 f.write(self.saved + "\n")
 
 
+class CPUHogs:
+    """N busy loops at nice 0 for the run (`stress-ng --cpu N`), as a build
+    beside the user's work: every peer's figures, native's too, are taken
+    under the same load. None for N = 0."""
+    def __init__(self, n):
+        self.n, self.proc = n, None
+
+    def __enter__(self):
+        if self.n > 0:
+            self.proc = subprocess.Popen(["stress-ng", "--cpu", str(self.n), "--quiet"],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            time.sleep(1)  # the hogs up before the first figure (not a wait for a condition: a warm-up)
+            if self.proc.poll() is not None:
+                raise RuntimeError("stress-ng did not start")
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
 class RingOffered(KernelSetting):
     """Lets the kernel offer FUSE over io_uring for the run, so that the
     "vanish" column runs over it and "vanish, /dev/fuse" does not
@@ -1310,7 +1341,7 @@ def run_all(args, runs, base_dir, cache, ramdisk=None, backend=None):
 
     results = {"mode": "quick" if args.quick else "full", "runs": runs, "machine": machine_facts(base_dir, ramdisk, backend),
                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "vanish_options": args.vanish_options, "workloads": []}
+               "vanish_options": args.vanish_options, "load": args.load, "workloads": []}
     for w in works:
         row = {"workload": w.name, "peers": measure(peers, w, runs, base_dir, cache)}
         for name, r in row["peers"].items():
@@ -1340,7 +1371,9 @@ def markdown(results, names, vanish_names=()):
              f"{m['cores']} cores, {m['memory_gib']} GiB, kernel {m['kernel']}, backing {m['backing_fs']}, "
              f"libfuse {m['libfuse']}."
              + (" The VM's free page reporting held off." if m.get("page_reporting_held_off") else "")
-             + (f" Vanish mounted with -o {results['vanish_options']}." if results.get("vanish_options") else ""), "",
+             + (f" Vanish mounted with -o {results['vanish_options']}." if results.get("vanish_options") else "")
+             + (f" Busy machine: {results['load']} CPU hogs (stress-ng --cpu {results['load']}) throughout, "
+                "native's figures too." if results.get("load") else ""), "",
              "| workload | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for row in results["workloads"]:
         native = row["peers"].get("native", {}).get("median")
