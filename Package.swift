@@ -36,7 +36,7 @@ let package = Package(
         // does not know (passthrough, parallel dirops, killpriv v2).
         .target(
             name: "CFuseTransport",
-            dependencies: ["CFuse"],
+            dependencies: ["CFuse", "CLinux"],
             path: "CShims/CFuseTransport",
             cSettings: [.define("_GNU_SOURCE")],
             linkerSettings: [.linkedLibrary("uring")]

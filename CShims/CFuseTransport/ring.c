@@ -294,6 +294,7 @@ static void *worker_thread(void *arg) {
     struct queue *q = w->queue;
     struct vanish_ring *rg = q->ring;
     me = w;
+    transport_thread_serves(rg->transport);
     char name[16];
     snprintf(name, sizeof name, "vanish-ring-%d", q->qid);
     pthread_setname_np(pthread_self(), name);
@@ -348,6 +349,7 @@ static void *worker_thread(void *arg) {
 static void *watchdog(void *arg) {
     struct vanish_ring *rg = arg;
     pthread_setname_np(pthread_self(), "vanish-ringdog");
+    vanish_thread_set_slice(0);  // not a request thread: the kernel's slice
     while (!atomic_load(&rg->stopping)) {
         uint64_t now = now_ns();
         int recent = now - atomic_load_explicit(&rg->last_request, memory_order_relaxed) < 1000000000ULL;

@@ -15,6 +15,7 @@
 
 #include "CFuseTransport.h"
 #include "workers.h"
+#include "CLinux.h"
 
 #include <fuse_lowlevel.h>
 #include <linux/fuse.h>
@@ -70,6 +71,7 @@ struct vanish_transport {
     _Atomic int ring_asked;         // the INIT reply asks for the ring
     struct vanish_ring *ring;       // its queues, from INIT until close
     uint32_t ring_spin_us;          // how long its workers watch after a reply
+    uint32_t slice_us;              // request threads' EEVDF slice (0: the kernel's)
 
     // STATX requests handed to libfuse as GETATTR, by id, until answered.
     pthread_mutex_t statx_lock;
@@ -99,5 +101,8 @@ void order_destroy(struct vanish_order *o);
 
 // What every request gets on arrival, read from /dev/fuse or from a ring.
 void transport_received(struct vanish_transport *t, void *request, size_t size);
+
+// Gives the calling request thread `t`'s slice, once per thread.
+void transport_thread_serves(struct vanish_transport *t);
 
 #endif

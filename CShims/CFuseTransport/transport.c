@@ -391,6 +391,20 @@ struct vanish_transport *vanish_transport_new(void *owner) {
     return t;
 }
 
+void transport_thread_serves(struct vanish_transport *t) {
+    static _Thread_local struct vanish_transport *sliced;
+    if (!t->slice_us || sliced == t) return;
+    sliced = t;
+    // A shorter slice than the others' wins the CPU when the thread wakes
+    // for a request (EEVDF picks the earliest deadline), without a larger share.
+    vanish_thread_set_slice(t->slice_us);
+}
+
+void vanish_transport_set_slice(struct vanish_transport *t, uint32_t microseconds) {
+    t->slice_us = microseconds;
+}
+
+
 void vanish_transport_free(struct vanish_transport *t) {
     if (!t) return;
     vanish_transport_close(t);

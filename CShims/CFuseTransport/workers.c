@@ -9,6 +9,7 @@
 #include <linux/fuse.h>
 #include <pthread.h>
 #include <semaphore.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -54,6 +55,11 @@ static const uint64_t polite_after_ns = 10 * 1000;
 static const uint64_t stall_ns = 500 * 1000;
 static const uint64_t watchdog_tick_ns = 1000 * 1000;
 static const uint64_t watchdog_idle_ns = 1000 * 1000 * 1000;
+
+// The transport `r` is part of.
+static struct vanish_transport *transport_of(struct vanish_receivers *r) {
+    return (struct vanish_transport *)(void *)((char *)r - offsetof(struct vanish_transport, receivers));
+}
 
 static uint64_t now_ns(void) {
     struct timespec t;
@@ -101,6 +107,7 @@ static void hand_over_locked(struct vanish_receivers *r) {
 static void *watchdog(void *arg) {
     struct vanish_receivers *r = arg;
     pthread_setname_np(pthread_self(), "vanish-workers");
+    vanish_thread_set_slice(0);  // not a request thread: the kernel's slice
     pthread_mutex_lock(&r->lock);
     while (r->watchdog_state == 1) {
         uint64_t now = now_ns();
@@ -206,6 +213,7 @@ ssize_t receivers_receive(struct vanish_receivers *r, int fd, int initialized,
                           ssize_t (*call)(int from, void *context), void *context) {
     uint64_t budget = atomic_load_explicit(&r->spin_ns, memory_order_relaxed);
     served_from_clone = 0;
+    transport_thread_serves(transport_of(r));
     if (!budget || !initialized) return call(fd, context);
     int untried = 0;
     if (atomic_compare_exchange_strong(&r->clone_tried, &untried, 1)) open_spin_fd(r);

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -138,6 +139,25 @@ int vanish_attributes_protected(uint64_t attributes) {
 
 int vanish_fchmodat2(int dirfd, const char *path, mode_t mode, int flags) {
     return (int)syscall(SYS_fchmodat2, dirfd, path, mode, flags);
+}
+
+// struct sched_attr (linux/sched/types.h clashes with glibc's sched.h).
+struct vanish_sched_attr {
+    uint32_t size, sched_policy;
+    uint64_t sched_flags;
+    int32_t sched_nice;
+    uint32_t sched_priority;
+    uint64_t sched_runtime, sched_deadline, sched_period;
+    uint32_t sched_util_min, sched_util_max;
+};
+
+int vanish_thread_set_slice(uint32_t microseconds) {
+    errno = 0;
+    int nice = getpriority(PRIO_PROCESS, 0);
+    if (nice == -1 && errno) return -1;
+    struct vanish_sched_attr attr = { .size = sizeof attr, .sched_policy = SCHED_OTHER, .sched_nice = nice,
+                                      .sched_runtime = (uint64_t)microseconds * 1000 };
+    return (int)syscall(SYS_sched_setattr, 0, &attr, 0);
 }
 
 int vanish_pidfd_open(pid_t pid) {

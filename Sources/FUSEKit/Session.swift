@@ -27,6 +27,8 @@ public struct LoopConfig: Sendable, Equatable {
     public var ringSpinMicroseconds: Int?
     /// Whether requests may come over io_uring instead (`RequestChannel`).
     public var ring: RingMode
+    /// The EEVDF slice request threads take (µs); nil: the kernel's.
+    public var sliceMicroseconds: Int?
 
     public init(maxThreads: Int = 10, idleThreads: Int? = nil, cloneFD: Bool = false, spinMicroseconds: Int? = nil,
                 ring: RingMode = .auto) {
@@ -155,6 +157,7 @@ public final class Session {
         fuse_loop_cfg_set_clone_fd(cfg, config.cloneFD ? 1 : 0)
         vanish_transport_set_spin(transport.raw, UInt32(config.spinMicroseconds ?? 0))
         vanish_transport_set_ring_spin(transport.raw, UInt32(config.ringSpinMicroseconds ?? config.spinMicroseconds ?? 0))
+        vanish_transport_set_slice(transport.raw, UInt32(config.sliceMicroseconds ?? 0))
         vanish_transport_set_ring(transport.raw, Int32(config.ring == .off ? VANISH_RING_OFF : VANISH_RING_AUTO))
         stopper.loopStarts()
         defer { stopper.end() }

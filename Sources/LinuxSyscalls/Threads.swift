@@ -21,6 +21,8 @@ public func spawnThread(_ name: StaticString, stackSize: Int? = nil, _ body: @es
     if let stackSize { pthread_attr_setstacksize(&attr, stackSize) }
     let rc = pthread_create(&tid, &attr, { raw in
         let box = Unmanaged<Box>.fromOpaque(raw!).takeRetainedValue()
+        // Not a request thread, whoever started it: the kernel's slice (see `-o slice=`).
+        _ = vanish_thread_set_slice(0)
         box.name.withUTF8Buffer { utf8 in
             // The kernel keeps 15 bytes and a NUL; a StaticString promises no NUL.
             var buffer = (UInt64(0), UInt64(0))

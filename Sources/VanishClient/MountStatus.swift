@@ -40,6 +40,8 @@ public struct MountStatus: Sendable, Equatable {
     /// Disk space entries waiting for the reaper hold, kept ones aside, as far as known.
     public var graveyardBytes = 0
     public var socket = ""
+    /// Where the daemon logs: "stderr", "syslog", or a file's path.
+    public var log = ""
     public var knownInodes = 0
     public var stataheadEntries = 0
     public var cachedFDs = 0
@@ -99,7 +101,7 @@ public struct MountStatus: Sendable, Equatable {
             "buried_entries": buriedEntries.map { JSON($0) } ?? .null, "reaper_workers": JSON(reaperWorkers),
             "free_bytes": JSON(freeBytes), "restorable_entries": JSON(restorableEntries),
             "stuck_entries": JSON(stuckEntries), "put_back_entries": JSON(putBackEntries), "restorable_bytes": JSON(restorableBytes),
-            "keep_seconds": JSON(keepSeconds), "graveyard_bytes": JSON(graveyardBytes), "socket": JSON(socket),
+            "keep_seconds": JSON(keepSeconds), "graveyard_bytes": JSON(graveyardBytes), "socket": JSON(socket), "log": JSON(log),
             "known_inodes": JSON(knownInodes), "statahead_entries": JSON(stataheadEntries),
             "cached_fds": JSON(cachedFDs), "fd_cache_limit": JSON(fdCacheLimit),
             "kernel_features": JSON(kernelFeatures), "passthrough": JSON(passthrough),
@@ -147,6 +149,7 @@ public struct MountStatus: Sendable, Equatable {
         keepSeconds = o["keep_seconds"]?.double ?? 0
         graveyardBytes = int("graveyard_bytes")
         socket = o["socket"]?.string ?? ""
+        log = o["log"]?.string ?? ""
         knownInodes = int("known_inodes")
         stataheadEntries = int("statahead_entries")
         cachedFDs = int("cached_fds")

@@ -40,6 +40,8 @@ public final class Daemon {
         /// once unmounted, so the source may be mounted again while this
         /// process still empties the graveyard.
         public var sourceLock: Int32 = -1
+        /// Where the log goes, for `status`: "stderr", "syslog" or a path.
+        public var logDestination = ""
         /// Runs between the mount and the kernel's INIT (the mount command
         /// sets the readahead there, which INIT can only lower).
         public var afterMount: ((String) -> Void)?
@@ -75,7 +77,8 @@ public final class Daemon {
         do {
             filesystem = try VanishFilesystem(source: src, options: configuration.filesystem, logger: log,
                                               journal: Daemon.journalOpener(configuration, instance: instance, log: log),
-                                              status: .init(socket: socket?.path ?? "", render: StatusReport.json))
+                                              status: .init(socket: socket?.path ?? "", log: configuration.logDestination,
+                                                            render: StatusReport.json))
         } catch {
             socket?.discard()
             throw Failure(description: "cannot open source \(src): \(error)")

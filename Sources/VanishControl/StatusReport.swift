@@ -56,6 +56,7 @@ enum StatusReport {
         // Nothing waiting holds nothing, whatever the estimate kept.
         o.graveyardBytes = pending == 0 ? 0 : Int(f.holdingBytes > f.restorableBytes ? f.holdingBytes - f.restorableBytes : 0)
         o.socket = f.socket
+        o.log = f.log
         o.knownInodes = f.knownInodes
         o.stataheadEntries = Int(f.stataheadEntries)
         o.cachedFDs = f.cachedFDs

@@ -399,10 +399,13 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
 /// for one user. Without a renderer the attribute has no value.
 package struct StatusAttribute: Sendable {
     package var socket = ""
+    /// Where the daemon's log goes: "stderr", "syslog", or a file's path.
+    package var log = ""
     package var render: (@Sendable (StatusFacts, uid_t) -> String)?
 
-    package init(socket: String = "", render: (@Sendable (StatusFacts, uid_t) -> String)? = nil) {
+    package init(socket: String = "", log: String = "", render: (@Sendable (StatusFacts, uid_t) -> String)? = nil) {
         self.socket = socket
+        self.log = log
         self.render = render
     }
 }

@@ -64,7 +64,7 @@ struct MountCommand: ParsableCommand {
         """, valueName: "size"))
     var keepMaxBytes: String?
 
-    @Option(help: "Write the log here when running in the background (default: syslog).")
+    @Option(help: "Write the log here when running in the background (default: syslog; without a syslog socket, /var/log/vanish.log for root, ~/.local/state/vanish/vanish.log for others).")
     var logFile: String?
 
     @Argument(help: "The directory whose contents the mount shows.")
@@ -150,7 +150,7 @@ struct MountCommand: ParsableCommand {
         parsed.filesystem.atimeCopyAllowed = !MountPaths.mounts().contains { MountPaths.isBelow($0.point, src) }
         let foreground = self.foreground || debug
         FileLimits.raise()
-        bootstrapLogging(foreground: foreground, logFile: logFile)
+        let logDestination = bootstrapLogging(foreground: foreground, logFile: logFile)
         let log = Logger(label: "vanish")
 
         var config = Daemon.Configuration(source: src, mountpoint: mnt, filesystem: parsed.filesystem,
@@ -159,9 +159,11 @@ struct MountCommand: ParsableCommand {
         config.journalLimits = parsed.journalLimits
         config.sharedControlSocket = parsed.allowsOthers
         config.foreground = foreground
+        config.logDestination = logDestination
         config.debug = debug
         config.loop = LoopConfig(maxThreads: threads ?? parsed.threads ?? 10, cloneFD: cloneFD || parsed.cloneFD)
         if let spin = parsed.spinMicroseconds { config.loop.spinMicroseconds = spin }
+        if let slice = parsed.sliceMicroseconds, slice > 0 { config.loop.sliceMicroseconds = slice }
         config.loop.ring = parsed.ring
         if parsed.ring == .on && RequestChannel.kernelSwitchOn == false {
             // The switch only lets the kernel offer io_uring: mounts that do not ask are unaffected.

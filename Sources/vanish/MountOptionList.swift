@@ -12,6 +12,8 @@ struct MountOptionList {
     var cloneFD = false
     /// `spin=`: how long a worker reads on after a reply (µs).
     var spinMicroseconds: Int?
+    /// `slice=`: the request threads' EEVDF slice (µs).
+    var sliceMicroseconds: Int?
     /// `io_uring=`: whether requests may come over io_uring.
     var ring: RingMode = .auto
     /// Record every change in the event journal (`vanish events`).
@@ -25,7 +27,7 @@ struct MountOptionList {
     static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache", "reapers",
                                        "keep", "keep_max_bytes", "keep_min_free", "reap_rate", "reap_yield", "noevents",
                                        "events_max_bytes", "sync_unlink", "readdirplus", "readahead", "passthrough",
-                                       "client", "lease", "spin", "watch", "nowatch", "io_uring"]
+                                       "client", "lease", "spin", "slice", "watch", "nowatch", "io_uring"]
 
     init(_ lists: [String]) throws {
         for list in lists {
@@ -52,6 +54,11 @@ struct MountOptionList {
                         throw ValidationError("-o spin= takes a number of microseconds from 0 to 1000")
                     }
                     spinMicroseconds = n
+                case "slice":
+                    guard let v = value, let n = Int(v), n == 0 || (100...100_000).contains(n) else {
+                        throw ValidationError("-o slice= takes 0 or a number of microseconds from 100 to 100000")
+                    }
+                    sliceMicroseconds = n
                 case "io_uring":
                     guard let v = value, let mode = RingMode(rawValue: v) else {
                         throw ValidationError("-o io_uring= takes one of: \(RingMode.allCases.map(\.rawValue).joined(separator: ", "))")

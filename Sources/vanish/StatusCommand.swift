@@ -69,6 +69,7 @@ struct StatusCommand: ParsableCommand {
                 file data:        \(status.passthrough == "on" ? "passthrough (kernel to backing file)" : "through the daemon; passthrough \(status.passthrough)")
                 kernel features:  \(status.kernelFeatures)
                 requests:         \(status.channel)
+                log:              \(status.log.isEmpty ? "unknown" : status.log == "syslog" ? "syslog (journalctl -t vanish)" : status.log)
                 workers:          \(status.requests.channel == "io_uring" ? "forgets and interrupts only" : status.spinMicroseconds > 0 ? "one receives and spins up to \(status.spinMicroseconds) µs for a program's next call" : "wait in the kernel (no spin)")
                 """)
         }

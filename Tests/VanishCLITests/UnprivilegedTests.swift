@@ -11,6 +11,42 @@ struct UnprivilegedTests {
         try withFUSEDeviceOpenToAll { try nobodyMountsOwnDirectory() }
     }
 
+    @Test("a background mount's log lands: syslog where a socket listens, else a file of the user's, said once and in status (issue 51)")
+    func logLands() throws {
+        try withFUSEDeviceOpenToAll {
+            let base = try makeTempDirectory()
+            let (src, mnt) = (base + "/src", base + "/mnt")
+            defer { unmountAndRemove(mnt, base: base) }
+            chmod(base, 0o755)
+            #expect(try sh("mkdir src mnt state && chown nobody:nogroup src mnt state && cp \(shellQuote(vanishBinary)) vanish",
+                           cwd: base).ok)
+            var environment = try nobodyRuntimeDirectory(in: base)
+            environment["XDG_STATE_HOME"] = base + "/state"
+            environment["PATH"] = "/usr/bin:/bin:/usr/sbin:/sbin"
+            var st = stat()
+            let syslog = stat("/dev/log", &st) == 0 && st.st_mode & S_IFMT == S_IFSOCK
+            let file = base + "/state/vanish/vanish.log"
+            let up = try runAsNobody([base + "/vanish", "mount", src, mnt], environment: environment)
+            #expect(up.ok, "\(up.stderr)")
+            let status = try runAsNobody([base + "/vanish", "status", mnt], environment: environment)
+            if syslog {
+                #expect(up.stderr.isEmpty, "\(up.stderr)")
+                #expect(status.stdout.contains("log:              syslog"), "\(status.stdout)")
+            } else {
+                #expect(up.stderr == "vanish: no syslog socket (/dev/log): the daemon logs to \(file)\n", "\(up.stderr)")
+                #expect(status.stdout.contains("log:              \(file)\n"), "\(status.stdout)")
+                try waitFor("the daemon's first lines in \(file)") {
+                    (try? String(contentsOfFile: file, encoding: .utf8))?.contains("mounted") == true
+                }
+                // Said once: the next mount finds the file there.
+                #expect(try runAsNobody([base + "/vanish", "unmount", mnt], environment: environment).ok)
+                let again = try runAsNobody([base + "/vanish", "mount", src, mnt], environment: environment)
+                #expect(again.ok && again.stderr.isEmpty, "\(again)")
+            }
+            #expect(try runAsNobody([base + "/vanish", "unmount", mnt], environment: environment).ok)
+        }
+    }
+
     @Test("an ordinary user's mount that fails for want of /dev/fuse says so, in one message (issue 51)")
     func noDeviceHint() throws {
         let base = try makeTempDirectory()

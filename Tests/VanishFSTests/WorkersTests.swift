@@ -162,6 +162,39 @@ struct WorkersTests {
         #expect(!logs().contains { $0.hasPrefix("unlinks-\(client)-") })
     }
 
+    /// The slices the request threads run with, read back from the kernel
+    /// (`se.slice` in /proc/PID/task/TID/sched), by thread name.
+    func slices(_ pid: pid_t) -> [(name: String, slice: Int)] {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+        return tasks.compactMap { task in
+            guard let name = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/comm", encoding: .utf8),
+                  let sched = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/sched", encoding: .utf8),
+                  let line = sched.split(separator: "\n").first(where: { $0.hasPrefix("se.slice") }),
+                  let value = line.split(separator: ":").last.flatMap({ Int($0.trimmingCharacters(in: .whitespaces)) })
+            else { return nil }
+            return (name.trimmingCharacters(in: .whitespacesAndNewlines), value)
+        }
+    }
+
+    @Test("-o slice= gives every request thread, on either channel, that EEVDF slice, and no other thread (issue 50)",
+          arguments: ["io_uring=auto", "io_uring=off"])
+    func requestThreadSlices(_ channel: String) throws {
+        try withVanishMount(options: [channel, "slice=150"]) { m in
+            // Requests on several threads at once, so more than one worker serves.
+            let r = try sh("for i in 1 2 3 4; do (for j in $(seq 200); do touch f$i-$j; stat f$i-$j >/dev/null; done) & done; wait",
+                           cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            let all = slices(m.pid)
+            // A thread that served requests: a ring thread, or a libfuse worker (named like the process).
+            let serving = all.filter { $0.slice == 150_000 }
+            #expect(!serving.isEmpty, "no thread took the slice: \(all)")
+            #expect(serving.allSatisfy { $0.name.hasPrefix("vanish-ring-") || $0.name == "vanish" }, "\(serving.map(\.name))")
+            // The reaper and the background threads keep the kernel's.
+            #expect(all.filter { $0.name == "vanish-reaper" || $0.name == "vanish-journal" }.allSatisfy { $0.slice != 150_000 },
+                    "\(all)")
+        }
+    }
+
     /// A spinning worker stops within microseconds of the last request, so
     /// an idle mount uses no CPU. Measured over a second of idleness after
     /// a burst: the window is the measurement, not a wait for a condition.

@@ -84,6 +84,8 @@ void vanish_transport_set_spin(struct vanish_transport *t, uint32_t spin_microse
 /// How long a ring worker watches its entry after a reply (µs), yielding its
 /// CPU to the program meanwhile. Call before the loop.
 void vanish_transport_set_ring_spin(struct vanish_transport *t, uint32_t spin_microseconds);
+// The EEVDF slice (µs, 100 to 100000; 0: the kernel's) each request thread takes when it starts serving.
+void vanish_transport_set_slice(struct vanish_transport *t, uint32_t microseconds);
 
 /// The session's /dev/fuse fd (-1 before the session exists), for
 /// registering backing files.

@@ -56,6 +56,11 @@ int vanish_stat_birth(int dirfd, const char *path, int flags, struct stat *st, u
 /// Whether stx_attributes says immutable or append-only.
 int vanish_attributes_protected(uint64_t attributes);
 
+/// The calling thread's EEVDF slice (Linux 6.12+; older kernels ignore it for
+/// normal tasks): `microseconds` (100 to 100000), or 0 for the kernel's. Its
+/// nice value stays. A new thread inherits its creator's: background threads
+/// started from a request thread give it back. 0 or -1 (errno).
+int vanish_thread_set_slice(uint32_t microseconds);
 /// pidfd_open(2) and pidfd_send_signal(2) (Linux 5.3, 5.1): a process that
 /// cannot be mistaken for a later one with its pid.
 int vanish_pidfd_open(pid_t pid);
