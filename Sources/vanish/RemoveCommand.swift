@@ -6,95 +6,138 @@ import VanishClient
 struct RemoveCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "rm",
-        abstract: "Remove files or whole trees inside a Vanish mount, in one step whatever their size.",
+        abstract: "rm, with each tree inside a Vanish mount removed in one step whatever its size.",
         discussion: """
-            A directory goes to the graveyard with one rename made with the caller's rights \
-            (through the xattr trigger user.vanish.delete, which any program can set too); the \
-            reaper frees the data later. Moments later, what rm -r by the caller would have left \
-            (entries they may not remove, and the directories on their paths) is put back where \
-            it was. Other entries are unlinked, which on a Vanish mount is the same single rename.
+            A drop-in for coreutils rm (alias rm='vanish rm' is safe on any path): it takes rm's \
+            options and operands. With -r (and neither -i, -I nor -v), a directory inside a Vanish \
+            mount goes to the graveyard with one rename made with the caller's rights (the xattr \
+            trigger user.vanish.delete, which any program can set too), and the reaper frees the \
+            data later; moments later, what rm -r by the caller would have left (entries they may \
+            not remove, and the directories on their paths) is put back where it was. Everything \
+            else, on a Vanish mount or not, is removed by /bin/rm with the same options: files \
+            (an unlink on a Vanish mount is the same single rename), prompts, -v, -d and a \
+            mount's root. A tree with a filesystem mounted inside is refused (EBUSY).
             """
     )
 
     @Flag(name: [.customShort("r"), .customShort("R"), .long], help: "Remove directories and their contents.")
     var recursive = false
 
-    @Flag(name: .shortAndLong, help: "Ignore paths that do not exist.")
+    @Flag(name: .shortAndLong, help: "Ignore operands that do not exist; never prompt.")
     var force = false
 
+    @Flag(name: .customShort("i"), help: "Prompt before every removal (rm removes then, entry by entry).")
+    var interactive = false
+
+    @Flag(name: .customShort("I"), help: "Prompt once before removing more than three files or recursively (rm, as -i).")
+    var interactiveOnce = false
+
+    @Flag(name: [.customShort("d"), .customLong("dir")], help: "Remove empty directories (rm).")
+    var emptyDirectories = false
+
+    @Flag(name: .shortAndLong, help: "Say what is removed (rm removes then, entry by entry).")
+    var verbose = false
+
+    @Flag(name: .customLong("one-file-system"), help: "As rm: skip directories on other filesystems.")
+    var oneFileSystem = false
+
+    @Flag(name: .customLong("no-preserve-root"), help: "As rm: do not treat / specially.")
+    var noPreserveRoot = false
+
     @Flag(help: ArgumentHelp("""
-        Wait until what was removed is freed (or kept by the undo window) and what rm -r would have \
-        left is back, then report each entry left as rm does, with exit status 1.
+        Wait until what was removed in one step is freed (or kept by the undo window) and what rm -r \
+        would have left is back, then report each entry left as rm does, with exit status 1.
         """))
     var wait = false
 
     @Argument(help: "What to remove.")
-    var paths: [String]
+    var paths: [String] = []
 
-    func validate() throws {
-        if paths.isEmpty { throw ValidationError("name at least one path") }
-    }
-
+    /// Reached only for what `RmInvocation` leaves to the parser (--help, --version).
     func run() throws {
-        var code = RemoveCommand.removeAll(paths, recursive: recursive, force: force)
-        if wait, RemoveCommand.reportLeftovers(paths) { code = max(code, 1) }
+        let code = RemoveCommand.dropIn(RmInvocation(CommandLine.arguments.dropFirst(2)) ?? RmInvocation())
         if code != 0 { throw ExitCode(code) }
     }
 
-    /// `vanish rm` in its common forms (`-r`, `-f`, `-rf`, `--recursive`,
-    /// `--force`, `--`, then paths), run before the argument parser: its
-    /// first dynamic casts scan every protocol conformance in the binary,
-    /// which cost ~5 ms of a ~7 ms `vanish rm`. Returns the exit code, or
-    /// nil for anything else (help, a flag after a path, errors), which the
-    /// full parser then handles as before.
+    /// `vanish rm ARGS`, parsed as coreutils rm parses them, before the
+    /// argument parser (whose first dynamic casts cost ~5 ms of a ~7 ms
+    /// `vanish rm`). nil for --help and --version, which the parser answers.
     static func fastPath(_ arguments: ArraySlice<String>) -> Int32? {
-        guard arguments.first == "rm" else { return nil }
-        var recursive = false, force = false
-        var paths: [String] = []
-        var optionsEnded = false
-        for a in arguments.dropFirst() {
-            if optionsEnded || !a.hasPrefix("-") || a == "-" {
-                paths.append(a)
-                continue
-            }
-            if !paths.isEmpty { return nil }
-            switch a {
-            case "--": optionsEnded = true
-            case "--recursive": recursive = true
-            case "--force": force = true
-            default:
-                let letters = a.utf8.dropFirst()
-                guard !a.hasPrefix("--"), !letters.isEmpty,
-                      letters.allSatisfy({ $0 == UInt8(ascii: "r") || $0 == UInt8(ascii: "R") || $0 == UInt8(ascii: "f") })
-                else { return nil }
-                if letters.contains(UInt8(ascii: "f")) { force = true }
-                if letters.contains(where: { $0 != UInt8(ascii: "f") }) { recursive = true }
-            }
-        }
-        if paths.isEmpty { return nil }
-        return removeAll(paths, recursive: recursive, force: force)
+        guard arguments.first == "rm", let invocation = RmInvocation(arguments.dropFirst()) else { return nil }
+        return dropIn(invocation)
     }
 
-    /// Removes each path, reporting failures on stderr. The exit code: 64 if
-    /// a path is outside every Vanish mount (a bad argument, as for every
-    /// subcommand), else 1 if a removal failed, else 0.
-    static func removeAll(_ paths: [String], recursive: Bool, force: Bool) -> Int32 {
+    /// The operands removed in one step, then everything else by /bin/rm
+    /// with the same options (by exec when nothing is Vanish's, so prompts,
+    /// messages and the exit status are rm's own). The exit status: rm's,
+    /// or 1 if a one-step removal failed.
+    static func dropIn(_ r: RmInvocation) -> Int32 {
+        let oneStep = r.recursive && !r.asks && !r.verbose && !r.unknownOption
+        var forRm: [String] = []
+        var removed: [String] = []
         var code: Int32 = 0
-        for path in paths {
+        for operand in r.operands {
+            guard oneStep, isTree(operand) else {
+                forRm.append(operand)
+                continue
+            }
             do {
-                try remove(path, recursive: recursive, force: force)
-            } catch let e as NotOnVanish {
-                FileHandleStderr.write("vanish rm: \(e.description)\n")
-                code = 64
-            } catch let e as RuntimeError {
-                FileHandleStderr.write("vanish rm: \(e.description)\n")
-                if code == 0 { code = 1 }
+                try remove(operand, recursive: true, force: r.force)
+                removed.append(operand)
+            } catch is NotOnVanish {
+                forRm.append(operand)
+            } catch let e as Refused where e.errno == EBUSY && MountPaths.mountType(at: MountPaths.lexicallyAbsolute(operand)) != nil {
+                // A mount's root: rm -r empties it entry by entry; so does rm here.
+                forRm.append(operand)
+            } catch let e as Refused where e.errno == EBUSY {
+                // A filesystem mounted inside: one rename would hide the mount in the
+                // graveyard, and rm cannot tell it from a directory through the mount.
+                FileHandleStderr.write("vanish rm: \(e) (a filesystem is mounted inside it: unmount that first)\n")
+                code = 1
             } catch {
                 FileHandleStderr.write("vanish rm: \(error)\n")
-                if code == 0 { code = 1 }
+                code = 1
             }
         }
+        if removed.isEmpty && !r.wait && code == 0 { execRm(r.options, forRm) }
+        if !forRm.isEmpty || r.operands.isEmpty { code = max(code, runRm(r.options, forRm)) }
+        if r.wait, reportLeftovers(removed) { code = max(code, 1) }
         return code
+    }
+
+    /// A directory (not a symlink to one) that rm -r would go into: not
+    /// `.` or `..` (rm refuses those), not `/` (--preserve-root).
+    private static func isTree(_ operand: String) -> Bool {
+        let bytes = RawArguments.bytes(operand)
+        var trimmed = bytes[...]
+        while trimmed.count > 1 && trimmed.last == 0x2F { trimmed = trimmed.dropLast() }
+        let last = trimmed.split(separator: 0x2F, omittingEmptySubsequences: true).last.map(Array.init) ?? []
+        if last.isEmpty || last == [0x2E] || last == [0x2E, 0x2E] { return false }
+        var st = stat()
+        return RawArguments.withCString(operand) { lstat($0, &st) } == 0 && st.st_mode & S_IFMT == S_IFDIR
+    }
+
+    static let rm = "/bin/rm"
+
+    /// Becomes /bin/rm with `options` and `operands` (returns only if exec fails).
+    private static func execRm(_ options: [String], _ operands: [String]) {
+        let argv = (["rm"] + options + ["--"] + operands).map { a in RawArguments.withCString(a) { strdup($0) } } + [nil]
+        execv(rm, argv)
+        for a in argv { free(a) }
+    }
+
+    /// Runs /bin/rm with `options` and `operands`; its exit status.
+    private static func runRm(_ options: [String], _ operands: [String]) -> Int32 {
+        let argv = (["rm"] + options + ["--"] + operands).map { a in RawArguments.withCString(a) { strdup($0) } } + [nil]
+        defer { argv.forEach { free($0) } }
+        var pid: pid_t = 0
+        guard posix_spawn(&pid, rm, nil, nil, argv, environ) == 0 else {
+            FileHandleStderr.write("vanish rm: cannot run \(rm)\n")
+            return 1
+        }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        return (status & 0x7f) == 0 ? (status >> 8) & 0xff : 1
     }
 
     private static func remove(_ argument: String, recursive: Bool, force: Bool) throws {
@@ -111,12 +154,12 @@ struct RemoveCommand: ParsableCommand {
         let fd = open(path, VANISH_O_PATH | O_NOFOLLOW | O_CLOEXEC)
         guard fd >= 0 else {
             if errno == ENOENT && force { return }
-            throw RuntimeError("cannot remove \(shown): \(String(cString: strerror(errno)))")
+            throw Refused(shown, errno)
         }
         defer { close(fd) }
         var st = stat()
         guard fstatat(fd, "", &st, VANISH_AT_EMPTY_PATH) == 0 else {
-            throw RuntimeError("cannot remove \(shown): \(String(cString: strerror(errno)))")
+            throw Refused(shown, errno)
         }
         guard st.st_mode & S_IFMT == S_IFDIR else {
             // One rule for files and trees: only inside a Vanish mount.
@@ -125,10 +168,10 @@ struct RemoveCommand: ParsableCommand {
                       UnsafeBufferPointer(start: UnsafeRawPointer(path).assumingMemoryBound(to: UInt8.self), count: strlen(path))))) == "fuse.vanish"
             else { throw notOnVanish(shown) }
             // unlink(2) acts on the name, as rm does, and never follows a symlink.
-            guard unlink(path) == 0 else { throw RuntimeError("cannot remove \(shown): \(String(cString: strerror(errno)))") }
+            guard unlink(path) == 0 else { throw Refused(shown, errno) }
             return
         }
-        guard recursive else { throw RuntimeError("cannot remove \(shown): Is a directory (use -r)") }
+        guard recursive else { throw Refused(shown, EISDIR) }
         // Not even FUSE: no Vanish mount, whatever attributes the directory has.
         guard vanish_filesystem_type(fd) == VANISH_FUSE_SUPER_MAGIC else { throw notOnVanish(shown) }
         // XATTR_REPLACE: elsewhere no such attribute exists to be replaced,
@@ -139,11 +182,7 @@ struct RemoveCommand: ParsableCommand {
         guard setxattr("/proc/self/fd/\(fd)", ControlProtocol.deleteAttribute, "", 0, Int32(XATTR_REPLACE)) == 0 else {
             let e = errno
             if e == ENODATA || e == ENOTSUP || e == EOPNOTSUPP { throw notOnVanish(shown) }
-            if e == EBUSY {
-                throw RuntimeError("cannot remove \(shown): \(String(cString: strerror(e))) "
-                                   + "(the mount's root, or a filesystem is mounted inside it: unmount that first)")
-            }
-            throw RuntimeError("cannot remove \(shown): \(String(cString: strerror(e)))")
+            throw Refused(shown, e)
         }
         // The daemon answers once the kernel has expired the path: the next
         // lookup of it, by any process, gets ENOENT. Looking it up here
@@ -220,16 +259,86 @@ extension RemoveCommand {
     }
 }
 
-/// A path outside every Vanish mount: a bad argument (exit 64).
+/// A removal the kernel refused, in rm's words.
+private struct Refused: Error, CustomStringConvertible {
+    let shown: String
+    let errno: Int32
+    init(_ shown: String, _ errno: Int32) { (self.shown, self.errno) = (shown, errno) }
+    var description: String { "cannot remove '\(shown)': \(String(cString: strerror(errno)))" }
+}
+
+/// A path outside every Vanish mount: /bin/rm's to remove.
 private struct NotOnVanish: Error, CustomStringConvertible {
     var description: String
 }
 
 private func notOnVanish(_ path: String) -> NotOnVanish {
-    NotOnVanish(description: "cannot remove \(path): not inside a Vanish mount (use rm there)")
+    NotOnVanish(description: "cannot remove \(path): not inside a Vanish mount")
 }
 
 /// Writes to stderr without Foundation.
 enum FileHandleStderr {
     static func write(_ s: String) { _ = s.withCString { Glibc.write(2, $0, strlen($0)) } }
+}
+
+/// coreutils rm's arguments, as `vanish rm` takes them: options anywhere
+/// before `--` (GNU order), clustered short ones, `--wait` of its own.
+struct RmInvocation {
+    var recursive = false
+    var force = false
+    var wait = false
+    /// -i, -I, --interactive (but =never): rm asks before removing.
+    var asks = false
+    /// -v: rm names each entry it removes.
+    var verbose = false
+    /// An option rm may know (an abbreviation) or refuse: everything is rm's then.
+    var unknownOption = false
+    /// The options as given, --wait aside, for rm.
+    var options: [String] = []
+    var operands: [String] = []
+
+    init() {}
+
+    /// nil for --help and --version (the argument parser's).
+    init?(_ arguments: ArraySlice<String>) {
+        var optionsEnded = false
+        for a in arguments {
+            if optionsEnded || !a.hasPrefix("-") || a == "-" {
+                operands.append(a)
+                continue
+            }
+            if a == "--" {
+                optionsEnded = true
+                continue
+            }
+            if a.hasPrefix("--") {
+                let name = a.split(separator: "=", maxSplits: 1).first.map(String.init) ?? a
+                switch name {
+                case "--help", "--version": return nil
+                case "--wait":
+                    wait = true
+                    continue
+                case "--recursive": recursive = true
+                case "--force": (force, asks) = (true, false)
+                case "--verbose": verbose = true
+                case "--interactive": asks = !["--interactive=never", "--interactive=no", "--interactive=none"].contains(a)
+                case "--dir", "--one-file-system", "--preserve-root", "--no-preserve-root": break
+                default: unknownOption = true
+                }
+                options.append(a)
+                continue
+            }
+            for letter in a.utf8.dropFirst() {
+                switch letter {
+                case UInt8(ascii: "r"), UInt8(ascii: "R"): recursive = true
+                case UInt8(ascii: "f"): (force, asks) = (true, false)
+                case UInt8(ascii: "i"), UInt8(ascii: "I"): asks = true
+                case UInt8(ascii: "v"): verbose = true
+                case UInt8(ascii: "d"): break
+                default: unknownOption = true
+                }
+            }
+            options.append(a)
+        }
+    }
 }
