@@ -48,10 +48,11 @@ package final class MountControl: Sendable {
     /// Lets every pending burial land: a listing, a restore or a walk must
     /// see each answered unlink in place (and a name whose burial is pending
     /// is free, not taken), and each one-step delete in the trash once sorted
-    /// (up to 5 s: `vanish rm -r` then `vanish restore` finds the tree).
+    /// (up to 30 s: `vanish rm -r` then `vanish restore` finds the tree; the
+    /// sorting thread runs at nice 10, and on a busy machine 5 s were too few).
     package func settle() {
         namespace.settle()
-        oneStep.awaitSorted(timeout: .seconds(5))
+        oneStep.awaitSorted(timeout: .seconds(30))
     }
 
     /// The restorable entries `uid` may see (root: all), oldest first.
