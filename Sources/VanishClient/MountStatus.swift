@@ -37,6 +37,10 @@ public struct MountStatus: Sendable, Equatable {
     public var restorableBytes = 0
     /// The undo window for what is deleted from now on.
     public var keepSeconds = 0.0
+    /// Files younger than this when deleted are not kept (s; 0: all are).
+    public var keepMinAgeSeconds = 0.0
+    /// Name patterns the window never keeps.
+    public var keepExclude: [String] = []
     /// Disk space entries waiting for the reaper hold, kept ones aside, as far as known.
     public var graveyardBytes = 0
     public var socket = ""
@@ -101,7 +105,8 @@ public struct MountStatus: Sendable, Equatable {
             "buried_entries": buriedEntries.map { JSON($0) } ?? .null, "reaper_workers": JSON(reaperWorkers),
             "free_bytes": JSON(freeBytes), "restorable_entries": JSON(restorableEntries),
             "stuck_entries": JSON(stuckEntries), "put_back_entries": JSON(putBackEntries), "restorable_bytes": JSON(restorableBytes),
-            "keep_seconds": JSON(keepSeconds), "graveyard_bytes": JSON(graveyardBytes), "socket": JSON(socket), "log": JSON(log),
+            "keep_seconds": JSON(keepSeconds), "keep_min_age_seconds": JSON(keepMinAgeSeconds),
+            "keep_exclude": .array(keepExclude.map { JSON($0) }), "graveyard_bytes": JSON(graveyardBytes), "socket": JSON(socket), "log": JSON(log),
             "known_inodes": JSON(knownInodes), "statahead_entries": JSON(stataheadEntries),
             "cached_fds": JSON(cachedFDs), "fd_cache_limit": JSON(fdCacheLimit),
             "kernel_features": JSON(kernelFeatures), "passthrough": JSON(passthrough),
@@ -147,6 +152,8 @@ public struct MountStatus: Sendable, Equatable {
         putBackEntries = int("put_back_entries")
         restorableBytes = int("restorable_bytes")
         keepSeconds = o["keep_seconds"]?.double ?? 0
+        keepMinAgeSeconds = o["keep_min_age_seconds"]?.double ?? 0
+        keepExclude = (o["keep_exclude"]?.array ?? []).compactMap(\.string)
         graveyardBytes = int("graveyard_bytes")
         socket = o["socket"]?.string ?? ""
         log = o["log"]?.string ?? ""

@@ -52,6 +52,8 @@ enum StatusReport {
         o.putBackEntries = f.putBack
         o.restorableBytes = Int(restorableBytes)
         o.keepSeconds = f.keepSeconds
+        o.keepMinAgeSeconds = f.keepMinAgeSeconds
+        o.keepExclude = f.keepExclude
         // Waiting to be reaped, the kept entries' known bytes aside.
         // Nothing waiting holds nothing, whatever the estimate kept.
         o.graveyardBytes = pending == 0 ? 0 : Int(f.holdingBytes > f.restorableBytes ? f.holdingBytes - f.restorableBytes : 0)

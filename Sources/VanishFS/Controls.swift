@@ -136,7 +136,8 @@ extension VanishFilesystem {
             remainingWork: d.remainingWork, holdingBytes: d.holdingBytes,
             statistics: d.reapingStatistics, pace: d.reapingPace, reapersIdle: d.reapersIdle && oneStep.count == 0,
             reaperWorkers: d.reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize),
-            keepSeconds: Double(d.undoWindow) / 1e9, socket: status.socket, log: status.log,
+            keepSeconds: Double(d.undoWindow) / 1e9, keepMinAgeSeconds: Double(d.keepMinAge) / 1e9,
+            keepExclude: d.keepExclude, socket: status.socket, log: status.log,
             knownInodes: table.count, stataheadEntries: statahead.prefetched.load(ordering: .relaxed),
             cachedFDs: namespace.cachedFDs, fdCacheLimit: namespace.fdLimit,
             kernelFeatures: "\(transport.granted)", passthrough: passthroughState,
@@ -174,6 +175,8 @@ package struct StatusFacts {
     package var reaperWorkers: Int
     package var freeBytes: UInt64
     package var keepSeconds: Double
+    package var keepMinAgeSeconds: Double
+    package var keepExclude: [String]
     package var socket: String
     package var log: String
     package var knownInodes: Int

@@ -26,6 +26,9 @@ final class Deleter: Sendable {
     let defersUnlink: Bool
     /// How long deleted entries stay restorable (ns; 0: no undo window).
     let undoWindow: UInt64
+    /// What the window does not keep (see `Reaper.Policy`).
+    let keepMinAge: UInt64
+    let keepExclude: [String]
     /// The log of answered unlinks when it is kept on this machine (a network
     /// backend): removed at a clean end, once every answered unlink landed.
     private let localUnlinkLog: String?
@@ -124,6 +127,8 @@ final class Deleter: Sendable {
         stateDirectory = opened.stateDirectory
         defersUnlink = opened.defersUnlink
         undoWindow = opened.reaper?.policy.keep ?? 0
+        keepMinAge = opened.reaper?.policy.keepMinAge ?? 0
+        keepExclude = opened.reaper?.policy.keepExclude ?? []
         localUnlinkLog = opened.localLog
         self.rootFD = rootFD
         self.table = table

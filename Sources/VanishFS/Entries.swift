@@ -216,6 +216,7 @@ extension VanishFilesystem {
                 let (st, birth) = try Sys.fstatWithBirth(fd)
                 let made = madeIdentity(fd, st, birth: birth)
                 let node = table.remember(st, birth: birth, parent: p, name: name, generation: made.generation)
+                node.madeBy.store(caller.pid, ordering: .relaxed)
                 if let id = made.id { _ = table.fileID(of: node) { id } }
                 changes.created(caller, parent: p, name: name, node: node, st: st, fd: fd)
                 return (fd, node, st)

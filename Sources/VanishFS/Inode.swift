@@ -93,6 +93,10 @@ final class Inode: @unchecked Sendable {
     /// The watch told the kernel to drop its attributes and it has not
     /// asked for them since: a further change need not tell it again.
     let attributesDropped = Atomic<Bool>(false)
+    /// The process (FUSE's caller pid) that made it through the mount; 0 if
+    /// unknown. With `birth`, what the undo window does not keep: a file its
+    /// own maker removes moments later (`Reaper.Policy.keepMinAge`).
+    let madeBy = Atomic<Int32>(0)
     /// The process (FUSE's caller pid) that last opened it for writing in
     /// passthrough; negative once that handle was released, until the kernel
     /// next asks for its attributes; 0: none. The kernel marks size and times

@@ -197,13 +197,28 @@ extension Deleter {
     /// The trash record for an entry about to be buried, when there is an
     /// undo window: where it was (as the kernel names it now), who deleted it.
     func trashRecord(_ st: stat, parent: Inode, name: UnsafePointer<CChar>, caller: Caller) -> TrashRecord? {
-        guard undoWindow > 0 else { return nil }
+        guard undoWindow > 0, keeps(st, name, by: caller) else { return nil }
         let type = st.st_mode & S_IFMT
         // A tree's size is unknown without walking it; a file's is its blocks.
         // A directory's size is what it holds: unknown here, measured in the background (Reaper's warden).
         let bytes: UInt64? = type == S_IFDIR ? nil : UInt64(st.st_blocks) * 512
         return TrashRecord(path: table.path(of: parent, appending: name), uid: caller.uid, gid: caller.gid,
                            bytes: bytes, kind: TrashRecord.Kind(mode: st.st_mode))
+    }
+
+    /// Whether the window keeps `name` (stat `st`) that `caller` deletes:
+    /// not a file the same process made through the mount moments ago (a
+    /// journal, a swap or lock file, a placeholder: its birth as the inode
+    /// table knows it), not a name the mount excludes. Directories are
+    /// always kept: what rm -rf deleted inside them is restored with them.
+    private func keeps(_ st: stat, _ name: UnsafePointer<CChar>, by caller: Caller) -> Bool {
+        guard st.st_mode & S_IFMT != S_IFDIR else { return true }
+        if keepMinAge > 0, let node = table.known(st), node.birth > 0,
+           node.madeBy.load(ordering: .relaxed) == caller.pid, Sys.wallClockNow() &- node.birth < keepMinAge {
+            return false
+        }
+        for pattern in keepExclude where fnmatch(pattern, name, 0) == 0 { return false }
+        return true
     }
 
     @inline(__always)

@@ -29,6 +29,12 @@ public final class Reaper: @unchecked Sendable {
         public var keep: UInt64 = 0
         /// Most bytes the restorable entries may hold; the oldest go first beyond it.
         public var keepMaxBytes: UInt64?
+        /// Files younger than this (ns since their birth) when deleted are not
+        /// kept: journals, swap and lock files, placeholders a program made
+        /// and removed moments later. 0 keeps them too.
+        public var keepMinAge: UInt64 = 5_000_000_000
+        /// Names (fnmatch patterns on the last component) never kept.
+        public var keepExclude: [String] = []
         /// Percent of the backing filesystem to keep free: below it the
         /// oldest entries are reaped whatever their window.
         public var keepMinFreePercent: Double = 10

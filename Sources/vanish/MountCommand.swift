@@ -16,7 +16,7 @@ struct MountCommand: ParsableCommand {
 
             -o takes libfuse/kernel options (allow_other, default_permissions, ro, fsname=, ...) \
             and Vanish's own: cache=auto|always|never, threads=N, spin=MICROSECONDS, clone_fd, writeback, fd_cache=N, reapers=N, sync_unlink, readdirplus=walk|always|auto|never, \
-            keep=DURATION, keep_max_bytes=SIZE, keep_min_free=PERCENT, reap_rate=FILES_PER_SECOND, reap_yield=DURATION, \
+            keep=DURATION, keep_max_bytes=SIZE, keep_min_free=PERCENT, keep_min_age=DURATION, keep_exclude=PATTERNS, reap_rate=FILES_PER_SECOND, reap_yield=DURATION, \
             passthrough=auto|off, client=ID, lease=DURATION, io_uring=auto|on|off, watch, nowatch. \
             allow_other always turns default_permissions on, so other users get only what \
             the file modes grant them.
@@ -63,6 +63,10 @@ struct MountCommand: ParsableCommand {
         They also go early whenever the source filesystem has less than keep_min_free (default 10%) free.
         """, valueName: "size"))
     var keepMaxBytes: String?
+
+    @Option(help: ArgumentHelp("Never keep a deleted file whose name matches this pattern (shell wildcards; repeatable).",
+                               valueName: "pattern"))
+    var keepExclude: [String] = []
 
     @Option(help: "Write the log here when running in the background (default: syslog; without a syslog socket, /var/log/vanish.log for root, ~/.local/state/vanish/vanish.log for others).")
     var logFile: String?
@@ -114,6 +118,7 @@ struct MountCommand: ParsableCommand {
         if let cache { parsed.filesystem.cache = cache }
         if let keep { parsed.filesystem.reaping.keep = Quantity.duration(keep)! }
         if let keepMaxBytes { parsed.filesystem.reaping.keepMaxBytes = Quantity.bytes(keepMaxBytes)! }
+        parsed.filesystem.reaping.keepExclude += keepExclude
         // A read-only mount deletes nothing and must not write .vanish into the source.
         if parsed.fuse.contains("ro") { parsed.filesystem.graveyard = false }
         parsed.filesystem.posixACLs = parsed.allowsOthers || parsed.fuse.contains("default_permissions")

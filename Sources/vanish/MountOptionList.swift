@@ -25,7 +25,7 @@ struct MountOptionList {
 
     /// Keys Vanish takes itself; everything else goes to libfuse.
     static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache", "reapers",
-                                       "keep", "keep_max_bytes", "keep_min_free", "reap_rate", "reap_yield", "noevents",
+                                       "keep", "keep_max_bytes", "keep_min_free", "keep_min_age", "keep_exclude", "reap_rate", "reap_yield", "noevents",
                                        "events_max_bytes", "sync_unlink", "readdirplus", "readahead", "passthrough",
                                        "client", "lease", "spin", "slice", "watch", "nowatch", "io_uring"]
 
@@ -95,6 +95,16 @@ struct MountOptionList {
                         throw ValidationError("-o keep_max_bytes= takes a size such as 500M, 20G or 1T")
                     }
                     filesystem.reaping.keepMaxBytes = n
+                case "keep_min_age":
+                    guard let v = value, let ns = Quantity.duration(v) else {
+                        throw ValidationError("-o keep_min_age= takes a duration with a unit: 0, or e.g. 5s, 1m")
+                    }
+                    filesystem.reaping.keepMinAge = ns
+                case "keep_exclude":
+                    guard let v = value, !v.isEmpty else {
+                        throw ValidationError("-o keep_exclude= takes name patterns separated by colons, e.g. *.swp:*-journal")
+                    }
+                    filesystem.reaping.keepExclude += v.split(separator: ":").map(String.init)
                 case "keep_min_free":
                     guard let v = value, let p = Double(v.hasSuffix("%") ? String(v.dropLast()) : v), (0...100).contains(p) else {
                         throw ValidationError("-o keep_min_free= takes a percentage from 0 to 100")

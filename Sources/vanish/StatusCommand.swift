@@ -96,7 +96,13 @@ extension MountStatus {
     /// The undo window for what is deleted from now on; entries deleted
     /// before keep the window they were deleted under.
     var window: String {
-        let now = keepSeconds > 0 ? "\(duration(keepSeconds)) for what is deleted now" : "none for what is deleted now"
+        var now = keepSeconds > 0 ? "\(duration(keepSeconds)) for what is deleted now" : "none for what is deleted now"
+        if keepSeconds > 0 {
+            var not: [String] = []
+            if keepMinAgeSeconds > 0 { not.append("files younger than \(duration(keepMinAgeSeconds))") }
+            not += keepExclude
+            if !not.isEmpty { now += " (not kept: " + not.joined(separator: ", ") + ")" }
+        }
         return restorableEntries > 0 ? now + "; restorable entries keep the window they were deleted under" : now
     }
 

@@ -348,7 +348,8 @@ struct UndoWindowTests {
 
     @Test("a file deleted while a program holds it open, or right after its writer closed it, stays restorable")
     func openFilesRestorable() throws {
-        try withVanishMount(arguments: ["--keep", "1h"]) { m in
+        // keep_min_age=0: the program deletes what it made moments ago, which the window would not keep.
+        try withVanishMount(options: ["keep_min_age=0"], arguments: ["--keep", "1h"]) { m in
             // The program that holds it open deletes it, reads it back, and closes it.
             let r = try run(["python3", "-c", """
                 import os
@@ -506,6 +507,33 @@ struct UndoWindowTests {
                 #expect(everything.ok && everything.stdout.hasPrefix("freeing 1 entry"), "\(everything.stdout)\(everything.stderr)")
                 #expect(try trashList(m).count == rootsBefore, "root's entries are all still kept, nobody's own went")
             }
+        }
+    }
+
+    @Test("what a program makes and removes moments later is not kept, nor what keep_exclude names; status says so (issue 51)")
+    func noise() throws {
+        try withVanishMount(options: ["keep_exclude=*.swp"], arguments: ["--keep", "1h", "--keep-exclude", "*.lock"]) { m in
+            let r = try sh("""
+                python3 -c 'import os
+                for i in range(20):
+                    fd = os.open("scratch%d" % i, os.O_CREAT | os.O_WRONLY, 0o644); os.write(fd, b"x"); os.close(fd); os.unlink("scratch%d" % i)'
+                sqlite3 db 'create table t(x)' && for i in 1 2 3; do sqlite3 db "insert into t values($i)"; done
+                echo mine > made && rm made
+                echo s > notes.swp && rm notes.swp && echo l > x.lock && rm x.lock
+                """, cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            // The shell made "made" and rm removed it: another process, kept. The
+            // program's own scratch files, sqlite's journals and the excluded names: not.
+            let kept = try trashPaths(m)
+            #expect(kept == ["made"], "\(kept)")
+            let status = try run([vanishBinary, "status", m.mountpoint]).stdout
+            #expect(status.contains("(not kept: files younger than 5 s, *.swp, *.lock)"), "\(status)")
+        }
+        // keep_min_age=0 keeps them all.
+        try withVanishMount(options: ["keep_min_age=0"], arguments: ["--keep", "1h"]) { m throws in
+            #expect(try sh("python3 -c 'import os; os.close(os.open(\"s\", os.O_CREAT | os.O_WRONLY)); os.unlink(\"s\")'",
+                           cwd: m.mountpoint).ok)
+            #expect(try trashPaths(m) == ["s"])
         }
     }
 
