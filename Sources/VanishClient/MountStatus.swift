@@ -37,6 +37,12 @@ public struct MountStatus: Sendable, Equatable {
     public var restorableBytes = 0
     /// The undo window for what is deleted from now on.
     public var keepSeconds = 0.0
+    /// Kept entries the window's limits gave up early since the mount, their
+    /// bytes, when the latest went (ns since the epoch, 0: never) and why.
+    public var shortenedEntries = 0
+    public var shortenedBytes = 0
+    public var shortenedAtNS: UInt64 = 0
+    public var shortenedBecause = ""
     /// Files younger than this when deleted are not kept (s; 0: all are).
     public var keepMinAgeSeconds = 0.0
     /// Name patterns the window never keeps.
@@ -106,6 +112,8 @@ public struct MountStatus: Sendable, Equatable {
             "free_bytes": JSON(freeBytes), "restorable_entries": JSON(restorableEntries),
             "stuck_entries": JSON(stuckEntries), "put_back_entries": JSON(putBackEntries), "restorable_bytes": JSON(restorableBytes),
             "keep_seconds": JSON(keepSeconds), "keep_min_age_seconds": JSON(keepMinAgeSeconds),
+            "shortened_entries": JSON(shortenedEntries), "shortened_bytes": JSON(shortenedBytes),
+            "shortened_at_ns": JSON(shortenedAtNS), "shortened_because": JSON(shortenedBecause),
             "keep_exclude": .array(keepExclude.map { JSON($0) }), "graveyard_bytes": JSON(graveyardBytes), "socket": JSON(socket), "log": JSON(log),
             "known_inodes": JSON(knownInodes), "statahead_entries": JSON(stataheadEntries),
             "cached_fds": JSON(cachedFDs), "fd_cache_limit": JSON(fdCacheLimit),
@@ -153,6 +161,10 @@ public struct MountStatus: Sendable, Equatable {
         restorableBytes = int("restorable_bytes")
         keepSeconds = o["keep_seconds"]?.double ?? 0
         keepMinAgeSeconds = o["keep_min_age_seconds"]?.double ?? 0
+        shortenedEntries = int("shortened_entries")
+        shortenedBytes = int("shortened_bytes")
+        shortenedAtNS = o["shortened_at_ns"]?.uint64 ?? 0
+        shortenedBecause = o["shortened_because"]?.string ?? ""
         keepExclude = (o["keep_exclude"]?.array ?? []).compactMap(\.string)
         graveyardBytes = int("graveyard_bytes")
         socket = o["socket"]?.string ?? ""

@@ -50,6 +50,9 @@ enum StatusReport {
         o.restorableEntries = restorable
         o.stuckEntries = f.stuckEntries
         o.putBackEntries = f.putBack
+        if let s = f.shortened {
+            (o.shortenedEntries, o.shortenedBytes, o.shortenedAtNS, o.shortenedBecause) = (s.entries, Int(s.bytes), s.at, s.because)
+        }
         o.restorableBytes = Int(restorableBytes)
         o.keepSeconds = f.keepSeconds
         o.keepMinAgeSeconds = f.keepMinAgeSeconds

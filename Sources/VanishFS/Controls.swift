@@ -133,6 +133,7 @@ extension VanishFilesystem {
             pendingEntries: d.pendingEntries + oneStep.count, restorable: uid == 0 ? [] : d.graveyard?.restorable(of: uid) ?? [],
             restorableCount: d.graveyard?.restorableCount ?? 0,
             restorableBytes: d.graveyard?.restorableBytes ?? 0, stuckEntries: d.stuckEntries, putBack: oneStep.putBack,
+            shortened: d.reaper?.shortened,
             remainingWork: d.remainingWork, holdingBytes: d.holdingBytes,
             statistics: d.reapingStatistics, pace: d.reapingPace, reapersIdle: d.reapersIdle && oneStep.count == 0,
             reaperWorkers: d.reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize),
@@ -165,6 +166,8 @@ package struct StatusFacts {
     package var stuckEntries: Int
     /// One-step deletes put back since the mount, whole or as `rm -r` leaves them.
     package var putBack: Int
+    /// Kept entries the window's limits gave up early since the mount.
+    package var shortened: Reaper.Shortening?
     /// Files and directories the reapers have left to delete in due entries; nil if unknown.
     package var remainingWork: Int?
     /// Disk space the graveyards hold, kept entries included, as far as known.

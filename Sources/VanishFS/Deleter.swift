@@ -95,6 +95,10 @@ final class Deleter: Sendable {
             logger.warning("cannot delete a graveyard entry; it stays until the next mount or vanish reap",
                            metadata: ["entry": "\(entry)", "error": "\(error)"])
         }
+        reaper.onShortened = { s in
+            logger.warning("undo window shortened: kept entries given up before their windows ended",
+                           metadata: ["entries": "\(s.entries)", "bytes": "\(s.bytes)", "because": "\(s.because)"])
+        }
         reaper.onHeld = { entry, error in
             logger.warning("its deleter could not remove all of a graveyard entry: kept in their trash until restored",
                            metadata: ["entry": "\(entry)", "error": "\(error)"])

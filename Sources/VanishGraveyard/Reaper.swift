@@ -96,6 +96,21 @@ public final class Reaper: @unchecked Sendable {
     /// Called for an entry its deleter could not wholly remove, now kept in
     /// their trash until restored (`Graveyard.hold`).
     public var onHeld: (@Sendable (String, Errno) -> Void)?
+    /// Called each time the window's limits give kept entries up early.
+    public var onShortened: (@Sendable (Shortening) -> Void)?
+
+    /// Kept entries given up before their windows ended, and why.
+    public struct Shortening: Sendable {
+        public var entries: Int
+        public var bytes: UInt64
+        /// Wall clock (ns) of the latest.
+        public var at: UInt64
+        /// "free space under keep_min_free (10%)" or "keep_max_bytes (20.0 GiB) reached".
+        public var because: String
+    }
+    /// Since the mount: every shortening's entries and bytes, the latest's time and reason.
+    private let shortenings = Mutex<Shortening?>(nil)
+    public var shortened: Shortening? { shortenings.withLock { $0 } }
     /// Entries the reaper could not delete (an immutable file inside, a
     /// directory the daemon may not write), by name: when each is tried
     /// again, and its shard. Without this, a pass that found only such an
@@ -780,6 +795,16 @@ public final class Reaper: @unchecked Sendable {
             if !chosen.isEmpty {
                 graveyard.trash.evict(chosen.map { candidates[$0].id })
                 for w in 0..<workerCount { wakeups[w].signal() }
+                let bytes = chosen.reduce(0) { $0 + (candidates[$1].record.bytes ?? 0) }
+                let overLimit = policy.keepMaxBytes.map { all - leaving > $0 } ?? false
+                let because = overLimit && !short ? "keep_max_bytes (\(policy.keepMaxBytes ?? 0) bytes) reached"
+                    : "free space under keep_min_free (\(policy.keepMinFreePercent)%)"
+                let now = Shortening(entries: chosen.count, bytes: bytes, at: Sys.wallClockNow(), because: because)
+                shortenings.withLock { s in
+                    s = Shortening(entries: (s?.entries ?? 0) + now.entries, bytes: (s?.bytes ?? 0) + now.bytes,
+                                   at: now.at, because: because)
+                }
+                onShortened?(now)
             }
         }
         guard short else { return }

@@ -59,7 +59,7 @@ struct StatusCommand: ParsableCommand {
             print("""
                 source:           \(status.source) (vanish \(status.version), pid \(status.pid))
                 graveyard:        \(counted(status.pendingEntries, "deletion")) waiting, \(status.restorableEntries) of them restorable (\(bytes(status.restorableBytes)) known)\(status.stuckEntries > 0 ? ", \(status.stuckEntries) that cannot be deleted (see the daemon's log)" : "")\(status.putBackEntries > 0 ? "\nput back:         \(counted(status.putBackEntries, "one-step delete")) whose deleters could not have removed all (see the daemon's log)" : "")
-                undo window:      \(status.window)
+                undo window:      \(status.window)\(status.shortenedEntries > 0 ? "\nshortened:        \(counted(status.shortenedEntries, "kept entry", "kept entries")) (\(bytes(status.shortenedBytes))) given up early, the latest at \(localTime(nanoseconds: status.shortenedAtNS)), because \(status.shortenedBecause)" : "")
                 reaped:           \(counted(status.reapedEntries, "deletion")), \(counted(status.freedFiles, "file")), \(counted(status.freedDirectories, "directory", "directories")), \(bytes(status.freedBytes)) of disk (\(bytes(status.freedDataBytes)) of data)
                 reaping now:      \(status.pace)
                 deleted (mount):  \(counted(status.buriedEntries ?? 0, "deletion")) since mount

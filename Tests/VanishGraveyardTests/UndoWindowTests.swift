@@ -210,6 +210,12 @@ struct UndoWindowTests {
             // both cores busy it may get no CPU for a while (most likely why
             // this once took over 15 s in a parallel run; alone it takes 0.2 s).
             try waitFor("the oldest two entries to go", timeout: 60) { try trashPaths(m) == ["c"] }
+            // Said in the log and in status, not silently (issue 51).
+            try m.waitForLog("undo window shortened")
+            #expect(m.log.contains("keep_max_bytes (1048576 bytes) reached"), "\(m.log)")
+            let status = try run([vanishBinary, "status", m.mountpoint]).stdout
+            #expect(status.contains("shortened:        2 kept entries (1.1 MiB) given up early")
+                    && status.contains("because keep_max_bytes (1048576 bytes) reached"), "\(status)")
         }
     }
 
