@@ -119,6 +119,11 @@ let package = Package(
             swiftSettings: strict
         ),
         .testTarget(
+            name: "LinuxSyscallsTests",
+            dependencies: ["LinuxSyscalls", .product(name: "SystemPackage", package: "swift-system")],
+            swiftSettings: strict
+        ),
+        .testTarget(
             name: "VanishGraveyardTests",
             dependencies: ["VanishTestSupport", "VanishGraveyard", "VanishClient", "CLinux", "vanish"],
             swiftSettings: strict

@@ -434,15 +434,23 @@ extension Sys {
 }
 
 extension Sys {
-    /// The names in the directory `name` of `dirfd` (not followed if a
-    /// symlink), "." and ".." left out. The stream is closed on every path.
-    public static func names(in dirfd: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> [String] {
-        let fd = try openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW)
+    /// A directory stream of `name` in `dirfd` (`.` for `dirfd` itself),
+    /// never following a symlink: close it with `closedir`. The descriptor
+    /// is closed here if the stream cannot be made (`fdopendir` fails).
+    public static func openDirectory(_ dirfd: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> OpaquePointer {
+        let fd = try openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
         guard let dp = fdopendir(fd) else {
             let e = Errno(rawValue: errno)
             close(fd)
             throw e
         }
+        return dp
+    }
+
+    /// The names in the directory `name` of `dirfd` (not followed if a
+    /// symlink), "." and ".." left out. The stream is closed on every path.
+    public static func names(in dirfd: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> [String] {
+        let dp = try openDirectory(dirfd, name)
         defer { closedir(dp) }
         var names: [String] = []
         while let d = readdir(dp) {

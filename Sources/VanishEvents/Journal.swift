@@ -296,16 +296,14 @@ public final class Journal: @unchecked Sendable {
     }
 
     static func removeAll(in eventsFD: Int32, except keep: String) {
-        let fd = openat(eventsFD, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard fd >= 0, let dp = fdopendir(fd) else { return }
+        guard let dp = try? Sys.openDirectory(eventsFD, ".") else { return }
         var names: [String] = []
         while let d = readdir(dp) {
             let name = withUnsafeBytes(of: d.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
             if name != "." && name != ".." && name != keep { names.append(name) }
         }
         for name in names {
-            let sub = openat(dirfd(dp), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-            if sub >= 0, let sp = fdopendir(sub) {
+            if let sp = try? Sys.openDirectory(dirfd(dp), name) {
                 var files: [String] = []
                 while let d = readdir(sp) {
                     let f = withUnsafeBytes(of: d.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }

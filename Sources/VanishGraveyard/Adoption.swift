@@ -172,7 +172,7 @@ extension Graveyard {
     /// The names in `dirFD`'s child `name` (`.` for itself) but `.` and
     /// `..`; none if it cannot be read. Never follows a symlink.
     static func names(in dirFD: Int32, _ name: String) -> [String] {
-        guard let fd = try? Sys.openat(dirFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW), let dp = fdopendir(fd) else { return [] }
+        guard let dp = try? Sys.openDirectory(dirFD, name) else { return [] }
         defer { closedir(dp) }
         var out: [String] = []
         while let d = readdir(dp) {

@@ -51,7 +51,7 @@ public final class BuriedNumbers: Sendable {
     }
 
     private static func read(_ shard: Int32) -> Set<UInt64>? {
-        guard let fd = try? Sys.openat(shard, ".", O_RDONLY | O_DIRECTORY), let dp = fdopendir(fd) else { return nil }
+        guard let dp = try? Sys.openDirectory(shard, ".") else { return nil }
         defer { closedir(dp) }
         var numbers = Set<UInt64>()
         while let d = readdir(dp) { numbers.insert(UInt64(d.pointee.d_ino)) }

@@ -300,7 +300,7 @@ public final class Reaper: @unchecked Sendable {
     /// Calls `body` with each entry's name in the graveyard and whether it is a piece.
     private func forEachPending(_ body: (UnsafePointer<CChar>, Bool) -> Void) {
         for shard in graveyard.shardFDs {
-            guard let fd = try? Sys.openat(shard, ".", O_RDONLY | O_DIRECTORY), let dp = fdopendir(fd) else { continue }
+            guard let dp = try? Sys.openDirectory(shard, ".") else { continue }
             while let d = readdir(dp) {
                 let name = vanish_dirent_name(d)!
                 if name[0] != 0x2E { body(name, Graveyard.isPiece(name)) }
@@ -495,7 +495,7 @@ public final class Reaper: @unchecked Sendable {
 
     /// One pass over a shard; returns how many entries it took.
     private func reap(_ shard: Int32, nextDue: inout UInt64) -> Int {
-        guard let fd = try? Sys.openat(shard, ".", O_RDONLY | O_DIRECTORY), let dp = fdopendir(fd) else { return 0 }
+        guard let dp = try? Sys.openDirectory(shard, ".") else { return 0 }
         defer { closedir(dp) }
         var found = 0
         var remover = TreeRemover(graveyard: graveyard, progress: progress, limiter: limiter, gate: gate(),

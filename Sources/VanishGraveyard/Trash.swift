@@ -308,7 +308,7 @@ extension Graveyard {
     /// (a crash between writing one and the rename) are removed.
     func loadTrash() {
         for (shard, sfd) in shardFDs.enumerated() {
-            guard let fd = try? Sys.openat(sfd, ".", O_RDONLY | O_DIRECTORY), let dp = fdopendir(fd) else { continue }
+            guard let dp = try? Sys.openDirectory(sfd, ".") else { continue }
             var sidecars: [String] = []
             while let d = readdir(dp) {
                 let name = vanish_dirent_name(d)!
@@ -403,8 +403,7 @@ extension Graveyard {
 
     /// What the entries below the directory `name` in `dirFD` occupy.
     private static func treeBytes(_ dirFD: Int32, _ name: UnsafePointer<CChar>, depth: Int) -> UInt64? {
-        guard depth < 256, let fd = try? Sys.openat(dirFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW),
-              let dir = fdopendir(fd) else { return nil }
+        guard depth < 256, let dir = try? Sys.openDirectory(dirFD, name) else { return nil }
         defer { closedir(dir) }
         var total: UInt64 = 0
         while let d = readdir(dir) {

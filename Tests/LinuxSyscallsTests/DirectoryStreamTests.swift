@@ -1,0 +1,38 @@
+import Glibc
+import LinuxSyscalls
+import SystemPackage
+import Testing
+
+/// `Sys.openDirectory` and `Sys.names`, in process on a scratch directory.
+@Suite("directory streams")
+struct DirectoryStreamTests {
+    /// Descriptors this process holds.
+    func openDescriptors() -> Int {
+        guard let d = opendir("/proc/self/fd") else { return -1 }
+        defer { closedir(d) }
+        var n = 0
+        while readdir(d) != nil { n += 1 }
+        return n
+    }
+
+    @Test("a directory opens as a stream; a symlink to one, a file or nothing is refused with errno; no descriptor is left either way")
+    func openDirectory() throws {
+        var template = Array("/tmp/vanish-dirstream-XXXXXX".utf8CString)
+        let base = try #require(mkdtemp(&template).map { String(cString: $0) })
+        defer { _ = try? Sys.names(in: AT_FDCWD, base).forEach { unlink(base + "/" + $0) }; rmdir(base + "/d"); rmdir(base) }
+        #expect(mkdir(base + "/d", 0o755) == 0)
+        #expect(close(open(base + "/f", O_CREAT | O_WRONLY, 0o644)) == 0)
+        #expect(symlink("d", base + "/link") == 0)
+        let before = openDescriptors()
+        for _ in 0..<200 {
+            let dp = try Sys.openDirectory(AT_FDCWD, base)
+            closedir(dp)
+            // O_NOFOLLOW with O_DIRECTORY: a symlink is not a directory.
+            #expect(throws: Errno.notDirectory) { _ = try Sys.openDirectory(AT_FDCWD, base + "/link") }
+            #expect(throws: Errno.notDirectory) { _ = try Sys.openDirectory(AT_FDCWD, base + "/f") }
+            #expect(throws: Errno.noSuchFileOrDirectory) { _ = try Sys.openDirectory(AT_FDCWD, base + "/none") }
+        }
+        #expect(openDescriptors() == before)
+        #expect(try Sys.names(in: AT_FDCWD, base).sorted() == ["d", "f", "link"])
+    }
+}
