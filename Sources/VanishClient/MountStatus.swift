@@ -39,6 +39,8 @@ public struct MountStatus: Sendable, Equatable {
     public var keepSeconds = 0.0
     /// Kept entries the window's limits gave up early since the mount, their
     /// bytes, when the latest went (ns since the epoch, 0: never) and why.
+    /// The reaper waits for the mount to go quiet now (no estimate meanwhile).
+    public var reaperYields = false
     public var shortenedEntries = 0
     public var shortenedBytes = 0
     public var shortenedAtNS: UInt64 = 0
@@ -112,7 +114,7 @@ public struct MountStatus: Sendable, Equatable {
             "free_bytes": JSON(freeBytes), "restorable_entries": JSON(restorableEntries),
             "stuck_entries": JSON(stuckEntries), "put_back_entries": JSON(putBackEntries), "restorable_bytes": JSON(restorableBytes),
             "keep_seconds": JSON(keepSeconds), "keep_min_age_seconds": JSON(keepMinAgeSeconds),
-            "shortened_entries": JSON(shortenedEntries), "shortened_bytes": JSON(shortenedBytes),
+            "reaper_yields": JSON(reaperYields), "shortened_entries": JSON(shortenedEntries), "shortened_bytes": JSON(shortenedBytes),
             "shortened_at_ns": JSON(shortenedAtNS), "shortened_because": JSON(shortenedBecause),
             "keep_exclude": .array(keepExclude.map { JSON($0) }), "graveyard_bytes": JSON(graveyardBytes), "socket": JSON(socket), "log": JSON(log),
             "known_inodes": JSON(knownInodes), "statahead_entries": JSON(stataheadEntries),
@@ -161,6 +163,7 @@ public struct MountStatus: Sendable, Equatable {
         restorableBytes = int("restorable_bytes")
         keepSeconds = o["keep_seconds"]?.double ?? 0
         keepMinAgeSeconds = o["keep_min_age_seconds"]?.double ?? 0
+        reaperYields = o["reaper_yields"]?.bool ?? false
         shortenedEntries = int("shortened_entries")
         shortenedBytes = int("shortened_bytes")
         shortenedAtNS = o["shortened_at_ns"]?.uint64 ?? 0

@@ -135,7 +135,7 @@ extension VanishFilesystem {
             restorableBytes: d.graveyard?.restorableBytes ?? 0, stuckEntries: d.stuckEntries, putBack: oneStep.putBack,
             shortened: d.reaper?.shortened,
             remainingWork: d.remainingWork, holdingBytes: d.holdingBytes,
-            statistics: d.reapingStatistics, pace: d.reapingPace, reapersIdle: d.reapersIdle && oneStep.count == 0,
+            statistics: d.reapingStatistics, pace: d.reapingPace, reapersIdle: d.reapersIdle && oneStep.count == 0, reapersYield: d.reapersYield,
             reaperWorkers: d.reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize),
             keepSeconds: Double(d.undoWindow) / 1e9, keepMinAgeSeconds: Double(d.keepMinAge) / 1e9,
             keepExclude: d.keepExclude, socket: status.socket, log: status.log,
@@ -175,6 +175,8 @@ package struct StatusFacts {
     package var statistics: Reaper.Statistics
     package var pace: Reaper.Pace
     package var reapersIdle: Bool
+    /// A reaper waits for the mount to go quiet: its pace is no estimate.
+    package var reapersYield: Bool
     package var reaperWorkers: Int
     package var freeBytes: UInt64
     package var keepSeconds: Double

@@ -221,6 +221,8 @@ final class Deleter: Sendable {
 
     /// Whether every reaper is asleep with nothing left to do.
     var reapersIdle: Bool { burials.isEmpty && allReapers.allSatisfy(\.isIdle) }
+    /// Whether a reaper steps aside for requests now (see `Reaper.yieldsToForeground`).
+    var reapersYield: Bool { allReapers.contains { $0.yieldsToForeground } }
 
     /// Disk space the graveyards hold, kept entries included, as far as known.
     var holdingBytes: UInt64 { allReapers.reduce(0) { $0 + $1.holdingBytes } }

@@ -164,8 +164,10 @@ extension Deleter {
                         do throws(Errno) {
                             // The kernel holds the directory's lock for the rmdir:
                             // nothing can be made in it through the mount meanwhile.
-                            try bury(parentFD, name, st: st, from: parent, caller: caller,
-                                     by: identify(caller, groups))
+                            let entry = try bury(parentFD, name, st: st, from: parent, caller: caller, wantEntry: true,
+                                                 by: identify(caller, groups))
+                            // What it holds, for status's estimate (it counted as one entry).
+                            if let entry { reaper?.expectTree(entry, count: taken.count + 1) }
                             burials.end(taken)
                             return
                         } catch {

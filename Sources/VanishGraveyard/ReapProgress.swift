@@ -69,13 +69,16 @@ final class ReapProgress: Sendable {
     }
 
     /// Files and entries freed per second since the oldest checkpoint of
-    /// the last 5 s; zero if the reaper freed nothing in that time.
-    var pace: Reaper.Pace {
+    /// the last 5 s, and not before `notBefore` (CLOCK_MONOTONIC ns: when
+    /// the reaper last stepped aside for requests, whose pace says nothing
+    /// of its own); zero if the reaper freed nothing in that time.
+    func pace(notBefore: UInt64 = 0) -> Reaper.Pace {
         let now = Condition.now()
         let files = files.load(ordering: .relaxed) &+ directories.load(ordering: .relaxed)
         let entries = entries.load(ordering: .relaxed)
         return log.withLock { log in
-            guard let first = log.first(where: { now &- $0.time <= Duration.seconds(5).nanoseconds }) else { return .zero }
+            guard let first = log.first(where: { now &- $0.time <= Duration.seconds(5).nanoseconds && $0.time >= notBefore })
+            else { return .zero }
             let seconds = Double(now &- first.time) / 1e9
             guard seconds >= 0.2 else { return .zero }
             return Reaper.Pace(filesPerSecond: Double(files &- first.files) / seconds,

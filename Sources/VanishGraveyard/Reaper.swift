@@ -111,6 +111,14 @@ public final class Reaper: @unchecked Sendable {
     /// Since the mount: every shortening's entries and bytes, the latest's time and reason.
     private let shortenings = Mutex<Shortening?>(nil)
     public var shortened: Shortening? { shortenings.withLock { $0 } }
+
+    /// Whether a worker waited for the mount to go quiet in the last second:
+    /// the pace then says how busy the mount is, not how fast the reaper
+    /// frees, and no estimate of the time left can be made from it.
+    public var yieldsToForeground: Bool {
+        let last = foregroundTurns.lastWaited.load(ordering: .relaxed)
+        return last != 0 && Condition.now() &- last < Duration.seconds(1).nanoseconds
+    }
     /// Entries the reaper could not delete (an immutable file inside, a
     /// directory the daemon may not write), by name: when each is tried
     /// again, and its shard. Without this, a pass that found only such an
@@ -196,7 +204,7 @@ public final class Reaper: @unchecked Sendable {
     }
 
     /// The pace over the last few seconds.
-    public var pace: Pace { progress.pace }
+    public var pace: Pace { progress.pace(notBefore: foregroundTurns.lastWaited.load(ordering: .relaxed)) }
 
     public var statistics: Statistics {
         Statistics(entries: progress.entries.load(ordering: .relaxed), freed: progress.total,
@@ -914,6 +922,8 @@ struct ForegroundGate {
             seen = now
             usleep(UInt32(step / 1000))
             paused += step
+            // Held up, not merely let a request pass (a status poll every 20 ms costs a 1 ms wait).
+            if paused >= 8_000_000 { turns.lastWaited.store(Condition.now(), ordering: .relaxed) }
             step = min(step * 2, 8_000_000)
             now = requests()
         } while now != seen && !(paused >= maxPause && turns.take(every: maxPause))
@@ -925,6 +935,8 @@ struct ForegroundGate {
 /// The busy mount's deletion turns, shared by the workers.
 final class ForegroundTurns: Sendable {
     private let last = Atomic<UInt64>(0)
+    /// When (CLOCK_MONOTONIC ns) a worker last waited 8 ms or more for the mount to go quiet.
+    let lastWaited = Atomic<UInt64>(0)
 
     /// Whether the caller may delete now: true at most once per `interval`.
     func take(every interval: UInt64) -> Bool {

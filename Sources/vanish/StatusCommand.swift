@@ -122,6 +122,7 @@ extension MountStatus {
 
     var pace: String {
         if settled { return "idle (nothing due)" }
+        if reaperYields { return "stepping aside while the mount is busy (\(reapFilesPerSecond) files/s; no estimate until it is quiet)" }
         guard reapFilesPerSecond > 0 else { return "starting (no recent pace yet)" }
         return "\(reapFilesPerSecond) files/s" + (etaSeconds.map { ", about \(duration(Double($0))) left for the entries now due" } ?? "")
     }

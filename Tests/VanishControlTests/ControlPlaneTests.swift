@@ -125,7 +125,7 @@ struct ControlPlaneTests {
                     restorableCount: restorable.count,
                     restorableBytes: restorable.reduce(0) { $0 + ($1.record.bytes ?? 0) } + 100, stuckEntries: stuck, putBack: 0,
                     remainingWork: work ?? max(0, pending - restorable.count - stuck), holdingBytes: 0,
-                    statistics: .zero, pace: Reaper.Pace(filesPerSecond: rate, entriesPerSecond: rate), reapersIdle: false,
+                    statistics: .zero, pace: Reaper.Pace(filesPerSecond: rate, entriesPerSecond: rate), reapersIdle: false, reapersYield: false,
                     reaperWorkers: 2, freeBytes: 1 << 30, keepSeconds: 3600, keepMinAgeSeconds: 5, keepExclude: ["*.swp"],
                     socket: "/run/vanish/x.sock", log: "syslog",
                     knownInodes: 7, stataheadEntries: 0, cachedFDs: 3, fdCacheLimit: 100, kernelFeatures: "passthrough", passthrough: "on", spinMicroseconds: 50,

@@ -135,6 +135,41 @@ struct GraveyardTests {
         }
     }
 
+    @Test("after rm -rf of 40k files, status's first estimate of the time left is within 2× of what it takes (issue 51)")
+    func honestEstimate() throws {
+        // At 2,000 files a second, as a slow disk would free them (here the reaper
+        // frees tens of thousands a second and is done before anyone could ask).
+        try withVanishMount(options: ["reap_rate=2000"], prepare: { src in
+            let r = try sh("mkdir t && cd t && for d in $(seq 40); do mkdir $d && (cd $d && seq 1000 | xargs touch); done", cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            // rm -rf makes the reaper step aside while it runs: what it frees meanwhile is
+            // the mount's business, not its pace (the build before estimated 40× too long).
+            #expect(try sh("rm -rf t", cwd: m.mountpoint).ok)
+            var first: (seconds: Int, at: Double)?
+            var done = 0.0
+            var shown = ""
+            try waitFor("the graveyard to be reaped", timeout: 300) {
+                let status = try statusJSON(m)
+                var ts = timespec()
+                clock_gettime(CLOCK_MONOTONIC, &ts)
+                let now = Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+                if first == nil, let eta = status["eta_seconds"] as? Int, eta > 0 {
+                    first = (eta, now)
+                    shown = try run([vanishBinary, "status", m.mountpoint]).stdout
+                }
+                guard status["pending_entries"] as? Int == 0 else { return false }
+                done = now
+                return true
+            }
+            let estimate = try #require(first, "no estimate was ever shown")
+            let took = done - estimate.at
+            // Whole seconds, rounded up: 1 s stands for anything up to it.
+            #expect(Double(estimate.seconds) <= max(2 * took, 1.5) && took <= 2 * Double(estimate.seconds),
+                    "estimated \(estimate.seconds) s, took \(took) s: \(shown)")
+        }
+    }
+
     @Test("a recursive inotify watcher sees the top of a tree vanish rm -r removed deleted, as after rm -rf (issue 51)")
     func watchersSeeOneStepDeletes() throws {
         try withVanishMount(prepare: { src in
