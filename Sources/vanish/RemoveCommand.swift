@@ -113,8 +113,12 @@ struct RemoveCommand: ParsableCommand {
         while trimmed.count > 1 && trimmed.last == 0x2F { trimmed = trimmed.dropLast() }
         let last = trimmed.split(separator: 0x2F, omittingEmptySubsequences: true).last.map(Array.init) ?? []
         if last.isEmpty || last == [0x2E] || last == [0x2E, 0x2E] { return false }
+        // Without its trailing slashes: `link/` names a symlink to a directory, which
+        // rm -r empties through the link and then fails to remove; rm does that here.
         var st = stat()
-        return RawArguments.withCString(operand) { lstat($0, &st) } == 0 && st.st_mode & S_IFMT == S_IFDIR
+        return (Array(trimmed) + [0]).withUnsafeBufferPointer { b in
+            lstat(UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self), &st)
+        } == 0 && st.st_mode & S_IFMT == S_IFDIR
     }
 
     static let rm = "/bin/rm"

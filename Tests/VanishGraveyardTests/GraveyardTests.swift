@@ -260,7 +260,8 @@ struct GraveyardTests {
     static func rmTranscript(_ rm: String, in dir: String) throws -> String {
         let commands = ["RM file", "RM dir", "RM -d empty", "RM missing", "RM -f missing", "RM -rf a --", "RM b -r",
                         "RM -fR missing c", "RM --recursive --force -- -d", "RM -x c", "RM", "RM -r link", "RM -rv t",
-                        "RM -r .", "RM -r ./a/..", "RM -r --interactive=never c", "RM -rf --one-file-system t"]
+                        "RM -r .", "RM -r ./a/..", "RM -r --interactive=never c", "RM -rf --one-file-system t",
+                        "RM -rf link/", "RM -rf a/ b//"]
         var out = ""
         for (i, command) in commands.enumerated() {
             let r = try sh("""
