@@ -152,6 +152,8 @@ public final class Daemon {
             throw Failure(description: why)
         }
         c.afterMount?(c.mountpoint)
+        // Under systemd (Type=notify), the unit is started once the mount is up.
+        Daemon.notifySystemd("READY=1\nSTATUS=mounted \(c.mountpoint)")
         let notifier = session.notifier
         fs.setEntryInvalidator { parent, name, notice in
             // A negative offset drops the attributes and keeps the page cache.
@@ -217,6 +219,7 @@ public final class Daemon {
         }
         let status = c.singleThreaded ? session.runSingleThreaded() : session.run(loop)
 
+        Daemon.notifySystemd("STOPPING=1")
         journal?.append(.unmounting) { e in e.string("mountpoint", c.mountpoint) }
         // No notification may reach libfuse once the session is gone.
         fs.setEntryInvalidator(nil)
@@ -234,6 +237,28 @@ public final class Daemon {
         if c.sourceLock >= 0 { close(c.sourceLock) }
         // A signal is a requested, clean stop.
         return status >= 0
+    }
+
+    /// Sends `state` to the service manager's notification socket
+    /// (`NOTIFY_SOCKET`, sd_notify(3)'s protocol: one datagram), if there is one.
+    static func notifySystemd(_ state: String) {
+        guard let env = getenv("NOTIFY_SOCKET") else { return }
+        var path = Array(String(cString: env).utf8)
+        guard !path.isEmpty, path[0] == 0x2F || path[0] == 0x40 else { return }
+        if path[0] == 0x40 { path[0] = 0 }  // "@name": the abstract namespace
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        guard path.count < MemoryLayout.size(ofValue: addr.sun_path) else { return }
+        withUnsafeMutableBytes(of: &addr.sun_path) { $0.copyBytes(from: path) }
+        let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return }
+        defer { close(fd) }
+        let length = socklen_t(MemoryLayout<sa_family_t>.size + path.count)
+        _ = state.withCString { text in
+            withUnsafePointer(to: &addr) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { sendto(fd, text, strlen(text), Int32(MSG_NOSIGNAL), $0, length) }
+            }
+        }
     }
 
     /// 16 random hex digits naming a mount instance (its socket, its events).

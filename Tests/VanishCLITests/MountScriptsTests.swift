@@ -24,6 +24,44 @@ struct MountScriptsTests {
         try body()
     }
 
+    @Test("the systemd unit: its command line takes an instance's options, and the daemon says it is ready once the mount is up (issue 51)")
+    func systemdUnit() throws {
+        let (base, src, mnt) = try scratch()
+        defer { unmountAndRemove(mnt, base: base) }
+        let unit = try String(contentsOfFile: Self.repo + "/mount-scripts/vanish@.service", encoding: .utf8)
+        #expect(unit.contains("Type=notify") && unit.contains("EnvironmentFile=-/etc/vanish/%i.conf"), "\(unit)")
+        #expect(unit.contains("ExecStart=vanish mount --foreground $VANISH_OPTIONS %f $VANISH_MOUNTPOINT"), "\(unit)")
+        if let analyze = which("systemd-analyze") {
+            let instance = base + "/vanish@srv-data.service"
+            try unit.write(toFile: instance, atomically: true, encoding: .utf8)
+            let verified = try run([analyze, "verify", instance])
+            #expect(verified.ok && verified.stderr.isEmpty, "\(verified)")
+        }
+        // What systemd runs, with VANISH_OPTIONS="--keep 1h" and VANISH_MOUNTPOINT set,
+        // and its notification socket: READY=1 comes once the mount is there.
+        let listener = base + "/listen.py", heard = base + "/heard"
+        try """
+            import os, socket, sys
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            s.bind(sys.argv[1]); s.settimeout(60)
+            open(sys.argv[1] + ".ready", "w").close()
+            message = s.recv(4096).decode()
+            with open(sys.argv[3], "w") as f: f.write("%s|%s" % (message.split("\\n")[0], os.path.ismount(sys.argv[2])))
+            """.write(toFile: listener, atomically: true, encoding: .utf8)
+        let notify = base + "/notify"
+        let python = try spawn(["/usr/bin/python3", listener, notify, mnt, heard])
+        defer { kill(python, SIGKILL); var st: Int32 = 0; waitpid(python, &st, 0) }
+        try waitFor("the listener") { access(notify + ".ready", F_OK) == 0 }
+        var environment = ProcessInfo.processInfo.environment
+        environment["NOTIFY_SOCKET"] = notify
+        let daemon = try spawn([vanishBinary, "mount", "--foreground", "--keep", "1h", src, mnt], environment: environment)
+        defer { kill(daemon, SIGTERM); var st: Int32 = 0; waitpid(daemon, &st, 0) }
+        try waitFor("READY=1") { (try? String(contentsOfFile: heard, encoding: .utf8))?.contains("|") == true }
+        let said = try String(contentsOfFile: heard, encoding: .utf8)
+        #expect(said == "READY=1|True", "\(said)")
+        #expect(try statusJSON(path: mnt)["keep_seconds"] as? Double == 3600)
+    }
+
     func scratch() throws -> (String, String, String) {
         let base = try makeTempDirectory()
         mkdir(base + "/src", 0o755); mkdir(base + "/mnt", 0o755)
