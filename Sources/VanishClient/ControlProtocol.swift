@@ -42,6 +42,9 @@ public enum ControlProtocol {
 public enum EventType: String, Sendable, CaseIterable {
     case created, written, truncated, renamed, deleted, linked, attributes
     case mounted, unmounting, reaped, restored
+    /// The undo window's limits gave kept entries up early (`entries`,
+    /// `bytes`, `because`): root's only, as `reaped`.
+    case shortened
     /// Only in a subscriber's stream: its cursor cannot be served, rescan.
     case reset
     /// Only in a snapshot: the scan's bounds and one line per existing entry.

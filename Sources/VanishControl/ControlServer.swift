@@ -543,7 +543,7 @@ extension ControlServer {
         }
         guard peer.uid != 0, o["uid"]?.int != Int(peer.uid) else { return line }
         let type = o["type"]?.string
-        if type == EventType.reaped.rawValue { return nil }
+        if type == EventType.reaped.rawValue || type == EventType.shortened.rawValue { return nil }
         if o["xattr"]?.string?.hasPrefix("trusted.") == true { return nil }
         func seen(_ key: String) -> Bool? {
             guard let p = PathBytes.get(parsed, key: key)?.bytes else { return nil }

@@ -222,8 +222,17 @@ final class EventRecorder: ChangeObserver {
     var callerNames: String { CommandNames.shared.remembers ? "remembered" : "read each time" }
     var recordsIDs: Bool { true }
 
-    /// Records the reaper's `reaped` events.
+    /// Records the reaper's `reaped` and `shortened` events.
     func recordReaping(of reaper: Reaper) {
+        let logged = reaper.onShortened
+        reaper.onShortened = { [journal] s in
+            logged?(s)
+            journal.append(.shortened) { e in
+                e.int("entries", UInt64(s.entries))
+                e.int("bytes", s.bytes)
+                e.string("because", s.because)
+            }
+        }
         reaper.onReaped = { [journal] id, freed in
             journal.append(.reaped) { e in
                 e.string("entry", id)

@@ -134,6 +134,10 @@ struct EventsCommand: ParsableCommand {
             s += " \(files) file\(files == 1 ? "" : "s")" + (directories > 0 ? ", \(directories) director\(directories == 1 ? "y" : "ies")" : "")
                 + ", \(bytes(f["disk_bytes"]?.int ?? 0)) of disk freed"
         }
+        if e.type == EventType.shortened.rawValue {
+            let n = f["entries"]?.int ?? 0
+            s += " undo window: \(n) kept entr\(n == 1 ? "y" : "ies") (\(bytes(f["bytes"]?.int ?? 0))) given up early, because \(f["because"]?.string ?? "?")"
+        }
         if e.type == EventType.rescan.rawValue { s += " (changed behind this mount: rescan it)" }
         if e.type == EventType.reset.rawValue, let reason = f["reason"]?.string { s += ": \(reason)" }
         if e.type == EventType.reset.rawValue, let n = f["skipped"]?.uint64 { s += " (\(n) events skipped)" }

@@ -203,6 +203,16 @@ struct UndoWindowTests {
     @Test("beyond keep_max_bytes the oldest entries are freed first")
     func byteLimit() throws {
         try withVanishMount(options: ["keep=1h", "keep_max_bytes=1M"]) { m in
+            // A subscriber, attached (its first marker seen) before anything is deleted.
+            let events = m.base + "/events"
+            let subscriber = try spawn(["/bin/sh", "-c", "exec \(shellQuote(vanishBinary)) events --json \(shellQuote(m.mountpoint)) > \(events)"])
+            defer { kill(subscriber, SIGTERM); var st: Int32 = 0; waitpid(subscriber, &st, 0) }
+            var n = 0
+            try waitFor("the subscriber to attach") {
+                n += 1
+                _ = try sh("touch .attach-\(n)", cwd: m.mountpoint)
+                return ((try? String(contentsOfFile: events, encoding: .utf8)) ?? "").contains(".attach-")
+            }
             for name in ["a", "b", "c"] {
                 #expect(try sh("head -c 600000 /dev/urandom > \(name) && sync \(name) && rm \(name)", cwd: m.mountpoint).ok)
             }
@@ -216,6 +226,9 @@ struct UndoWindowTests {
             let status = try run([vanishBinary, "status", m.mountpoint]).stdout
             #expect(status.contains("shortened:        2 kept entries (1.1 MiB) given up early")
                     && status.contains("because keep_max_bytes (1048576 bytes) reached"), "\(status)")
+            try waitFor("the shortened event") {
+                ((try? String(contentsOfFile: events, encoding: .utf8)) ?? "").contains("\"type\":\"shortened\"")
+            }
         }
     }
 
