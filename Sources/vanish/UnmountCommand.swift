@@ -61,11 +61,30 @@ struct UnmountCommand: ParsableCommand {
     }
 
     /// The daemon's pid, from the mount's status attribute; nil for a dead mount.
+    /// The daemon serving the mount at `mountpoint`, found without a request
+    /// to the mount (one to a daemon that does not answer, stopped or held
+    /// up below it, would hold the unmount up and keep the mount busy): the
+    /// vanish process holding /dev/fuse open and the source's directory,
+    /// which mountinfo names. nil if there is none (a dead mount) or it is
+    /// another user's process this one may not look into.
     static func daemonPID(_ mountpoint: String) -> pid_t? {
-        var buffer = [UInt8](repeating: 0, count: 65536)
-        let n = getxattr(mountpoint, ControlProtocol.statusAttribute, &buffer, buffer.count)
-        guard n > 0, let pid = JSON.parse(buffer[..<n])?["pid"]?.int, pid > 0 else { return nil }
-        return pid_t(pid)
+        guard let source = MountPaths.mounts().last(where: { $0.point == mountpoint && $0.type == "fuse.vanish" })?.source,
+              let proc = opendir("/proc") else { return nil }
+        defer { closedir(proc) }
+        while let d = readdir(proc) {
+            guard let pid = pid_t(String(cString: vanish_dirent_name(d)!)), pid != getpid(),
+                  Sys.readLink("/proc/\(pid)/exe")?.hasSuffix("/vanish") == true,
+                  let fds = opendir("/proc/\(pid)/fd") else { continue }
+            var (fuse, holdsSource) = (false, false)
+            while let f = readdir(fds), !(fuse && holdsSource) {
+                let name = String(cString: vanish_dirent_name(f)!)
+                guard name.first?.isNumber == true, let target = Sys.readLink("/proc/\(pid)/fd/\(name)") else { continue }
+                if target == "/dev/fuse" { fuse = true } else if target == source { holdsSource = true }
+            }
+            closedir(fds)
+            if fuse && holdsSource { return pid }
+        }
+        return nil
     }
 
     /// Waits until the process `pidfd` exits (it has closed everything in the
@@ -73,6 +92,8 @@ struct UnmountCommand: ParsableCommand {
     /// what its reaper has not freed for the next mount.
     static func waitForExit(_ pidfd: Int32, stopReaping: Bool) {
         if stopReaping { _ = vanish_pidfd_send_signal(pidfd, SIGTERM) }
+        // A stopped daemon (SIGSTOP, a debugger let go) would hold the source for ever.
+        _ = vanish_pidfd_send_signal(pidfd, SIGCONT)
         var p = pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)
         var told = false
         while true {

@@ -280,6 +280,23 @@ struct MountLifecycleTests {
         }
     }
 
+    @Test("vanish unmount of a mount whose daemon is stopped asks it nothing through the mount, unmounts, and continues it to let go of the source")
+    func unmountStoppedDaemon() throws {
+        let (base, src, mnt) = try makeSourceAndMountpoint()
+        defer { unmountAndRemove(mnt, base: base) }
+        #expect(try run([vanishBinary, "mount", src, mnt]).ok)
+        let pid = pid_t(try #require(try statusJSON(path: mnt)["pid"] as? Int))
+        kill(pid, SIGSTOP)
+        defer { kill(pid, SIGCONT) }
+        // Reading its status through the mount would wait for it for ever, and keep the mount busy.
+        let u = try run(["timeout", "30", vanishBinary, "unmount", mnt])
+        #expect(u.ok, "\(u)")
+        #expect(mountType(at: mnt) == nil)
+        // Exited (init may not have reaped it yet): its descriptors, the source's among them, are closed.
+        let state = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)
+        #expect(state == nil || state!.contains(") Z "), "the daemon still runs: \(state ?? "")")
+    }
+
     @Test("a new mount of a source whose unmounted daemon is still reaping takes over: the old one stops, one reaper finishes the graveyard", .timeLimit(.minutes(2)))
     func takeOverReaping() throws {
         let (base, src, mnt) = try makeSourceAndMountpoint()
