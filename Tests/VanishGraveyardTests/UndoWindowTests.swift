@@ -6,18 +6,6 @@ import Testing
 import VanishTestSupport
 
 /// `vanish trash list --json` as objects.
-func trashList(_ m: VanishMount) throws -> [[String: Any]] {
-    let r = try run([vanishBinary, "trash", "list", "--json", m.mountpoint])
-    guard r.ok else { throw TestFailure("trash list failed: \(r.stderr)") }
-    return r.stdout.split(separator: "\n").compactMap {
-        (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: Any]
-    }
-}
-
-func trashPaths(_ m: VanishMount) throws -> [String] {
-    try trashList(m).compactMap { $0["path"] as? String }.sorted()
-}
-
 /// How each thread of `pid` is scheduled, from /proc/PID/task/TID/stat:
 /// field 19 is the nice value, field 41 the policy (0 SCHED_OTHER, 5 SCHED_IDLE).
 func threadSchedules(_ pid: pid_t) -> [(tid: String, name: String, nice: Int, policy: Int)] {

@@ -532,3 +532,17 @@ public func whileNobodyExchanges(_ a: String, _ b: String, in dir: String, scrat
     }
     try body()
 }
+
+/// `vanish trash list --json` of the mount, one object per entry.
+public func trashList(_ m: VanishMount) throws -> [[String: Any]] {
+    let r = try run([vanishBinary, "trash", "list", "--json", m.mountpoint])
+    guard r.ok else { throw TestFailure("trash list failed: \(r.stderr)") }
+    return r.stdout.split(separator: "\n").compactMap {
+        (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: Any]
+    }
+}
+
+/// The paths of the mount's kept entries, sorted.
+public func trashPaths(_ m: VanishMount) throws -> [String] {
+    try trashList(m).compactMap { $0["path"] as? String }.sorted()
+}
