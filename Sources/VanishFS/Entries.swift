@@ -115,13 +115,9 @@ extension VanishFilesystem {
 
     public func unlink(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let p = inode(parent)
-        try checkChangeable(p, name)
-        changes.awaitEarlierChanges()
+        if table.isInTrash(p) { return try removeInTrash(req, p, name, directory: false) }
         let caller = req.caller
-        try namespace.removing(p, name) { pfd throws(Errno) in
-            let (st, protected) = try Sys.lstatatProtected(pfd, name)
-            // Checked here, not left to the rename: that may come after the reply.
-            if protected { throw .notPermitted }
+        try removingEntry(p, name) { pfd, st throws(Errno) in
             let id = changes.removing(pfd, name, st)
             let deferred = try deleter.removeFile(parent: p, parentFD: pfd, name: name, st: st, caller: caller)
             changes.deleted(caller, parent: p, name: name, mode: st.st_mode, id: id, tree: false, entry: nil)
@@ -133,6 +129,7 @@ extension VanishFilesystem {
 
     public func rmdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let p = inode(parent)
+        if table.isInTrash(p) { return try removeInTrash(req, p, name, directory: true) }
         try checkChangeable(p, name)
         changes.awaitEarlierChanges()
         let caller = req.caller
@@ -299,6 +296,35 @@ extension VanishFilesystem {
         } catch .invalidArgument {
             return false
         }
+    }
+
+    /// `body` with `p`'s fd and the lstat of `name` in it, for a request that
+    /// takes `name` away whole (unlink, a move into the desktop trash), once
+    /// the name may change, earlier changes are recorded, and the entry is
+    /// neither immutable nor append-only: checked here, not left to the
+    /// rename, which may come after the reply.
+    func removingEntry<R>(_ p: Inode, _ name: UnsafePointer<CChar>,
+                          _ body: (Int32, stat) throws(Errno) -> R) throws(Errno) -> R {
+        try checkChangeable(p, name)
+        changes.awaitEarlierChanges()
+        return try namespace.removing(p, name) { pfd throws(Errno) in
+            let (st, protected) = try Sys.lstatatProtected(pfd, name)
+            if protected { throw .notPermitted }
+            return try body(pfd, st)
+        }
+    }
+
+    /// unlink or rmdir inside an entry seen through the desktop trash
+    /// (emptying it file by file, as `trash-empty` and file managers do): the
+    /// name goes for good, removed as the caller, so the kernel decides.
+    private func removeInTrash(_ req: Request, _ p: Inode, _ name: UnsafePointer<CChar>, directory: Bool) throws(Errno) {
+        let caller = req.caller
+        try namespace.removing(p, name) { pfd throws(Errno) in
+            try asCaller(req, caller, umask: false) { () throws(Errno) in
+                try Sys.unlinkat(pfd, name, directory ? AT_REMOVEDIR : 0)
+            }
+        }
+        req.replyOK()
     }
 
     /// Refuses making, removing or renaming `name` in `parent` when it is

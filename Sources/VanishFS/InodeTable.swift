@@ -309,6 +309,18 @@ final class InodeTable: @unchecked Sendable {
         }
     }
 
+    /// Whether `dir` is an entry of the undo window seen through the desktop
+    /// trash, or inside one: its chain of parents ends at a graveyard shard
+    /// (an inode of node id 0, see `TrashFolders`).
+    func isInTrash(_ dir: Inode) -> Bool {
+        guard anyBuried.load(ordering: .acquiring) else { return false }
+        return lock.withLock { _ in
+            var n = dir
+            while let up = n.place.parent { n = up }
+            return n.id == 0
+        }
+    }
+
     /// The file id cached on `inode`, or the one `compute` gives, cached.
     func fileID(of inode: Inode, _ compute: () -> String) -> String {
         if let id = lock.withLock({ _ in inode.place.fileID }) { return id }

@@ -104,8 +104,10 @@ package final class MountControl: Sendable {
     /// the caller opened with the peer's rights; `path` is where that is in
     /// the mount (for the event), `who` who asked: the move is theirs. The
     /// kernel is told the name exists before this returns.
+    /// `byRename`: a rename out of the desktop trash asked it, and the
+    /// kernel, which holds the directory locked, moves the name itself.
     package func putBack(_ e: TrashEntry, into dirFD: Int32, leaf: UnsafePointer<CChar>, path: [UInt8],
-                         as who: Credentials) throws(PutBackFailure) {
+                         as who: Credentials, byRename: Bool = false) throws(PutBackFailure) {
         let uid = who.uid
         guard let graveyard, let claimed = graveyard.claim(e.id) else { throw .gone }
         let parent: Inode? = dirFD == backingRoot ? table.root : (try? Sys.fstat(dirFD)).flatMap(table.known)
@@ -122,6 +124,7 @@ package final class MountControl: Sendable {
         guard let parent else { return }
         // A process still inside the tree may make entries in it again.
         if let st = try? Sys.lstatat(dirFD, leaf) { table.moved(st, to: parent, name: leaf) }
+        if byRename { return }
         // The kernel may remember the name as absent: tell it, from outside
         // any handler, before the caller looks for the name.
         let name = Inode.copyName(leaf)

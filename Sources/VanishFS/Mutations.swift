@@ -191,7 +191,7 @@ extension Deleter {
     }
 
     /// The name mark for what `caller` buries (see `Graveyard.identify`).
-    private func identify(_ caller: Caller, _ groups: () -> [gid_t]) throws(Errno) -> DeletedBy? {
+    func identify(_ caller: Caller, _ groups: () -> [gid_t]) throws(Errno) -> DeletedBy? {
         guard let graveyard, caller.uid != geteuid(), Credentials.canSwitch else { return nil }
         return try graveyard.identify(Credentials(uid: caller.uid, gid: caller.gid, groups: groups()))
     }
@@ -333,6 +333,21 @@ extension Deleter {
             }
         }
         return entry
+    }
+
+    /// A move into the desktop trash (`TrashFolders`): buries `name` with
+    /// `record`, whatever the window's exclusions (its user asked for the
+    /// trash), a directory whole, its contents freed as its deleter.
+    /// Returns its graveyard entry and shard; nil without an undo window.
+    func putInTrash(_ parentFD: Int32, _ name: UnsafePointer<CChar>, st: stat, from parent: Inode, record: TrashRecord,
+                    caller: Caller, groups: () -> [gid_t]) throws(Errno) -> (id: String, shard: Int)? {
+        guard let graveyard, let reaper, undoWindow > 0, st.st_dev == graveyard.device else { return nil }
+        let directory = st.st_mode & S_IFMT == S_IFDIR
+        let deletedBy = directory ? try identify(caller, groups) : nil
+        var entry: String?
+        let shard = try graveyard.bury(parentFD, name, record: record, by: deletedBy) { entry = String(cString: $0) }
+        reaper.noteBuried(shard: shard, sizeUnknown: directory, bytes: Self.freedBytes(st))
+        return entry.map { ($0, shard) }
     }
 
     /// `vanish rm`: moves the entry (a whole tree) into the graveyard and

@@ -73,6 +73,8 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     public let journal: Journal?
     /// What the control plane may do to the mount.
     package let control: MountControl
+    /// The undo window as desktop trash folders (nil without one).
+    let trashFolders: TrashFolders?
     /// How many open handles each user may have the daemon hold.
     let handleShares = HandleShares(fdLimit: FileLimits.current())
     /// Backing ids of files opened in passthrough mode.
@@ -150,6 +152,8 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         control = MountControl(backingRoot: fd, journal: journal, graveyard: grave, reaper: opened.reaper,
                                namespace: namespace, oneStep: oneStep, table: table, invalidations: invalidations,
                                changes: changes, log: logger)
+        let table = table
+        trashFolders = deleter.undoWindow > 0 ? grave.map { TrashFolders(graveyard: $0, table: table) } : nil
         statahead = Statahead(table: table, namespace: namespace) { [deleter] dir, name in
             deleter.isStateDirectory(dir, name)
         }

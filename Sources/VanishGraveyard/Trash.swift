@@ -157,9 +157,13 @@ final class TrashIndex: Sendable {
     private let knownBytes = Atomic<UInt64>(0)
     /// Entries plus restores in flight: lets the reaper skip the lock when zero.
     private let population = Atomic<Int>(0)
+    /// Changes whenever an entry comes or goes, so a view of the entries
+    /// (the desktop trash folders) is rebuilt only when it is out of date.
+    let version = Atomic<UInt64>(0)
 
     func insert(_ e: TrashEntry) {
         let fresh = state.withLock { s in s.add(e) }
+        version.wrappingAdd(1, ordering: .releasing)
         if fresh {
             population.wrappingAdd(1, ordering: .relaxed)
             knownBytes.wrappingAdd(e.record.bytes ?? 0, ordering: .relaxed)
@@ -195,18 +199,20 @@ final class TrashIndex: Sendable {
             if s.restoring.contains(id) { return (false, nil) }
             return (true, s.remove(id))
         }
-        if let taken { removed(taken); had = true }
+        if let taken { removed(taken); had = true; version.wrappingAdd(1, ordering: .releasing) }
         return ok
     }
 
     /// For a restore: takes the entry so the reaper leaves it alone.
     func claimForRestore(_ id: String) -> TrashEntry? {
-        state.withLock { s -> TrashEntry? in
+        let claimed = state.withLock { s -> TrashEntry? in
             guard let e = s.remove(id) else { return nil }
             s.restoring.insert(id)
             knownBytes.wrappingSubtract(e.record.bytes ?? 0, ordering: .relaxed)
             return e
         }
+        if claimed != nil { version.wrappingAdd(1, ordering: .releasing) }
+        return claimed
     }
 
     /// Ends a restore: the entry is back in place (`restored`) or back in the index.
@@ -215,6 +221,7 @@ final class TrashIndex: Sendable {
             s.restoring.remove(e.id)
             if !restored { _ = s.add(e) }
         }
+        if !restored { version.wrappingAdd(1, ordering: .releasing) }
         if restored {
             population.wrappingSubtract(1, ordering: .relaxed)
         } else {
@@ -247,6 +254,9 @@ final class TrashIndex: Sendable {
 
     /// The entries given up and not freed yet.
     var evicted: Set<String> { state.withLock { $0.evicted } }
+
+    /// The kept entry `id`, if it is one.
+    func entry(_ id: String) -> TrashEntry? { state.withLock { $0.entries[id] } }
 
     /// One user's entries.
     func entries(of uid: UInt32) -> [TrashEntry] {
@@ -424,6 +434,10 @@ extension Graveyard {
     /// `uid`'s restorable entries, oldest first.
     public func restorable(of uid: UInt32) -> [TrashEntry] { trash.entries(of: uid).sorted { $0.id < $1.id } }
     public var restorableCount: Int { trash.count }
+    /// Changes whenever a restorable entry comes or goes.
+    public var restorableVersion: UInt64 { trash.version.load(ordering: .acquiring) }
+    /// The restorable entry `id`, if it is one.
+    public func restorable(id: String) -> TrashEntry? { trash.entry(id) }
     /// Bytes the restorable entries hold, as far as known.
     public var restorableBytes: UInt64 { trash.bytes }
 

@@ -1,0 +1,177 @@
+import CFuse
+import FUSEKit
+import Glibc
+import SystemPackage
+
+/// The filesystem the session serves: requests on the desktop trash
+/// folders (`TrashFolders`: their node ids, and `.Trash-$uid` in the root)
+/// go to their handlers, every other request to the mount's, after one
+/// bit test of its node id.
+public final class TrashRouting: LowLevelFilesystem {
+    let fs: VanishFilesystem
+
+    public init(_ fs: VanishFilesystem) { self.fs = fs }
+
+    @inline(__always) private func ours(_ ino: fuse_ino_t) -> Bool { TrashFolders.owns(ino) }
+
+    public func initialize(_ conn: UnsafeMutablePointer<fuse_conn_info>, transport: Transport) {
+        fs.initialize(conn, transport: transport)
+    }
+    public func destroy() { fs.destroy() }
+
+    public func lookup(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+        if ours(parent) { return try fs.trashLookup(req, parent: parent, name: name) }
+        if let uid = fs.trashFolderUID(parent, name) { return try fs.trashLookupFolder(req, uid) }
+        try fs.lookup(req, parent: parent, name: name)
+    }
+    public func forget(_ ino: fuse_ino_t, count: UInt64) {
+        if ours(ino) { fs.trashFolders?.forget(ino, count: count) } else { fs.forget(ino, count: count) }
+    }
+    public func getattr(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
+        if ours(ino) { return try fs.trashGetattr(req, ino) }
+        try fs.getattr(req, ino, fi)
+    }
+    public func setattr(_ req: Request, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>, toSet: Int32,
+                        _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
+        if ours(ino) { return try fs.trashSetattr(req, ino, attr, toSet: toSet) }
+        try fs.setattr(req, ino, attr, toSet: toSet, fi)
+    }
+    public func readlink(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
+        if ours(ino) { throw .invalidArgument }
+        try fs.readlink(req, ino)
+    }
+    public func mknod(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t, rdev: dev_t) throws(Errno) {
+        if ours(parent) || fs.trashFolderUID(parent, name) != nil { throw .notPermitted }
+        try fs.mknod(req, parent: parent, name: name, mode: mode, rdev: rdev)
+    }
+    public func mkdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t) throws(Errno) {
+        if ours(parent) || fs.trashFolderUID(parent, name) != nil { return try fs.trashMkdir(req, parent: parent, name: name) }
+        try fs.mkdir(req, parent: parent, name: name, mode: mode)
+    }
+    public func unlink(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+        if ours(parent) { return try fs.trashUnlink(req, parent: parent, name: name) }
+        if fs.trashFolderUID(parent, name) != nil { throw .isDirectory }
+        try fs.unlink(req, parent: parent, name: name)
+    }
+    public func rmdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+        if ours(parent) || fs.trashFolderUID(parent, name) != nil { return try fs.trashRmdir(req, parent: parent, name: name) }
+        try fs.rmdir(req, parent: parent, name: name)
+    }
+    public func symlink(_ req: Request, target: UnsafePointer<CChar>, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+        if ours(parent) || fs.trashFolderUID(parent, name) != nil { throw .notPermitted }
+        try fs.symlink(req, target: target, parent: parent, name: name)
+    }
+    public func rename(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, newParent: fuse_ino_t,
+                       newName: UnsafePointer<CChar>, flags: UInt32) throws(Errno) {
+        if ours(parent) || ours(newParent) {
+            return try fs.trashRename(req, parent: parent, name: name, newParent: newParent, newName: newName, flags: flags)
+        }
+        if fs.trashFolderUID(parent, name) != nil || fs.trashFolderUID(newParent, newName) != nil { throw .notPermitted }
+        try fs.rename(req, parent: parent, name: name, newParent: newParent, newName: newName, flags: flags)
+    }
+    public func link(_ req: Request, _ ino: fuse_ino_t, newParent: fuse_ino_t, newName: UnsafePointer<CChar>) throws(Errno) {
+        if ours(ino) || ours(newParent) || fs.trashFolderUID(newParent, newName) != nil { throw .notPermitted }
+        try fs.link(req, ino, newParent: newParent, newName: newName)
+    }
+    public func open(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        if ours(ino) { return try fs.trashOpen(req, ino, fi) }
+        try fs.open(req, ino, fi)
+    }
+    public func read(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
+                     _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        if ours(ino) { return try fs.trashRead(req, ino, size: size, offset: offset) }
+        try fs.read(req, ino, size: size, offset: offset, fi)
+    }
+    public func write(_ req: Request, _ ino: fuse_ino_t, _ buf: UnsafeMutablePointer<fuse_bufvec>, offset: off_t,
+                      _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        if ours(ino) { return try fs.trashWrite(req, ino, buf, offset: offset) }
+        try fs.write(req, ino, buf, offset: offset, fi)
+    }
+    public func flush(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        if ours(ino) { return req.replyOK() }
+        try fs.flush(req, ino, fi)
+    }
+    public func release(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        if ours(ino) { return req.replyOK() }
+        try fs.release(req, ino, fi)
+    }
+    public func fsync(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        if ours(ino) { return req.replyOK() }
+        try fs.fsync(req, ino, dataOnly: dataOnly, fi)
+    }
+    public func opendir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        if ours(ino) { return try fs.trashOpendir(req, ino, fi) }
+        try fs.opendir(req, ino, fi)
+    }
+    public func readdir(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
+                        _ fi: UnsafeMutablePointer<fuse_file_info>, plus: Bool) throws(Errno) {
+        if ours(ino) { return try fs.trashReaddir(req, size: size, offset: offset, fi, plus: plus) }
+        try fs.readdir(req, ino, size: size, offset: offset, fi, plus: plus)
+    }
+    public func releasedir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        if ours(ino) { return fs.trashReleasedir(req, fi) }
+        try fs.releasedir(req, ino, fi)
+    }
+    public func fsyncdir(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        if ours(ino) { return req.replyOK() }
+        try fs.fsyncdir(req, ino, dataOnly: dataOnly, fi)
+    }
+    public func statfs(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
+        try fs.statfs(req, ours(ino) ? fuse_ino_t(FUSE_ROOT_ID) : ino)
+    }
+    public func setxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, value: UnsafePointer<CChar>?,
+                         size: Int, flags: Int32) throws(Errno) {
+        if ours(ino) { throw .notSupported }
+        try fs.setxattr(req, ino, name: name, value: value, size: size, flags: flags)
+    }
+    public func getxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, size: Int) throws(Errno) {
+        if ours(ino) { throw .noData }
+        try fs.getxattr(req, ino, name: name, size: size)
+    }
+    public func listxattr(_ req: Request, _ ino: fuse_ino_t, size: Int) throws(Errno) {
+        if ours(ino) { return req.reply(xattrSize: 0) }
+        try fs.listxattr(req, ino, size: size)
+    }
+    public func removexattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+        if ours(ino) { throw .noData }
+        try fs.removexattr(req, ino, name: name)
+    }
+    public func access(_ req: Request, _ ino: fuse_ino_t, mask: Int32) throws(Errno) {
+        if ours(ino) { return try fs.trashAccess(req, ino, mask: mask) }
+        try fs.access(req, ino, mask: mask)
+    }
+    public func create(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
+                       _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        if ours(parent) { return try fs.trashCreate(req, parent: parent, name: name, fi) }
+        if fs.trashFolderUID(parent, name) != nil { throw .isDirectory }
+        try fs.create(req, parent: parent, name: name, mode: mode, fi)
+    }
+    public func tmpfile(_ req: Request, parent: fuse_ino_t, mode: mode_t,
+                        _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        if ours(parent) { throw .notSupported }
+        try fs.tmpfile(req, parent: parent, mode: mode, fi)
+    }
+    public func ioctl(_ req: Request, _ ino: fuse_ino_t, command: UInt32, _ fi: UnsafeMutablePointer<fuse_file_info>,
+                      flags: UInt32, input: UnsafeRawBufferPointer, outputSize: Int) throws(Errno) {
+        if ours(ino) { throw .inappropriateIOCTLForDevice }
+        try fs.ioctl(req, ino, command: command, fi, flags: flags, input: input, outputSize: outputSize)
+    }
+    public func fallocate(_ req: Request, _ ino: fuse_ino_t, mode: Int32, offset: off_t, length: off_t,
+                          _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        if ours(ino) { throw .notSupported }
+        try fs.fallocate(req, ino, mode: mode, offset: offset, length: length, fi)
+    }
+    public func copyFileRange(_ req: Request, input: fuse_ino_t, inputOffset: off_t, _ fiIn: UnsafeMutablePointer<fuse_file_info>,
+                              output: fuse_ino_t, outputOffset: off_t, _ fiOut: UnsafeMutablePointer<fuse_file_info>,
+                              length: Int, flags: Int32) throws(Errno) {
+        // The kernel copies through read and write instead.
+        if ours(input) || ours(output) { throw .notSupported }
+        try fs.copyFileRange(req, input: input, inputOffset: inputOffset, fiIn, output: output, outputOffset: outputOffset,
+                             fiOut, length: length, flags: flags)
+    }
+    public func lseek(_ req: Request, _ ino: fuse_ino_t, offset: off_t, whence: Int32,
+                      _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        if ours(ino) { throw .invalidArgument }
+        try fs.lseek(req, ino, offset: offset, whence: whence, fi)
+    }
+}

@@ -1,0 +1,215 @@
+import Foundation
+import Glibc
+import Testing
+@testable import VanishFS
+import VanishGraveyard
+import VanishTestSupport
+
+/// The desktop trash folders: the undo window as trash-cli, gio and file
+/// managers see it (freedesktop.org Trash specification), on real mounts.
+@Suite(.serialized)
+struct TrashFoldersTests {
+    /// trash-cli and gio write into $HOME's trash for files on its volume: a home elsewhere.
+    static func environment(_ home: String) -> [String: String] {
+        ["HOME": home, "PATH": "/usr/bin:/bin", "XDG_DATA_HOME": home + "/.local/share", "LC_ALL": "C.UTF-8"]
+    }
+
+    /// Runs `args` (as root) where no other Vanish mount is: trash-list and
+    /// trash-empty act on every mount they see, other tests' included. A
+    /// lazy unmount in a mount namespace of its own leaves those mounts be.
+    static func confined(_ m: VanishMount, _ args: [String], environment: [String: String]) throws -> ProcessResult {
+        let script = #"""
+            awk -v keep="$1" '$3 == "fuse.vanish" && $2 != keep { print $2 }' /proc/mounts |
+                while read -r p; do umount -l "$p"; done
+            shift; exec "$@"
+            """#
+        return try run(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script, "sh", m.mountpoint] + args,
+                       cwd: m.mountpoint, environment: environment)
+    }
+
+    static func requireClients() throws {
+        try #require(which("trash-put") != nil && which("trash-list") != nil, "trash-cli (mount-scripts/install --deps-only installs it)")
+        try #require(which("gio") != nil, "gio (libglib2.0-bin; mount-scripts/install --deps-only installs it)")
+    }
+
+    @Test("rm and rm -rf land in the desktop trash: trash-cli lists, restores and empties them; the root's listing never shows the folder")
+    func trashCLI() throws {
+        try Self.requireClients()
+        try withVanishMount(arguments: ["--keep", "1h"], prepare: { src in
+            let made = try sh("mkdir -p proj/sub && echo hello > proj/a.txt && echo deep > proj/sub/b && echo top > top.txt", cwd: src)
+            guard made.ok else { throw TestFailure(made.stderr) }
+        }) { m in
+            let env = Self.environment(m.base)
+            #expect(try sh("rm top.txt && rm -rf proj", cwd: m.mountpoint).ok)
+            let rootListing = try sh("ls -a", cwd: m.mountpoint).stdout
+            #expect(!rootListing.contains(".Trash"), "\(rootListing)")
+            var st = stat()
+            #expect(lstat(m.path(".Trash-0"), &st) == 0 && st.st_mode & S_IFMT == S_IFDIR && st.st_mode & 0o777 == 0o700)
+
+            let list = try Self.confined(m, ["trash-list"], environment: env)
+            #expect(list.ok, "\(list.stderr)")
+            for path in ["top.txt", "proj", "proj/a.txt", "proj/sub", "proj/sub/b"] {
+                #expect(list.stdout.contains(" \(m.mountpoint)/\(path)\n"), "\(path) in \(list.stdout)")
+            }
+            let info = try String(contentsOfFile: m.path(".Trash-0/info/top.txt.trashinfo"), encoding: .utf8)
+            #expect(info.hasPrefix("[Trash Info]\nPath=top.txt\nDeletionDate=20"), "\(info)")
+            #expect(try String(contentsOfFile: m.path(".Trash-0/files/top.txt"), encoding: .utf8) == "top\n")
+
+            // trash-restore asks which: the line that names top.txt.
+            let menu = try run(["trash-restore"], cwd: m.mountpoint, environment: env, input: "\n")
+            let line = try #require(menu.stdout.split(separator: "\n").first { $0.hasSuffix("/top.txt") })
+            let index = String(line.split(separator: " ").first ?? "")
+            let restored = try run(["trash-restore"], cwd: m.mountpoint, environment: env, input: index + "\n")
+            #expect(restored.ok, "\(restored.stderr)")
+            #expect(try String(contentsOfFile: m.path("top.txt"), encoding: .utf8) == "top\n")
+            #expect(access(m.path(".Trash-0/info/top.txt.trashinfo"), F_OK) != 0)
+            #expect(!(try trashPaths(m)).contains("top.txt"))
+
+            // trash-empty removes the directories' contents one by one, then each entry: all gone.
+            let empty = try Self.confined(m, ["trash-empty"], environment: env)
+            #expect(empty.ok && empty.stderr.isEmpty, "\(empty.stderr)")
+            #expect(try trashPaths(m).isEmpty)
+            #expect(try Self.confined(m, ["trash-list"], environment: env).stdout.isEmpty)
+            try waitForReaper(m)
+            #expect(try graveyardCount(m.source) == 0)
+        }
+    }
+
+    @Test("trash-put and gio trash move into the undo window, not a copy; vanish restore brings the same file back")
+    func put() throws {
+        try Self.requireClients()
+        try withVanishMount(arguments: ["--keep", "1h"], prepare: { src in
+            let made = try sh("mkdir -p d/e && echo f > d/e/f && echo one > one.txt && echo two > two.txt && echo 1 > 1 && echo 2 > 2", cwd: src)
+            guard made.ok else { throw TestFailure(made.stderr) }
+        }) { m in
+            let env = Self.environment(m.base)
+            var before = stat()
+            stat(m.path("one.txt"), &before)
+            let put = try run(["trash-put", "one.txt", "d"], cwd: m.mountpoint, environment: env)
+            #expect(put.ok, "\(put.stderr)")
+            let gio = try run(["gio", "trash", "two.txt"], cwd: m.mountpoint, environment: env)
+            #expect(gio.ok, "\(gio.stderr)")
+            #expect(access(m.path("one.txt"), F_OK) != 0 && access(m.path("d"), F_OK) != 0 && access(m.path("two.txt"), F_OK) != 0)
+            // The very file, in the graveyard: same inode, no copy.
+            var after = stat()
+            #expect(stat(m.path(".Trash-0/files/one.txt"), &after) == 0)
+            #expect(after.st_ino == before.st_ino)
+            #expect(try String(contentsOfFile: m.path(".Trash-0/files/d/e/f"), encoding: .utf8) == "f\n")
+            #expect(try trashPaths(m) == ["d", "one.txt", "two.txt"])
+            let info = try String(contentsOfFile: m.path(".Trash-0/info/two.txt.trashinfo"), encoding: .utf8)
+            #expect(info.contains("Path=two.txt\n"), "\(info)")
+            // A second entry of the same name gets its own name, which stays as others go.
+            #expect(try sh("echo again > one.txt", cwd: m.mountpoint).ok)
+            #expect(try run(["trash-put", "one.txt"], cwd: m.mountpoint, environment: env).ok)
+            let names = try FileManager.default.contentsOfDirectory(atPath: m.path(".Trash-0/files")).sorted()
+            #expect(names.count == 4, "\(names)")
+            let second = try #require(names.first { $0.hasPrefix("one.txt") && $0 != "one.txt" })
+            #expect(unlink(m.path(".Trash-0/files/one.txt")) == 0)
+            #expect(try String(contentsOfFile: m.path(".Trash-0/files/" + second), encoding: .utf8) == "again\n")
+
+            // The command line sees the same entries.
+            #expect(try run([vanishBinary, "restore", m.path("d")]).ok)
+            #expect(try String(contentsOfFile: m.path("d/e/f"), encoding: .utf8) == "f\n")
+            #expect(access(m.path(".Trash-0/files/d"), F_OK) != 0)
+            // Nothing made inside an entry; nothing but entries moved in.
+            #expect(mkdir(m.path(".Trash-0/files/x"), 0o755) != 0)
+            #expect(creat(m.path(".Trash-0/files/new"), 0o644) < 0)
+            #expect(rename(m.path("1"), m.path(".Trash-0/info/1")) != 0 && errno == EPERM)
+            // An info file written for a move that never came is just a file in info/, removable.
+            #expect(try sh("printf '[Trash Info]\\n' > .Trash-0/info/never.trashinfo && rm .Trash-0/info/never.trashinfo", cwd: m.mountpoint).ok)
+        }
+    }
+
+    @Test("gio's trash backend (gvfs) lists, restores and deletes from the folder")
+    func gvfs() throws {
+        try Self.requireClients()
+        try #require(which("dbus-run-session") != nil && access("/usr/libexec/gvfsd-trash", X_OK) == 0,
+                     "gvfs-daemons and dbus-run-session (mount-scripts/install --deps-only installs them)")
+        try withVanishMount(arguments: ["--keep", "1h"], prepare: { src in
+            let made = try sh("echo a > a.txt && mkdir -p b/c && echo c > b/c/d", cwd: src)
+            guard made.ok else { throw TestFailure(made.stderr) }
+        }) { m in
+            #expect(try sh("rm a.txt && rm -rf b", cwd: m.mountpoint).ok)
+            let script = """
+                set -e
+                gio trash --list | sort > list
+                uri=$(grep -F '\(m.mountpoint)/a.txt' list | cut -f1)
+                gio trash --restore "$uri"
+                uri=$(grep -F '\(m.mountpoint)/b' list | grep -vF '/b/' | cut -f1)
+                gio remove "$uri"
+                """
+            let r = try run(["dbus-run-session", "--", "/bin/sh", "-c", script], cwd: m.base, environment: Self.environment(m.base))
+            #expect(r.ok, "\(r.stdout) \(r.stderr)")
+            let listed = (try? String(contentsOfFile: m.base + "/list", encoding: .utf8)) ?? ""
+            #expect(listed.contains("\t\(m.mountpoint)/a.txt\n"), "\(listed)")
+            #expect(try String(contentsOfFile: m.path("a.txt"), encoding: .utf8) == "a\n")
+            #expect(!(try trashPaths(m)).contains("b"))
+        }
+    }
+
+    @Test("another user's folder is closed: they cannot list, make, move into or restore from it")
+    func otherUsers() throws {
+        try Self.requireClients()
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            let made = try sh("mkdir -m 1777 shared && echo secret > rootfile && echo mine > shared/theirs && chown nobody shared/theirs", cwd: src)
+            guard made.ok else { throw TestFailure(made.stderr) }
+        }) { m in
+            #expect(try sh("rm rootfile", cwd: m.mountpoint).ok)
+            let env = Self.environment(m.base + "/nobody-home")
+            // nobody deletes and restores their own, through their own folder.
+            let own = try runAsNobody(["/bin/sh", "-c", """
+                set -e
+                echo x > note && rm note && rm theirs
+                trash-list
+                ls -ld ../.Trash-65534 | cut -c1-10
+                """], cwd: m.path("shared"), environment: env)
+            #expect(own.ok, "\(own.stderr)")
+            #expect(own.stdout.contains("/shared/note\n") && own.stdout.contains("/shared/theirs\n"), "\(own.stdout)")
+            #expect(!own.stdout.contains("rootfile"), "\(own.stdout)")
+            #expect(own.stdout.contains("drwx------"), "\(own.stdout)")
+            // Root's folder: no listing, no reading, no mkdir of it, no move into it, no restore from it.
+            let attack = try runAsNobody(["/bin/sh", "-c", """
+                ls ../.Trash-0/files >/dev/null 2>&1 && echo listed
+                cat ../.Trash-0/files/rootfile 2>/dev/null && echo read
+                cat ../.Trash-0/info/rootfile.trashinfo 2>/dev/null && echo info
+                mv ../.Trash-0/files/rootfile stolen 2>/dev/null && echo restored
+                echo y > bait; mv bait ../.Trash-0/files/bait 2>/dev/null && echo planted
+                mkdir ../.Trash-4242 2>/dev/null && echo made
+                echo done
+                """], cwd: m.path("shared"), environment: env)
+            #expect(attack.stdout == "done\n", "\(attack.stdout)")
+            #expect(try trashPaths(m).contains("rootfile"))
+            #expect(access(m.path("shared/stolen"), F_OK) != 0)
+            // nobody's own restore is theirs: back in the sticky directory, owned by them.
+            let back = try runAsNobody(["/bin/sh", "-c", "mv ../.Trash-65534/files/theirs theirs && cat theirs"],
+                                       cwd: m.path("shared"), environment: env)
+            #expect(back.ok && back.stdout == "mine\n", "\(back.stderr)")
+            var st = stat()
+            #expect(lstat(m.path("shared/theirs"), &st) == 0 && st.st_uid == 65534)
+        }
+    }
+
+    @Test("folder names, info files and entry names, in process")
+    func naming() throws {
+        #expect(".Trash-1000".withCString { TrashFolders.uid(ofFolder: $0) } == 1000)
+        #expect(".Trash-0".withCString { TrashFolders.uid(ofFolder: $0) } == 0)
+        for bad in [".Trash-", ".Trash-01", ".Trash-1x", ".Trash-4294967296", ".Trash", ".trash-1"] {
+            #expect(bad.withCString { TrashFolders.uid(ofFolder: $0) } == nil, "\(bad)")
+        }
+        #expect(String(decoding: TrashFolders.escaped(Array("a b/ü%\n.txt".utf8)), as: UTF8.self) == "a%20b/%C3%BC%25%0A.txt")
+        let info = String(decoding: TrashFolders.trashInfo(path: Array("dir/x y".utf8), deleted: 0), as: UTF8.self)
+        #expect(info.hasPrefix("[Trash Info]\nPath=dir/x%20y\nDeletionDate=19"), "\(info)")
+        #expect(info.hasSuffix("\n") && info.split(separator: "\n").count == 3)
+
+        func entry(_ id: String, _ path: String) -> TrashEntry {
+            TrashEntry(id: id, shard: 0, deleted: 0,
+                       record: TrashRecord(path: Array(path.utf8), uid: 1, gid: 1, bytes: nil, kind: .file))
+        }
+        var chosen: [String: [UInt8]] = [:]
+        let first = TrashFolders.name([entry("1", "a/x"), entry("2", "b/x"), entry("3", "y")], chosen: &chosen)
+        #expect(first.names.map { String(decoding: $0, as: UTF8.self) } == ["x", "x.2", "y"])
+        // The oldest goes: the others keep their names.
+        let later = TrashFolders.name([entry("2", "b/x"), entry("3", "y"), entry("4", "c/x")], chosen: &chosen)
+        #expect(later.names.map { String(decoding: $0, as: UTF8.self) } == ["x.2", "y", "x"])
+    }
+}
