@@ -381,6 +381,10 @@ public final class ControlServer: Sendable {
                                          "gid": JSON(e.record.gid), "kind": JSON(e.record.kind.name)]
                 if let b = e.record.bytes { o["bytes"] = JSON(b) }
                 if let size = mount.apparentSize(of: e) { o["size"] = JSON(size) }
+                if let inside = mount.contents(of: e), inside.files + inside.directories > 0 {
+                    o["files_inside"] = JSON(inside.files)
+                    o["directories_inside"] = JSON(inside.directories)
+                }
                 if let held = e.record.held { o["held"] = JSON(held.explanation) }
                 PathBytes(e.record.path).put(into: &o, key: "path")
                 return .object(o)

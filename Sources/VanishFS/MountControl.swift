@@ -66,9 +66,18 @@ package final class MountControl: Sendable {
     /// entry, read from the graveyard: the record holds the disk usage the
     /// window's byte limit counts, which says 4 KiB of a 6-byte file.
     package func apparentSize(of e: TrashEntry) -> UInt64? {
-        guard let graveyard, e.record.kind != .directory, graveyard.shardFDs.indices.contains(e.shard) else { return nil }
+        guard let graveyard, graveyard.shardFDs.indices.contains(e.shard) else { return nil }
+        if e.record.kind == .directory { return graveyard.extent(of: e, walking: true)?.apparent }
         return (try? e.id.withCString { id throws(Errno) in try Sys.lstatat(graveyard.shardFDs[e.shard], id) })
             .map { UInt64($0.st_size) }
+    }
+
+    /// What the kept directory `e` holds (a tree `vanish rm` took whole;
+    /// nothing for one `rm -rf` emptied, whose children are entries of their
+    /// own), walked once per mount; nil for a file.
+    package func contents(of e: TrashEntry) -> TreeExtent? {
+        guard let graveyard, e.record.kind == .directory, graveyard.shardFDs.indices.contains(e.shard) else { return nil }
+        return graveyard.extent(of: e, walking: true)
     }
 
     /// Lets `entries` go before their window ends (`vanish trash empty`): the

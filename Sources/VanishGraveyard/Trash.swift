@@ -126,6 +126,17 @@ public struct TrashEntry: Sendable {
     }
 }
 
+/// What a kept directory holds below it, as the reaper will meet it: the
+/// files' apparent bytes, the disk bytes of everything (the directory's own
+/// blocks included), and how many files and directories.
+public struct TreeExtent: Sendable, Equatable {
+    public var apparent: UInt64 = 0
+    public var disk: UInt64 = 0
+    public var files = 0
+    public var directories = 0
+    public init() {}
+}
+
 /// The restorable entries, in memory: loaded from the sidecars at start,
 /// added to by `bury`, and taken out by whoever gets an entry first, the
 /// reaper or a restore, so the two never act on the same entry.
@@ -139,6 +150,8 @@ final class TrashIndex: Sendable {
         var restoring: Set<String> = []
         /// Entries the window's limits gave up (see `FairEviction`): due at once.
         var evicted: Set<String> = []
+        /// What the directory entries walked so far hold (`Graveyard.extent`).
+        var extents: [String: TreeExtent] = [:]
 
         mutating func add(_ e: TrashEntry) -> Bool {
             byUser[e.record.uid, default: []].insert(e.id)
@@ -148,6 +161,7 @@ final class TrashIndex: Sendable {
         mutating func remove(_ id: String) -> TrashEntry? {
             guard let e = entries.removeValue(forKey: id) else { return nil }
             if !evicted.isEmpty { evicted.remove(id) }
+            if !extents.isEmpty { extents.removeValue(forKey: id) }
             byUser[e.record.uid]?.remove(id)
             if byUser[e.record.uid]?.isEmpty == true { byUser[e.record.uid] = nil }
             return e
@@ -257,6 +271,11 @@ final class TrashIndex: Sendable {
 
     /// The kept entry `id`, if it is one.
     func entry(_ id: String) -> TrashEntry? { state.withLock { $0.entries[id] } }
+
+    func extent(_ id: String) -> TreeExtent? { state.withLock { $0.extents[id] } }
+    func setExtent(_ id: String, _ extent: TreeExtent) {
+        state.withLock { s in if s.entries[id] != nil { s.extents[id] = extent } }
+    }
 
     /// One user's entries.
     func entries(of uid: UInt32) -> [TrashEntry] {
@@ -371,14 +390,10 @@ extension Graveyard {
     /// see it. nil if it could not be measured (gone, deeper than 256 levels).
     @discardableResult
     public func measure(_ e: TrashEntry) -> UInt64? {
-        let sfd = shardFDs[e.shard]
-        guard let st = try? Sys.lstatat(sfd, e.id) else { return nil }
-        var total = UInt64(st.st_blocks) * 512
-        if st.st_mode & S_IFMT == S_IFDIR {
-            guard let inside = Graveyard.treeBytes(sfd, e.id, depth: 0) else { return nil }
-            total += inside
-        }
+        guard let extent = extent(of: e, walking: true) else { return nil }
+        let total = extent.disk
         guard let updated = trash.setBytes(e.id, total) else { return nil }
+        let sfd = shardFDs[e.shard]
         // A fresh sidecar (".ID") replaces the old one whole: a crash leaves either.
         let temporary = ".measured-" + e.id
         removeSidecar(sfd, temporary)
@@ -386,6 +401,23 @@ extension Graveyard {
             removeSidecar(sfd, temporary)
         }
         return total
+    }
+
+    /// What the kept directory `e` holds: known once walked (by the
+    /// warden's `measure`, or by a `trash list` since the start), else
+    /// walked now with `walking`. nil for a file, or a tree that could not be walked.
+    public func extent(of e: TrashEntry, walking: Bool) -> TreeExtent? {
+        if let known = trash.extent(e.id) { return known }
+        guard walking, let st = try? Sys.lstatat(shardFDs[e.shard], e.id) else { return nil }
+        var extent = TreeExtent()
+        extent.disk = UInt64(st.st_blocks) * 512
+        if st.st_mode & S_IFMT == S_IFDIR {
+            guard Graveyard.walk(shardFDs[e.shard], e.id, depth: 0, into: &extent) else { return nil }
+        } else {
+            extent.apparent = UInt64(st.st_size)
+        }
+        trash.setExtent(e.id, extent)
+        return extent
     }
 
     /// Makes the entry `name` of shard `shard`, which its deleter (named in
@@ -411,22 +443,25 @@ extension Graveyard {
         return true
     }
 
-    /// What the entries below the directory `name` in `dirFD` occupy.
-    private static func treeBytes(_ dirFD: Int32, _ name: UnsafePointer<CChar>, depth: Int) -> UInt64? {
-        guard depth < 256, let dir = try? Sys.openDirectory(dirFD, name) else { return nil }
+    /// Adds what is below the directory `name` in `dirFD` to `extent`; false
+    /// if it cannot be walked (gone, deeper than 256 levels).
+    private static func walk(_ dirFD: Int32, _ name: UnsafePointer<CChar>, depth: Int, into extent: inout TreeExtent) -> Bool {
+        guard depth < 256, let dir = try? Sys.openDirectory(dirFD, name) else { return false }
         defer { closedir(dir) }
-        var total: UInt64 = 0
         while let d = readdir(dir) {
             guard let child = vanish_dirent_name(d) else { continue }
             if isDotOrDotDot(child) { continue }
             guard let st = try? Sys.lstatat(dirfd(dir), child) else { continue }
-            total += UInt64(st.st_blocks) * 512
+            extent.disk += UInt64(st.st_blocks) * 512
             if st.st_mode & S_IFMT == S_IFDIR {
-                guard let inside = treeBytes(dirfd(dir), child, depth: depth + 1) else { return nil }
-                total += inside
+                extent.directories += 1
+                guard walk(dirfd(dir), child, depth: depth + 1, into: &extent) else { return false }
+            } else {
+                extent.files += 1
+                extent.apparent += UInt64(st.st_size)
             }
         }
-        return total
+        return true
     }
 
     /// Entries that can be restored, oldest first.

@@ -269,10 +269,15 @@ struct TrashGroup {
         self.top = top
         size = top["size"]?.uint64
         disk = top["bytes"]?.uint64
+        // A tree `vanish rm` took whole: what the reaper will meet in it.
+        files = top["files_inside"]?.int ?? 0
+        directories = top["directories_inside"]?.int ?? 0
     }
 
     mutating func add(_ e: JSON) {
         if e["kind"]?.string == "directory" { directories += 1 } else { files += 1 }
+        files += e["files_inside"]?.int ?? 0
+        directories += e["directories_inside"]?.int ?? 0
         if let s = e["size"]?.uint64 { size = (size ?? 0) + s }
         if let b = e["bytes"]?.uint64 { disk = (disk ?? 0) + b }
     }
@@ -316,13 +321,20 @@ struct TrashGroup {
             while owner[j] != j { j = owner[j] }
             return j
         }
+        // Restoring a directory brings back the latest deletion of each path
+        // inside it: an earlier deletion of the same path stays in the trash,
+        // so it is a line of its own.
+        struct Member: Hashable { var top: Int; var path: [UInt8] }
+        var latest: [Member: Int] = [:]
+        for i in entries.indices where outermost(i) != i { latest[Member(top: outermost(i), path: paths[i])] = i }
+        func folded(_ i: Int) -> Bool { outermost(i) != i && latest[Member(top: outermost(i), path: paths[i])] == i }
         var groups: [Int: TrashGroup] = [:]
         var order: [Int] = []
-        for i in entries.indices where outermost(i) == i {
+        for i in entries.indices where !folded(i) {
             groups[i] = TrashGroup(top: entries[i])
             order.append(i)
         }
-        for i in entries.indices where outermost(i) != i { groups[outermost(i)]!.add(entries[i]) }
+        for i in entries.indices where folded(i) { groups[outermost(i)]!.add(entries[i]) }
         return order.map { groups[$0]! }
     }
 }

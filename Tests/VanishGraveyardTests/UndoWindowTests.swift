@@ -289,6 +289,29 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("trash list counts what restore brings back: a vanish rm -r tree's files and apparent size, a fold without an earlier deletion of the same path (issue 51)")
+    func listCountsWhatRestoreRestores() throws {
+        try withVanishMount(arguments: ["--keep", "1h"]) { m in
+            let made = try sh("""
+                mkdir -p tree/a tree/b && for i in 1 2 3 4 5; do printf 'ten bytes!' > tree/a/f$i; done && printf 'seven!!' > tree/b/g
+                \(shellQuote(vanishBinary)) rm -r tree
+                mkdir -p w/x && echo 1 > w/x/j && rm w/x/j && echo 22 > w/x/j && rm -rf w
+                """, cwd: m.mountpoint)
+            #expect(made.ok, "\(made.stderr)")
+            let tree = try #require(try trashList(m).first { $0["path"] as? String == "tree" })
+            #expect(tree["size"] as? Int == 57, "the files' apparent bytes: \(tree)")
+            #expect(tree["files_inside"] as? Int == 6 && tree["directories_inside"] as? Int == 2, "\(tree)")
+            let lines = try run([vanishBinary, "trash", "list", m.mountpoint]).stdout.split(separator: "\n").map(String.init)
+            #expect(lines.contains { $0.hasSuffix("tree/  (6 files, 2 directories inside)") && $0.contains("57 B") }, "\(lines)")
+            // w/x/j was deleted twice: restoring w brings the second back, so the first is a line of its own.
+            #expect(lines.contains { $0.hasSuffix(" w/  (1 file, 1 directory inside)") }, "\(lines)")
+            #expect(lines.contains { $0.hasSuffix(" w/x/j") }, "\(lines)")
+            let restored = try run([vanishBinary, "restore", m.path("w")])
+            #expect(restored.stdout.contains("and 2 entries inside it"), "\(restored.stdout)")
+            #expect(try String(contentsOfFile: m.path("w/x/j"), encoding: .utf8) == "22\n")
+        }
+    }
+
     @Test("when the filesystem runs short of space the window gives way, oldest first")
     func spacePressure() throws {
         try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
