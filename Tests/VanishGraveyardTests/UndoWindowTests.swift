@@ -676,6 +676,35 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("the first ETA after rm -rf or vanish rm -r of 100,000 files counts the work truly left at the pace shown (issue 51)")
+    func etaOfABigTree() throws {
+        // One after the other: the reaper runs in the idle class, so one case's
+        // rm -rf would slow the other's reaping under its estimate.
+        for how in ["rm -rf", "vanish rm -r"] {
+            try withVanishMount(options: ["reap_rate=10000"], prepare: { src in try makeTree(src + "/t", files: 100_000, size: 0) }) { m in
+                let command = how == "rm -rf" ? ["rm", "-rf", m.path("t")] : [vanishBinary, "rm", "-r", m.path("t")]
+                let removed = try run(command)
+                #expect(removed.ok, "\(removed.stderr)")
+                // Asked twice a second, as `watch vanish status` would: a status a few ms
+                // apart takes the CPU from the reaper, which yields it.
+                var seen: [String: Any] = [:]
+                try waitFor("a first estimate", timeout: 60) {
+                    seen = try statusJSON(m)
+                    let estimated = (seen["reap_files_per_second"] as? Int ?? 0) > 0 && (seen["eta_seconds"] as? Int ?? 0) > 0
+                    if !estimated { usleep(500_000) }
+                    return estimated || seen["pending_entries"] as? Int == 0
+                }
+                // What is left: 100,000 files, 100 directories and the tree's top, less what is freed.
+                let freed = (seen["freed_files"] as? Int ?? 0) + (seen["freed_directories"] as? Int ?? 0)
+                let pace = Double(seen["reap_files_per_second"] as? Int ?? 0)
+                let eta = Double(seen["eta_seconds"] as? Int ?? 0)
+                let truth = Double(100_101 - freed) / max(pace, 1)
+                #expect(eta >= truth / 2 && eta <= truth * 2 + 1, "\(how): \(eta) s for \(100_101 - freed) left at \(pace)/s: \(seen)")
+                try waitForReaper(m)
+            }
+        }
+    }
+
     @Test("status says how much space deleted entries hold: the graveyard until reaped, the trash while kept")
     func spaceHeld() throws {
         try withVanishMount(options: ["reap_rate=2"], arguments: ["--keep", "1h"], prepare: { src in
