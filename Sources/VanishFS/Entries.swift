@@ -95,6 +95,8 @@ extension VanishFilesystem {
         let node = inode(ino)
         let np = inode(newParent)
         try checkChangeable(np, newName)
+        // A kept entry seen through the desktop trash gets no other name: emptying it would free nothing.
+        if table.isInTrash(node) { throw .notPermitted }
         try namespace.making(np, newName) { npfd throws(Errno) -> (Inode, stat) in
             let unnamed = table.isUnnamed(node)
             let target = changes.linking(node, unnamed: unnamed)

@@ -193,9 +193,12 @@ final class OneStepBurials: Sendable {
                 do throws(Errno) {
                     let st = try Sys.lstatat(room, name)
                     try check.check(room, name, recursive: st.st_mode & S_IFMT == S_IFDIR)
-                    // Freed as its deleter: as its name says, or else as the room's user.
+                    // Freed as its deleter: as its name says when that is the
+                    // room's user (a piece the reaper moved on as them), else
+                    // as the room's user, whatever the name: they may have
+                    // put anything in their room, under any name.
                     var by = name.withCString { DeletedBy(entryName: $0) }
-                    if by == nil { by = try graveyard.identify(uid == 0 ? nil : credentials) }
+                    if by?.uid != uid { by = try graveyard.identify(uid == 0 ? nil : credentials) }
                     reaper.noteBuried(shard: try graveyard.bury(room, name, by: by))
                 } catch .noSuchFileOrDirectory {
                     // A reaper moving a piece on through the room took it first.

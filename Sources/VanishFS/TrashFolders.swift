@@ -79,9 +79,9 @@ final class TrashFolders: @unchecked Sendable {
         var made: [UInt32: Made] = [:]
         var loose: [UInt32: [[UInt8]: Loose]] = [:]
         var listings: [UInt32: Listing] = [:]
-        /// Each entry's name in `files/` (by entry id), once given: by a
-        /// client that put it in the trash, or by a listing.
-        var chosen: [String: [UInt8]] = [:]
+        /// Each user's entries' names in `files/` (by entry id), once given:
+        /// by a client that put it in the trash, or by a listing.
+        var chosen: [UInt32: [String: [UInt8]]] = [:]
     }
 
     struct Made {
@@ -179,7 +179,9 @@ final class TrashFolders: @unchecked Sendable {
 
     // MARK: Entries
 
-    /// `uid`'s entries as `files/` names them.
+    /// `uid`'s entries as `files/` names them. Named outside the lock, so
+    /// one user's big trash never holds up another's folder; a user with no
+    /// entries leaves nothing behind (any uid can be looked up).
     func listing(_ uid: UInt32) -> Listing {
         let version = graveyard.restorableVersion
         if let known = state.withLock({ s in s.listings[uid].flatMap { $0.version == version ? $0 : nil } }) {
@@ -187,41 +189,72 @@ final class TrashFolders: @unchecked Sendable {
         }
         // Pieces of a held tree have no path, hence no name: `vanish trash` shows them.
         let entries = graveyard.restorable(of: uid).filter { $0.record.uid == uid && !$0.record.path.isEmpty }
-        return state.withLock { s in
-            var listing = Self.name(entries, chosen: &s.chosen)
-            listing.version = version
-            s.listings[uid] = listing
-            if s.chosen.count > 4 * max(entries.count, 256) {
-                s.chosen = s.chosen.filter { graveyard.restorable(id: $0.key) != nil }
+        guard !entries.isEmpty else {
+            state.withLock { s in
+                s.listings[uid] = nil
+                s.chosen[uid] = nil
             }
-            return listing
+            return Listing(version: version)
         }
+        var chosen = state.withLock { $0.chosen[uid] ?? [:] }
+        var listing = Self.name(entries, chosen: &chosen)
+        listing.version = version
+        if chosen.count > 2 * entries.count + 64 {
+            let ids = Set(entries.map(\.id))
+            chosen = chosen.filter { ids.contains($0.key) }
+        }
+        state.withLock { s in
+            // A name a client chose meanwhile (`chose`) stands.
+            if let newer = s.chosen[uid] { chosen.merge(newer) { _, theirs in theirs } }
+            s.chosen[uid] = chosen
+            s.listings[uid] = listing
+        }
+        return listing
     }
+
+    /// How many users' listings are kept (for tests).
+    var cachedListings: Int { state.withLock { $0.listings.count + $0.chosen.count } }
+
+    /// The longest name in `files/`: its info file's name must fit in 255 bytes.
+    static let nameLimit = 255 - suffix.count
 
     /// Names `entries` (oldest first): each keeps the name it has in
     /// `chosen` (given by a client, or by an earlier listing), so no name
     /// changes while the mount lasts, whatever comes and goes; a new entry
-    /// gets its last name, or `.2`, `.3`, … after it when that is taken.
+    /// gets its last name (cut to `nameLimit`), or `.2`, `.3`, … after it
+    /// when that is taken, counted on per name so that many entries of one
+    /// name cost linear time.
     static func name(_ entries: [TrashEntry], chosen: inout [String: [UInt8]]) -> Listing {
         var listing = Listing()
         listing.names.reserveCapacity(entries.count)
         var fresh: [TrashEntry] = []
         for e in entries {
-            if let name = chosen[e.id], listing.entries[name] == nil { listing.entries[name] = e } else { fresh.append(e) }
+            if let name = chosen[e.id], name.count <= nameLimit, listing.entries[name] == nil {
+                listing.entries[name] = e
+            } else {
+                fresh.append(e)
+            }
         }
+        var next: [[UInt8]: Int] = [:]
         for e in fresh {
             let base = lastName(e.record.path)
-            var name = base
-            var n = 2
+            var name = fitted(base, [])
+            var n = next[base] ?? 2
             while listing.entries[name] != nil {
-                name = base + Array(".\(n)".utf8)
+                name = fitted(base, Array(".\(n)".utf8))
                 n += 1
             }
+            next[base] = n
             listing.entries[name] = e
             chosen[e.id] = name
         }
         listing.names = listing.entries.sorted { $0.value.id < $1.value.id }.map(\.key)
         return listing
+    }
+
+    /// `base` then `suffix`, `base` cut so the whole fits in `nameLimit`.
+    private static func fitted(_ base: [UInt8], _ suffix: [UInt8]) -> [UInt8] {
+        base.count + suffix.count <= nameLimit ? base + suffix : Array(base.prefix(nameLimit - suffix.count)) + suffix
     }
 
     static func lastName(_ path: [UInt8]) -> [UInt8] {
@@ -295,7 +328,7 @@ final class TrashFolders: @unchecked Sendable {
     /// `name` is what a client calls entry `id` (it put it in the trash under that name).
     func chose(_ name: [UInt8], for id: String, of uid: UInt32) {
         state.withLock { s in
-            s.chosen[id] = name
+            s.chosen[uid, default: [:]][id] = name
             s.listings[uid] = nil
         }
     }

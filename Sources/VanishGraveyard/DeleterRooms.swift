@@ -90,16 +90,40 @@ public final class DeleterRooms: Sendable {
 
     /// Moves entries that restores left staged in rooms (the daemon stopped
     /// between its two renames) back to their shards, before the trash is read.
-    func returnStaged(to shardFDs: [Int32]) {
+    ///
+    /// A room is its user's: they may reach it (through `..` of a directory
+    /// staged there, from a descriptor held inside it) and put anything in
+    /// it under any name. So a staged name goes back only as a kept entry of
+    /// that user (`isKept`: its record is in the shard, where no user
+    /// writes), and a directory only under a name that frees it as them
+    /// (`mayReturn`); anything else stays in the room, renamed as a
+    /// leftover of theirs, checked and freed as them (`leftovers`).
+    func returnStaged(to shardFDs: [Int32], isKept: (_ shard: Int, _ id: String, _ uid: uid_t) -> Bool) {
         for user in (try? Sys.names(in: usersFD, ".")) ?? [] {
-            guard let room = try? Sys.openat(usersFD, user, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else { continue }
+            guard let uid = uid_t(user),
+                  let room = try? Sys.openat(usersFD, user, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else { continue }
             defer { Sys.close(room) }
             for name in (try? Sys.names(in: room, ".")) ?? [] where Self.isStaged(name) {
                 let parts = name.split(separator: "-", maxSplits: 2)
-                guard parts.count == 3, let shard = Int(parts[1], radix: 16), shardFDs.indices.contains(shard) else { continue }
-                _ = try? Sys.renameNoReplace(room, name, shardFDs[shard], String(parts[2]))
+                if parts.count == 3, let shard = Int(parts[1], radix: 16), shardFDs.indices.contains(shard),
+                   case let id = String(parts[2]), !id.hasPrefix("."), isKept(shard, id, uid),
+                   Self.mayReturn(room, name, as: id, uid: uid),
+                   (try? Sys.renameNoReplace(room, name, shardFDs[shard], id)) != nil {
+                    continue
+                }
+                _ = try? Sys.renameNoReplace(room, name, room, "returned-" + name.dropFirst("restoring-".count))
             }
         }
+    }
+
+    /// Whether `name` in the room of `uid` may become the graveyard entry
+    /// `id`: a directory's contents are freed as the user its entry name
+    /// says (the daemon, when it names none), so a directory goes back only
+    /// under a name that says `uid`. Anything else is freed with one unlink.
+    static func mayReturn(_ room: Int32, _ name: String, as id: String, uid: uid_t) -> Bool {
+        guard let st = try? Sys.lstatat(room, name) else { return false }
+        if st.st_mode & S_IFMT != S_IFDIR { return true }
+        return id.withCString { DeletedBy(entryName: $0) }?.uid == uid
     }
 
     /// `uid`'s room, made on first use: a directory only the daemon's user

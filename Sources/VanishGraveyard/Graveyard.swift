@@ -105,7 +105,10 @@ public final class Graveyard: @unchecked Sendable {
         shardFDs = shards
         self.deleters = deleters!
         rooms = try? DeleterRooms(stateFD: state)
-        rooms?.returnStaged(to: shards)
+        rooms?.returnStaged(to: shards) { shard, id, uid in
+            // Read directly: `self` is not whole yet.
+            Graveyard.readSidecar(shards[shard], id)?.uid == uid
+        }
         instance = UInt32(truncatingIfNeeded: getpid())
         loadTrash()
     }

@@ -357,7 +357,9 @@ extension Graveyard {
         }
     }
 
-    func readSidecar(_ shardFD: Int32, _ id: String) -> TrashRecord? {
+    func readSidecar(_ shardFD: Int32, _ id: String) -> TrashRecord? { Self.readSidecar(shardFD, id) }
+
+    static func readSidecar(_ shardFD: Int32, _ id: String) -> TrashRecord? {
         guard let fd = try? Sys.openat(shardFD, "." + id, O_RDONLY | O_NOFOLLOW) else { return nil }
         defer { Sys.close(fd) }
         return TrashRecord(decoding: Sys.readAll(fd))
@@ -479,7 +481,12 @@ extension Graveyard {
     /// Takes a restorable entry so the reaper will not touch it; end with
     /// `restore` or `release`.
     public func claim(_ id: String) -> TrashEntry? { trash.claimForRestore(id) }
-    public func release(_ e: TrashEntry) { trash.finishRestore(e, restored: false) }
+    /// An entry no longer in its shard (a restore found something else in
+    /// its place and left that to its user) is dropped, not kept.
+    public func release(_ e: TrashEntry) {
+        let there = (try? Sys.lstatat(shardFDs[e.shard], e.id)) != nil
+        trash.finishRestore(e, restored: !there)
+    }
 
     /// Lets the kept entry `id` go before its window ends (`vanish trash
     /// empty`): renamed within its shard to a name of time 1, which no window
@@ -520,12 +527,21 @@ extension Graveyard {
         if let who, who.uid != geteuid(), Credentials.canSwitch, let rooms {
             let room = try rooms.room(for: who.uid, gid: who.gid)
             let staged = DeleterRooms.stagedName(shard: e.shard, id: e.id)
+            let entry = try Sys.lstatat(sfd, e.id)
             try Sys.renameNoReplace(sfd, e.id, room, staged)
             do throws(Errno) {
                 try Self.moveOut(room, staged, to: parentFD, name, as: who, inPlace: inPlace)
             } catch {
+                // The room is the user's, who may have swapped something in
+                // meanwhile: only the entry itself goes back, else it is
+                // theirs, a leftover freed as them at the next start.
                 // If this fails too, nothing frees the entry there; the next start moves it back (`returnStaged`).
-                try Sys.renameNoReplace(room, staged, sfd, e.id)
+                if let now = try? Sys.lstatat(room, staged), now.st_dev == entry.st_dev, now.st_ino == entry.st_ino {
+                    try Sys.renameNoReplace(room, staged, sfd, e.id)
+                    throw error
+                }
+                _ = try? Sys.renameNoReplace(room, staged, room, "returned-" + e.id)
+                removeSidecar(sfd, e.id)
                 throw error
             }
         } else {

@@ -213,3 +213,94 @@ struct TrashFoldersTests {
         #expect(later.names.map { String(decoding: $0, as: UTF8.self) } == ["x.2", "y", "x"])
     }
 }
+
+/// Attacks on the desktop trash and on the restore it makes cheap to repeat.
+@Suite(.serialized)
+struct TrashFolderAttackTests {
+    @Test("nobody who reaches their own room (through .. of a directory a restore staged there) gets nothing freed as root: what they plant is theirs")
+    func plantedInTheRoom() throws {
+        let m = try VanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            // In nobody's directory, a directory of root's holding a file nobody may not delete.
+            let made = try sh("""
+                mkdir -m 1777 shared && mkdir shared/R shared/R2 && touch shared/R2/keep && chown nobody shared/R shared/R2
+                mkdir shared/nd && mkdir shared/nd/rootsub && echo precious > shared/nd/rootsub/precious
+                chown nobody shared/nd && chmod 755 shared/nd/rootsub
+                """, cwd: src)
+            guard made.ok else { throw TestFailure(made.stderr) }
+        })
+        defer { m.close() }
+        guard try run(["chmod", "755", m.base]).ok else { throw TestFailure("chmod \(m.base)") }
+        // nobody holds R open on the source, removes it through the mount (kept),
+        // then fails to restore it over R2 again and again: each try stages R in
+        // their room, where .. from the open R leads.
+        let script = #"""
+            import os, sys, threading, time
+            S, M = sys.argv[1], sys.argv[2]
+            fd = os.open(S + "/shared/R", os.O_RDONLY | os.O_DIRECTORY)
+            os.rmdir(M + "/shared/R")
+            trash = M + "/.Trash-%d/files" % os.getuid()
+            deadline = time.time() + 30
+            while not os.path.exists(trash + "/R") and time.time() < deadline: time.sleep(0.01)
+            stop = False
+            def restorer():
+                while not stop:
+                    try: os.rename(trash + "/R", M + "/shared/R2")
+                    except OSError: pass
+            threading.Thread(target=restorer, daemon=True).start()
+            room = None
+            while room is None and time.time() < deadline:
+                try: p = os.open("..", os.O_PATH | os.O_DIRECTORY, dir_fd=fd)
+                except OSError: continue
+                if os.fstat(p).st_uid == os.getuid(): room = p
+                else: os.close(p)
+            stop = True
+            if room is None: print("no room"); sys.exit(2)
+            # A restore's staged name for shard 00, and an entry name that frees as the daemon.
+            os.rename(S + "/shared/nd", "restoring-00-0000000000000002-00000001-0000000001", dst_dir_fd=room)
+            print("planted")
+            """#
+        try script.write(toFile: m.base + "/attack.py", atomically: true, encoding: .utf8)
+        let attack = try runAsNobody(["/usr/bin/python3", m.base + "/attack.py", m.source, m.mountpoint])
+        #expect(attack.stdout.contains("planted"), "the attack never reached the room: \(attack.stdout) \(attack.stderr)")
+        #expect(try m.unmount() == 0)
+        // The next start returns staged restores to the graveyard: not this one.
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepareExisting: m.source) { again throws in
+            try waitForReaper(again)
+            let found = try sh("find .vanish -name precious | wc -l", cwd: m.source).stdout
+            #expect(found.trimmingCharacters(in: .whitespacesAndNewlines) == "1", "root's file was freed by the daemon")
+        }
+    }
+
+    @Test("a flood of entries of one name is named in linear time, and looking up folders of users with nothing keeps nothing", .timeLimit(.minutes(1)))
+    func floods() throws {
+        var chosen: [String: [UInt8]] = [:]
+        let entries = (0..<50_000).map { i in
+            TrashEntry(id: String(format: "%016x", i), shard: 0, deleted: 0,
+                       record: TrashRecord(path: Array("d\(i)/x".utf8), uid: 1, gid: 1, bytes: nil, kind: .file))
+        }
+        let listing = TrashFolders.name(entries, chosen: &chosen)
+        #expect(listing.names.count == 50_000 && listing.names.first == Array("x".utf8))
+        #expect(listing.names.last == Array("x.50000".utf8))
+        // Names fit an info file's name in 255 bytes.
+        let long = [TrashEntry(id: "a", shard: 0, deleted: 0, record: TrashRecord(path: Array(String(repeating: "k", count: 255).utf8),
+                                                                                uid: 1, gid: 1, bytes: nil, kind: .file)),
+                    TrashEntry(id: "b", shard: 0, deleted: 0, record: TrashRecord(path: Array(String(repeating: "k", count: 255).utf8),
+                                                                                uid: 1, gid: 1, bytes: nil, kind: .file))]
+        var none: [String: [UInt8]] = [:]
+        let named = TrashFolders.name(long, chosen: &none)
+        #expect(named.names.allSatisfy { $0.count + TrashFolders.suffix.count <= 255 } && Set(named.names).count == 2)
+
+        // Any uid may be looked up: one with nothing leaves nothing behind.
+        let dir = try makeTempDirectory("trash-folders")
+        defer { removeTree(dir) }
+        let fd = open(dir, O_RDONLY | O_DIRECTORY)
+        defer { close(fd) }
+        let graveyard = try Graveyard(rootFD: fd, client: try ClientID("alpha"))
+        var st = stat()
+        fstat(fd, &st)
+        let root = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, id: 1, generation: 0, parent: nil, name: "")
+        let folders = TrashFolders(graveyard: graveyard, table: InodeTable(root: root, codec: nil))
+        for uid in UInt32(100_000)..<110_000 { #expect(!folders.exists(uid)) }
+        #expect(folders.cachedListings == 0)
+    }
+}
