@@ -438,7 +438,13 @@ extension Sys {
     /// never following a symlink: close it with `closedir`. The descriptor
     /// is closed here if the stream cannot be made (`fdopendir` fails).
     public static func openDirectory(_ dirfd: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> OpaquePointer {
-        let fd = try openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        try directoryStream(adopting: openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC))
+    }
+
+    /// A stream over the directory open as `fd` (`fdopendir`), which then
+    /// owns it (`closedir` closes both); `fd` is closed here if the stream
+    /// cannot be made, so no caller leaks it.
+    public static func directoryStream(adopting fd: Int32) throws(Errno) -> OpaquePointer {
         guard let dp = fdopendir(fd) else {
             let e = Errno(rawValue: errno)
             close(fd)
@@ -446,6 +452,12 @@ extension Sys {
         }
         return dp
     }
+
+    /// The disk space `st` says its file takes: the one rule every count of
+    /// freed or held bytes uses (st_blocks is in 512-byte units whatever the
+    /// filesystem's block size).
+    @inline(__always)
+    public static func diskBytes(_ st: stat) -> UInt64 { UInt64(st.st_blocks) * 512 }
 
     /// The names in the directory `name` of `dirfd` (not followed if a
     /// symlink), "." and ".." left out. The stream is closed on every path.

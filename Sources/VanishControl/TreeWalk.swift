@@ -79,7 +79,7 @@ enum TreeWalk {
     /// the state directory, each NUL-terminated; nil if it cannot be read.
     private static func names(in fd: Int32, skippingState: Bool) -> [[CChar]]? {
         guard let listing = try? Sys.openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) else { return nil }
-        guard let dp = fdopendir(listing) else { Sys.close(listing); return nil }
+        guard let dp = try? Sys.directoryStream(adopting: listing) else { return nil }
         defer { closedir(dp) }
         var out: [[CChar]] = []
         while let d = Glibc.readdir(dp) {

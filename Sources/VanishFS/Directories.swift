@@ -40,12 +40,7 @@ extension VanishFilesystem {
                     try Sys.openat(pathFD, ".", O_RDONLY | O_DIRECTORY | listingAtimeFlag)
                 }
             }
-            guard let opened = fdopendir(fd) else {
-                let e = Errno(rawValue: errno)
-                Sys.close(fd)
-                throw e
-            }
-            stream = opened
+            stream = try Sys.directoryStream(adopting: fd)
         } catch {
             handleShares.giveBack(caller.uid)
             throw error

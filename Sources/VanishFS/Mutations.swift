@@ -203,7 +203,7 @@ extension Deleter {
         let type = st.st_mode & S_IFMT
         // A tree's size is unknown without walking it; a file's is its blocks.
         // A directory's size is what it holds: unknown here, measured in the background (Reaper's warden).
-        let bytes: UInt64? = type == S_IFDIR ? nil : UInt64(st.st_blocks) * 512
+        let bytes: UInt64? = type == S_IFDIR ? nil : Sys.diskBytes(st)
         return TrashRecord(path: table.path(of: parent, appending: name), uid: caller.uid, gid: caller.gid,
                            bytes: bytes, kind: TrashRecord.Kind(mode: st.st_mode))
     }
@@ -257,8 +257,7 @@ extension Deleter {
     /// every entry was seen.
     private func forEachEntry(_ parentFD: Int32, _ name: UnsafePointer<CChar>,
                               _ body: (UnsafePointer<CChar>) -> Bool) throws(Errno) -> Bool {
-        let fd = try Sys.openat(parentFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW)
-        guard let dp = fdopendir(fd) else { Sys.close(fd); throw Errno(rawValue: errno) }
+        let dp = try Sys.openDirectory(parentFD, name)
         defer { closedir(dp) }
         while let d = Glibc.readdir(dp) {
             let entry = vanish_dirent_name(d)!
@@ -374,7 +373,7 @@ extension Deleter {
     /// directory's (what a tree holds is added by its walk).
     @inline(__always)
     static func freedBytes(_ st: stat) -> UInt64 {
-        st.st_mode & S_IFMT == S_IFDIR || st.st_nlink > 1 ? 0 : UInt64(st.st_blocks) * 512
+        st.st_mode & S_IFMT == S_IFDIR || st.st_nlink > 1 ? 0 : Sys.diskBytes(st)
     }
 
     /// Deletes an entry that cannot reach the graveyard (a nested
@@ -394,27 +393,29 @@ extension Deleter {
     /// Removes a directory and everything in it with fd-relative calls,
     /// never following a symlink and never crossing into another filesystem.
     private func removeTree(_ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
-        let fd = try Sys.openat(parentFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW)
-        guard let dp = fdopendir(fd) else { Sys.close(fd); throw Errno(rawValue: errno) }
-        let dev = try Sys.fstat(fd).st_dev
+        let dp = try Sys.openDirectory(parentFD, name)
         var failure: Errno?
-        while let d = Glibc.readdir(dp) {
-            let child = vanish_dirent_name(d)!
-            if isDotOrDotDot(child) { continue }
-            do throws(Errno) {
-                let st = try Sys.lstatat(dirfd(dp), child)
-                if st.st_mode & S_IFMT != S_IFDIR {
-                    try Sys.unlinkat(dirfd(dp), child, 0)
-                } else if st.st_dev != dev {
-                    throw Errno.resourceBusy  // a mountpoint: rm -r would refuse it too
-                } else {
-                    try removeTree(dirfd(dp), child)
+        // Closed before its directory goes.
+        do {
+            defer { closedir(dp) }
+            let dev = try Sys.fstat(dirfd(dp)).st_dev
+            while let d = Glibc.readdir(dp) {
+                let child = vanish_dirent_name(d)!
+                if isDotOrDotDot(child) { continue }
+                do throws(Errno) {
+                    let st = try Sys.lstatat(dirfd(dp), child)
+                    if st.st_mode & S_IFMT != S_IFDIR {
+                        try Sys.unlinkat(dirfd(dp), child, 0)
+                    } else if st.st_dev != dev {
+                        throw Errno.resourceBusy  // a mountpoint: rm -r would refuse it too
+                    } else {
+                        try removeTree(dirfd(dp), child)
+                    }
+                } catch {
+                    failure = failure ?? error
                 }
-            } catch {
-                failure = failure ?? error
             }
         }
-        closedir(dp)
         if let failure { throw failure }
         try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
     }

@@ -168,7 +168,7 @@ final class OneStepBurials: Sendable {
                 for name in path { r.path += [UInt8(ascii: "/")] + name.dropLast().map { UInt8(bitPattern: $0) } }
                 let st = try graveyard.withName(reservation) { part throws(Errno) in try Sys.lstatat(p.room, part) }
                 r.kind = TrashRecord.Kind(mode: st.st_mode)
-                r.bytes = st.st_mode & S_IFMT == S_IFDIR ? nil : UInt64(st.st_blocks) * 512
+                r.bytes = st.st_mode & S_IFMT == S_IFDIR ? nil : Sys.diskBytes(st)
                 record = r
             }
             try graveyard.withName(reservation) { part throws(Errno) in

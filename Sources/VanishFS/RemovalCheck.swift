@@ -63,7 +63,7 @@ struct RemovalCheck: Sendable {
         /// Files' blocks only: the reaper counts what it frees the same way.
         mutating func add(_ st: stat) {
             entries += 1
-            if st.st_mode & S_IFMT != S_IFDIR && st.st_nlink <= 1 { bytes += UInt64(st.st_blocks) * 512 }
+            if st.st_mode & S_IFMT != S_IFDIR && st.st_nlink <= 1 { bytes += Sys.diskBytes(st) }
         }
     }
 
@@ -105,11 +105,7 @@ struct RemovalCheck: Sendable {
             if try isEmptyAsDaemon(fd) { return }
             throw .permissionDenied
         }
-        guard let dp = fdopendir(listing) else {
-            let e = Errno(rawValue: errno)
-            Sys.close(listing)
-            throw e
-        }
+        let dp = try Sys.directoryStream(adopting: listing)
         defer { closedir(dp) }
         var writable = false
         while let d = readdir(dp) {
@@ -186,11 +182,8 @@ struct RemovalCheck: Sendable {
             fail(error)
             return false
         }
-        guard let dp = fdopendir(listing) else {
-            fail(Errno(rawValue: errno))
-            Sys.close(listing)
-            return false
-        }
+        let dp: OpaquePointer
+        do throws(Errno) { dp = try Sys.directoryStream(adopting: listing) } catch { fail(error); return false }
         let protected = (try? Sys.lstatatProtected(fd, ""))?.protected ?? true
         var writable: Errno? = protected ? .notPermitted : nil
         if writable == nil, credentials != nil {
@@ -256,7 +249,7 @@ struct RemovalCheck: Sendable {
         let own = Credentials(uid: geteuid(), gid: getegid(), groups: [])
         let read = { () throws(Errno) -> Bool in
             let listing = try Sys.openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-            guard let dp = fdopendir(listing) else { Sys.close(listing); throw Errno(rawValue: errno) }
+            let dp = try Sys.directoryStream(adopting: listing)
             defer { closedir(dp) }
             while let d = readdir(dp) {
                 if !isDotOrDotDot(vanish_dirent_name(d)!) { return false }

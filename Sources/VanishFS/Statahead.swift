@@ -157,11 +157,11 @@ final class Statahead: @unchecked Sendable {
         // Not one the walk listed with attributes lately (a warm walk, a
         // repeated `du`): reading it again would only take a core from the walk.
         guard fstat(fd, &st) == 0, Self.mayList(st, caller),
-              !table.listedLately(dev: st.st_dev, ino: st.st_ino, window: Self.warmForgetMilliseconds),
-              let stream = fdopendir(fd) else {
+              !table.listedLately(dev: st.st_dev, ino: st.st_ino, window: Self.warmForgetMilliseconds) else {
             Glibc.close(fd)
             return
         }
+        guard let stream = try? Sys.directoryStream(adopting: fd) else { return }
         defer { closedir(stream) }
         let dfd = dirfd(stream)
         while let d = Glibc.readdir(stream) {
@@ -310,7 +310,7 @@ final class Statahead: @unchecked Sendable {
     private func readAhead(in dir: Inode) {
         guard let fd = namespace.withFDIfPossible(dir, { Glibc.openat($0, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) }),
               fd >= 0 else { return }
-        guard let stream = fdopendir(fd) else { Glibc.close(fd); return }
+        guard let stream = try? Sys.directoryStream(adopting: fd) else { return }
         defer { closedir(stream) }
         beginReadAhead(dir)
         let dfd = dirfd(stream)

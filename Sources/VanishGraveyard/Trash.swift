@@ -412,7 +412,7 @@ extension Graveyard {
         if let known = trash.extent(e.id) { return known }
         guard walking, let st = try? Sys.lstatat(shardFDs[e.shard], e.id) else { return nil }
         var extent = TreeExtent()
-        extent.disk = UInt64(st.st_blocks) * 512
+        extent.disk = Sys.diskBytes(st)
         if st.st_mode & S_IFMT == S_IFDIR {
             guard Graveyard.walk(shardFDs[e.shard], e.id, depth: 0, into: &extent) else { return nil }
         } else {
@@ -454,7 +454,7 @@ extension Graveyard {
             guard let child = vanish_dirent_name(d) else { continue }
             if isDotOrDotDot(child) { continue }
             guard let st = try? Sys.lstatat(dirfd(dir), child) else { continue }
-            extent.disk += UInt64(st.st_blocks) * 512
+            extent.disk += Sys.diskBytes(st)
             if st.st_mode & S_IFMT == S_IFDIR {
                 extent.directories += 1
                 guard walk(dirfd(dir), child, depth: depth + 1, into: &extent) else { return false }

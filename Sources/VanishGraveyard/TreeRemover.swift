@@ -70,11 +70,8 @@ struct TreeRemover {
         makeRemovable(parentFD, name, st, owner: geteuid())
         let fd: Int32
         do { fd = try Sys.openat(parentFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW) } catch { note(error); return true }
-        guard let dp = fdopendir(fd) else {
-            note(Errno(rawValue: errno))
-            Sys.close(fd)
-            return true
-        }
+        let dp: OpaquePointer
+        do throws(Errno) { dp = try Sys.directoryStream(adopting: fd) } catch { note(error); return true }
         let dfd = dirfd(dp)
         while let d = readdir(dp) {
             let child = vanish_dirent_name(d)!
@@ -124,11 +121,7 @@ struct TreeRemover {
                 do throws(Errno) { fd = try Sys.openat(top, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) } catch .permissionDenied {
                     return
                 }
-                guard let dp = fdopendir(fd) else {
-                    let e = Errno(rawValue: errno)
-                    Sys.close(fd)
-                    throw e
-                }
+                let dp = try Sys.directoryStream(adopting: fd)
                 defer { closedir(dp) }
                 let dfd = dirfd(dp)
                 while let d = readdir(dp) {
@@ -251,7 +244,7 @@ struct TreeRemover {
         // Data and space go only with the last link.
         let last = st.st_nlink <= 1
         count(Freed(files: 1, dataBytes: last ? UInt64(max(0, st.st_size)) : 0,
-                    diskBytes: last ? UInt64(st.st_blocks) * 512 : 0))
+                    diskBytes: last ? Sys.diskBytes(st) : 0))
     }
 
     @inline(__always)

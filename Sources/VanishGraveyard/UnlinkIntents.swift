@@ -274,7 +274,7 @@ public final class UnlinkIntents: Sendable {
                     return .success(nil)
                 }
                 let record = keepingRecords
-                    ? TrashRecord(path: intent.path, uid: intent.uid, gid: intent.gid, bytes: UInt64(st.st_blocks) * 512,
+                    ? TrashRecord(path: intent.path, uid: intent.uid, gid: intent.gid, bytes: Sys.diskBytes(st),
                                   kind: TrashRecord.Kind(mode: st.st_mode))
                     : nil
                 return .success(try graveyard.bury(fd, name, record: record, deletion: .at(intent.deleted)))

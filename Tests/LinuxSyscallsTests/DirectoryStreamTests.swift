@@ -35,4 +35,31 @@ struct DirectoryStreamTests {
         #expect(openDescriptors() == before)
         #expect(try Sys.names(in: AT_FDCWD, base).sorted() == ["d", "f", "link"])
     }
+
+    @Test("a stream adopts its descriptor: closedir closes it, and a descriptor that is no directory is closed on the refusal")
+    func adopting() throws {
+        // High numbers, which no other thread's open takes meanwhile (the lowest free number is given).
+        func high(_ fd: Int32) -> Int32 {
+            defer { close(fd) }
+            return fcntl(fd, F_DUPFD_CLOEXEC, 15_000)
+        }
+        for _ in 0..<200 {
+            let dir = high(open("/tmp", O_RDONLY | O_DIRECTORY))
+            try #require(dir >= 15_000)
+            closedir(try Sys.directoryStream(adopting: dir))
+            #expect(fcntl(dir, F_GETFD) == -1)
+            let file = high(open("/proc/self/stat", O_RDONLY))
+            try #require(file >= 15_000)
+            #expect(throws: Errno.notDirectory) { _ = try Sys.directoryStream(adopting: file) }
+            #expect(fcntl(file, F_GETFD) == -1 && errno == EBADF)
+        }
+    }
+
+    @Test("disk bytes are st_blocks in 512-byte units, whatever the block size")
+    func diskBytes() {
+        var st = stat()
+        st.st_blocks = 8
+        st.st_blksize = 65536
+        #expect(Sys.diskBytes(st) == 4096)
+    }
 }
