@@ -101,100 +101,117 @@ public struct MountStatus: Sendable, Equatable {
 
     public init() {}
 
+    /// The status as JSON, by `fields`.
     public var json: JSON {
-        [
-            "version": JSON(version), "source": JSON(source), "pid": JSON(pid),
-            "state_directory": stateDirectory.map { JSON($0) } ?? .null, "graveyard": JSON(graveyard),
-            "pending_entries": JSON(pendingEntries), "eta_seconds": etaSeconds.map { JSON($0) } ?? .null,
-            "reaper_idle": JSON(reaperIdle), "reap_files_per_second": JSON(reapFilesPerSecond),
-            "reap_entries_per_second": JSON(reapEntriesPerSecond), "reaped_entries": JSON(reapedEntries),
-            "freed_files": JSON(freedFiles), "freed_directories": JSON(freedDirectories),
-            "freed_data_bytes": JSON(freedDataBytes), "freed_bytes": JSON(freedBytes),
-            "buried_entries": buriedEntries.map { JSON($0) } ?? .null, "reaper_workers": JSON(reaperWorkers),
-            "free_bytes": JSON(freeBytes), "restorable_entries": JSON(restorableEntries),
-            "stuck_entries": JSON(stuckEntries), "put_back_entries": JSON(putBackEntries), "restorable_bytes": JSON(restorableBytes),
-            "keep_seconds": JSON(keepSeconds), "keep_min_age_seconds": JSON(keepMinAgeSeconds),
-            "reaper_yields": JSON(reaperYields), "shortened_entries": JSON(shortenedEntries), "shortened_bytes": JSON(shortenedBytes),
-            "shortened_at_ns": JSON(shortenedAtNS), "shortened_because": JSON(shortenedBecause),
-            "keep_exclude": .array(keepExclude.map { JSON($0) }), "graveyard_bytes": JSON(graveyardBytes), "socket": JSON(socket), "log": JSON(log),
-            "known_inodes": JSON(knownInodes), "statahead_entries": JSON(stataheadEntries),
-            "cached_fds": JSON(cachedFDs), "fd_cache_limit": JSON(fdCacheLimit),
-            "kernel_features": JSON(kernelFeatures), "passthrough": JSON(passthrough),
-            "spin_microseconds": JSON(spinMicroseconds), "cache_seconds": JSON(cacheSeconds),
-            "file_handles": JSON(fileHandles),
-            "requests": ["channel": JSON(requests.channel), "why": requests.why.map { JSON($0) } ?? .null,
-                         "queues": JSON(requests.queues), "queue_depth": JSON(requests.queueDepth),
-                         "threads": JSON(requests.threads), "buffer_bytes": JSON(requests.bufferBytes),
-                         "spin_microseconds": JSON(requests.spinMicroseconds)],
-            "client": client.map { JSON($0) } ?? .null, "lease_seconds": JSON(leaseSeconds),
-            "other_clients": .array(otherClients.map { c -> JSON in
-                ["client": JSON(c.client), "pending_entries": JSON(c.pendingEntries),
-                 "silent_seconds": JSON(c.silentSeconds), "lease": JSON(c.leaseExpired ? "expired" : "live")]
-            }),
-        ]
+        .object(Dictionary(uniqueKeysWithValues: Self.fields.map { ($0.key, $0.write(self)) }))
     }
 
     /// Reads the JSON a daemon wrote; nil if it is not an object. Missing
     /// fields (an older daemon) keep their defaults.
     public init?(json o: JSON) {
         guard o.object != nil else { return nil }
-        func int(_ k: String) -> Int { o[k]?.int ?? 0 }
-        version = o["version"]?.string ?? "unknown"
-        pid = int("pid")
-        source = o["source"]?.string ?? "?"
-        stateDirectory = o["state_directory"]?.string
-        graveyard = o["graveyard"]?.bool ?? false
-        pendingEntries = int("pending_entries")
-        etaSeconds = o["eta_seconds"]?.int
-        reaperIdle = o["reaper_idle"]?.bool ?? true
-        reapFilesPerSecond = int("reap_files_per_second")
-        reapEntriesPerSecond = int("reap_entries_per_second")
-        reapedEntries = int("reaped_entries")
-        freedFiles = int("freed_files")
-        freedDirectories = int("freed_directories")
-        freedDataBytes = int("freed_data_bytes")
-        freedBytes = int("freed_bytes")
-        buriedEntries = o["buried_entries"]?.int
-        reaperWorkers = int("reaper_workers")
-        freeBytes = int("free_bytes")
-        restorableEntries = int("restorable_entries")
-        stuckEntries = int("stuck_entries")
-        putBackEntries = int("put_back_entries")
-        restorableBytes = int("restorable_bytes")
-        keepSeconds = o["keep_seconds"]?.double ?? 0
-        keepMinAgeSeconds = o["keep_min_age_seconds"]?.double ?? 0
-        reaperYields = o["reaper_yields"]?.bool ?? false
-        shortenedEntries = int("shortened_entries")
-        shortenedBytes = int("shortened_bytes")
-        shortenedAtNS = o["shortened_at_ns"]?.uint64 ?? 0
-        shortenedBecause = o["shortened_because"]?.string ?? ""
-        keepExclude = (o["keep_exclude"]?.array ?? []).compactMap(\.string)
-        graveyardBytes = int("graveyard_bytes")
-        socket = o["socket"]?.string ?? ""
-        log = o["log"]?.string ?? ""
-        knownInodes = int("known_inodes")
-        stataheadEntries = int("statahead_entries")
-        cachedFDs = int("cached_fds")
-        fdCacheLimit = int("fd_cache_limit")
-        kernelFeatures = o["kernel_features"]?.string ?? "?"
-        passthrough = o["passthrough"]?.string ?? "?"
-        spinMicroseconds = int("spin_microseconds")
-        cacheSeconds = o["cache_seconds"]?.double ?? 0
-        fileHandles = o["file_handles"]?.string ?? ""
-        if let r = o["requests"] {
-            requests.channel = r["channel"]?.string ?? "?"
-            requests.why = r["why"]?.string
-            requests.queues = r["queues"]?.int ?? 0
-            requests.queueDepth = r["queue_depth"]?.int ?? 0
-            requests.threads = r["threads"]?.int ?? 0
-            requests.bufferBytes = r["buffer_bytes"]?.int ?? 0
-            requests.spinMicroseconds = r["spin_microseconds"]?.int ?? 0
+        for field in Self.fields { field.read(&self, o[field.key]) }
+    }
+
+    /// One field: its key, and how it is written and read. Both directions
+    /// come from this one table, so a new field is one line here.
+    struct Field: @unchecked Sendable {
+        let key: String
+        let write: (MountStatus) -> JSON
+        let read: (inout MountStatus, JSON?) -> Void
+
+        /// `path` as `key`; `missing` when an older daemon did not write it.
+        static func plain<V: StatusValue>(_ key: String, _ path: WritableKeyPath<MountStatus, V>, missing: V) -> Field {
+            Field(key: key, write: { $0[keyPath: path].json }, read: { s, j in s[keyPath: path] = j.flatMap(V.init(json:)) ?? missing })
         }
-        client = o["client"]?.string
-        leaseSeconds = o["lease_seconds"]?.double ?? 0
-        otherClients = (o["other_clients"]?.array ?? []).map { c in
-            OtherClient(client: c["client"]?.string ?? "?", pendingEntries: c["pending_entries"]?.int ?? 0,
-                        silentSeconds: c["silent_seconds"]?.int ?? 0, leaseExpired: c["lease"]?.string == "expired")
-        }
+    }
+
+    static let fields: [Field] = [
+        .plain("version", \.version, missing: "unknown"), .plain("source", \.source, missing: "?"), .plain("pid", \.pid, missing: 0),
+        .plain("state_directory", \.stateDirectory, missing: nil), .plain("graveyard", \.graveyard, missing: false),
+        .plain("pending_entries", \.pendingEntries, missing: 0), .plain("eta_seconds", \.etaSeconds, missing: nil),
+        .plain("reaper_idle", \.reaperIdle, missing: true), .plain("reap_files_per_second", \.reapFilesPerSecond, missing: 0),
+        .plain("reap_entries_per_second", \.reapEntriesPerSecond, missing: 0), .plain("reaped_entries", \.reapedEntries, missing: 0),
+        .plain("freed_files", \.freedFiles, missing: 0), .plain("freed_directories", \.freedDirectories, missing: 0),
+        .plain("freed_data_bytes", \.freedDataBytes, missing: 0), .plain("freed_bytes", \.freedBytes, missing: 0),
+        .plain("buried_entries", \.buriedEntries, missing: nil), .plain("reaper_workers", \.reaperWorkers, missing: 0),
+        .plain("free_bytes", \.freeBytes, missing: 0), .plain("restorable_entries", \.restorableEntries, missing: 0),
+        .plain("stuck_entries", \.stuckEntries, missing: 0), .plain("put_back_entries", \.putBackEntries, missing: 0),
+        .plain("restorable_bytes", \.restorableBytes, missing: 0),
+        .plain("keep_seconds", \.keepSeconds, missing: 0), .plain("keep_min_age_seconds", \.keepMinAgeSeconds, missing: 0),
+        .plain("reaper_yields", \.reaperYields, missing: false), .plain("shortened_entries", \.shortenedEntries, missing: 0),
+        .plain("shortened_bytes", \.shortenedBytes, missing: 0), .plain("shortened_at_ns", \.shortenedAtNS, missing: 0),
+        .plain("shortened_because", \.shortenedBecause, missing: ""), .plain("keep_exclude", \.keepExclude, missing: []),
+        .plain("graveyard_bytes", \.graveyardBytes, missing: 0), .plain("socket", \.socket, missing: ""),
+        .plain("log", \.log, missing: ""), .plain("known_inodes", \.knownInodes, missing: 0),
+        .plain("statahead_entries", \.stataheadEntries, missing: 0), .plain("cached_fds", \.cachedFDs, missing: 0),
+        .plain("fd_cache_limit", \.fdCacheLimit, missing: 0), .plain("kernel_features", \.kernelFeatures, missing: "?"),
+        .plain("passthrough", \.passthrough, missing: "?"), .plain("spin_microseconds", \.spinMicroseconds, missing: 0),
+        .plain("cache_seconds", \.cacheSeconds, missing: 0), .plain("file_handles", \.fileHandles, missing: ""),
+        .plain("client", \.client, missing: nil), .plain("lease_seconds", \.leaseSeconds, missing: 0),
+        Field(key: "requests", write: { s in
+            let r = s.requests
+            return ["channel": JSON(r.channel), "why": r.why.map { JSON($0) } ?? .null, "queues": JSON(r.queues),
+                    "queue_depth": JSON(r.queueDepth), "threads": JSON(r.threads), "buffer_bytes": JSON(r.bufferBytes),
+                    "spin_microseconds": JSON(r.spinMicroseconds)]
+        }, read: { s, r in
+            guard let r else { return }
+            s.requests.channel = r["channel"]?.string ?? "?"
+            s.requests.why = r["why"]?.string
+            s.requests.queues = r["queues"]?.int ?? 0
+            s.requests.queueDepth = r["queue_depth"]?.int ?? 0
+            s.requests.threads = r["threads"]?.int ?? 0
+            s.requests.bufferBytes = r["buffer_bytes"]?.int ?? 0
+            s.requests.spinMicroseconds = r["spin_microseconds"]?.int ?? 0
+        }),
+        Field(key: "other_clients", write: { s in
+            .array(s.otherClients.map { c -> JSON in
+                ["client": JSON(c.client), "pending_entries": JSON(c.pendingEntries),
+                 "silent_seconds": JSON(c.silentSeconds), "lease": JSON(c.leaseExpired ? "expired" : "live")]
+            })
+        }, read: { s, o in
+            s.otherClients = (o?.array ?? []).map { c in
+                OtherClient(client: c["client"]?.string ?? "?", pendingEntries: c["pending_entries"]?.int ?? 0,
+                            silentSeconds: c["silent_seconds"]?.int ?? 0, leaseExpired: c["lease"]?.string == "expired")
+            }
+        }),
+    ]
+}
+
+/// A value a status field holds, to and from JSON.
+protocol StatusValue {
+    var json: JSON { get }
+    init?(json: JSON)
+}
+
+extension Int: StatusValue {
+    var json: JSON { JSON(self) }
+    init?(json: JSON) { guard let v = json.int else { return nil }; self = v }
+}
+extension UInt64: StatusValue {
+    var json: JSON { JSON(self) }
+    init?(json: JSON) { guard let v = json.uint64 else { return nil }; self = v }
+}
+extension Double: StatusValue {
+    var json: JSON { JSON(self) }
+    init?(json: JSON) { guard let v = json.double else { return nil }; self = v }
+}
+extension Bool: StatusValue {
+    var json: JSON { JSON(self) }
+    init?(json: JSON) { guard let v = json.bool else { return nil }; self = v }
+}
+extension String: StatusValue {
+    var json: JSON { JSON(self) }
+    init?(json: JSON) { guard let v = json.string else { return nil }; self = v }
+}
+extension Array: StatusValue where Element == String {
+    var json: JSON { .array(map { JSON($0) }) }
+    init?(json: JSON) { guard let a = json.array else { return nil }; self = a.compactMap(\.string) }
+}
+extension Optional: StatusValue where Wrapped: StatusValue {
+    var json: JSON { map(\.json) ?? .null }
+    init?(json: JSON) {
+        guard let v = Wrapped(json: json) else { return nil }
+        self = .some(v)
     }
 }
