@@ -18,8 +18,9 @@ public enum ControlProtocol {
     /// daemon's deleted, `-<8 hex uid><8 hex gid><16 hex key>` after it.
     public static func isEntryID(_ s: String) -> Bool {
         let count = s.utf8.count
+        // A file's entry has `_` before its counter.
         return (count == 36 || count == 69)
-            && s.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) || $0 == 0x2D }
+            && s.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) || $0 == 0x2D || $0 == 0x5F }
     }
 
     /// The requests the control socket answers (`op`).

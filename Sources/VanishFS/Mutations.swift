@@ -72,7 +72,7 @@ extension Deleter {
               st.st_dev == graveyard.device, let record = trashRecord(st, parent: parent, name: name, caller: caller)
         else { return }
         do throws(Errno) {
-            reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, linking: true))
+            reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, linking: true, file: true))
         } catch {
             log.debug("an open file could not be kept for the undo window", metadata: ["error": "\(error)"])
         }
@@ -285,15 +285,16 @@ extension Deleter {
         }
         let record = made.map(\.record) ?? trashRecord(st, parent: parent, name: asName ?? name, caller: caller)
         let deletion: Graveyard.Deletion = made.map { .at($0.deleted) } ?? .now
+        let isFile = st.st_mode & S_IFMT != S_IFDIR
         var entry: String?
         do {
             if wantEntry {
                 reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, deletion: deletion,
-                                                            reserved: reserved, by: deletedBy) { entry = String(cString: $0) },
+                                                            reserved: reserved, by: deletedBy, file: isFile) { entry = String(cString: $0) },
                                   sizeUnknown: record != nil && record?.bytes == nil, bytes: Self.freedBytes(st))
             } else {
                 reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, deletion: deletion,
-                                                            by: deletedBy),
+                                                            by: deletedBy, file: isFile),
                                   sizeUnknown: record != nil && record?.bytes == nil, bytes: Self.freedBytes(st))
             }
         } catch .improperLink {
@@ -306,7 +307,7 @@ extension Deleter {
                       let (nestedGraveyard, nestedReaper) = nestedGraveyard(under: parent) else {
                     throw .improperLink
                 }
-                nestedReaper.noteBuried(shard: try nestedGraveyard.bury(parentFD, name) { entry = String(cString: $0) })
+                nestedReaper.noteBuried(shard: try nestedGraveyard.bury(parentFD, name, file: isFile) { entry = String(cString: $0) })
             } catch .improperLink {
                 try deleteNow(parentFD, name)
             }
@@ -323,7 +324,7 @@ extension Deleter {
                             metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
             }
             if record != nil,
-               let shard = try? graveyard.bury(parentFD, name, deletion: .unheld, by: deletedBy,
+               let shard = try? graveyard.bury(parentFD, name, deletion: .unheld, by: deletedBy, file: isFile,
                                                named: { entry = String(cString: $0) }) {
                 reaper.noteBuried(shard: shard, dueNow: true)
             } else {
@@ -344,7 +345,7 @@ extension Deleter {
         let directory = st.st_mode & S_IFMT == S_IFDIR
         let deletedBy = directory ? try identify(caller, groups) : nil
         var entry: String?
-        let shard = try graveyard.bury(parentFD, name, record: record, by: deletedBy) { entry = String(cString: $0) }
+        let shard = try graveyard.bury(parentFD, name, record: record, by: deletedBy, file: !directory) { entry = String(cString: $0) }
         reaper.noteBuried(shard: shard, sizeUnknown: directory, bytes: Self.freedBytes(st))
         return entry.map { ($0, shard) }
     }

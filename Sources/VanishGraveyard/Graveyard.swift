@@ -224,7 +224,7 @@ public final class Graveyard: @unchecked Sendable {
     @inline(__always) @discardableResult
     public func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, record: TrashRecord? = nil,
                      deletion: Deletion = .now, linking: Bool = false, reserved: Reservation? = nil,
-                     by deleter: DeletedBy? = nil,
+                     by deleter: DeletedBy? = nil, file: Bool = false,
                      named: ((UnsafePointer<CChar>) -> Void)? = nil) throws(Errno) -> Int {
         let n = reserved?.number ?? counter.wrappingAdd(1, ordering: .relaxed).newValue
         // Runs of 64 deletions share a shard, so a reaper woken for a program
@@ -232,7 +232,8 @@ public final class Graveyard: @unchecked Sendable {
         // pieces of a tree being reaped are spread one by one, for parallel workers.
         let shard = Int((deletion == .piece ? n : n >> 6) % UInt64(Graveyard.shardCount))
         let sfd = shardFDs[shard]
-        try withUniqueName(n, time: reserved?.time ?? deletion.nameTime, by: reserved?.deleter ?? deleter) { grave throws(Errno) in
+        try withUniqueName(n, time: reserved?.time ?? deletion.nameTime, by: reserved?.deleter ?? deleter,
+                           file: file && reserved == nil) { grave throws(Errno) in
             guard var record else {
                 try Sys.renameNoReplace(parentFD, name, sfd, grave)
                 named?(grave)
@@ -261,7 +262,9 @@ public final class Graveyard: @unchecked Sendable {
     /// across restarts, and sorting by name sorts by deletion time; then
     /// whom the entry's contents are freed as, if not the daemon (`DeletedBy`).
     @inline(__always)
-    func withUniqueName<R>(_ n: UInt64, time ns: UInt64, by deleter: DeletedBy? = nil,
+    /// `file`: the entry is not a directory, which its name says with `_`
+    /// before the counter (`namesFile`).
+    func withUniqueName<R>(_ n: UInt64, time ns: UInt64, by deleter: DeletedBy? = nil, file: Bool = false,
                                    _ body: (UnsafePointer<CChar>) throws(Errno) -> R) throws(Errno) -> R {
         return try withUnsafeTemporaryAllocation(byteCount: 72, alignment: 8) { raw throws(Errno) -> R in
             let p = raw.bindMemory(to: CChar.self).baseAddress!
@@ -269,12 +272,23 @@ public final class Graveyard: @unchecked Sendable {
             Graveyard.writeHex(ns, digits: 16, into: p, at: &i)
             p[i] = 0x2D; i += 1
             Graveyard.writeHex(UInt64(instance), digits: 8, into: p, at: &i)
-            p[i] = 0x2D; i += 1
+            p[i] = file ? 0x5F : 0x2D; i += 1
             Graveyard.writeHex(n, digits: 10, into: p, at: &i)
             deleter?.write(into: p, at: &i)
             p[i] = 0
             return try body(UnsafePointer(p))
         }
+    }
+
+    /// Whether the entry name `name` was given to a file (or a symlink,
+    /// anything but a directory): the reaper frees such an entry with one
+    /// unlink, and never walks a directory found under such a name with
+    /// the daemon's rights. A user who swaps a directory of theirs in
+    /// between a check and a rename by name (on the source behind an
+    /// unlink, or in their room during a restore) gets it stuck, not freed
+    /// as root. Names from before this rule carry `-` (see docs/security.md).
+    public static func namesFile(_ name: UnsafePointer<CChar>) -> Bool {
+        name[25] == 0x5F && strlen(name) == DeletedBy.baseLength
     }
 
     static func writeHex(_ v: UInt64, digits: Int, into p: UnsafeMutablePointer<CChar>, at i: inout Int) {

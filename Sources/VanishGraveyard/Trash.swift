@@ -500,7 +500,8 @@ extension Graveyard {
         let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
         do throws(Errno) {
             let deleter = e.id.withCString { DeletedBy(entryName: $0) }
-            try withUniqueName(n, time: Deletion.unheld.nameTime, by: deleter) { grave throws(Errno) in
+            try withUniqueName(n, time: Deletion.unheld.nameTime, by: deleter,
+                               file: e.id.withCString(Graveyard.namesFile)) { grave throws(Errno) in
                 try Sys.renameNoReplace(sfd, e.id, sfd, grave)
             }
         } catch {

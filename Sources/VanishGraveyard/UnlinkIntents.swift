@@ -277,7 +277,8 @@ public final class UnlinkIntents: Sendable {
                     ? TrashRecord(path: intent.path, uid: intent.uid, gid: intent.gid, bytes: Sys.diskBytes(st),
                                   kind: TrashRecord.Kind(mode: st.st_mode))
                     : nil
-                return .success(try graveyard.bury(fd, name, record: record, deletion: .at(intent.deleted)))
+                return .success(try graveyard.bury(fd, name, record: record, deletion: .at(intent.deleted),
+                                                    file: st.st_mode & S_IFMT != S_IFDIR))
             } catch {
                 return .failure(error)
             }

@@ -271,6 +271,57 @@ struct TrashFolderAttackTests {
         }
     }
 
+    @Test("a directory of root's swapped in on the source behind nobody's unlink is never freed as root (it stays, stuck)")
+    func swappedBehindAnUnlink() throws {
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            // nobody's directory D holds a directory of root's, B, with a file nobody may not delete.
+            let made = try sh("""
+                mkdir -m 1777 shared && mkdir shared/D && mkdir shared/D/B && echo precious > shared/D/B/f
+                chown nobody shared/D && chmod 755 shared/D/B
+                """, cwd: src)
+            guard made.ok else { throw TestFailure(made.stderr) }
+        }) { m in
+            guard try run(["chmod", "755", m.base]).ok else { throw TestFailure("chmod \(m.base)") }
+            // nobody exchanges a file of theirs with B on the source, again and
+            // again, while unlinking that file through the mount: the daemon
+            // checks the name, answers, and renames it into the graveyard after.
+            let script = #"""
+                import ctypes, os, sys, threading
+                S, M = sys.argv[1] + "/shared/D", sys.argv[2] + "/shared/D"
+                libc = ctypes.CDLL(None, use_errno=True)
+                def exchange(a, b): libc.syscall(316, -100, a.encode(), -100, b.encode(), 2)
+                for i in range(3000):
+                    x = "X%d" % i
+                    open(S + "/" + x, "w").close()
+                    stop = False
+                    def swap():
+                        while not stop: exchange(S + "/" + x, S + "/B")
+                    t = threading.Thread(target=swap); t.start()
+                    try: os.unlink(M + "/" + x)
+                    except OSError: pass
+                    stop = True; t.join()
+                    # Put B back under its name if it is here at all.
+                    if os.path.isdir(S + "/" + x) and not os.path.isdir(S + "/B"):
+                        if os.path.lexists(S + "/B"): os.unlink(S + "/B")
+                        os.rename(S + "/" + x, S + "/B")
+                    if not os.path.isdir(S + "/B"):
+                        print("buried after %d tries" % (i + 1)); break
+                    if os.path.lexists(S + "/" + x): os.unlink(S + "/" + x)
+                """#
+            try script.write(toFile: m.base + "/swap.py", atomically: true, encoding: .utf8)
+            let attack = try runAsNobody(["/usr/bin/python3", m.base + "/swap.py", m.source, m.mountpoint])
+            #expect(attack.stdout.contains("buried"), "the swap never landed B in the graveyard: \(attack.stdout) \(attack.stderr)")
+            // nobody gives up every entry they kept: the reaper frees them now.
+            #expect(try runAsNobody([vanishBinary, "trash", "empty", m.mountpoint]).ok)
+            try waitFor("the graveyard to settle", timeout: 60) {
+                let s = try statusJSON(m)
+                return s["reaper_idle"] as? Bool == true && (s["pending_entries"] as? Int ?? 0) <= 1
+            }
+            let found = try sh("find . -name f -path '*B*' -o -name f -path '*/.vanish/*' | xargs -r cat", cwd: m.source).stdout
+            #expect(found == "precious\n", "root's file was freed: \(found)")
+        }
+    }
+
     @Test("a flood of entries of one name is named in linear time, and looking up folders of users with nothing keeps nothing", .timeLimit(.minutes(1)))
     func floods() throws {
         var chosen: [String: [UInt8]] = [:]
