@@ -54,7 +54,7 @@ public struct Event: Sendable {
 
     /// Resume here with `--since` / `EventSubscription(since:)`.
     public var cursor: String? {
-        if let seq, let instance { return "\(instance):\(seq)" }
+        if let seq, let instance { return EventCursor(instance: instance, sequence: seq).description }
         return fields["cursor"]?.string
     }
 }
@@ -129,7 +129,7 @@ public final class EventSubscription {
         }
         if let r = lastJournalLine, let seq = lines.withUnsafeBytes({ Event.seq(of: UnsafeRawBufferPointer(rebasing: $0[r])) }),
            let instance = Event.instance(of: Array(lines[r])) {
-            cursor = "\(instance):\(seq)"
+            cursor = EventCursor(instance: instance, sequence: seq).description
         }
         return (lines, decoded)
     }

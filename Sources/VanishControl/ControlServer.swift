@@ -455,9 +455,9 @@ extension ControlServer {
             reader = journal.reader(after: nil)
             let newest = journal.lastSeq
             let why = since.map { cursor -> String in
-                guard cursor.hasPrefix(journal.instance + ":") else { return "it is from another mount instance" }
+                guard let place = EventCursor(cursor), place.instance == journal.instance else { return "it is from another mount instance" }
                 // A seq this journal never gave out is no lost history.
-                if let seq = UInt64(cursor.dropFirst(journal.instance.count + 1)), seq > newest {
+                if place.sequence > newest {
                     return "it is ahead of this journal, whose newest event is \(journal.instance):\(newest)"
                 }
                 return "the journal no longer holds events after it"

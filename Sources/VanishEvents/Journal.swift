@@ -159,7 +159,7 @@ public final class Journal: @unchecked Sendable {
     public var lastSeq: UInt64 { pending.withLock { $0.seq } }
 
     /// A cursor naming the state after `seq`.
-    public func cursor(_ seq: UInt64) -> String { "\(instance):\(seq)" }
+    public func cursor(_ seq: UInt64) -> String { EventCursor(instance: instance, sequence: seq).description }
 
     private func writer() {
         defer { writerDone.signal() }
@@ -356,8 +356,7 @@ public final class Journal: @unchecked Sendable {
     public func reader(after cursor: String?) -> Reader? {
         let head = lastSeq
         guard let cursor else { return Reader(journal: self, next: head + 1) }
-        let parts = cursor.split(separator: ":")
-        guard parts.count == 2, parts[0] == instance, let seq = UInt64(parts[1]), seq <= head else { return nil }
+        guard let place = EventCursor(cursor), place.instance == instance, case let seq = place.sequence, seq <= head else { return nil }
         state.lock()
         let oldest = segments.first?.first ?? 1
         state.unlock()

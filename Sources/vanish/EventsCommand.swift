@@ -46,7 +46,7 @@ struct EventsCommand: ParsableCommand {
     var mountpoint: String { target.mountpoint }
 
     func validate() throws {
-        if let since, since.split(separator: ":").count != 2 {
+        if let since, EventCursor(since) == nil {
             throw ValidationError("--since takes a cursor INSTANCE:SEQ, as events carry them")
         }
         if let type {

@@ -14,4 +14,14 @@ struct ControlProtocolTests {
     func entryIDs(_ id: String, _ valid: Bool) {
         #expect(ControlProtocol.isEntryID(id) == valid)
     }
+
+    @Test("an event cursor reads and writes INSTANCE:SEQ, and nothing else")
+    func eventCursor() {
+        let c = EventCursor("7dd570b89469b270:1234")
+        #expect(c == EventCursor(instance: "7dd570b89469b270", sequence: 1234))
+        #expect(c?.description == "7dd570b89469b270:1234")
+        for bad in ["", ":", "abc", "abc:", ":12", "a:b", "a:1:2", "a:-1", "a:18446744073709551616"] {
+            #expect(EventCursor(bad) == nil, "\(bad)")
+        }
+    }
 }
