@@ -326,6 +326,8 @@ extension VanishFilesystem {
                 try Sys.unlinkat(pfd, name, directory ? AT_REMOVEDIR : 0)
             }
         }
+        // What the entry holds changed: trash list measures it again.
+        if let entry = table.trashEntry(of: p) { deleter.graveyard?.forgetExtent(entry) }
         req.replyOK()
     }
 

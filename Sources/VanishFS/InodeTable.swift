@@ -309,6 +309,19 @@ final class InodeTable: @unchecked Sendable {
         }
     }
 
+    /// The graveyard name of the entry `node` is in (or is), when it is seen
+    /// through the desktop trash.
+    func trashEntry(of node: Inode) -> String? {
+        lock.withLock { _ in
+            var n = node
+            while let up = n.place.parent {
+                if up.id == 0 { return n.place.name.withUnsafeBufferPointer { String(cString: $0.baseAddress!) } }
+                n = up
+            }
+            return nil
+        }
+    }
+
     /// Whether `dir` is an entry of the undo window seen through the desktop
     /// trash, or inside one: its chain of parents ends at a graveyard shard
     /// (an inode of node id 0, see `TrashFolders`).

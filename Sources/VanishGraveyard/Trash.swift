@@ -273,6 +273,7 @@ final class TrashIndex: Sendable {
     func entry(_ id: String) -> TrashEntry? { state.withLock { $0.entries[id] } }
 
     func extent(_ id: String) -> TreeExtent? { state.withLock { $0.extents[id] } }
+    func forgetExtent(_ id: String) { state.withLock { _ = $0.extents.removeValue(forKey: id) } }
     func setExtent(_ id: String, _ extent: TreeExtent) {
         state.withLock { s in if s.entries[id] != nil { s.extents[id] = extent } }
     }
@@ -404,6 +405,9 @@ extension Graveyard {
         }
         return total
     }
+
+    /// What the kept entry `id` holds changed (emptied in part through the desktop trash).
+    public func forgetExtent(_ id: String) { trash.forgetExtent(id) }
 
     /// What the kept directory `e` holds: known once walked (by the
     /// warden's `measure`, or by a `trash list` since the start), else

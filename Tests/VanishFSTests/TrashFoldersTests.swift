@@ -107,9 +107,16 @@ struct TrashFoldersTests {
             #expect(unlink(m.path(".Trash-0/files/one.txt")) == 0)
             #expect(try String(contentsOfFile: m.path(".Trash-0/files/" + second), encoding: .utf8) == "again\n")
 
+            // Deleting inside a directory entry removes for good; trash list counts what is left.
+            let d = try #require(try trashList(m).first { $0["path"] as? String == "d" })
+            #expect(d["files_inside"] as? Int == 1 && d["directories_inside"] as? Int == 1, "\(d)")
+            #expect(try sh("echo g > g && mv g .Trash-0/files/d/e/ 2>/dev/null; rm .Trash-0/files/d/e/f", cwd: m.mountpoint).ok)
+            let emptied = try #require(try trashList(m).first { $0["path"] as? String == "d" })
+            #expect(emptied["files_inside"] as? Int == 0 && emptied["directories_inside"] as? Int == 1, "only e is left: \(emptied)")
+
             // The command line sees the same entries.
             #expect(try run([vanishBinary, "restore", m.path("d")]).ok)
-            #expect(try String(contentsOfFile: m.path("d/e/f"), encoding: .utf8) == "f\n")
+            #expect(access(m.path("d/e"), F_OK) == 0 && access(m.path("d/e/f"), F_OK) != 0 && access(m.path("d/e/g"), F_OK) != 0)
             #expect(access(m.path(".Trash-0/files/d"), F_OK) != 0)
             // Nothing made inside an entry; nothing but entries moved in.
             #expect(mkdir(m.path(".Trash-0/files/x"), 0o755) != 0)
