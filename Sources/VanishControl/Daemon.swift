@@ -75,7 +75,9 @@ public final class Daemon {
         let instance = Daemon.newInstanceID()
         let socket = Daemon.openControlSocket(configuration, instance: instance, log: log)
         do {
-            filesystem = try VanishFilesystem(source: src, options: configuration.filesystem, logger: log,
+            var options = configuration.filesystem
+            options.mountpoint = realpath(configuration.mountpoint, nil).map { p in defer { free(p) }; return String(cString: p) }
+            filesystem = try VanishFilesystem(source: src, options: options, logger: log,
                                               journal: Daemon.journalOpener(configuration, instance: instance, log: log),
                                               status: .init(socket: socket?.path ?? "", log: configuration.logDestination,
                                                             render: StatusReport.json))

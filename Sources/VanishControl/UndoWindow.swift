@@ -177,6 +177,9 @@ struct UndoWindow {
     private func restore(_ e: TrashEntry, to target: [UInt8], as who: Credentials) throws(RestoreError) {
         let shown = String(decoding: target, as: UTF8.self)
         let (parts, leaf) = try Self.destination(target)
+        if mount.showsTrashFolder(named: parts.first ?? leaf) {
+            throw .invalidDestination("\(shown) is where the mount shows a user's desktop trash")
+        }
         let root = mount.backingRoot
         let dirFD: Int32
         do throws(Errno) {

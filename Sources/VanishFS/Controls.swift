@@ -57,7 +57,7 @@ extension VanishFilesystem {
                 let isDirectory = entry.st_mode & S_IFMT == S_IFDIR
                 if !isDirectory && entry.st_nlink > 1 { throw .tooManyLinks }
                 // As rm -r would stop at it: the caller unmounts it first.
-                if isDirectory, hasMounts(below: pfd, n.baseAddress!) { throw .resourceBusy }
+                if isDirectory, hasMounts(below: pfd, n.baseAddress!, in: parent) { throw .resourceBusy }
                 let id = changes.removing(pfd, n.baseAddress!, entry)
                 var grave: String?
                 // What the tree holds when the reaper comes is freed with the caller's rights.

@@ -196,6 +196,11 @@ extension VanishFilesystem {
 
     /// Entries readdir leaves out: the state directory with the graveyard.
     @inline(__always)
-    func isHidden(_ dir: Inode, _ name: UnsafePointer<CChar>) -> Bool { deleter.isStateDirectory(dir, name) }
+    func isHidden(_ dir: Inode, _ name: UnsafePointer<CChar>) -> Bool {
+        if dir === table.root, name[0] == 0x2E, name[1] == 0x54, trashFolderUID(fuse_ino_t(FUSE_ROOT_ID), name) != nil {
+            return true  // an entry the desktop trash folder of that name hides
+        }
+        return deleter.isStateDirectory(dir, name)
+    }
 }
 

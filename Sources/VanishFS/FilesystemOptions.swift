@@ -79,6 +79,9 @@ public struct FilesystemOptions: Sendable {
     public var watchSource = true
     /// Most O_PATH fds kept open for inodes; nil picks half the fd limit.
     public var fdCacheLimit: Int?
+    /// Where the mount is (absolute, symlinks resolved), for mounts made on
+    /// top of paths inside it (`hasMounts`); nil when not known.
+    public var mountpoint: String?
     /// Where the state directory may live outside the source (`StateLocation`):
     /// one found there is used; with `stateOutside` (an in-place mount) one is
     /// made there, and one in the source moved there.

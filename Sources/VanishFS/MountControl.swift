@@ -42,6 +42,18 @@ package final class MountControl: Sendable {
     /// This client's id in the source's state directory (nil without a graveyard).
     package var clientName: String? { graveyard?.client.name }
 
+    /// Whether `name` in the mount root is a desktop trash folder the mount
+    /// shows (see `VanishFilesystem.trashFolderUID`): nothing is restored there.
+    package func showsTrashFolder(named name: [UInt8]) -> Bool {
+        guard graveyard != nil, (reaper?.policy.keep ?? 0) > 0 else { return false }
+        return (name + [0]).withUnsafeBufferPointer { b in
+            let n = UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self)
+            guard let uid = TrashFolders.uid(ofFolder: n) else { return false }
+            guard let st = try? Sys.lstatat(backingRoot, n) else { return true }
+            return st.st_mode & S_IFMT != S_IFDIR || st.st_uid != uid
+        }
+    }
+
     /// Whether deletes go to a graveyard (and the root holds its state directory).
     package var hasGraveyard: Bool { graveyard != nil }
 

@@ -171,11 +171,20 @@ final class MountTable: Sendable {
 
 extension VanishFilesystem {
     /// Whether a filesystem is mounted anywhere below the directory `name`
-    /// in `parentFD`. A rename takes such mounts along, so a tree buried
-    /// whole would carry one into the graveyard, where the reaper must not
-    /// cross into it: the entry would wait there for ever, with the mounted
-    /// filesystem hidden inside it.
-    func hasMounts(below parentFD: Int32, _ name: UnsafePointer<CChar>) -> Bool {
+    /// in `parentFD` (the inode `parent`): on the source, or on top of the
+    /// mount's own paths, which a program can mount on as well. A rename
+    /// takes mounts on the source along, so a tree buried whole would carry
+    /// one into the graveyard, where the reaper must not cross into it; one
+    /// on the mount's path would be detached when the kernel forgets the
+    /// name. `rm -r` stops at either (EBUSY).
+    func hasMounts(below parentFD: Int32, _ name: UnsafePointer<CChar>, in parent: Inode) -> Bool {
+        if let mountpoint = options.mountpoint {
+            var prefix = Self.mountinfoEscaped(Array(mountpoint.utf8))
+            if prefix.last != 0x2F { prefix.append(0x2F) }
+            prefix += Self.mountinfoEscaped(table.path(of: parent, appending: name))
+            prefix.append(0x2F)
+            if mounts.any(startingWith: prefix) { return true }
+        }
         // A private copy of the source's mount holds no other mount, and its
         // fds' paths are not the namespace's.
         if sourceIsPrivateMount { return false }
@@ -187,21 +196,23 @@ extension VanishFilesystem {
             return r
         }) ?? -1
         guard n > 0 else { return false }
-        var prefix: [UInt8] = []
-        func append(_ bytes: some Sequence<UInt8>) {
-            for b in bytes {
-                switch b {
-                case 0x20, 0x09, 0x0A, 0x5C:
-                    prefix += [0x5C, 0x30 + (b >> 6), 0x30 + ((b >> 3) & 7), 0x30 + (b & 7)]
-                default:
-                    prefix.append(b)
-                }
-            }
-        }
-        append(link[..<n])
+        var prefix = Self.mountinfoEscaped(link[..<n])
         if prefix.last != 0x2F { prefix.append(0x2F) }
-        append(UnsafeRawBufferPointer(start: name, count: strlen(name)))
+        prefix += Self.mountinfoEscaped(UnsafeRawBufferPointer(start: name, count: strlen(name)))
         prefix.append(0x2F)
         return mounts.any(startingWith: prefix)
+    }
+
+    /// `bytes` as /proc/self/mountinfo prints a path: space, tab, newline
+    /// and backslash as octal escapes.
+    static func mountinfoEscaped(_ bytes: some Sequence<UInt8>) -> [UInt8] {
+        var out: [UInt8] = []
+        for b in bytes {
+            switch b {
+            case 0x20, 0x09, 0x0A, 0x5C: out += [0x5C, 0x30 + (b >> 6), 0x30 + ((b >> 3) & 7), 0x30 + (b & 7)]
+            default: out.append(b)
+            }
+        }
+        return out
     }
 }

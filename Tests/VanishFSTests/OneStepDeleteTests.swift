@@ -261,6 +261,25 @@ struct OneStepDeleteTests {
         }
     }
 
+    @Test("vanish rm -r of nobody's tree with root's filesystem mounted on a path of the mount inside it is refused (EBUSY), and the mount stays")
+    func mountOnTheMountPath() throws {
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            let r = try sh("install -d -o nobody p p/d p/d/sub", cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let sub = m.path("p/d/sub")
+            #expect(try run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", sub]).ok)
+            defer { _ = try? run(["umount", "-l", sub]) }
+            #expect(try sh("echo x > \(shellQuote(sub))/rootfile").ok)
+            let binary = m.base + "/vanish"
+            #expect(try run(["cp", vanishBinary, binary]).ok)
+            let removed = try runAsNobody([binary, "rm", "-r", "d"], cwd: m.path("p"))
+            #expect(removed.status == 1 && removed.stderr.contains("mounted inside"), "\(removed)")
+            #expect(mountType(at: sub) == "tmpfs", "root's mount was detached")
+            #expect(access(sub + "/rootfile", F_OK) == 0)
+        }
+    }
+
     @Test("the delete trigger on a name with other hard links removes nothing")
     func hardLinkedFile() throws {
         try withVanishMount(options: ["allow_other"], prepare: { src in

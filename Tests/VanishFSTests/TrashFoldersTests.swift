@@ -224,6 +224,8 @@ struct TrashFoldersTests {
 /// Attacks on the desktop trash and on the restore it makes cheap to repeat.
 @Suite(.serialized)
 struct TrashFolderAttackTests {
+    static func requireClientsForAttack() throws { try TrashFoldersTests.requireClients() }
+
     @Test("nobody who reaches their own room (through .. of a directory a restore staged there) gets nothing freed as root: what they plant is theirs")
     func plantedInTheRoom() throws {
         let m = try VanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
@@ -326,6 +328,35 @@ struct TrashFolderAttackTests {
             }
             let found = try sh("find . -name f -path '*B*' -o -name f -path '*/.vanish/*' | xargs -r cat", cwd: m.source).stdout
             #expect(found == "precious\n", "root's file was freed: \(found)")
+        }
+    }
+
+    @Test("a .Trash-0 another user planted (on the source, or by restoring into it) never receives root's trash-put")
+    func plantedFolder() throws {
+        try Self.requireClientsForAttack()
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            // As a user who may write the source would leave it.
+            let r = try sh("install -d -o nobody -m 777 .Trash-0 .Trash-0/files .Trash-0/info && install -d -o nobody -m 777 shared", cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let binary = m.base + "/vanish"
+            #expect(try run(["cp", vanishBinary, binary]).ok)
+            guard try run(["chmod", "755", m.base]).ok else { throw TestFailure("chmod \(m.base)") }
+            // Restoring a tree of nobody's onto a trash folder's name is refused.
+            let planted = try runAsNobody(["/bin/sh", "-c", """
+                mkdir -m 777 plant plant/files plant/info && \(shellQuote(binary)) rm -r plant
+                id=$(\(shellQuote(binary)) trash list --json \(shellQuote(m.mountpoint)) | sed -n 's/.*"id":"\\([^"]*\\)".*"path":"shared\\/plant".*/\\1/p')
+                \(shellQuote(binary)) restore "$id" --to \(shellQuote(m.path(".Trash-65534"))) 2>&1 || echo refused
+                """], cwd: m.path("shared"))
+            #expect(planted.stdout.contains("refused") && planted.stdout.contains("desktop trash"), "\(planted.stdout) \(planted.stderr)")
+            // Root's trash-put goes to the mount's folder, into the undo window, not into nobody's directory.
+            #expect(try sh("echo secret > s && chmod 600 s", cwd: m.mountpoint).ok)
+            let put = try run(["trash-put", "s"], cwd: m.mountpoint, environment: TrashFoldersTests.environment(m.base))
+            #expect(put.ok, "\(put.stderr)")
+            #expect(try trashPaths(m).contains("s"))
+            #expect(access(m.backing(".Trash-0/files/s"), F_OK) != 0, "root's file went into nobody's directory")
+            let stolen = try runAsNobody(["/bin/sh", "-c", "cat .Trash-0/files/s 2>/dev/null; ls -a | grep -c Trash"], cwd: m.mountpoint)
+            #expect(!stolen.stdout.contains("secret") && stolen.stdout.hasSuffix("0\n"), "\(stolen.stdout)")
         }
     }
 
