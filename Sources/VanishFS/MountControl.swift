@@ -112,6 +112,16 @@ package final class MountControl: Sendable {
         return (count, bytes)
     }
 
+    /// Whether `path` (directory `dirFD`) is where the entry was deleted
+    /// from: the same path, and the same directory there if the record
+    /// knows it (a new one made at that path is elsewhere).
+    static func isInPlace(_ record: TrashRecord, _ dirFD: Int32, _ path: [UInt8]) -> Bool {
+        guard path == record.path else { return false }
+        guard let from = record.from else { return true }
+        guard let (st, birth) = try? Sys.fstatWithBirth(dirFD) else { return false }
+        return from.matches(st, birth: birth)
+    }
+
     /// Why an entry could not be put back.
     package enum PutBackFailure: Error {
         /// It is no longer in the graveyard (restored or reaped meanwhile).
@@ -134,7 +144,7 @@ package final class MountControl: Sendable {
         let parent: Inode? = dirFD == backingRoot ? table.root : (try? Sys.fstat(dirFD)).flatMap(table.known)
         parent?.willChangeEntries()
         do throws(Errno) {
-            try graveyard.restore(claimed, to: dirFD, leaf, as: who, inPlace: path == claimed.record.path)
+            try graveyard.restore(claimed, to: dirFD, leaf, as: who, inPlace: Self.isInPlace(claimed.record, dirFD, path))
         } catch {
             graveyard.release(claimed)
             if error == .fileExists || error == .directoryNotEmpty { throw .taken }

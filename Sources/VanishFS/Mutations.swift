@@ -205,7 +205,8 @@ extension Deleter {
         // A directory's size is what it holds: unknown here, measured in the background (Reaper's warden).
         let bytes: UInt64? = type == S_IFDIR ? nil : Sys.diskBytes(st)
         return TrashRecord(path: table.path(of: parent, appending: name), uid: caller.uid, gid: caller.gid,
-                           bytes: bytes, kind: TrashRecord.Kind(mode: st.st_mode))
+                           bytes: bytes, kind: TrashRecord.Kind(mode: st.st_mode),
+                           from: type == S_IFDIR ? parent.origin : nil)
     }
 
     /// Whether the window keeps `name` (stat `st`) that `caller` deletes:
@@ -459,4 +460,9 @@ extension Deleter {
         }
         try Credentials.acting(credentials) { () throws(Errno) in try Sys.renameat2(pfd, name, npfd, newName, flags) }
     }
+}
+
+extension Inode {
+    /// Its identity as a trash record keeps it: where a directory was deleted from.
+    var origin: TrashRecord.Origin { TrashRecord.Origin(inode: UInt64(key.ino), birth: birth) }
 }

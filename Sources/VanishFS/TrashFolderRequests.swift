@@ -306,7 +306,8 @@ extension VanishFilesystem {
             let directory = st.st_mode & S_IFMT == S_IFDIR
             let id = directory ? (try changes.removingDirectory(pfd, name)).id : changes.removing(pfd, name, st)
             let record = TrashRecord(path: table.path(of: p, appending: name), uid: uid, gid: caller.gid,
-                                     bytes: directory ? nil : Sys.diskBytes(st), kind: TrashRecord.Kind(mode: st.st_mode))
+                                     bytes: directory ? nil : Sys.diskBytes(st), kind: TrashRecord.Kind(mode: st.st_mode),
+                                     from: directory ? p.origin : nil)
             guard let grave = try deleter.putInTrash(pfd, name, st: st, from: p, record: record, caller: caller,
                                                      groups: { req.groups() }) else { throw .notSupported }
             folders.chose(newName, for: grave.id, of: uid)

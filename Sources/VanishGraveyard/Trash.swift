@@ -26,6 +26,26 @@ public struct TrashRecord: Sendable, Equatable {
     /// whole whose place was gone or taken when it was to be put back: the
     /// reaper would free only the deleter's part and strand the rest.
     public var held: Held?
+    /// The directory it was deleted from, for a directory: a restore "in
+    /// place" of one its restorer does not own (undoing their rmdir, as
+    /// the kernel would let them) goes only into that same directory, not
+    /// into another made at the same path.
+    public var from: Origin?
+
+    /// A backing directory's identity: inode number and birth time (ns,
+    /// 0 where the filesystem keeps none), so a reused number is no match.
+    public struct Origin: Sendable, Equatable {
+        public var inode: UInt64
+        public var birth: UInt64
+        public init(inode: UInt64, birth: UInt64) {
+            self.inode = inode
+            self.birth = birth
+        }
+        /// Whether `st` (with birth time `birth`) is that directory.
+        public func matches(_ st: stat, birth: UInt64) -> Bool {
+            UInt64(st.st_ino) == inode && (self.birth == 0 || birth == 0 || self.birth == birth)
+        }
+    }
 
     public enum Held: String, Sendable {
         /// Another entry had its name.
@@ -65,7 +85,7 @@ public struct TrashRecord: Sendable, Equatable {
     }
 
     public init(path: [UInt8], uid: UInt32, gid: UInt32, bytes: UInt64?, kind: Kind, window: UInt64? = nil,
-                held: Held? = nil) {
+                held: Held? = nil, from: Origin? = nil) {
         self.path = path
         self.uid = uid
         self.gid = gid
@@ -73,26 +93,39 @@ public struct TrashRecord: Sendable, Equatable {
         self.kind = kind
         self.window = window
         self.held = held
+        self.from = from
     }
 
+    static let originMagic = "vanish-trash 4\n"
     static let heldMagic = "vanish-trash 3\n"
     static let magic = "vanish-trash 2\n"
     static let firstMagic = "vanish-trash 1\n"
 
     /// `vanish-trash 2\n<uid> <gid> <bytes|-> <kind> <window ns|->\n<path bytes>`:
     /// the path last, so it may hold any byte, newlines included. Version 1
-    /// had no window; version 3 (only for held entries, so ordinary records
-    /// stay readable by older daemons) adds why it is held.
+    /// had no window; version 3 adds why it is held, version 4 also where a
+    /// directory was deleted from (`<held|-> <inode>:<birth>`); each is
+    /// written only when it has those, so ordinary records stay readable
+    /// by older daemons.
     func encoded() -> [UInt8] {
-        var out = Array((held == nil ? TrashRecord.magic : TrashRecord.heldMagic).utf8)
-        out += Array(("\(uid) \(gid) \(bytes.map(String.init) ?? "-") \(Character(Unicode.Scalar(kind.rawValue))) "
-                      + "\(window.map(String.init) ?? "-")" + (held.map { " " + $0.rawValue } ?? "") + "\n").utf8)
-        out += path
-        return out
+        var fields = "\(uid) \(gid) \(bytes.map(String.init) ?? "-") \(Character(Unicode.Scalar(kind.rawValue))) "
+            + "\(window.map(String.init) ?? "-")"
+        let magic: String
+        if let from {
+            magic = TrashRecord.originMagic
+            fields += " \(held?.rawValue ?? "-") \(from.inode):\(from.birth)"
+        } else if let held {
+            magic = TrashRecord.heldMagic
+            fields += " " + held.rawValue
+        } else {
+            magic = TrashRecord.magic
+        }
+        return Array(magic.utf8) + Array((fields + "\n").utf8) + path
     }
 
     init?(decoding data: [UInt8]) {
-        let versions = [TrashRecord.firstMagic, TrashRecord.magic, TrashRecord.heldMagic].map { Array($0.utf8) }
+        let versions = [TrashRecord.firstMagic, TrashRecord.magic, TrashRecord.heldMagic, TrashRecord.originMagic]
+            .map { Array($0.utf8) }
         let length = versions[0].count
         guard data.count > length, let version = versions.firstIndex(of: Array(data[..<length])),
               let nl = data[length...].firstIndex(of: 0x0A) else { return nil }
@@ -100,12 +133,18 @@ public struct TrashRecord: Sendable, Equatable {
         guard fields.count == 4 + version, let uid = UInt32(fields[0]), let gid = UInt32(fields[1]),
               let k = fields[3].utf8.first, let kind = Kind(rawValue: k) else { return nil }
         var held: Held?
-        if version == 2 {
+        if version >= 2, fields[5] != "-" {
             guard let h = Held(rawValue: String(fields[5])) else { return nil }
             held = h
         }
+        var from: Origin?
+        if version == 3 {
+            let parts = fields[6].split(separator: ":")
+            guard parts.count == 2, let inode = UInt64(parts[0]), let birth = UInt64(parts[1]) else { return nil }
+            from = Origin(inode: inode, birth: birth)
+        }
         self.init(path: Array(data[(nl + 1)...]), uid: uid, gid: gid, bytes: UInt64(fields[2]), kind: kind,
-                  window: version > 0 ? UInt64(fields[4]) : nil, held: held)
+                  window: version > 0 ? UInt64(fields[4]) : nil, held: held, from: from)
     }
 }
 

@@ -618,6 +618,39 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("undoing an rmdir of another user's directory puts it back only into the directory it left, not a new one made at its path (issue 49)")
+    func restoreInPlaceNeedsTheSameParent() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root to become nobody")
+        let tree = "chmod 755 . && install -d -o nobody -m 777 home home/p && install -d -m 755 home/p/rootdir"
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            let r = try sh(tree, cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let binary = m.base + "/vanish"
+            #expect(try run(["cp", vanishBinary, binary]).ok)
+            // Natively nobody may not move root's directory to a new parent of theirs.
+            let plain = m.base + "/plain"
+            #expect(try sh("mkdir \(plain) && cd \(plain) && \(tree)").ok)
+            #expect(try runAsNobody(["sh", "-c", "cd \(plain)/home && mv p old && mkdir p"]).ok)
+            let native = try runAsNobody(["mv", plain + "/home/old/rootdir", plain + "/home/p/"])
+            #expect(!native.ok && native.stderr.contains("Permission denied"), "\(native)")
+
+            // Through the mount: rmdir it, swap its parent for a new one, restore "in place".
+            #expect(try runAsNobody(["rmdir", m.path("home/p/rootdir")]).ok)
+            #expect(try runAsNobody(["sh", "-c", "cd \(m.path("home")) && mv p old && mkdir p"]).ok)
+            let moved = try runAsNobody([binary, "restore", m.path("home/p/rootdir")])
+            #expect(moved.status == 1 && moved.stderr.contains("ermission denied"), "\(moved)")
+            #expect(access(m.backing("home/p/rootdir"), F_OK) != 0, "root's directory went into nobody's new directory")
+            #expect(try trashPaths(m) == ["home/p/rootdir"])
+            // With the old directory back at its path, the undo is theirs again.
+            #expect(try runAsNobody(["sh", "-c", "cd \(m.path("home")) && rmdir p && mv old p"]).ok)
+            let back = try runAsNobody([binary, "restore", m.path("home/p/rootdir")])
+            #expect(back.ok, "\(back)")
+            var st = stat()
+            #expect(lstat(m.backing("home/p/rootdir"), &st) == 0 && st.st_uid == 0)
+        }
+    }
+
     @Test("reaper workers run in the idle CPU and I/O classes; request handlers do not")
     func reaperPriorities() throws {
         try withVanishMount(options: ["reapers=3"]) { m in
