@@ -91,15 +91,15 @@ final class Deleter: Sendable {
         opened.stateDirectory = (statePlace == "/" ? "" : statePlace) + "/" + Graveyard.stateDirectoryName
         let reaper = Reaper(graveyard: grave, workers: options.reaperWorkers ?? Reaper.defaultWorkers(for: grave),
                             policy: options.reaping)
-        reaper.onStuck = { entry, error in
+        reaper.hooks.onStuck = { entry, error in
             logger.warning("cannot delete a graveyard entry; it stays until the next mount or vanish reap",
                            metadata: ["entry": "\(entry)", "error": "\(error)"])
         }
-        reaper.onShortened = { s in
+        reaper.hooks.onShortened = { s in
             logger.warning("undo window shortened: kept entries given up before their windows ended",
                            metadata: ["entries": "\(s.entries)", "bytes": "\(s.bytes)", "because": "\(s.because)"])
         }
-        reaper.onHeld = { entry, error in
+        reaper.hooks.onHeld = { entry, error in
             logger.warning("its deleter could not remove all of a graveyard entry: kept in their trash until restored",
                            metadata: ["entry": "\(entry)", "error": "\(error)"])
         }

@@ -224,8 +224,8 @@ final class EventRecorder: ChangeObserver {
 
     /// Records the reaper's `reaped` and `shortened` events.
     func recordReaping(of reaper: Reaper) {
-        let logged = reaper.onShortened
-        reaper.onShortened = { [journal] s in
+        let logged = reaper.hooks.onShortened
+        reaper.hooks.onShortened = { [journal] s in
             logged?(s)
             journal.append(.shortened) { e in
                 e.int("entries", UInt64(s.entries))
@@ -233,7 +233,7 @@ final class EventRecorder: ChangeObserver {
                 e.string("because", s.because)
             }
         }
-        reaper.onReaped = { [journal] id, freed in
+        reaper.hooks.onReaped = { [journal] id, freed in
             journal.append(.reaped) { e in
                 e.string("entry", id)
                 e.int("files", freed.files)

@@ -110,10 +110,10 @@ extension Deleter {
         policy.rate = main.policy.rate
         policy.yieldToForeground = main.policy.yieldToForeground
         let r = Reaper(graveyard: g, workers: 1, policy: policy)
-        r.onReaped = main.onReaped
-        r.onStuck = main.onStuck
-        r.onHeld = main.onHeld
-        r.foregroundRequests = main.foregroundRequests
+        r.hooks.onReaped = main.hooks.onReaped
+        r.hooks.onStuck = main.hooks.onStuck
+        r.hooks.onHeld = main.hooks.onHeld
+        r.hooks.foregroundRequests = main.hooks.foregroundRequests
         r.start()
         return r
     }

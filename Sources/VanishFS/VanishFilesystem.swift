@@ -320,7 +320,7 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
 
     /// Has the reapers step aside while `foreground` (requests in flight) is above zero.
     public func yieldReaping(to foreground: @escaping @Sendable () -> UInt64) {
-        deleter.reaper?.foregroundRequests = foreground
+        deleter.reaper?.hooks.foregroundRequests = foreground
     }
 
     /// Stops every reaper at once (a stop signal), leaving the rest for the next start.

@@ -104,8 +104,8 @@ struct ReapCommand: ParsableCommand {
         StopSignals.watch { _ in interrupted.set(); reapers.forEach { $0.stop(.now) } }
         let failures = Failures()
         for r in reapers {
-            r.onStuck = { entry, error in failures.add("  \(entry): \(error)") }
-            r.onHeld = { entry, error in
+            r.hooks.onStuck = { entry, error in failures.add("  \(entry): \(error)") }
+            r.hooks.onHeld = { entry, error in
                 FileHandleStderr.write("vanish reap: kept in its deleter's trash until restored (\(error)): \(entry)\n")
             }
             r.start()

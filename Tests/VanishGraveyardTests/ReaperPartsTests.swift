@@ -6,8 +6,9 @@ import Testing
 @testable import VanishGraveyard
 import VanishTestSupport
 
-/// The reaper's small parts, in process: what a deletion adds up to, the
-/// rate limit, and how workers step aside for requests through the mount.
+/// The reaper's parts, in process: what a deletion adds up to, the rate
+/// limit, how workers step aside for requests through the mount, stuck
+/// entries, the workers' wakeups and the warden's view of free space.
 @Suite("reaper parts")
 struct ReaperPartsTests {
     @Test("a tree's tally is reported once, when its last piece is freed, with everything its pieces freed")
@@ -133,5 +134,97 @@ struct ReaperPartsTests {
         // Short of space with sizes unknown: at least the oldest goes.
         #expect(FairEviction.choose([(uid: 0, bytes: 0), (uid: 1, bytes: 0)], wanted: 1) == [0, 1])
         #expect(FairEviction.choose([(uid: 0, bytes: 5)], wanted: 0).isEmpty)
+    }
+
+    @Test("accounting: a tree in pieces is one deletion; the work left is what its size less its tally says, unknown for a stranger's piece")
+    func accounting() {
+        let a = ReapAccounting()
+        a.expectTree("tree", count: 10)
+        #expect(a.knowsTrees)
+        #expect(a.origin(of: "tree", isPiece: false) == "tree")
+        a.split("piece-1", from: "tree")
+        a.split("piece-2", from: "tree")
+        // Three names in the graveyard, one deletion; plus a file and a piece left from before a restart.
+        #expect(a.deletions([("tree", false), ("piece-1", true), ("piece-2", true)]) == 1)
+        #expect(a.deletions([("piece-1", true), ("file", false), ("old-piece", true)]) == 3)
+        #expect(a.tally("tree", entry: "tree", freed: Freed(files: 3, directories: 1), done: true) == nil)
+        #expect(a.remainingWork([("piece-1", true), ("piece-2", true), ("file", false)]) == 10 - 4 + 1)
+        #expect(a.remainingWork([("piece-1", true), ("old-piece", true)]) == nil)
+        _ = a.tally("tree", entry: "piece-1", freed: Freed(files: 2, directories: 1), done: true)
+        let total = a.tally("tree", entry: "piece-2", freed: Freed(files: 2, directories: 1, diskBytes: 4096), done: true)
+        #expect(total == Freed(files: 7, directories: 3, diskBytes: 4096))
+        #expect(!a.knowsTrees, "a tree reported is forgotten")
+        let before = a.generation
+        a.buried(bytes: 8192)
+        #expect(a.generation != before && a.statistics.buried == 1)
+        a.progress.freed(Freed(files: 1, diskBytes: 4096))
+        #expect(a.holdingBytes == 4096)
+    }
+
+    @Test("stuck entries wait for their retry while the mount serves, and for good once the reaper finishes")
+    func stuckEntries() throws {
+        let dir = try makeTempDirectory()
+        defer { removeTree(dir) }
+        let fd = open(dir, O_RDONLY | O_DIRECTORY)
+        defer { close(fd) }
+        #expect(mkdirat(fd, "stuck", 0o755) == 0)
+        let s = StuckEntries()
+        #expect(s.isEmpty)
+        #expect(s.stick("stuck", shard: fd), "reported the first time")
+        #expect(!s.stick("stuck", shard: fd), "not again")
+        var nextDue = UInt64.max
+        #expect(s.holds("stuck", finishing: false, nextDue: &nextDue))
+        #expect(nextDue > Sys.wallClockNow() && nextDue != .max, "its retry bounds the worker's sleep")
+        #expect(s.holds("stuck", finishing: true, nextDue: &nextDue))
+        #expect(!s.holds("other", finishing: false, nextDue: &nextDue))
+        #expect(s.current() == ["stuck"])
+        #expect(unlinkat(fd, "stuck", AT_REMOVEDIR) == 0)
+        #expect(s.current().isEmpty && s.isEmpty, "one gone meanwhile is forgotten")
+        _ = s.stick("again", shard: fd)
+        s.unstick("again")
+        #expect(s.isEmpty)
+    }
+
+    @Test("workers: a burial marks its shard for the owner only; a sleeping worker is woken, one with news does not sleep")
+    func workers() {
+        let w = ReaperWorkers(count: 3)
+        #expect(w.shards(of: 1) & (1 << 4) != 0 && w.shards(of: 1) & (1 << 3) == 0)
+        #expect(w.shards(of: 0) | w.shards(of: 1) | w.shards(of: 2) == UInt64.max >> UInt64(64 - Graveyard.shardCount), "every shard has an owner")
+        _ = w.takeDirty(~0)  // all dirty at start, so a crash's leftovers are found
+        w.markDirty(4)
+        #expect(w.takeDirty(w.shards(of: 0)) == 0)
+        #expect(w.takeDirty(w.shards(of: 1)) == 1 << 4)
+        #expect(w.takeDirty(w.shards(of: 1)) == 0, "taken once")
+        #expect(!w.sleep(0, until: .now() + .seconds(5)) { false }, "news since its pass: no sleep")
+        final class Flag: Sendable { let value = Atomic<Bool>(false) }
+        let woken = Flag()
+        spawnThread("test-sleeper") {
+            woken.value.store(w.sleep(1, until: .now() + .seconds(30)) { true }, ordering: .relaxed)
+        }
+        try? waitFor("the worker to wake", timeout: 10) {
+            w.markDirty(1)
+            return woken.value.load(ordering: .relaxed)
+        }
+        let wasWoken = woken.value.load(ordering: .relaxed)
+        #expect(wasWoken, "woken well before its 30 s deadline")
+        #expect(w.isIdle, "never started: idle")
+    }
+
+    @Test("the warden sees free space running out only from a fall that goes on")
+    func spaceTrend() {
+        var t = SpaceWarden.SpaceTrend()
+        var fs = statvfs()
+        fs.f_frsize = 4096
+        fs.f_bavail = 1_000_000
+        let first = t.runsOutSoon(fs, floor: 0, at: 1_000_000_000)
+        fs.f_bavail = 900_000
+        let once = t.runsOutSoon(fs, floor: 3_000_000_000, at: 1_010_000_000)
+        fs.f_bavail = 800_000
+        let twice = t.runsOutSoon(fs, floor: 3_000_000_000, at: 1_020_000_000)
+        let stopped = t.runsOutSoon(fs, floor: 3_000_000_000, at: 1_030_000_000)
+        #expect(!first)
+        #expect(!once, "one fall is not a trend")
+        #expect(twice, "400 MB per 10 ms, 3.3 GB left, a 3 GB floor")
+        #expect(!stopped, "the fall stopped")
     }
 }
