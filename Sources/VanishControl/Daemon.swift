@@ -79,8 +79,7 @@ public final class Daemon {
             options.mountpoint = realpath(configuration.mountpoint, nil).map { p in defer { free(p) }; return String(cString: p) }
             filesystem = try VanishFilesystem(source: src, options: options, logger: log,
                                               journal: Daemon.journalOpener(configuration, instance: instance, log: log),
-                                              status: .init(socket: socket?.path ?? "", log: configuration.logDestination,
-                                                            render: StatusReport.json))
+                                              status: .init(socket: socket?.path ?? "", log: configuration.logDestination))
         } catch {
             socket?.discard()
             throw Failure(description: "cannot open source \(src): \(error)")
@@ -156,25 +155,7 @@ public final class Daemon {
         c.afterMount?(c.mountpoint)
         // Under systemd (Type=notify), the unit is started once the mount is up.
         Daemon.notifySystemd("READY=1\nSTATUS=mounted \(c.mountpoint)")
-        let notifier = session.notifier
-        fs.setEntryInvalidator { parent, name, notice in
-            // A negative offset drops the attributes and keeps the page cache.
-            if name.isEmpty { _ = notifier.invalidateInode(parent, offset: -1); return }
-            name.withUnsafeBufferPointer {
-                switch notice {
-                case .expire:
-                    _ = notifier.expireEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
-                case .delete(let child)
-                    where notifier.deleteEntry(parent: parent, child: child, name: $0.baseAddress!, length: $0.count - 1) == 0:
-                    break
-                case .invalidate, .delete:
-                    _ = notifier.invalidateEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
-                }
-            }
-            // The parent's cached listing too: the kernel drops it with the
-            // entry only when it still had that entry (it may have forgotten it).
-            _ = notifier.invalidateInode(parent)
-        }
+        fs.notifyKernel(through: session.notifier)
         if !c.foreground { session.daemonize() }
         // Threads only from here on: the fork keeps none. A stop signal ends
         // the loop, or after it the reaping; one that came since the mount
@@ -224,7 +205,7 @@ public final class Daemon {
         Daemon.notifySystemd("STOPPING=1")
         journal?.append(.unmounting) { e in e.string("mountpoint", c.mountpoint) }
         // No notification may reach libfuse once the session is gone.
-        fs.setEntryInvalidator(nil)
+        fs.stopNotifyingKernel()
         session.unmount()
         let signal = stopSignal.load(ordering: .sequentiallyConsistent)
         log.info("unmounted", metadata: ["mountpoint": "\(c.mountpoint)", "status": "\(status)", "signal": "\(signal)"])

@@ -112,17 +112,16 @@ extension VanishFilesystem {
         return why == "on" ? "off: the kernel refused backing files" : why
     }
 
-    /// What `vanish status` shows `uid`, gathered for the control plane to
-    /// render (`VanishControl.StatusReport`): counts for the whole mount, and
+    /// The status attribute's value for `uid` (`StatusReport`): nil before INIT.
+    func statusJSON(for uid: uid_t) -> String? {
+        guard let transport = sessionTransport.withLock({ $0 }) else { return nil }
+        return StatusReport.json(statusFacts(for: uid, transport: transport), for: uid)
+    }
+
+    /// What `vanish status` shows `uid`: counts for the whole mount, and
     /// the undo window's entries of `uid` (none listed for root, who gets
     /// the totals), from the per-user index; how requests are served from
     /// the session's `transport`.
-    /// The status attribute's value for `uid`: nil before INIT or without a renderer.
-    func statusJSON(for uid: uid_t) -> String? {
-        guard let render = status.render, let transport = sessionTransport.withLock({ $0 }) else { return nil }
-        return render(statusFacts(for: uid, transport: transport), uid)
-    }
-
     package func statusFacts(for uid: uid_t, transport: Transport) -> StatusFacts {
         let requests = transport.channel
         let d = deleter

@@ -121,6 +121,28 @@ final class EntryInvalidations: @unchecked Sendable {
     /// Sets what sends them (`nil`: nothing more is sent). Returns once
     /// every notice queued before has been sent, so the session can be
     /// destroyed after.
+    /// How each notice reaches the kernel through `notifier`.
+    static func sender(_ notifier: Notifier) -> Invalidate {
+        { parent, name, notice in
+            // A negative offset drops the attributes and keeps the page cache.
+            if name.isEmpty { _ = notifier.invalidateInode(parent, offset: -1); return }
+            name.withUnsafeBufferPointer {
+                switch notice {
+                case .expire:
+                    _ = notifier.expireEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
+                case .delete(let child)
+                    where notifier.deleteEntry(parent: parent, child: child, name: $0.baseAddress!, length: $0.count - 1) == 0:
+                    break
+                case .invalidate, .delete:
+                    _ = notifier.invalidateEntry(parent: parent, name: $0.baseAddress!, length: $0.count - 1)
+                }
+            }
+            // The parent's cached listing too: the kernel drops it with the
+            // entry only when it still had that entry (it may have forgotten it).
+            _ = notifier.invalidateInode(parent)
+        }
+    }
+
     func setInvalidator(_ f: Invalidate?) {
         condition.lock()
         // A session that ended before the kernel's INIT never started the
@@ -152,7 +174,7 @@ final class EntryInvalidations: @unchecked Sendable {
 }
 
 /// What the kernel is told about an entry the filesystem changed on its own.
-public enum EntryNotice: Sendable, Equatable {
+enum EntryNotice: Sendable, Equatable {
     /// Drop the entry and every cached entry below it.
     case invalidate
     /// Mark the entry expired: the next lookup of it asks the daemon.

@@ -308,15 +308,16 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
                                                "passthrough": "\(why)"])
     }
 
-    /// Lets the filesystem tell the kernel to forget entries it removed or
-    /// brought back on its own (`vanish rm`, a restore): `f` invalidates
-    /// `name` in `parent`; `nil` stops it. Returns once any notification
-    /// already queued has been sent, so the session can be destroyed after.
-    public func setEntryInvalidator(
-        _ f: (@Sendable (_ parent: fuse_ino_t, _ name: ContiguousArray<CChar>, _ notice: EntryNotice) -> Void)?
-    ) {
-        invalidations.setInvalidator(f)
+    /// Lets the filesystem tell the kernel, through the session's
+    /// `notifier`, to forget entries it removed or brought back on its own
+    /// (`vanish rm`, a restore), as `EntryInvalidations.sender` decides.
+    public func notifyKernel(through notifier: Notifier) {
+        invalidations.setInvalidator(EntryInvalidations.sender(notifier))
     }
+
+    /// No more notices (the session is ending). Returns once any notice
+    /// already queued has been sent, so the session can be destroyed after.
+    public func stopNotifyingKernel() { invalidations.setInvalidator(nil) }
 
     /// Has the reapers step aside while `foreground` (requests in flight) is above zero.
     public func yieldReaping(to foreground: @escaping @Sendable () -> UInt64) {
@@ -398,19 +399,16 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     }
 }
 
-/// The status attribute (`user.vanish.status` on the mount's root): the
-/// control socket's path and how the control plane renders a mount's facts
-/// for one user. Without a renderer the attribute has no value.
+/// The status attribute (`user.vanish.status` on the mount's root): what
+/// it shows besides the mount's own facts (`StatusReport`).
 package struct StatusAttribute: Sendable {
     package var socket = ""
     /// Where the daemon's log goes: "stderr", "syslog", or a file's path.
     package var log = ""
-    package var render: (@Sendable (StatusFacts, uid_t) -> String)?
 
-    package init(socket: String = "", log: String = "", render: (@Sendable (StatusFacts, uid_t) -> String)? = nil) {
+    package init(socket: String = "", log: String = "") {
         self.socket = socket
         self.log = log
-        self.render = render
     }
 }
 

@@ -1,14 +1,13 @@
 import Glibc
 import VanishClient
-import VanishFS
 
 /// The JSON `vanish status` shows, read through the mount root's
 /// `user.vanish.status` attribute.
-enum StatusReport {
+package enum StatusReport {
     /// Restorable counts and bytes are the caller's own (everything for
     /// root), and only root learns how many entries were buried: another
     /// user's deletions are not theirs to learn of.
-    static func json(_ f: StatusFacts, for uid: uid_t) -> String {
+    package static func json(_ f: StatusFacts, for uid: uid_t) -> String {
         let allRestorable = f.restorableCount
         var (pending, restorable) = (f.pendingEntries, allRestorable)
         var restorableBytes = f.restorableBytes
