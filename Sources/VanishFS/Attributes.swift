@@ -22,7 +22,7 @@ extension VanishFilesystem {
         }
         changes.sawDirectory(node, st)
         node.sawAttributes(st)
-        st = devices.present(st)
+        st = source.devices.present(st)
         req.reply(attr: &st, timeout: cacheTimeout(node), birth: birth)
     }
 
@@ -76,7 +76,7 @@ extension VanishFilesystem {
         }
         node.sawAttributes(st)
         changes.attributesChanged(req.caller, node, toSet: toSet, before: before, after: st)
-        st = devices.present(st)
+        st = source.devices.present(st)
         req.reply(attr: &st, timeout: cacheTimeout(node))
     }
 
@@ -187,7 +187,7 @@ extension VanishFilesystem {
         } catch .noData {
             absentXattrs.learn(node) { () throws(Errno) in try listXattrs(node, nil) }
             throw .noData
-        } catch .notSupported where isACLName(name) && kernelChecksACLs.load(ordering: .relaxed) {
+        } catch .notSupported where isACLName(name) && kernel.checksACLs.load(ordering: .relaxed) {
             // A file system inside the source that keeps no ACLs: for the
             // kernel's check, no ACL (the mode bits decide, as they do there).
             throw .noData

@@ -108,13 +108,13 @@ extension VanishFilesystem {
     /// "on", or "off: " and why (an option, the kernel, the daemon's rights).
     var passthroughState: String {
         if passthrough.active { return "on" }
-        let why = passthroughReason.withLock { $0 }
+        let why = kernel.passthroughReason.withLock { $0 }
         return why == "on" ? "off: the kernel refused backing files" : why
     }
 
     /// The status attribute's value for `uid` (`StatusReport`): nil before INIT.
     func statusJSON(for uid: uid_t) -> String? {
-        guard let transport = sessionTransport.withLock({ $0 }) else { return nil }
+        guard let transport = kernel.transport.withLock({ $0 }) else { return nil }
         return StatusReport.json(statusFacts(for: uid, transport: transport), for: uid)
     }
 
@@ -126,9 +126,9 @@ extension VanishFilesystem {
         let requests = transport.channel
         let d = deleter
         var fs = statvfs()
-        _ = fstatvfs(rootFD, &fs)
+        _ = fstatvfs(source.fd, &fs)
         return StatusFacts(
-            source: sourcePath, stateDirectory: d.stateDirectory, graveyard: d.graveyard != nil,
+            source: source.path, stateDirectory: d.stateDirectory, graveyard: d.graveyard != nil,
             pendingEntries: d.pendingEntries + oneStep.count, restorable: uid == 0 ? [] : d.graveyard?.restorable(of: uid) ?? [],
             restorableCount: d.graveyard?.restorableCount ?? 0,
             restorableBytes: d.graveyard?.restorableBytes ?? 0, stuckEntries: d.stuckEntries, putBack: oneStep.putBack,

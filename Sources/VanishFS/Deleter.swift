@@ -143,7 +143,6 @@ final class Deleter: Sendable {
         if opened.graveyard != nil && rooms == nil {
             log.warning("no rooms for one-step deletes: vanish rm deletes file by file")
         }
-        if let intents = opened.intents { finishInterruptedUnlinks(intents, leftover: opened.leftover) }
     }
 
     /// Starts the reapers, the lease and the landing of queued burials

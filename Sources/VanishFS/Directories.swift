@@ -47,7 +47,7 @@ extension VanishFilesystem {
         }
         let handle = DirectoryHandle(stream: stream, inode: node, owner: caller.uid)
         fi.pointee.fh = UInt64(UInt(bitPattern: Unmanaged.passRetained(handle).toOpaque()))
-        if cachesListings && (options.cache == .always || node.key.dev == table.root.key.dev) {
+        if source.cachesListings && (options.cache == .always || node.key.dev == table.root.key.dev) {
             configureListingCache(node, fi)
         }
         let statWalk = options.readdirPlus == .always || table.listingWantsAttributes(node)
@@ -97,7 +97,7 @@ extension VanishFilesystem {
     /// O_NOATIME for listings under `noatime` and `nodiratime` where no
     /// private mount carries the option (root's daemon only: others may not).
     var listingAtimeFlag: Int32 {
-        (options.atime == .noatime || options.atime == .nodiratime) && !sourceIsPrivateMount && actsForOthers
+        (options.atime == .noatime || options.atime == .nodiratime) && !source.isPrivateMount && actsForOthers
             ? VANISH_O_NOATIME : 0
     }
 

@@ -272,7 +272,7 @@ extension VanishFilesystem {
 
     /// Logs the first crossing into each filesystem mounted inside the source.
     private func noteCrossing(into st: stat, at name: UnsafePointer<CChar>) {
-        guard devices.index(of: st.st_dev).new else { return }
+        guard source.devices.index(of: st.st_dev).new else { return }
         log.info("serving a filesystem mounted inside the source (inode numbers remapped, renames across give EXDEV)",
                  metadata: ["at": "\(String(cString: name))", "dev": "\(st.st_dev)"])
     }
@@ -346,7 +346,7 @@ extension VanishFilesystem {
     /// it, or the directory's default ACL in its place, as natively.
     @inline(__always)
     func withCallersUmask<R>(_ caller: Caller, _ make: () throws(Errno) -> R) throws(Errno) -> R {
-        guard caller.umask != 0 && kernelLeavesUmask.load(ordering: .relaxed) else { return try make() }
+        guard caller.umask != 0 && kernel.leavesUmask.load(ordering: .relaxed) else { return try make() }
         return try Credentials.withUmask(caller.umask, make)
     }
 
@@ -387,7 +387,7 @@ extension VanishFilesystem {
     /// spliced from a pipe, which an O_DIRECT fd refuses (EINVAL).
     func backingOpenFlags(_ requested: Int32) -> Int32 {
         var flags = requested & ~(O_NOCTTY | O_NOFOLLOW | VANISH_O_DIRECT)
-        if options.atime == .noatime && !sourceIsPrivateMount && actsForOthers { flags |= VANISH_O_NOATIME }
+        if options.atime == .noatime && !source.isPrivateMount && actsForOthers { flags |= VANISH_O_NOATIME }
         if options.writeback {
             // With write-back caching the kernel may read back pages of a
             // write-only file and does O_APPEND itself.

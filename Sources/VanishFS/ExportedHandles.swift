@@ -4,6 +4,7 @@ import FUSEKit
 import Glibc
 import LinuxSyscalls
 import SystemPackage
+import VanishGraveyard
 
 // Exportable file handles: the kernel's handles of the mount (node id and
 // generation) keep working after the kernel forgot the inode and after a
@@ -118,7 +119,7 @@ extension VanishFilesystem {
     /// open, it stays reachable by a handle made before, until it is freed.
     private func reachable(_ fd: Int32, _ st: stat) -> Bool {
         guard st.st_mode & S_IFMT == S_IFDIR else {
-            return st.st_nlink > 0 && !(buriedNumbers?.contains(UInt64(st.st_ino)) ?? false)
+            return st.st_nlink > 0 && !(handles.buried?.contains(UInt64(st.st_ino)) ?? false)
         }
         var at = fd
         var owned: Int32 = -1
@@ -128,7 +129,7 @@ extension VanishFilesystem {
         for _ in 0..<2048 {
             let key = InodeKey(dev: here.st_dev, ino: here.st_ino)
             if key == table.root.key { return true }
-            if key == stateDirectoryKey { return false }
+            if key == handles.stateDirectory { return false }
             guard let up = try? Sys.openat(at, "..", VANISH_O_PATH | O_DIRECTORY) else { return false }
             if owned >= 0 { Sys.close(owned) }
             owned = up
@@ -140,4 +141,12 @@ extension VanishFilesystem {
         }
         return false
     }
+}
+
+/// What a handle of a file the kernel no longer holds may not reach: the
+/// graveyard's files (their inode numbers, refused) and the state
+/// directory (never passed on the way up).
+struct HandleLimits: Sendable {
+    let buried: BuriedNumbers?
+    let stateDirectory: InodeKey?
 }

@@ -26,9 +26,11 @@ extension Deleter {
     }
 
     /// Finishes the unlinks an earlier daemon answered but was killed before
-    /// burying (see `UnlinkIntents.finishInterrupted`). Runs before the mount serves.
-    func finishInterruptedUnlinks(_ intents: UnlinkIntents, leftover: UnlinkIntents?) {
-        guard let graveyard else { return }
+    /// burying (see `UnlinkIntents.finishInterrupted`), found in the logs
+    /// `opened` holds. Runs before the mount serves.
+    func finishInterruptedUnlinks(_ opened: Opened) {
+        guard let graveyard, let intents = opened.intents else { return }
+        let leftover = opened.leftover
         let keeps = undoWindow > 0
         let (finished, logged) = UnlinkIntents.finishInterrupted(
             intents, leftover: leftover, graveyard: graveyard, rootFD: rootFD, keepingRecords: keeps,

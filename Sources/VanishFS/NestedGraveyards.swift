@@ -187,7 +187,7 @@ extension VanishFilesystem {
         }
         // A private copy of the source's mount holds no other mount, and its
         // fds' paths are not the namespace's.
-        if sourceIsPrivateMount { return false }
+        if source.isPrivateMount { return false }
         // The directory's path as mountinfo prints it, with a slash after.
         var link = [UInt8](repeating: 0, count: Int(PATH_MAX) + 1)
         let n = (try? Sys.withProcPath(parentFD) { path throws(Errno) in

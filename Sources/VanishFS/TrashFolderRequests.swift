@@ -31,7 +31,7 @@ extension VanishFilesystem {
     func trashFolderUID(_ parent: fuse_ino_t, _ name: UnsafePointer<CChar>) -> UInt32? {
         guard parent == fuse_ino_t(FUSE_ROOT_ID), name[0] == 0x2E, name[1] == 0x54, trashFolders != nil,
               let uid = TrashFolders.uid(ofFolder: name) else { return nil }
-        if let st = try? Sys.lstatat(rootFD, name), st.st_mode & S_IFMT == S_IFDIR, st.st_uid == uid { return nil }
+        if let st = try? Sys.lstatat(source.fd, name), st.st_mode & S_IFMT == S_IFDIR, st.st_uid == uid { return nil }
         return uid
     }
 

@@ -18,60 +18,31 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     let namespace: BackingNamespace
     let options: FilesystemOptions
     let log: Logger
-    /// The backing root, opened before mounting (so an in-place mount still reaches it).
-    let rootFD: Int32
-    /// Set when the daemon runs as root: new entries are then given to the
-    /// caller with fchown, since the kernel already checked the caller may make them.
-    let actsForOthers: Bool
-    /// Whether the backing root keeps POSIX ACLs. Without them (tmpfs built
-    /// without, GlusterFS mounted without `acl`) it answers EOPNOTSUPP, which
-    /// the kernel's own ACL check would hand the caller as the error of every
-    /// access outside the owner's bits.
-    let backingKeepsACLs: Bool
-    /// Set at INIT: the kernel checks POSIX ACLs (FUSE_POSIX_ACL).
-    let kernelChecksACLs = Atomic(false)
-    /// Set at INIT: the kernel sends the caller's umask with each mode
-    /// instead of applying it (FUSE_DONT_MASK), so a directory's default ACL
-    /// can decide in its place, as natively.
-    let kernelLeavesUmask = Atomic(false)
-    let devices: DeviceMap
+    /// The backing root and what is known of it from the start.
+    let source: SourceRoot
+    /// What the kernel agreed to at INIT.
+    let kernel = KernelTerms()
     /// The graveyard, its reapers and the burials owed: all deleting.
     let deleter: Deleter
     /// One-step deletes in their deleters' rooms, waiting for their check.
     let oneStep: OneStepBurials
-    /// Whether close(2) of the source's own files never reports an error
-    /// (see `configure`).
-    let closesSilently: Bool
-    /// The source is served through a private copy of its mount (an atime option).
-    let sourceIsPrivateMount: Bool
-    /// The source is a local disk filesystem (ext4, XFS, btrfs, tmpfs):
-    /// requests are served in microseconds, so workers may spin for the next.
-    public let sourceIsLocalDisk: Bool
-    /// Whether the kernel may keep listings of the source's own directories
-    /// between opens (see `opendir`).
-    let cachesListings: Bool
     /// For `vanish rm`: is a filesystem mounted inside the tree?
     let mounts = MountTable()
     /// Cache invalidations for the kernel, sent from their own thread.
     let invalidations = EntryInvalidations()
     /// Reads directories ahead of programs that stat what they list.
     let statahead: Statahead
-    /// For handles of files the kernel no longer holds: the graveyard's
-    /// files (refused) and the state directory (never passed). See ExportedHandles.
-    let buriedNumbers: BuriedNumbers?
-    let stateDirectoryKey: InodeKey?
+    /// What a handle of a file the kernel no longer holds may reach (see ExportedHandles).
+    let handles: HandleLimits
     /// Changes behind the mount as they happen: with it, the kernel keeps
     /// names and attributes of the source's filesystem for an hour (`cacheTimeout`).
     let watch: SourceWatch?
     /// Files known to have no xattrs, answered without a syscall.
     let absentXattrs: AbsentXattrs
-    let sourcePath: String
     /// Where each change made through the mount is told: the event journal's
     /// recorder, or `NoEvents`.
     let changes: any ChangeObserver
-    /// The event journal (nil with events off, or without a state directory).
-    public let journal: Journal?
-    /// What the control plane may do to the mount.
+    /// What the control plane may do to the mount (the event journal included).
     package let control: MountControl
     /// The undo window as desktop trash folders (nil without one).
     let trashFolders: TrashFolders?
@@ -79,84 +50,86 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     let handleShares = HandleShares(fdLimit: FileLimits.current())
     /// Backing ids of files opened in passthrough mode.
     let passthrough: PassthroughFiles
-    /// Why passthrough is on or off, as negotiated at INIT (for the log and `vanish status`).
-    let passthroughReason = Mutex("off: not negotiated yet")
     /// What the status attribute shows (`vanish status`).
     let status: StatusAttribute
-    /// The session's transport, from INIT on: how requests are served, for the status.
-    let sessionTransport = Mutex<Transport?>(nil)
 
-    /// Opens `source` (a directory) as the backing root and its graveyard.
+    /// The event journal (nil with events off, or without a state directory).
+    public var journal: Journal? { control.journal }
+    /// Whether requests are served in microseconds (see `SourceRoot.isLocalDisk`).
+    public var sourceIsLocalDisk: Bool { source.isLocalDisk }
+    /// Whether the daemon acts for other users (see `SourceRoot.actsForOthers`).
+    var actsForOthers: Bool { SourceRoot.actsForOthers }
+
+    /// Opens `source` (a directory) as the backing root and its graveyard,
+    /// and builds the mount's parts, each from those before it.
     /// `journal` opens the event journal in the state directory's `events`
     /// directory (an fd it may keep only while it runs); without it, or
     /// without a state directory, events are off.
-    package init(source: String, options: FilesystemOptions, logger: Logger,
+    package init(source path: String, options: FilesystemOptions, logger: Logger,
                  journal openJournal: ((_ eventsFD: Int32) -> Journal?)? = nil, status: StatusAttribute = .init()) throws {
-        let (fd, privateMount) = try VanishFilesystem.openSource(source, options, logger)
-        let st: stat
-        do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
+        // The source, then deleting: the graveyard, its reaper, lease and unlink log.
+        let (source, st) = try SourceRoot.open(path, options, logger)
         let opened: Deleter.Opened
-        do { opened = try Deleter.open(source: source, fd: fd, options: options, logger: logger) } catch {
-            Sys.close(fd)
+        do { opened = try Deleter.open(source: path, fd: source.fd, options: options, logger: logger) } catch {
+            Sys.close(source.fd)
             throw error
         }
         let grave = opened.graveyard
-        sourceIsPrivateMount = privateMount
-        sourcePath = source
-        let localDisk = FilesystemKind.isLocalDisk(fd)
-        closesSilently = localDisk
-        sourceIsLocalDisk = localDisk
-        cachesListings = switch options.cache {
-        case .always: true
-        case .auto: localDisk
-        case .never: false
-        }
+        // The inodes the kernel knows, and the one way handlers reach the backing directory.
         let root = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, id: UInt64(FUSE_ROOT_ID),
                          generation: 0, parent: nil, name: "")
-        root.cache.fd = fd
+        root.cache.fd = source.fd
         root.place.lookups = 1
         root.sawAttributes(st)
-        rootFD = fd
-        let codec = Self.handleCodec(rootFD: fd, root: st)
-        table = InodeTable(root: root, codec: codec)
-        buriedNumbers = codec != nil ? grave.map(BuriedNumbers.init) : nil
-        stateDirectoryKey = grave.flatMap { g in (try? Sys.fstat(g.sharedFD)).map { InodeKey(dev: $0.st_dev, ino: $0.st_ino) } }
-        watch = options.cache == .auto && localDisk && options.watchSource ? codec.flatMap(SourceWatch.init) : nil
-        absentXattrs = AbsentXattrs(enabled: localDisk, device: st.st_dev,
-                                    timeout: watch != nil ? SourceWatch.timeout : options.attrTimeout)
-        self.options = options
-        self.status = status
-        log = logger
-        passthrough = PassthroughFiles(log: logger)
+        let codec = Self.handleCodec(rootFD: source.fd, root: st)
+        let table = InodeTable(root: root, codec: codec)
         let burials = DeferredBurials(intents: opened.defersUnlink ? opened.intents : nil)
-        namespace = BackingNamespace(table: table, fdLimit: options.fdCacheLimit ?? FileLimits.defaultCacheLimit(),
-                                     burials: burials)
-        actsForOthers = geteuid() == 0
-        backingKeepsACLs = Self.keepsACLs(fd)
-        devices = DeviceMap(rootDevice: st.st_dev)
+        let namespace = BackingNamespace(table: table, fdLimit: options.fdCacheLimit ?? FileLimits.defaultCacheLimit(),
+                                         burials: burials)
+        // Caches that spare syscalls and round trips.
+        let watch = options.cache == .auto && source.isLocalDisk && options.watchSource ? codec.flatMap(SourceWatch.init) : nil
+        absentXattrs = AbsentXattrs(enabled: source.isLocalDisk, device: st.st_dev,
+                                    timeout: watch != nil ? SourceWatch.timeout : options.attrTimeout)
+        handles = HandleLimits(buried: codec != nil ? grave.map(BuriedNumbers.init) : nil,
+                               stateDirectory: grave.flatMap { g in
+                                   (try? Sys.fstat(g.sharedFD)).map { InodeKey(dev: $0.st_dev, ino: $0.st_ino) }
+                               })
+        // Events: the journal, and the recorder handlers tell each change.
         let journal = openJournal.flatMap { open in grave.flatMap(Self.openEventsDirectory).flatMap { fd in
             defer { Sys.close(fd) }
             return open(fd)
         } }
-        self.journal = journal
+        let changes: any ChangeObserver
         if let journal {
             let recorder = EventRecorder(journal: journal, table: table, namespace: namespace, log: logger,
-                                         readsWithoutAtime: actsForOthers)
+                                         readsWithoutAtime: SourceRoot.actsForOthers)
             if let reaper = opened.reaper { recorder.recordReaping(of: reaper) }
             changes = recorder
         } else {
             changes = NoEvents()
         }
-        deleter = Deleter(opened, rootFD: fd, table: table, namespace: namespace, burials: burials, log: logger)
+        // Deleting, then what is built on it; answered unlinks a crash left unfinished are finished now.
+        let deleter = Deleter(opened, rootFD: source.fd, table: table, namespace: namespace, burials: burials, log: logger)
+        deleter.finishInterruptedUnlinks(opened)
+        let invalidations = invalidations
         oneStep = OneStepBurials(deleter: deleter, changes: changes, invalidations: invalidations, log: logger)
-        control = MountControl(backingRoot: fd, journal: journal, graveyard: grave, reaper: opened.reaper,
+        control = MountControl(backingRoot: source.fd, journal: journal, graveyard: grave, reaper: opened.reaper,
                                namespace: namespace, oneStep: oneStep, table: table, invalidations: invalidations,
                                changes: changes, log: logger)
-        let table = table
         trashFolders = deleter.undoWindow > 0 ? grave.map { TrashFolders(graveyard: $0, table: table) } : nil
         statahead = Statahead(table: table, namespace: namespace) { [deleter] dir, name in
             deleter.isStateDirectory(dir, name)
         }
+        self.source = source
+        self.table = table
+        self.namespace = namespace
+        self.watch = watch
+        self.changes = changes
+        self.deleter = deleter
+        self.options = options
+        self.status = status
+        log = logger
+        passthrough = PassthroughFiles(log: logger)
     }
 
     /// `.vanish/events`, made if needed: where the journal lives.
@@ -167,40 +140,14 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     }
 
     deinit {
-        Sys.close(rootFD)
+        Sys.close(source.fd)
         if let codec = table.codec { Sys.close(codec.mountFD) }
-    }
-
-    /// The backing root: the source itself, or for an atime option a private
-    /// copy of its mount carrying it (see `AtimeMode`), if the daemon may
-    /// make one; otherwise `noatime` falls back to O_NOATIME opens.
-    private static func openSource(_ source: String, _ options: FilesystemOptions,
-                                   _ log: Logger) throws -> (Int32, Bool) {
-        let attributes: (set: UInt64, clear: UInt64)? = switch options.atime {
-        case .backing: nil
-        case .relatime: (VANISH_MOUNT_ATTR_RELATIME, VANISH_MOUNT_ATTR_ATIME_MASK)
-        case .noatime: (VANISH_MOUNT_ATTR_NOATIME, VANISH_MOUNT_ATTR_ATIME_MASK)
-        case .strictatime: (VANISH_MOUNT_ATTR_STRICTATIME, VANISH_MOUNT_ATTR_ATIME_MASK)
-        case .nodiratime: (VANISH_MOUNT_ATTR_NODIRATIME, 0)
-        }
-        if let attributes {
-            if options.atimeCopyAllowed && geteuid() == 0 {
-                let fd = vanish_open_tree_clone(source, attributes.set, attributes.clear)
-                if fd >= 0 { return (fd, true) }
-                log.warning("cannot give the source a mount of its own with the atime option: files opened O_NOATIME for noatime",
-                            metadata: ["option": "\(options.atime.rawValue)", "error": "\(String(cString: strerror(errno)))"])
-            } else {
-                log.notice("the atime option applies to files the daemon opens itself (a filesystem is mounted in the source, or the daemon is not root)",
-                           metadata: ["option": "\(options.atime.rawValue)"])
-            }
-        }
-        return (try Sys.open(source, VANISH_O_PATH | O_DIRECTORY), false)
     }
 
     public var fdCacheLimit: Int { namespace.fdLimit }
 
     public func initialize(_ conn: UnsafeMutablePointer<fuse_conn_info>, transport: Transport) {
-        sessionTransport.withLock { $0 = transport }
+        kernel.transport.withLock { $0 = transport }
         let capable = conn.pointee.capable
         if options.writeback && capable & UInt32(FUSE_CAP_WRITEBACK_CACHE) != 0 {
             conn.pointee.want |= UInt32(FUSE_CAP_WRITEBACK_CACHE)
@@ -225,7 +172,7 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         // that ACL decides instead, which the kernel cannot know.
         if capable & UInt32(FUSE_CAP_DONT_MASK) != 0 {
             conn.pointee.want |= UInt32(FUSE_CAP_DONT_MASK)
-            kernelLeavesUmask.store(true, ordering: .relaxed)
+            kernel.leavesUmask.store(true, ordering: .relaxed)
         }
         // Inode-flag ioctls (lsattr, chattr) on directories too, not only files.
         if capable & UInt32(FUSE_CAP_IOCTL_DIR) != 0 { conn.pointee.want |= UInt32(FUSE_CAP_IOCTL_DIR) }
@@ -237,9 +184,9 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         // checks POSIX ACLs too, as the backing filesystem would, instead of
         // the mode bits alone, which let through a user an ACL shuts out.
         if options.posixACLs && capable & UInt32(FUSE_CAP_POSIX_ACL) != 0 {
-            if backingKeepsACLs {
+            if source.keepsACLs {
                 conn.pointee.want |= UInt32(FUSE_CAP_POSIX_ACL)
-                kernelChecksACLs.store(true, ordering: .relaxed)
+                kernel.checksACLs.store(true, ordering: .relaxed)
             } else {
                 log.info("the source keeps no POSIX ACLs: the kernel checks the mode bits alone, as it does there")
             }
@@ -263,21 +210,12 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
                                                 "watch": "\(watch != nil ? "on" : "off")",
                                                 "requests": "\(transport.ringComing ? "io_uring" : "/dev/fuse")",
                                                 "file_handles": "\(table.codec != nil ? "exportable" : "while cached")"])
-        if deleter.graveyard != nil, vanish_filesystem_type(rootFD) == VANISH_OVERLAYFS_SUPER_MAGIC {
+        if deleter.graveyard != nil, vanish_filesystem_type(source.fd) == VANISH_OVERLAYFS_SUPER_MAGIC {
             log.warning("""
                 the source is on overlayfs: a file from a lower layer is copied up before it can move \
                 to the graveyard, and a directory from one is deleted in the request, so deletes of \
                 lower-layer entries are not instant
                 """)
-        }
-    }
-
-    private static func keepsACLs(_ rootFD: Int32) -> Bool {
-        do throws(Errno) {
-            _ = try Sys.getxattr(pathFD: rootFD, "system.posix_acl_access", nil)
-            return true
-        } catch {
-            return error != .notSupported
         }
     }
 
@@ -299,11 +237,11 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         else if backingFiles == nil { why = "off: no device" }
         else { wanted.insert(.passthrough) }
         // Backing files on overlayfs are one level deep already.
-        let depth: UInt32 = vanish_filesystem_type(rootFD) == VANISH_OVERLAYFS_SUPER_MAGIC ? 2 : 1
+        let depth: UInt32 = vanish_filesystem_type(source.fd) == VANISH_OVERLAYFS_SUPER_MAGIC ? 2 : 1
         let granted = transport.request(wanted, maxStackDepth: depth)
         if wanted.contains(.passthrough) && !granted.contains(.passthrough) { why = "off: the kernel does not offer it" }
         if granted.contains(.passthrough), let backingFiles { passthrough.start(backingFiles) }
-        passthroughReason.withLock { $0 = why }
+        kernel.passthroughReason.withLock { $0 = why }
         log.info("kernel features", metadata: ["offered": "\(transport.offered)", "granted": "\(granted)",
                                                "passthrough": "\(why)"])
     }
@@ -351,7 +289,7 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         var e = fuse_entry_param()
         e.ino = table.nodeID(node)
         e.generation = node.generation
-        e.attr = devices.present(st)
+        e.attr = source.devices.present(st)
         e.attr_timeout = cacheTimeout(node)
         e.entry_timeout = e.attr_timeout
         return e
@@ -385,13 +323,13 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         if fi.pointee.flags & O_ACCMODE == O_RDONLY { fi.pointee.noflush = 1 }
         // A writer in passthrough writes the backing file itself, so no data
         // waits in the kernel at close, and where that file's own close can
-        // report nothing (`closesSilently`), a FLUSH would only dup and close
+        // report nothing (`SourceRoot.isLocalDisk`), a FLUSH would only dup and close
         // an fd: every created file (tar, git checkout, compilers) was one
         // round trip more. Its writing session still ends at the release.
         // O_RDWR handles keep it: a shared mapping, which needs O_RDWR, writes
         // behind the kernel's copy of the mtime, and only FLUSH comes before
         // close() returns (`dropAttributesIfMappedWrites`).
-        else if closesSilently && node.key.dev == table.root.key.dev
+        else if source.isLocalDisk && node.key.dev == table.root.key.dev
                     && (kind == .passthrough || kind == .passthroughDirect)
                     && fi.pointee.flags & O_ACCMODE != O_RDWR {
             fi.pointee.noflush = 1
