@@ -25,12 +25,15 @@ extension Credentials {
     /// Opens the directory `components` below `root` as these credentials
     /// would reach it on the mount: one name at a time, never following a
     /// symlink, with search permission (`listing`: read and search) on every
-    /// directory on the way and `needing` (R=4, W=2, X=1) on the last. Close the result unless it is `root`.
+    /// directory on the way and `needing` (R=4, W=2, X=1) on the last; a
+    /// component that is not a plain name is EINVAL. Close the result unless it is `root`.
     func openDirectory(_ components: [[UInt8]], under root: Int32, needing: mode_t,
                        listing: Bool = false) throws(Errno) -> Int32 {
         var dirFD = root
         do throws(Errno) {
             for p in components {
+                // A name only: a NUL would end the C string early ("..\0x" is "..").
+                guard !p.isEmpty, !p.contains(0), p != [0x2E], p != [0x2E, 0x2E] else { throw Errno.invalidArgument }
                 guard permits(dirFD, listing ? 5 : 1) else { throw Errno.permissionDenied }
                 let next = try (p + [0]).withUnsafeBufferPointer { b throws(Errno) in
                     try Sys.openat(dirFD, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),

@@ -168,6 +168,8 @@ struct UndoWindow {
         for p in parts + [leaf] where p == [0x2E] || p == [0x2E, 0x2E] {
             throw .invalidDestination("\(shown): paths may not contain . or ..")
         }
+        // A C string ends at a NUL: "..\0x" would pass the check above and open "..".
+        if target.contains(0) { throw .invalidDestination("paths may not contain a NUL byte") }
         if (parts.first ?? leaf) == Array(Graveyard.stateDirectoryName.utf8) {
             throw .invalidDestination("\(shown) is Vanish's reserved state directory")
         }

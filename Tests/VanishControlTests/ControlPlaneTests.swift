@@ -32,8 +32,8 @@ struct ControlPlaneTests {
         #expect(!UndoWindow.isInside(Array("d".utf8), Array("d".utf8)))
     }
 
-    @Test("restore destinations may not be the root, contain . or .., or enter the state directory",
-          arguments: ["", "/", "a/../b", "./a", "a/.", ".vanish", ".vanish/graveyard/x"])
+    @Test("restore destinations may not be the root, contain . or .. or a NUL byte, or enter the state directory",
+          arguments: ["", "/", "a/../b", "./a", "a/.", ".vanish", ".vanish/graveyard/x", "..\0/out", "a/b\0c"])
     func badDestinations(_ target: String) {
         #expect(throws: RestoreError.self) { try UndoWindow.destination(Array(target.utf8)) }
     }

@@ -651,6 +651,40 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("a restore destination with a NUL byte is refused: \"..\\0\" would open the source's parent and restore outside the mount (issue 49)")
+    func restoreDestinationWithNUL() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root to become nobody")
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            let r = try sh("chmod 755 . && install -d -m 777 w", cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let out = m.base + "/out"
+            #expect(try sh("chmod 755 \(m.base) && install -d -m 777 \(out)").ok)
+            #expect(try runAsNobody(["sh", "-c", "echo theirs > \(m.path("w/esc.txt")) && rm \(m.path("w/esc.txt"))"]).ok)
+            let id = try #require(try trashList(m).first { $0["path"] as? String == "w/esc.txt" }?["id"] as? String)
+            let socket = try #require(try statusJSON(m)["socket"] as? String)
+            let script = m.base + "/restore-nul.py"
+            try """
+                import base64, json, socket, sys
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(sys.argv[1])
+                to = base64.b64encode(b"..\\0/out/escaped.txt").decode()
+                s.sendall((json.dumps({"op": "restore", "id": sys.argv[2], "to_b64": to}) + "\\n").encode())
+                data = b""
+                while not data.endswith(b"\\n"):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                sys.stdout.write(data.decode())
+                """.write(toFile: script, atomically: true, encoding: .utf8)
+            let answer = try runAsNobody(["/usr/bin/python3", script, socket, id])
+            #expect(answer.ok && answer.stdout.contains("NUL"), "\(answer)")
+            #expect(access(out + "/escaped.txt", F_OK) != 0, "the entry was restored outside the mount")
+            #expect(try trashPaths(m) == ["w/esc.txt"], "still in the trash")
+        }
+    }
+
     @Test("reaper workers run in the idle CPU and I/O classes; request handlers do not")
     func reaperPriorities() throws {
         try withVanishMount(options: ["reapers=3"]) { m in
