@@ -545,8 +545,9 @@ extension ControlServer {
             // Lifecycle events (no path) always pass; a move counts at either end.
             if !paths.isEmpty && !paths.contains(where: { p in prefixes.contains { ControlServer.isWithin(p, $0) } }) { return nil }
         }
-        guard peer.uid != 0, o["uid"]?.int != Int(peer.uid) else { return line }
+        guard peer.uid != 0 else { return line }
         let type = o["type"]?.string
+        if o["uid"]?.int == Int(peer.uid) { return ownChange(line, parsed, &o, type: type, sight: &sight) }
         if type == EventType.reaped.rawValue || type == EventType.shortened.rawValue { return nil }
         if o["xattr"]?.string?.hasPrefix("trusted.") == true { return nil }
         func seen(_ key: String) -> Bool? {
@@ -577,6 +578,29 @@ extension ControlServer {
         for key in ["target", "copied_from"] where seen(key) == false { drop(key) }
         return rewritten ? Array((JSON.object(o).serialized + "\n").utf8) : line
     }
+
+    /// The subscriber's own change: they named its paths themselves, but for
+    /// what the kernel sends by handle (a write, a truncate, a change of
+    /// attributes through a descriptor) and a copy's source, the path is
+    /// the file's last-known name, perhaps one another user gave it since
+    /// in a directory the subscriber cannot list (a hard link root made to
+    /// their file): such a name, private when the change happened, shows
+    /// only if they may see it now.
+    private func ownChange(_ line: [UInt8], _ parsed: JSON, _ o: inout [String: JSON], type: String?,
+                           sight: inout Sight) -> [UInt8]? {
+        func hidden(_ key: String) -> Bool {
+            guard o[key + "_private"]?.bool == true, let p = PathBytes.get(parsed, key: key)?.bytes else { return false }
+            return !sight.mayObserve(p)
+        }
+        if ControlServer.byHandle.contains(type ?? ""), hidden("path") { return nil }
+        guard hidden("copied_from") else { return line }
+        for k in ["copied_from", "copied_from_b64", "copied_from_private", "copied_from_id"] { o[k] = nil }
+        return Array((JSON.object(o).serialized + "\n").utf8)
+    }
+
+    /// Event types whose path the kernel may send by handle, not by a name the caller gave.
+    static let byHandle: Set<String> = [EventType.written.rawValue, EventType.truncated.rawValue,
+                                        EventType.attributes.rawValue]
 
     /// Every event field that names a path in the mount: each must be one
     /// the subscriber could see, or the event is not theirs to read.

@@ -56,6 +56,51 @@ struct EventVisibilityTests {
         }
     }
 
+    @Test("nobody's own writes through a handle do not name the link root made to their file in a private directory (issue 49)")
+    func ownWritesUnderAnotherName() throws {
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            let r = try sh("chmod 755 . && mkdir -m 777 w", cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let root = try Subscriber(m, name: "root")
+            defer { root.stop() }
+            try attach(root, m)
+            let instance = try #require(root.header?["instance"] as? String)
+            // nobody keeps their log open and writes to it; meanwhile root links it into a
+            // private directory (as cp -al and rsync --link-dest backups do).
+            let writer = m.base + "/writer.py", go = m.base + "/go"
+            #expect(try sh("chmod 755 \(m.base)").ok)
+            try """
+                import os, sys
+                log, go, end = sys.argv[1:4]
+                fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                os.write(fd, b"one\\n")
+                while not os.path.exists(go):
+                    os.sched_yield()
+                os.write(fd, b"two\\n")
+                os.close(fd)
+                open(end, "w").close()
+                """.write(toFile: writer, atomically: true, encoding: .utf8)
+            let started = try sh("""
+                setpriv --reuid=nobody --regid=nogroup --clear-groups -- /usr/bin/python3 \(writer) \
+                  \(m.path("w/nlog")) \(go) \(m.path("w/end")) > /dev/null 2>&1 &
+                """)
+            #expect(started.ok)
+            try waitFor("nobody's log") { access(m.path("w/nlog"), F_OK) == 0 }
+            #expect(try sh("mkdir -m 700 -p r7/backup && ln w/nlog r7/backup/SECRETBACKUP && touch \(go)",
+                           cwd: m.mountpoint).ok)
+            let s = try Subscriber(m, ["--since", "\(instance):0"], name: "nobody", asNobody: true)
+            defer { s.stop() }
+            try s.waitFor("w/end") { $0["path"] as? String == "w/end" }
+            let all = s.events.map { "\($0)" }.joined(separator: "\n")
+            #expect(!all.contains("SECRETBACKUP") && !all.contains("r7/backup/"), "\(all)")
+            #expect(s.events.contains { $0["type"] as? String == "created" && $0["path"] as? String == "w/nlog" }, "\(all)")
+            // Root sees the write under the name it is known by.
+            try root.waitFor("w/end") { $0["path"] as? String == "w/end" }
+            #expect(root.events.contains { $0["type"] as? String == "written" && $0["path"] as? String == "r7/backup/SECRETBACKUP" })
+        }
+    }
+
     @Test("nobody's snapshot of a 3000-deep chain costs the daemon time in proportion to the entries, not their depth squared")
     func deepChain() throws {
         try withVanishMount(options: ["allow_other"], prepare: { src in
