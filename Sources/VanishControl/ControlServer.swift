@@ -379,13 +379,20 @@ public final class ControlServer: Sendable {
             let entries = UndoWindow(mount: mount).trash(for: peer).map { e -> JSON in
                 var o: [String: JSON] = ["id": JSON(e.id), "deleted_ns": JSON(e.deleted), "uid": JSON(e.record.uid),
                                          "gid": JSON(e.record.gid), "kind": JSON(e.record.kind.name)]
+                if let held = e.record.held { o["held"] = JSON(held.explanation) }
+                // A held entry holds what its deleter could not remove, perhaps
+                // directories they cannot list: its measure (taken with the
+                // daemon's rights) is root's to see, as `du` would show them.
+                guard e.record.held == nil || peer.uid == 0 else {
+                    PathBytes(e.record.path).put(into: &o, key: "path")
+                    return .object(o)
+                }
                 if let b = e.record.bytes { o["bytes"] = JSON(b) }
                 if let size = mount.apparentSize(of: e) { o["size"] = JSON(size) }
                 if let inside = mount.contents(of: e), inside.files + inside.directories > 0 {
                     o["files_inside"] = JSON(inside.files)
                     o["directories_inside"] = JSON(inside.directories)
                 }
-                if let held = e.record.held { o["held"] = JSON(held.explanation) }
                 PathBytes(e.record.path).put(into: &o, key: "path")
                 return .object(o)
             }

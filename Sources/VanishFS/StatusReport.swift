@@ -14,7 +14,8 @@ package enum StatusReport {
         if uid != 0 {
             let own = f.restorable.filter { $0.record.uid == uid }
             restorable = own.count
-            restorableBytes = own.reduce(0) { $0 + ($1.record.bytes ?? 0) }
+            // A held entry's measure is root's to see (see `trash list`).
+            restorableBytes = own.reduce(0) { $0 + ($1.record.held == nil ? $1.record.bytes ?? 0 : 0) }
             // Others' kept entries leave the backlog too, or it would count them.
             pending = max(0, f.pendingEntries - (allRestorable - own.count))
         }

@@ -152,11 +152,11 @@ struct OneStepDeleteTests {
         }
     }
 
-    @Test("what nobody could not remove, its place taken meanwhile, is kept in nobody's trash until restored, with why (issue 49)")
+    @Test("what nobody could not remove, its place taken meanwhile, is kept in nobody's trash until restored, with why, and not measured for them (issue 49)")
     func heldWhenPlaceTaken() throws {
         try withVanishMount(options: ["allow_other"], prepare: { src in
             let r = try sh("""
-                chmod 755 . && install -d -o nobody nb nb/A nb/A/many && mkdir nb/A/r && echo x > nb/A/r/f
+                chmod 755 . && install -d -o nobody nb nb/A nb/A/many && mkdir -m 700 nb/A/r && echo x > nb/A/r/f
                 cd nb/A/many && seq 1 30000 | sed 's/^/f/' | xargs touch && chown nobody: . *
                 """, cwd: src)
             guard r.ok else { throw TestFailure(r.stderr) }
@@ -169,6 +169,11 @@ struct OneStepDeleteTests {
             try waitFor("nobody's room to be empty") { try OneStepDeleteTests.room(m).isEmpty }
             let list = try runAsNobody([binary, "trash", "list", m.mountpoint])
             #expect(list.stdout.contains("kept: holds what its deleter could not remove, and its name was taken"), "\(list)")
+            // What it holds was measured with the daemon's rights: root's 0700 r is not nobody's to count.
+            let json = try runAsNobody([binary, "trash", "list", "--json", m.mountpoint])
+            #expect(json.ok && json.stdout.contains("\"held\"") && !json.stdout.contains("files_inside")
+                    && !json.stdout.contains("\"size\"") && !json.stdout.contains("\"bytes\""), "\(json)")
+            #expect(try trashList(m).contains { $0["held"] != nil && ($0["files_inside"] as? Int ?? 0) >= 1 }, "root sees what it holds")
             // Neither the window nor emptying the trash frees it: root's file stays.
             #expect(try runAsNobody([binary, "trash", "empty", m.mountpoint]).ok)
             try waitForReaper(m)
