@@ -19,7 +19,7 @@ enum TreeWalk {
     static func walk(_ mount: MountControl, as peer: Credentials? = nil,
                      _ visit: (_ path: [UInt8], _ st: stat, _ id: String) -> Bool) {
         // An unlink already in the journal must not show up as existing.
-        mount.settle()
+        mount.settle(for: peer?.uid ?? 0)
         let graveyards = mount.hasGraveyard
         guard let rootStat = try? Sys.fstat(mount.backingRoot), peer?.permits(mount.backingRoot, 5) ?? true,
               var current = try? Sys.openat(mount.backingRoot, ".", VANISH_O_PATH | O_DIRECTORY | O_CLOEXEC),

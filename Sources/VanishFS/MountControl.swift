@@ -59,18 +59,19 @@ package final class MountControl: Sendable {
 
     /// Lets every pending burial land: a listing, a restore or a walk must
     /// see each answered unlink in place (and a name whose burial is pending
-    /// is free, not taken), and each one-step delete in the trash once sorted
-    /// (up to 30 s: `vanish rm -r` then `vanish restore` finds the tree; the
-    /// sorting thread runs at nice 10, and on a busy machine 5 s were too few).
-    package func settle() {
+    /// is free, not taken), and each one-step delete of `uid`'s in the trash
+    /// once sorted (up to 30 s: `vanish rm -r` then `vanish restore` finds
+    /// the tree; the sorting thread runs at nice 10, and on a busy machine
+    /// 5 s were too few). Other users' one-step deletes are not waited for.
+    package func settle(for uid: uid_t) {
         namespace.settle()
-        oneStep.awaitSorted(timeout: .seconds(30))
+        oneStep.awaitSorted(of: uid, timeout: .seconds(30))
     }
 
     /// The restorable entries `uid` may see (root: all), oldest first.
     package func restorable(for uid: uid_t) -> [TrashEntry] {
         guard let graveyard else { return [] }
-        settle()
+        settle(for: uid)
         return uid == 0 ? graveyard.restorable : graveyard.restorable(of: uid)
     }
 

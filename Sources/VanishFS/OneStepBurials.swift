@@ -36,8 +36,26 @@ final class OneStepBurials: Sendable {
         var queue: [Pending] = []
         var running = false
         var stopping = false
-        var busy = false
+        /// The deleter whose tree is being sorted now, if any.
+        var busy: uid_t?
         var putBack = 0
+
+        /// Whether a tree of `uid`'s waits or is being sorted.
+        func hasPending(of uid: uid_t) -> Bool { busy == uid || queue.contains { $0.caller.uid == uid } }
+
+        /// The next tree to sort: the oldest, unless its deleter's tree was
+        /// the last sorted and another user's waits (one user's stream of
+        /// trees must not hold everyone else's back).
+        mutating func takeNext() -> Pending? {
+            guard let first = queue.first else { return nil }
+            var i = 0
+            if first.caller.uid == lastUID, let other = queue.firstIndex(where: { $0.caller.uid != lastUID }) { i = other }
+            let p = queue.remove(at: i)
+            busy = p.caller.uid
+            lastUID = p.caller.uid
+            return p
+        }
+        var lastUID: uid_t?
     }
     private let state = Lock(State())
     private let wake = Condition()
@@ -54,12 +72,14 @@ final class OneStepBurials: Sendable {
     }
 
     /// Trees moved in and not yet checked (for status and tests).
-    var count: Int { state.withLock { $0.queue.count + ($0.busy ? 1 : 0) } }
-    /// Waits (up to `timeout`) until every tree moved in so far is sorted:
-    /// in the graveyard, and the trash if there is a window, or put back.
-    func awaitSorted(timeout: Duration) {
+    var count: Int { state.withLock { $0.queue.count + ($0.busy != nil ? 1 : 0) } }
+    /// Waits (up to `timeout`) until every tree `uid` moved in so far is
+    /// sorted: in the graveyard, and the trash if there is a window, or put
+    /// back. Another user's trees are not waited for: their deletes must
+    /// not delay this user's requests.
+    func awaitSorted(of uid: uid_t, timeout: Duration) {
         let deadline = Condition.now() &+ timeout.nanoseconds
-        while count > 0 && Condition.now() < deadline { usleep(2_000) }
+        while state.withLock({ $0.hasPending(of: uid) }) && Condition.now() < deadline { usleep(2_000) }
     }
 
     /// Trees put back since the mount, whole or as `rm -r` leaves them (for status).
@@ -99,14 +119,9 @@ final class OneStepBurials: Sendable {
 
     private func run() {
         while true {
-            let next: Pending? = state.withLock { s in
-                if s.queue.isEmpty { return nil }
-                s.busy = true
-                return s.queue.removeFirst()
-            }
-            if let next {
+            if let next = state.withLock({ $0.takeNext() }) {
                 settle(next)
-                state.withLock { $0.busy = false }
+                state.withLock { $0.busy = nil }
                 continue
             }
             wake.lock()

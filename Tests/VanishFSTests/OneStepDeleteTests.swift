@@ -224,6 +224,31 @@ struct OneStepDeleteTests {
         }
     }
 
+    @Test("nobody's one-step deletes being sorted do not hold back root's trash list; nobody's own list waits for them (issue 49)")
+    func othersSortingDelaysNoOne() throws {
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            let r = try sh("""
+                chmod 755 . && install -d -o nobody home home/t && cd home/t
+                for d in $(seq 50); do mkdir $d && (cd $d && seq 2000 | xargs touch); done
+                chown -R nobody: .
+                """, cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let binary = m.base + "/vanish"
+            #expect(try run(["cp", vanishBinary, binary]).ok)
+            #expect(try sh("echo mine > mine && rm mine", cwd: m.mountpoint).ok)
+            // Sorting 100,000 entries as nobody, at nice 10, outlasts root's list.
+            #expect(try runAsNobody([binary, "rm", "-r", m.path("home/t")]).ok)
+            let list = try run([vanishBinary, "trash", "list", m.mountpoint])
+            let stillSorting = try !OneStepDeleteTests.room(m).isEmpty
+            #expect(list.ok && list.stdout.contains("mine"), "\(list)")
+            #expect(stillSorting, "root's trash list waited for nobody's tree to be sorted")
+            // nobody's own list shows the tree: it waits for their own.
+            let own = try runAsNobody([binary, "trash", "list", m.mountpoint])
+            #expect(own.ok && own.stdout.contains("home/t"), "\(own)")
+        }
+    }
+
     @Test("root's vanish rm -r deletes what it checked, never where a user's symlink swapped in points")
     func symlinkRace() throws {
         try withVanishMount(options: ["allow_other"], prepare: { src in
