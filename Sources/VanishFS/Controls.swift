@@ -82,10 +82,10 @@ extension VanishFilesystem {
                 if grave == nil {
                     // On a filesystem mounted inside the source, without a graveyard,
                     // or where the move was refused with EXDEV: checked here, then
-                    // buried or deleted with the daemon's rights.
+                    // buried, or deleted with the caller's rights.
                     let extent = try permissions.check(pfd, n.baseAddress!, recursive: isDirectory)
                     grave = try deleter.buryTree(pfd, n.baseAddress!, st: entry, from: parent, caller: caller,
-                                                 counted: extent, by: deletedBy)
+                                                 counted: extent, by: deletedBy, as: permissions.credentials)
                 }
                 if isDirectory { table.markBuried(node) }
                 changes.deleted(caller, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true,

@@ -127,6 +127,8 @@ extension Deleter {
             }
             do throws(Errno) {
                 try bury(parentFD, name, st: d.st, from: parent, caller: caller, made: (record, d.deleted))
+            } catch .isDirectory {
+                // A directory exchanged onto the name: it stays there (logged by `bury`).
             } catch where error != .noSuchFileOrDirectory {
                 log.warning("could not move an unlinked file into the graveyard; unlinking it in place",
                             metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
@@ -276,17 +278,26 @@ extension Deleter {
     /// An answered unlink landing later passes the record and time made when it came (`made`).
     @discardableResult
     /// `by`: whom what a directory holds is freed as (nil: the daemon).
+    /// `wholeTree`: a whole tree may go (`vanish rm`), deleted at once with
+    /// `credentials` (nil: the daemon's, for its own user) where it cannot
+    /// reach the graveyard; otherwise a file goes only by unlink and a
+    /// directory only by rmdir, whatever was swapped onto the name since
+    /// `st` was taken.
     func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, st: stat, from parent: Inode,
               caller: Caller, asName: UnsafePointer<CChar>? = nil, wantEntry: Bool = false,
               made: (record: TrashRecord?, deleted: UInt64)? = nil,
-              reserved: Graveyard.Reservation? = nil, by deletedBy: DeletedBy? = nil) throws(Errno) -> String? {
+              reserved: Graveyard.Reservation? = nil, by deletedBy: DeletedBy? = nil,
+              wholeTree: Bool = false, as credentials: Credentials? = nil) throws(Errno) -> String? {
+        let isFile = st.st_mode & S_IFMT != S_IFDIR
+        let deleteNow = { () throws(Errno) in
+            try self.deleteNow(parentFD, name, file: isFile, wholeTree: wholeTree, as: credentials)
+        }
         guard let graveyard, let reaper else {
-            try deleteNow(parentFD, name)
+            try deleteNow()
             return nil
         }
         let record = made.map(\.record) ?? trashRecord(st, parent: parent, name: asName ?? name, caller: caller)
         let deletion: Graveyard.Deletion = made.map { .at($0.deleted) } ?? .now
-        let isFile = st.st_mode & S_IFMT != S_IFDIR
         var entry: String?
         do {
             if wantEntry {
@@ -298,6 +309,9 @@ extension Deleter {
                                                             by: deletedBy, file: isFile),
                                   sizeUnknown: record != nil && record?.bytes == nil, bytes: Self.freedBytes(st))
             }
+        } catch .isDirectory where isFile {
+            logSwappedDirectory(name)
+            throw .isDirectory
         } catch .improperLink {
             // On a filesystem mounted inside the source: its own graveyard, if
             // it can have one. On the source's own filesystem EXDEV means it
@@ -310,7 +324,7 @@ extension Deleter {
                 }
                 nestedReaper.noteBuried(shard: try nestedGraveyard.bury(parentFD, name, file: isFile) { entry = String(cString: $0) })
             } catch .improperLink {
-                try deleteNow(parentFD, name)
+                try deleteNow()
             }
         } catch where error == .noSpace || error == .diskQuotaExceeded {
             // A full disk must not stop deletes, least of all then. The trash
@@ -329,11 +343,18 @@ extension Deleter {
                                                named: { entry = String(cString: $0) }) {
                 reaper.noteBuried(shard: shard, dueNow: true)
             } else {
-                try deleteNow(parentFD, name)
+                try deleteNow()
                 entry = nil
             }
         }
         return entry
+    }
+
+    /// A directory was found under a file's name as it went to the
+    /// graveyard, and was put back (`Graveyard.returnSwappedDirectory`).
+    func logSwappedDirectory(_ name: UnsafePointer<CChar>) {
+        log.notice("a directory was exchanged onto a deleted file's name before its burial: it stays where it is",
+                   metadata: ["name": "\(String(cString: name))"])
     }
 
     /// A move into the desktop trash (`TrashFolders`): buries `name` with
@@ -346,7 +367,13 @@ extension Deleter {
         let directory = st.st_mode & S_IFMT == S_IFDIR
         let deletedBy = directory ? try identify(caller, groups) : nil
         var entry: String?
-        let shard = try graveyard.bury(parentFD, name, record: record, by: deletedBy, file: !directory) { entry = String(cString: $0) }
+        let shard: Int
+        do throws(Errno) {
+            shard = try graveyard.bury(parentFD, name, record: record, by: deletedBy, file: !directory) { entry = String(cString: $0) }
+        } catch .isDirectory where !directory {
+            logSwappedDirectory(name)
+            throw .isDirectory
+        }
         reaper.noteBuried(shard: shard, sizeUnknown: directory, bytes: Self.freedBytes(st))
         return entry.map { ($0, shard) }
     }
@@ -359,10 +386,10 @@ extension Deleter {
     /// took when its caller removed the tree (`OneStepBurials`).
     func buryTree(_ parentFD: Int32, _ name: UnsafePointer<CChar>, st: stat, from parent: Inode, caller: Caller,
                   counted: RemovalCheck.Extent, reserved: Graveyard.Reservation? = nil,
-                  record: TrashRecord? = nil, by deletedBy: DeletedBy?) throws(Errno) -> String? {
+                  record: TrashRecord? = nil, by deletedBy: DeletedBy?, as credentials: Credentials?) throws(Errno) -> String? {
         let made = reserved.map { _ in (record: record, deleted: UInt64(0)) }
         let grave = try bury(parentFD, name, st: st, from: parent, caller: caller, wantEntry: true, made: made,
-                             reserved: reserved, by: deletedBy)
+                             reserved: reserved, by: deletedBy, wholeTree: true, as: credentials)
         if st.st_mode & S_IFMT == S_IFDIR, let grave, st.st_dev == table.root.key.dev {
             if counted.entries > 1 { reaper?.expectTree(grave, count: counted.entries) }
             reaper?.noteHeld(bytes: counted.bytes)
@@ -379,16 +406,18 @@ extension Deleter {
     }
 
     /// Deletes an entry that cannot reach the graveyard (a nested
-    /// filesystem, or no graveyard at all): a whole tree when `vanish rm` asked.
-    private func deleteNow(_ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
+    /// filesystem, or no graveyard at all): a file by unlink, a directory by
+    /// rmdir, and a whole tree only when `vanish rm` asked (`wholeTree`),
+    /// removed with `credentials` so the kernel checks each entry. A
+    /// directory exchanged onto a file's name, or a full one onto an empty
+    /// one's, since the caller's check is refused (EISDIR, ENOTEMPTY), not emptied.
+    private func deleteNow(_ parentFD: Int32, _ name: UnsafePointer<CChar>, file: Bool, wholeTree: Bool,
+                           as credentials: Credentials?) throws(Errno) {
+        if file { return try Sys.unlinkat(parentFD, name, 0) }
         do {
-            try Sys.unlinkat(parentFD, name, 0)
-        } catch .isDirectory {
-            do {
-                try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
-            } catch .directoryNotEmpty {
-                try removeTree(parentFD, name)
-            }
+            try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
+        } catch .directoryNotEmpty where wholeTree {
+            try Credentials.acting(credentials) { () throws(Errno) in try removeTree(parentFD, name) }
         }
     }
 

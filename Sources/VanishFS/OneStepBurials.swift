@@ -148,7 +148,8 @@ final class OneStepBurials: Sendable {
                 let sifted = try p.permissions.sift(p.room, grave)
                 if sifted.whole {
                     _ = try deleter.buryTree(p.room, grave, st: p.st, from: p.parent, caller: p.caller,
-                                             counted: sifted.extent, reserved: p.reservation, record: p.record, by: nil)
+                                             counted: sifted.extent, reserved: p.reservation, record: p.record, by: nil,
+                                             as: p.permissions.credentials)
                 } else {
                     for path in sifted.goes { bury(path, of: grave, p) }
                 }

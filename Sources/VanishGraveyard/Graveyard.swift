@@ -232,10 +232,12 @@ public final class Graveyard: @unchecked Sendable {
         // pieces of a tree being reaped are spread one by one, for parallel workers.
         let shard = Int((deletion == .piece ? n : n >> 6) % UInt64(Graveyard.shardCount))
         let sfd = shardFDs[shard]
+        let namesFile = file && reserved == nil
         try withUniqueName(n, time: reserved?.time ?? deletion.nameTime, by: reserved?.deleter ?? deleter,
-                           file: file && reserved == nil) { grave throws(Errno) in
+                           file: namesFile) { grave throws(Errno) in
             guard var record else {
                 try Sys.renameNoReplace(parentFD, name, sfd, grave)
+                if namesFile { try Self.returnSwappedDirectory(sfd, grave, to: parentFD, name) }
                 named?(grave)
                 return
             }
@@ -246,6 +248,7 @@ public final class Graveyard: @unchecked Sendable {
                     if linkat(parentFD, name, sfd, grave, 0) != 0 { throw Errno(rawValue: errno) }
                 } else {
                     try Sys.renameNoReplace(parentFD, name, sfd, grave)
+                    if namesFile { try Self.returnSwappedDirectory(sfd, grave, to: parentFD, name) }
                 }
             } catch {
                 removeSidecar(sfd, grave)
@@ -256,6 +259,20 @@ public final class Graveyard: @unchecked Sendable {
             named?(grave)
         }
         return shard
+    }
+
+    /// After the rename of what was checked to be a file: if a directory
+    /// came instead (exchanged onto the name on the source between the
+    /// caller's check and this rename), it goes back to the name at once
+    /// and the burial fails with EISDIR, as an unlink of it would have. If
+    /// the name was taken meanwhile it stays, never walked (`namesFile`).
+    /// One lstat of the new entry.
+    @inline(__always)
+    static func returnSwappedDirectory(_ shardFD: Int32, _ grave: UnsafePointer<CChar>, to parentFD: Int32,
+                                       _ name: UnsafePointer<CChar>) throws(Errno) {
+        guard let st = try? Sys.lstatat(shardFD, grave), st.st_mode & S_IFMT == S_IFDIR,
+              (try? Sys.renameNoReplace(shardFD, grave, parentFD, name)) != nil else { return }
+        throw .isDirectory
     }
 
     /// `<ns since epoch>-<pid>-<counter>` in hex, built on the stack: unique

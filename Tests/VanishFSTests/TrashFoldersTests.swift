@@ -280,7 +280,7 @@ struct TrashFolderAttackTests {
         }
     }
 
-    @Test("a directory of root's swapped in on the source behind nobody's unlink is never freed as root (it stays, stuck)")
+    @Test("a directory of root's swapped in on the source behind nobody's unlink is never freed as root: it goes back to the name at once")
     func swappedBehindAnUnlink() throws {
         try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
             // nobody's directory D holds a directory of root's, B, with a file nobody may not delete.
@@ -296,7 +296,7 @@ struct TrashFolderAttackTests {
             // checks the name, answers, and renames it into the graveyard after.
             let script = #"""
                 import ctypes, os, sys, threading
-                S, M = sys.argv[1] + "/shared/D", sys.argv[2] + "/shared/D"
+                S, M, LOG = sys.argv[1] + "/shared/D", sys.argv[2] + "/shared/D", sys.argv[3]
                 libc = ctypes.CDLL(None, use_errno=True)
                 def exchange(a, b): libc.syscall(316, -100, a.encode(), -100, b.encode(), 2)
                 for i in range(3000):
@@ -316,10 +316,14 @@ struct TrashFolderAttackTests {
                     if not os.path.isdir(S + "/B"):
                         print("buried after %d tries" % (i + 1)); break
                     if os.path.lexists(S + "/" + x): os.unlink(S + "/" + x)
+                    if "exchanged onto a deleted file" in open(LOG).read():
+                        print("returned after %d tries" % (i + 1)); break
                 """#
             try script.write(toFile: m.base + "/swap.py", atomically: true, encoding: .utf8)
-            let attack = try runAsNobody(["/usr/bin/python3", m.base + "/swap.py", m.source, m.mountpoint])
-            #expect(attack.stdout.contains("buried"), "the swap never landed B in the graveyard: \(attack.stdout) \(attack.stderr)")
+            let attack = try runAsNobody(["/usr/bin/python3", m.base + "/swap.py", m.source, m.mountpoint, m.logPath])
+            #expect(attack.stdout.contains("returned"), "the swap never reached the burial: \(attack.stdout) \(attack.stderr)")
+            #expect(try sh("find .vanish -type d -name 'B' -o -type f -name f", cwd: m.source).stdout == "",
+                    "root's directory is in the graveyard")
             // nobody gives up every entry they kept: the reaper frees them now.
             #expect(try runAsNobody([vanishBinary, "trash", "empty", m.mountpoint]).ok)
             try waitFor("the graveyard to settle", timeout: 60) {
