@@ -15,9 +15,7 @@ struct MountCommand: ParsableCommand {
             mounts on top, so existing paths keep working and every access goes through Vanish.
 
             -o takes libfuse/kernel options (allow_other, default_permissions, ro, fsname=, ...) \
-            and Vanish's own: cache=auto|always|never, threads=N, spin=MICROSECONDS, clone_fd, writeback, fd_cache=N, reapers=N, sync_unlink, readdirplus=walk|always|auto|never, \
-            keep=DURATION, keep_max_bytes=SIZE, keep_min_free=PERCENT, keep_min_age=DURATION, keep_exclude=PATTERNS, reap_rate=FILES_PER_SECOND, reap_yield=DURATION, \
-            passthrough=auto|off, client=ID, lease=DURATION, io_uring=auto|on|off, watch, nowatch. \
+            and Vanish's own: \(MountOptionList.usage). \
             allow_other always turns default_permissions on, so other users get only what \
             the file modes grant them.
 

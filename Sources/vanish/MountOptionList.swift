@@ -23,144 +23,177 @@ struct MountOptionList {
     var readaheadGiven = false
     var fuse: [String] = []
 
-    /// Keys Vanish takes itself; everything else goes to libfuse.
-    static let ownKeys: Set<String> = ["cache", "threads", "clone_fd", "writeback", "fd_cache", "reapers",
-                                       "keep", "keep_max_bytes", "keep_min_free", "keep_min_age", "keep_exclude", "reap_rate", "reap_yield", "noevents",
-                                       "events_max_bytes", "sync_unlink", "readdirplus", "readahead", "passthrough",
-                                       "client", "lease", "spin", "slice", "watch", "nowatch", "io_uring"]
-
     init(_ lists: [String]) throws {
         for list in lists {
             for item in MountOptionList.split(list) where !item.isEmpty {
                 let (key, value) = MountOptionList.keyValue(item)
-                switch key {
-                case "cache":
-                    guard let v = value, let mode = CacheMode(rawValue: v) else {
-                        throw ValidationError("-o cache= takes one of: \(CacheMode.allCases.map(\.rawValue).joined(separator: ", "))")
-                    }
-                    filesystem.cache = mode
-                case "readdirplus":
-                    guard let v = value, let mode = ReaddirPlusMode(rawValue: v) else {
-                        throw ValidationError("-o readdirplus= takes one of: \(ReaddirPlusMode.allCases.map(\.rawValue).joined(separator: ", "))")
-                    }
-                    filesystem.readdirPlus = mode
-                case "threads":
-                    guard let v = value, let n = Int(v), (1...256).contains(n) else {
-                        throw ValidationError("-o threads= takes a number from 1 to 256")
-                    }
-                    threads = n
-                case "spin":
-                    guard let v = value, let n = Int(v), (0...1000).contains(n) else {
-                        throw ValidationError("-o spin= takes a number of microseconds from 0 to 1000")
-                    }
-                    spinMicroseconds = n
-                case "slice":
-                    guard let v = value, let n = Int(v), n == 0 || (100...100_000).contains(n) else {
-                        throw ValidationError("-o slice= takes 0 or a number of microseconds from 100 to 100000")
-                    }
-                    sliceMicroseconds = n
-                case "io_uring":
-                    guard let v = value, let mode = RingMode(rawValue: v) else {
-                        throw ValidationError("-o io_uring= takes one of: \(RingMode.allCases.map(\.rawValue).joined(separator: ", "))")
-                    }
-                    ring = mode
-                case "fd_cache":
-                    guard let v = value, let n = Int(v), n >= 8 else {
-                        throw ValidationError("-o fd_cache= takes a number of fds, at least 8")
-                    }
-                    filesystem.fdCacheLimit = n
-                case "reapers":
-                    guard let v = value, let n = Int(v), (1...64).contains(n) else {
-                        throw ValidationError("-o reapers= takes a number from 1 to 64")
-                    }
-                    filesystem.reaperWorkers = n
-                case "client":
-                    do {
-                        filesystem.client = try ClientID(value ?? "")
-                    } catch {
-                        throw ValidationError("-o client=: \(error)")
-                    }
-                case "lease":
-                    guard let v = value, let ns = Quantity.duration(v), ns >= Duration.seconds(4).nanoseconds else {
-                        throw ValidationError("-o lease= takes a duration of at least 4s, such as 30s or 2m")
-                    }
-                    filesystem.leaseLength = ns
-                case "keep":
-                    guard let v = value, let ns = Quantity.duration(v) else {
-                        throw ValidationError("-o keep= takes a duration with a unit: 0, or e.g. 90s, 30m, 12h, 7d")
-                    }
-                    filesystem.reaping.keep = ns
-                case "keep_max_bytes":
-                    guard let v = value, let n = Quantity.bytes(v) else {
-                        throw ValidationError("-o keep_max_bytes= takes a size such as 500M, 20G or 1T")
-                    }
-                    filesystem.reaping.keepMaxBytes = n
-                case "keep_min_age":
-                    guard let v = value, let ns = Quantity.duration(v) else {
-                        throw ValidationError("-o keep_min_age= takes a duration with a unit: 0, or e.g. 5s, 1m")
-                    }
-                    filesystem.reaping.keepMinAge = ns
-                case "keep_exclude":
-                    guard let v = value, !v.isEmpty else {
-                        throw ValidationError("-o keep_exclude= takes name patterns separated by colons, e.g. *.swp:*-journal")
-                    }
-                    filesystem.reaping.keepExclude += v.split(separator: ":").map(String.init)
-                case "keep_min_free":
-                    guard let v = value, let p = Double(v.hasSuffix("%") ? String(v.dropLast()) : v), (0...100).contains(p) else {
-                        throw ValidationError("-o keep_min_free= takes a percentage from 0 to 100")
-                    }
-                    filesystem.reaping.keepMinFreePercent = p
-                case "reap_rate":
-                    guard let v = value, let r = Double(v), r > 0 else {
-                        throw ValidationError("-o reap_rate= takes a number of files per second above 0")
-                    }
-                    filesystem.reaping.rate = r
-                case "reap_yield":
-                    guard let v = value, let ns = Quantity.duration(v), ns <= Duration.seconds(10).nanoseconds else {
-                        throw ValidationError("-o reap_yield= takes a duration up to 10s, such as 0, 5ms or 50ms")
-                    }
-                    filesystem.reaping.yieldToForeground = ns
-                case "noevents": events = false
-                case "events_max_bytes":
-                    guard let v = value, let n = Quantity.bytes(v), n >= 1 << 20 else {
-                        throw ValidationError("-o events_max_bytes= takes a size of at least 1M")
-                    }
-                    journalLimits.maxBytes = n
-                case "readahead":
-                    guard let v = value, let n = Int(v), (0...65_536).contains(n) else {
-                        throw ValidationError("-o readahead= takes a number of KiB from 0 to 65536")
-                    }
-                    filesystem.readaheadKB = n
-                    readaheadGiven = true
-                case "passthrough":
-                    switch value {
-                    case "auto"?, nil: filesystem.passthrough = true
-                    case "off"?: filesystem.passthrough = false
-                    default: throw ValidationError("-o passthrough= takes one of: auto, off")
-                    }
-                case "noatime":
-                    filesystem.atime = .noatime
+                if let spec = MountOptionList.specs[key] {
+                    try spec.apply(&self, value, item)
+                } else {
                     fuse.append(item)
-                case "relatime": filesystem.atime = .relatime
-                case "strictatime": filesystem.atime = .strictatime
-                case "nodiratime": filesystem.atime = .nodiratime
-                case "atime", "diratime", "norelatime", "nostrictatime": filesystem.atime = .backing
-                // Accepted for fstab's sake; a FUSE mount has no lazy time updates to give.
-                case "lazytime", "nolazytime": break
-                case "clone_fd": cloneFD = true
-                case "writeback": filesystem.writeback = true
-                case "sync_unlink": filesystem.deferUnlink = false
-                case "watch": filesystem.watchSource = true
-                case "nowatch": filesystem.watchSource = false
-                case "no_default_permissions", "nodefault_permissions":
-                    throw ValidationError("""
-                        Vanish always lets the kernel check permissions when other users may \
-                        use the mount; without that they would act with the daemon's rights.
-                        """)
-                default: fuse.append(item)
                 }
             }
         }
+    }
+
+    /// One `-o` option Vanish takes itself: its key, how its value is
+    /// written (`vanish help mount` lists it so), and what it sets.
+    struct OptionSpec: Sendable {
+        let key: String
+        /// "" for a flag, else how its value is written: `DURATION`, `auto|off`.
+        let value: String
+        /// Listed in `vanish help mount` (not the atime options every mount knows).
+        var listed = true
+        /// Sets what `value` (nil for a flag) says; `item` is the whole `key=value`.
+        let apply: @Sendable (inout MountOptionList, _ value: String?, _ item: String) throws -> Void
+
+        var usage: String { value.isEmpty ? key : key + "=" + value }
+    }
+
+    /// Every option Vanish takes itself, in the order help lists them;
+    /// everything else goes to libfuse.
+    static let table: [OptionSpec] = [
+        .init(key: "cache", value: choices(CacheMode.self)) { o, v, _ in o.filesystem.cache = try choice(v, "cache") },
+        .init(key: "threads", value: "N") { o, v, _ in o.threads = try number(v, "threads", 1...256, "a number from 1 to 256") },
+        .init(key: "spin", value: "MICROSECONDS") { o, v, _ in
+            o.spinMicroseconds = try number(v, "spin", 0...1000, "a number of microseconds from 0 to 1000")
+        },
+        .init(key: "slice", value: "MICROSECONDS") { o, v, _ in
+            let n = try number(v, "slice", 0...100_000, "0 or a number of microseconds from 100 to 100000")
+            guard n == 0 || n >= 100 else { throw ValidationError("-o slice= takes 0 or a number of microseconds from 100 to 100000") }
+            o.sliceMicroseconds = n
+        },
+        .init(key: "io_uring", value: choices(RingMode.self)) { o, v, _ in o.ring = try choice(v, "io_uring") },
+        .init(key: "clone_fd", value: "") { o, _, _ in o.cloneFD = true },
+        .init(key: "writeback", value: "") { o, _, _ in o.filesystem.writeback = true },
+        .init(key: "fd_cache", value: "N") { o, v, _ in
+            o.filesystem.fdCacheLimit = try number(v, "fd_cache", 8...Int.max, "a number of fds, at least 8")
+        },
+        .init(key: "reapers", value: "N") { o, v, _ in
+            o.filesystem.reaperWorkers = try number(v, "reapers", 1...64, "a number from 1 to 64")
+        },
+        .init(key: "sync_unlink", value: "") { o, _, _ in o.filesystem.deferUnlink = false },
+        .init(key: "readdirplus", value: choices(ReaddirPlusMode.self)) { o, v, _ in
+            o.filesystem.readdirPlus = try choice(v, "readdirplus")
+        },
+        .init(key: "readahead", value: "KB") { o, v, _ in
+            o.filesystem.readaheadKB = try number(v, "readahead", 0...65_536, "a number of KiB from 0 to 65536")
+            o.readaheadGiven = true
+        },
+        .init(key: "passthrough", value: "auto|off") { o, v, _ in
+            switch v {
+            case "auto"?, nil: o.filesystem.passthrough = true
+            case "off"?: o.filesystem.passthrough = false
+            default: throw ValidationError("-o passthrough= takes one of: auto, off")
+            }
+        },
+        .init(key: "watch", value: "") { o, _, _ in o.filesystem.watchSource = true },
+        .init(key: "nowatch", value: "") { o, _, _ in o.filesystem.watchSource = false },
+        .init(key: "keep", value: "DURATION") { o, v, _ in
+            o.filesystem.reaping.keep = try duration(v, "keep", "a duration with a unit: 0, or e.g. 90s, 30m, 12h, 7d")
+        },
+        .init(key: "keep_max_bytes", value: "SIZE") { o, v, _ in
+            guard let v, let n = Quantity.bytes(v) else {
+                throw ValidationError("-o keep_max_bytes= takes a size such as 500M, 20G or 1T")
+            }
+            o.filesystem.reaping.keepMaxBytes = n
+        },
+        .init(key: "keep_min_free", value: "PERCENT") { o, v, _ in
+            guard let v, let p = Double(v.hasSuffix("%") ? String(v.dropLast()) : v), (0...100).contains(p) else {
+                throw ValidationError("-o keep_min_free= takes a percentage from 0 to 100")
+            }
+            o.filesystem.reaping.keepMinFreePercent = p
+        },
+        .init(key: "keep_min_age", value: "DURATION") { o, v, _ in
+            o.filesystem.reaping.keepMinAge = try duration(v, "keep_min_age", "a duration with a unit: 0, or e.g. 5s, 1m")
+        },
+        .init(key: "keep_exclude", value: "PATTERNS") { o, v, _ in
+            guard let v, !v.isEmpty else {
+                throw ValidationError("-o keep_exclude= takes name patterns separated by colons, e.g. *.swp:*-journal")
+            }
+            o.filesystem.reaping.keepExclude += v.split(separator: ":").map(String.init)
+        },
+        .init(key: "reap_rate", value: "FILES_PER_SECOND") { o, v, _ in
+            guard let v, let r = Double(v), r > 0 else {
+                throw ValidationError("-o reap_rate= takes a number of files per second above 0")
+            }
+            o.filesystem.reaping.rate = r
+        },
+        .init(key: "reap_yield", value: "DURATION") { o, v, _ in
+            let ns = try duration(v, "reap_yield", "a duration up to 10s, such as 0, 5ms or 50ms")
+            guard ns <= Duration.seconds(10).nanoseconds else {
+                throw ValidationError("-o reap_yield= takes a duration up to 10s, such as 0, 5ms or 50ms")
+            }
+            o.filesystem.reaping.yieldToForeground = ns
+        },
+        .init(key: "client", value: "ID") { o, v, _ in
+            do {
+                o.filesystem.client = try ClientID(v ?? "")
+            } catch {
+                throw ValidationError("-o client=: \(error)")
+            }
+        },
+        .init(key: "lease", value: "DURATION") { o, v, _ in
+            let ns = try duration(v, "lease", "a duration of at least 4s, such as 30s or 2m")
+            guard ns >= Duration.seconds(4).nanoseconds else {
+                throw ValidationError("-o lease= takes a duration of at least 4s, such as 30s or 2m")
+            }
+            o.filesystem.leaseLength = ns
+        },
+        .init(key: "noevents", value: "") { o, _, _ in o.events = false },
+        .init(key: "events_max_bytes", value: "SIZE") { o, v, _ in
+            guard let v, let n = Quantity.bytes(v), n >= 1 << 20 else {
+                throw ValidationError("-o events_max_bytes= takes a size of at least 1M")
+            }
+            o.journalLimits.maxBytes = n
+        },
+        // The atime options every mount knows: they apply to the source (see AtimeMode).
+        .init(key: "noatime", value: "", listed: false) { o, _, item in
+            o.filesystem.atime = .noatime
+            o.fuse.append(item)
+        },
+        .init(key: "relatime", value: "", listed: false) { o, _, _ in o.filesystem.atime = .relatime },
+        .init(key: "strictatime", value: "", listed: false) { o, _, _ in o.filesystem.atime = .strictatime },
+        .init(key: "nodiratime", value: "", listed: false) { o, _, _ in o.filesystem.atime = .nodiratime },
+    ] + ["atime", "diratime", "norelatime", "nostrictatime"].map { key in
+        OptionSpec(key: key, value: "", listed: false) { o, _, _ in o.filesystem.atime = .backing }
+    } + ["lazytime", "nolazytime"].map { key in
+        // Accepted for fstab's sake; a FUSE mount has no lazy time updates to give.
+        OptionSpec(key: key, value: "", listed: false) { _, _, _ in }
+    } + ["no_default_permissions", "nodefault_permissions"].map { key in
+        OptionSpec(key: key, value: "", listed: false) { _, _, _ in
+            throw ValidationError("""
+                Vanish always lets the kernel check permissions when other users may \
+                use the mount; without that they would act with the daemon's rights.
+                """)
+        }
+    }
+
+    static let specs = Dictionary(uniqueKeysWithValues: table.map { ($0.key, $0) })
+
+    /// The options `vanish help mount` lists, as they are written.
+    static var usage: String { table.filter(\.listed).map(\.usage).joined(separator: ", ") }
+
+    private static func choices<E: CaseIterable & RawRepresentable>(_: E.Type) -> String where E.RawValue == String {
+        E.allCases.map(\.rawValue).joined(separator: "|")
+    }
+
+    private static func choice<E: CaseIterable & RawRepresentable>(_ v: String?, _ key: String) throws -> E
+        where E.RawValue == String {
+        guard let v, let mode = E(rawValue: v) else {
+            throw ValidationError("-o \(key)= takes one of: \(E.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
+        return mode
+    }
+
+    private static func number(_ v: String?, _ key: String, _ range: ClosedRange<Int>, _ what: String) throws -> Int {
+        guard let v, let n = Int(v), range.contains(n) else { throw ValidationError("-o \(key)= takes \(what)") }
+        return n
+    }
+
+    private static func duration(_ v: String?, _ key: String, _ what: String) throws -> UInt64 {
+        guard let v, let ns = Quantity.duration(v) else { throw ValidationError("-o \(key)= takes \(what)") }
+        return ns
     }
 
     var allowsOthers: Bool { fuse.contains("allow_other") }

@@ -2,6 +2,7 @@ import Foundation
 import Glibc
 import Testing
 import VanishTestSupport
+@testable import vanish
 
 /// mount-scripts/: the mount(8) helper behind `mount -t fuse.vanish` and fstab lines.
 @Suite("mount scripts", .serialized, .enabled(if: FUSEAvailability.shouldRunAsRoot, "needs /dev/fuse, fusermount3 and root"))
@@ -173,12 +174,14 @@ struct MountScriptsTests {
                 #expect(page.contains(String(match.1)), "\(name) does not mention \(match.1)")
             }
         }
-        // The mount page names every -o option Vanish takes itself.
+        // The mount page and docs/options.md name every -o option Vanish takes itself (its one table).
         let mount = Self.plain(try String(contentsOfFile: out + "/man1/vanish-mount.1", encoding: .utf8))
-        let source = try String(contentsOfFile: Self.repo + "/Sources/vanish/MountOptionList.swift", encoding: .utf8)
-        let keys = try #require(source.firstMatch(of: /ownKeys: Set<String> = \[([^\]]*)\]/)).1
-        for key in keys.matches(of: /"([a-z_]+)"/) {
-            #expect(mount.contains(String(key.1)), "vanish-mount.1 does not mention -o \(key.1)")
+        let options = try String(contentsOfFile: Self.repo + "/docs/options.md", encoding: .utf8)
+        let help = try run([vanishBinary, "help", "mount"]).stdout.split(whereSeparator: \.isWhitespace).joined(separator: " ")
+        for spec in MountOptionList.table where spec.listed {
+            #expect(mount.contains(spec.key), "vanish-mount.1 does not mention -o \(spec.key)")
+            #expect(options.contains("`" + spec.key), "docs/options.md does not list -o \(spec.key)")
+            #expect(help.contains(spec.usage), "vanish help mount does not list -o \(spec.usage)")
         }
         #expect(try run(["bash", "-n", out + "/completions/vanish.bash"]).ok)
         let words = try run(["bash", "-c", """
