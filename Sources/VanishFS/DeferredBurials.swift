@@ -179,7 +179,7 @@ final class DeferredBurials: @unchecked Sendable {
     }
 
     /// Ends the burials of files that left with their directory.
-    func end(_ taken: [Queued]) {
+    fileprivate func end(_ taken: [Queued]) {
         cond.lock()
         for q in taken { release(q.key) }
         cond.unlock()
@@ -216,18 +216,53 @@ final class DeferredBurials: @unchecked Sendable {
         cond.unlock()
     }
 
+    /// Burials taken from a directory's queue for its rmdir: each must land,
+    /// or go with the directory into the graveyard, exactly once. The type
+    /// keeps that: its only exits are `land` and `wentWithDirectory`, and
+    /// one dropped without either asserts in a debug build (and lands them).
+    struct Taken: ~Copyable {
+        let items: [Queued]
+        private let owner: Unmanaged<DeferredBurials>
+        /// Set by either exit, so `deinit` knows the burials were seen to.
+        private var over = false
+
+        fileprivate init(_ items: [Queued], owner: DeferredBurials) {
+            self.items = items
+            self.owner = Unmanaged.passUnretained(owner)
+        }
+
+        var isEmpty: Bool { items.isEmpty }
+
+        /// Renames each into the graveyard now, one by one.
+        consuming func land() {
+            over = true
+            if !items.isEmpty { owner.takeUnretainedValue().land(items) }
+        }
+
+        /// They went into the graveyard with their directory: their burials are over.
+        consuming func wentWithDirectory() {
+            over = true
+            if !items.isEmpty { owner.takeUnretainedValue().end(items) }
+        }
+
+        deinit {
+            guard !over else { return }
+            assertionFailure("burials taken from a directory were neither landed nor buried with it")
+            if !items.isEmpty { owner.takeUnretainedValue().land(items) }
+        }
+    }
+
     /// For rmdir: takes the burials queued in the directory `key` (to land or
-    /// to bury with it), once none of its other burials is in flight. The
-    /// caller lands them or ends them.
-    func takeDirectory(_ key: InodeKey) -> [Queued] {
-        if isEmpty { return [] }
+    /// to bury with it), once none of its other burials is in flight.
+    func takeDirectory(_ key: InodeKey) -> Taken {
+        if isEmpty { return Taken([], owner: self) }
         cond.lock()
         defer { cond.unlock() }
         var taken: [Queued] = []
         while true {
             if let q = takeQueue(key) { taken += q }
             // What is still counted beyond the taken ones is being landed elsewhere.
-            if Int(directories[key] ?? 0) <= taken.count { return taken }
+            if Int(directories[key] ?? 0) <= taken.count { return Taken(taken, owner: self) }
             park()
         }
     }
@@ -245,7 +280,7 @@ final class DeferredBurials: @unchecked Sendable {
     }
 
     /// Lands burials taken with `takeDirectory` one by one.
-    func land(_ taken: [Queued]) {
+    fileprivate func land(_ taken: [Queued]) {
         cond.lock()
         landNow(taken)
         cond.unlock()

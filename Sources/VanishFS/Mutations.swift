@@ -161,24 +161,13 @@ extension Deleter {
             if !burials.isEmpty {
                 let st = try lstatUnlessKnown(known, parentFD, name)
                 let taken = burials.takeDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
-                if !taken.isEmpty {
-                    if st.st_mode & S_IFMT == S_IFDIR, holdsOnly(taken, parentFD, name) {
-                        do throws(Errno) {
-                            // The kernel holds the directory's lock for the rmdir:
-                            // nothing can be made in it through the mount meanwhile.
-                            let entry = try bury(parentFD, name, st: st, from: parent, caller: caller, wantEntry: true,
-                                                 by: identify(caller, groups))
-                            // What it holds, for status's estimate (it counted as one entry).
-                            if let entry { reaper?.expectTree(entry, count: taken.count + 1) }
-                            burials.end(taken)
-                            return
-                        } catch {
-                            log.debug("an emptied directory could not go whole", metadata: ["error": "\(error)"])
-                        }
-                    }
-                    // Its files' burials must land first, or it is not empty yet.
-                    burials.land(taken)
+                if !taken.isEmpty && st.st_mode & S_IFMT == S_IFDIR
+                    && buryWhole(parentFD, name, st: st, holding: taken.items, from: parent, caller: caller, groups: groups) {
+                    taken.wentWithDirectory()
+                    return
                 }
+                // Its files' burials must land first, or it is not empty yet.
+                taken.land()
             }
             try Sys.unlinkat(parentFD, name, AT_REMOVEDIR)
             return
@@ -186,10 +175,29 @@ extension Deleter {
         let st = try lstatUnlessKnown(known, parentFD, name)
         guard st.st_mode & S_IFMT == S_IFDIR else { throw .notDirectory }
         // Its files' burials land first, or it is not empty yet.
-        let taken = burials.takeDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
-        if !taken.isEmpty { burials.land(taken) }
+        burials.takeDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino)).land()
         try requireEmptyDirectory(parentFD, name)
         try bury(parentFD, name, st: st, from: parent, caller: caller, by: identify(caller, groups))
+    }
+
+    /// Buries the directory `name` whole with the unlinked files still
+    /// queued in it (`taken`), if they are all it holds: `rm -rf` then costs
+    /// one rename per directory rather than one per file. The kernel holds
+    /// the directory's lock for the rmdir: nothing can be made in it through
+    /// the mount meanwhile. False if it must be emptied file by file.
+    private func buryWhole(_ parentFD: Int32, _ name: UnsafePointer<CChar>, st: stat, holding taken: [DeferredBurials.Queued],
+                           from parent: Inode, caller: Caller, groups: () -> [gid_t]) -> Bool {
+        guard holdsOnly(taken, parentFD, name) else { return false }
+        do throws(Errno) {
+            let entry = try bury(parentFD, name, st: st, from: parent, caller: caller, wantEntry: true,
+                                 by: identify(caller, groups))
+            // What it holds, for status's estimate (it counted as one entry).
+            if let entry { reaper?.expectTree(entry, count: taken.count + 1) }
+            return true
+        } catch {
+            log.debug("an emptied directory could not go whole", metadata: ["error": "\(error)"])
+            return false
+        }
     }
 
     /// The name mark for what `caller` buries (see `Graveyard.identify`).

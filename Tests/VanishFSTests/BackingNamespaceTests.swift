@@ -149,11 +149,22 @@ struct BackingNamespaceTests {
         try f.queueBurial("a")
         try f.queueBurial("b")
         let taken = f.burials.takeDirectory(f.dir.key)
-        #expect(taken.count == 2)
+        #expect(taken.items.count == 2)
         #expect(rename(f.base + "/dir", f.base + "/grave/dir") == 0)
-        f.burials.end(taken)
+        taken.wentWithDirectory()
         #expect(f.burials.count == 0)
         #expect(f.landed.load(ordering: .relaxed) == 0, "they went with their directory, not one by one")
+    }
+
+    @Test("burials taken for an rmdir that cannot take them along land one by one")
+    func directoryRemovalLandsQueue() throws {
+        let f = try Fixture()
+        for n in ["a", "b"] { f.make(n) }
+        try f.queueBurial("a")
+        try f.queueBurial("b")
+        f.burials.takeDirectory(f.dir.key).land()
+        #expect(f.burials.count == 0)
+        #expect(f.landed.load(ordering: .relaxed) == 2)
     }
 
     @Test("a directory about to be renamed lets every pending burial land first")
