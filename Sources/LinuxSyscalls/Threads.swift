@@ -83,6 +83,66 @@ public final class Condition: @unchecked Sendable {
     }
 }
 
+/// A state, the mutex that guards it and a condition variable to wait for
+/// it to change: the state is reached only with the lock held, so what
+/// "guarded by" said in a comment is the type. For threads that wait for
+/// one another (a queue and its worker), not for the request path's
+/// short sections (`Lock`).
+public final class Guarded<State>: @unchecked Sendable {
+    private let condition = Condition()
+    // Behind a pointer, as in `Lock`.
+    private let state = UnsafeMutablePointer<State>.allocate(capacity: 1)
+
+    public init(_ initial: State) { state.initialize(to: initial) }
+
+    deinit {
+        state.deinitialize(count: 1)
+        state.deallocate()
+    }
+
+    /// Reads or changes the state with the lock held, waking no one.
+    public func withLock<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
+        condition.lock()
+        defer { condition.unlock() }
+        return try body(&state.pointee)
+    }
+
+    /// Changes the state with the lock held and wakes every waiter.
+    public func update<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
+        condition.lock()
+        defer {
+            condition.broadcast()
+            condition.unlock()
+        }
+        return try body(&state.pointee)
+    }
+
+    /// Waits until `ready` holds (or `deadline`, `Condition.now()` ns,
+    /// passes), then runs `body` with the lock still held, passing whether
+    /// `ready` held, and wakes every waiter.
+    public func wait<R>(until ready: (State) -> Bool, deadline: UInt64? = nil,
+                        then body: (inout State, _ ready: Bool) -> R) -> R {
+        condition.lock()
+        defer {
+            condition.broadcast()
+            condition.unlock()
+        }
+        while !ready(state.pointee) {
+            if let deadline {
+                if !condition.wait(until: deadline) { break }
+            } else {
+                condition.wait()
+            }
+        }
+        return body(&state.pointee, ready(state.pointee))
+    }
+
+    /// Waits until `ready` holds; false if `deadline` passed first.
+    public func wait(until ready: (State) -> Bool, deadline: UInt64? = nil) -> Bool {
+        wait(until: ready, deadline: deadline) { _, ready in ready }
+    }
+}
+
 /// A mutex over `Value`: glibc's default pthread mutex, a plain futex.
 ///
 /// For locks the request path takes many times per request. The standard

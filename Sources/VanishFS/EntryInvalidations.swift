@@ -8,7 +8,7 @@ import LinuxSyscalls
 /// notifies its own session. One thread, started with the session, sends
 /// them in order. (A Dispatch queue started a thread for the first
 /// notification of each mount, and `vanish rm` waited about 0.3 ms for it.)
-final class EntryInvalidations: @unchecked Sendable {
+final class EntryInvalidations: Sendable {
     /// Sends one notice about `name` in `parent` (an empty name: drop
     /// `parent`'s own attributes).
     typealias Invalidate = @Sendable (_ parent: fuse_ino_t, _ name: ContiguousArray<CChar>, _ notice: EntryNotice) -> Void
@@ -18,20 +18,29 @@ final class EntryInvalidations: @unchecked Sendable {
         let name: ContiguousArray<CChar>
         var notice = EntryNotice.invalidate
     }
-    private let condition = Condition()
-    private var queue: [Pending] = []
-    private var sending = false
-    /// Notices queued and sent so far, for `expire`'s wait.
-    private var queued: UInt64 = 0
-    private var sent: UInt64 = 0
-    private var invalidate: Invalidate?
-    /// The sending thread runs (from the kernel's INIT on).
-    private var running = false
+    private struct State {
+        var queue: [Pending] = []
+        var sending = false
+        /// Notices queued and sent so far, for the waits of `send` and `expire`.
+        var queued: UInt64 = 0
+        var sent: UInt64 = 0
+        var invalidate: Invalidate?
+        /// The sending thread runs (from the kernel's INIT on).
+        var running = false
+
+        /// Queues `notice` if anything sends them; returns its ticket (what
+        /// `sent` will have reached once it is sent).
+        mutating func enqueue(_ notice: Pending) -> UInt64? {
+            guard invalidate != nil else { return nil }
+            queue.append(notice)
+            queued += 1
+            return queued
+        }
+    }
+    private let state = Guarded(State())
 
     func start() {
-        condition.lock()
-        running = true
-        condition.unlock()
+        state.withLock { $0.running = true }
         spawnThread("vanish-notify") { [self] in run() }
     }
 
@@ -41,11 +50,8 @@ final class EntryInvalidations: @unchecked Sendable {
     /// that took longer than `timeout` (someone holds the
     /// parent's lock), and the notice goes through after.
     func send(parent: fuse_ino_t, name: ContiguousArray<CChar>, timeout: Duration) -> Bool {
-        condition.lock()
-        defer { condition.unlock() }
-        guard invalidate != nil else { return true }
-        enqueue(Pending(parent: parent, name: name))
-        return waitUntilSent(queued, deadline: Condition.now() &+ timeout.nanoseconds)
+        guard let ticket = state.update({ $0.enqueue(Pending(parent: parent, name: name)) }) else { return true }
+        return waitUntilSent(ticket, deadline: Condition.now() &+ timeout.nanoseconds)
     }
 
     /// Tells the kernel `name` in `parent` is gone and waits until it has
@@ -72,12 +78,12 @@ final class EntryInvalidations: @unchecked Sendable {
     /// caller's inode lock, which that notice takes, is free by then).
     func expire(parent: fuse_ino_t, name: ContiguousArray<CChar>, deleted: fuse_ino_t? = nil,
                 timeout: Duration) -> Bool {
-        condition.lock()
-        defer { condition.unlock() }
-        guard invalidate != nil else { return true }
-        enqueue(Pending(parent: parent, name: name, notice: .expire))
-        let ticket = queued
-        enqueue(Pending(parent: parent, name: name, notice: deleted.map { .delete(child: $0) } ?? .invalidate))
+        let ticket = state.update { s -> UInt64? in
+            guard let ticket = s.enqueue(Pending(parent: parent, name: name, notice: .expire)) else { return nil }
+            _ = s.enqueue(Pending(parent: parent, name: name, notice: deleted.map { .delete(child: $0) } ?? .invalidate))
+            return ticket
+        }
+        guard let ticket else { return true }
         return waitUntilSent(ticket, deadline: Condition.now() &+ timeout.nanoseconds)
     }
 
@@ -86,41 +92,23 @@ final class EntryInvalidations: @unchecked Sendable {
     /// up to a second, so the caller's next stat shows the change. Dropping
     /// attributes takes no lock the caller may hold.
     func attributes(of ino: fuse_ino_t, wait: Bool = true) {
-        condition.lock()
-        defer { condition.unlock() }
-        guard invalidate != nil else { return }
-        enqueue(Pending(parent: ino, name: []))
-        if wait { _ = waitUntilSent(queued, deadline: Condition.now() &+ Duration.seconds(1).nanoseconds) }
+        guard let ticket = state.update({ $0.enqueue(Pending(parent: ino, name: [])) }), wait else { return }
+        _ = waitUntilSent(ticket, deadline: Condition.now() &+ Duration.seconds(1).nanoseconds)
     }
 
     /// Tells the kernel, without waiting, that `name` in `parent` changed
     /// behind the mount (made, removed or moved there by another program).
     func changedBehind(parent: fuse_ino_t, name: ContiguousArray<CChar>) {
-        condition.lock()
-        defer { condition.unlock() }
-        guard invalidate != nil else { return }
-        enqueue(Pending(parent: parent, name: name))
+        _ = state.update { $0.enqueue(Pending(parent: parent, name: name)) }
     }
 
-    /// With the lock held: waits until `ticket` notices were sent.
+    /// Waits until `ticket` notices were sent; false if `deadline` came first.
     private func waitUntilSent(_ ticket: UInt64, deadline: UInt64) -> Bool {
-        if sent < ticket { Workers.mayBlock() }
-        while sent < ticket {
-            if !condition.wait(until: deadline) { return sent >= ticket }
-        }
-        return true
+        if state.withLock({ $0.sent >= ticket }) { return true }
+        Workers.mayBlock()
+        return state.wait(until: { $0.sent >= ticket }, deadline: deadline)
     }
 
-    /// With the lock held.
-    private func enqueue(_ notice: Pending) {
-        queue.append(notice)
-        queued += 1
-        condition.broadcast()
-    }
-
-    /// Sets what sends them (`nil`: nothing more is sent). Returns once
-    /// every notice queued before has been sent, so the session can be
-    /// destroyed after.
     /// How each notice reaches the kernel through `notifier`.
     static func sender(_ notifier: Notifier) -> Invalidate {
         { parent, name, notice in
@@ -143,32 +131,32 @@ final class EntryInvalidations: @unchecked Sendable {
         }
     }
 
+    /// Sets what sends them (`nil`: nothing more is sent). Returns once
+    /// every notice queued before has been sent, so the session can be
+    /// destroyed after.
     func setInvalidator(_ f: Invalidate?) {
-        condition.lock()
-        // A session that ended before the kernel's INIT never started the
-        // sender: nothing queued can be sent, and nothing needs to be.
-        if !running {
-            queue.removeAll()
-            sent = queued
+        state.update { s in
+            // A session that ended before the kernel's INIT never started the
+            // sender: nothing queued can be sent, and nothing needs to be.
+            if !s.running {
+                s.queue.removeAll()
+                s.sent = s.queued
+            }
         }
-        while !queue.isEmpty || sending { condition.wait() }
-        invalidate = f
-        condition.unlock()
+        state.wait(until: { $0.queue.isEmpty && !$0.sending }) { s, _ in s.invalidate = f }
     }
 
     private func run() {
-        condition.lock()
         while true {
-            while queue.isEmpty { condition.wait() }
-            let next = queue.removeFirst()
-            let f = invalidate
-            sending = true
-            condition.unlock()
+            let (next, f) = state.wait(until: { !$0.queue.isEmpty }) { s, _ in
+                s.sending = true
+                return (s.queue.removeFirst(), s.invalidate)
+            }
             f?(next.parent, next.name, next.notice)
-            condition.lock()
-            sending = false
-            sent += 1
-            condition.broadcast()
+            state.update { s in
+                s.sending = false
+                s.sent += 1
+            }
         }
     }
 }
