@@ -30,17 +30,19 @@ public final class ClientLeases: @unchecked Sendable {
     public let graveyard: Graveyard
     /// ns without a beat after which a client is taken for gone.
     public let length: UInt64
-    /// Guarded by `cond`.
-    private var adopting: Bool
     private let leaseFD: Int32
     private var beat: UInt64 = 0
-    /// Guarded by `cond`: the last contents seen of each other client's
-    /// lease, and when (monotonic ns) they were first seen so.
-    private var seen: [ClientID: (contents: [UInt8], since: UInt64)] = [:]
-    private var stopping = false
-    private var lastPeers: [Peer] = []
-    private var running = false
-    private let cond = Condition()
+    /// What the lease thread and the mount share.
+    private struct State {
+        var adopting: Bool
+        /// The last contents seen of each other client's lease, and when
+        /// (monotonic ns) they were first seen so.
+        var seen: [ClientID: (contents: [UInt8], since: UInt64)] = [:]
+        var stopping = false
+        var lastPeers: [Peer] = []
+        var running = false
+    }
+    private let state: Guarded<State>
     private let done = DispatchSemaphore(value: 0)
     /// Called on the lease thread with the shard of each entry adopted.
     public var landed: (@Sendable (Int) -> Void)?
@@ -53,7 +55,7 @@ public final class ClientLeases: @unchecked Sendable {
     public init(graveyard: Graveyard, length: UInt64, adopting: Bool) throws(Errno) {
         self.graveyard = graveyard
         self.length = max(length, Duration.seconds(1).nanoseconds)
-        self.adopting = adopting
+        state = Guarded(State(adopting: adopting))
         leaseFD = try Sys.openat(graveyard.stateFD, ClientLeases.fileName, O_RDWR | O_CREAT | O_NOFOLLOW, 0o600)
         renew()
     }
@@ -73,18 +75,13 @@ public final class ClientLeases: @unchecked Sendable {
 
     /// Starts the lease thread: renew, look at the others, adopt, absorb.
     public func start() {
-        cond.lock()
-        running = true
-        cond.unlock()
+        state.withLock { $0.running = true }
         spawnThread("vanish-lease") { [self] in
             while true {
                 renew()
                 tick()
-                cond.lock()
-                if !stopping { _ = cond.wait(until: Condition.now() &+ ClientLeases.period(length)) }
-                let over = stopping
-                cond.unlock()
-                if over { break }
+                let deadline = Condition.now() &+ ClientLeases.period(length)
+                if state.wait(until: { $0.stopping }, deadline: deadline) { break }
             }
             done.signal()
         }
@@ -92,9 +89,7 @@ public final class ClientLeases: @unchecked Sendable {
 
     /// No more adopting (the mount ended): only the lease is kept.
     public func stopAdopting() {
-        cond.lock()
-        adopting = false
-        cond.unlock()
+        state.withLock { $0.adopting = false }
     }
 
     /// How often the lease is renewed and the others looked at: four times a
@@ -104,12 +99,11 @@ public final class ClientLeases: @unchecked Sendable {
 
     /// Stops the lease thread (the lease then expires on its own).
     public func stop() {
-        cond.lock()
-        stopping = true
-        let wasRunning = running
-        running = false
-        cond.broadcast()
-        cond.unlock()
+        let wasRunning = state.update { s in
+            s.stopping = true
+            defer { s.running = false }
+            return s.running
+        }
         if wasRunning { done.wait() }
     }
 
@@ -118,10 +112,10 @@ public final class ClientLeases: @unchecked Sendable {
     public func tick() {
         absorb()
         let peers = observe()
-        cond.lock()
-        let adopts = adopting
-        lastPeers = peers
-        cond.unlock()
+        let adopts = state.withLock { s in
+            s.lastPeers = peers
+            return s.adopting
+        }
         guard adopts else { return }
         for peer in peers where peer.expired && peer.entries > 0 {
             if (try? graveyard.claim(peer.client)) == true {
@@ -140,11 +134,7 @@ public final class ClientLeases: @unchecked Sendable {
     /// The other clients as the lease thread last saw them (at most 5 s
     /// ago): what `vanish status` shows, without scanning the volume in a
     /// request handler.
-    public var peers: [Peer] {
-        cond.lock()
-        defer { cond.unlock() }
-        return lastPeers
-    }
+    public var peers: [Peer] { state.withLock { $0.lastPeers } }
 
     /// Reads every other client's lease and updates what was seen.
     public func observe() -> [Peer] {
@@ -152,11 +142,12 @@ public final class ClientLeases: @unchecked Sendable {
         var peers: [Peer] = []
         for other in graveyard.clients() where other != graveyard.client {
             let contents = readLease(other)
-            cond.lock()
-            var entry = seen[other] ?? (contents, now)
-            if entry.contents != contents { entry = (contents, now) }
-            seen[other] = entry
-            cond.unlock()
+            let entry = state.withLock { s in
+                var entry = s.seen[other] ?? (contents, now)
+                if entry.contents != contents { entry = (contents, now) }
+                s.seen[other] = entry
+                return entry
+            }
             let silent = now &- entry.since
             peers.append(Peer(client: other, silentSeconds: Double(silent) / 1e9, expired: silent >= length,
                               entries: graveyard.pendingEntries(of: other)))
