@@ -380,10 +380,11 @@ public final class ControlServer: Sendable {
                 var o: [String: JSON] = ["id": JSON(e.id), "deleted_ns": JSON(e.deleted), "uid": JSON(e.record.uid),
                                          "gid": JSON(e.record.gid), "kind": JSON(e.record.kind.name)]
                 if let held = e.record.held { o["held"] = JSON(held.explanation) }
-                // A held entry holds what its deleter could not remove, perhaps
-                // directories they cannot list: its measure (taken with the
-                // daemon's rights) is root's to see, as `du` would show them.
-                guard e.record.held == nil || peer.uid == 0 else {
+                // A held entry holds what its deleter could not remove, and a
+                // directory not theirs may be one they cannot list: its measure
+                // (taken with the daemon's rights) is root's to see, as `du`
+                // would show them.
+                guard peer.uid == 0 || (e.record.held == nil && (e.record.kind != .directory || mount.owner(of: e) == peer.uid)) else {
                     PathBytes(e.record.path).put(into: &o, key: "path")
                     return .object(o)
                 }
@@ -588,20 +589,27 @@ extension ControlServer {
 
     /// The subscriber's own change: they named its paths themselves, but for
     /// what the kernel sends by handle (a write, a truncate, a change of
-    /// attributes through a descriptor) and a copy's source, the path is
+    /// attributes through a descriptor), a new link's target and a copy's source, the path is
     /// the file's last-known name, perhaps one another user gave it since
     /// in a directory the subscriber cannot list (a hard link root made to
     /// their file): such a name, private when the change happened, shows
     /// only if they may see it now.
     private func ownChange(_ line: [UInt8], _ parsed: JSON, _ o: inout [String: JSON], type: String?,
                            sight: inout Sight) -> [UInt8]? {
-        func hidden(_ key: String) -> Bool {
-            guard o[key + "_private"]?.bool == true, let p = PathBytes.get(parsed, key: key)?.bytes else { return false }
+        func hidden(_ key: String, unmarked: Bool = false) -> Bool {
+            guard unmarked || o[key + "_private"]?.bool == true, let p = PathBytes.get(parsed, key: key)?.bytes else { return false }
             return !sight.mayObserve(p)
         }
         if ControlServer.byHandle.contains(type ?? ""), hidden("path") { return nil }
-        guard hidden("copied_from") else { return line }
-        for k in ["copied_from", "copied_from_b64", "copied_from_private", "copied_from_id"] { o[k] = nil }
+        // A new link's `target` is the file's last-known name too (the kernel
+        // sends LINK by inode), unmarked: judged by what they may list now.
+        var drops: [String] = []
+        if type == EventType.linked.rawValue && hidden("target", unmarked: true) { drops.append("target") }
+        if hidden("copied_from") { drops.append("copied_from") }
+        guard !drops.isEmpty else { return line }
+        for key in drops {
+            for k in [key, key + "_b64", key + "_private", key + "_id"] { o[k] = nil }
+        }
         return Array((JSON.object(o).serialized + "\n").utf8)
     }
 

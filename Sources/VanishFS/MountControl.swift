@@ -85,6 +85,12 @@ package final class MountControl: Sendable {
             .map { UInt64($0.st_size) }
     }
 
+    /// The owner of the kept entry `e` as it is in the graveyard now.
+    package func owner(of e: TrashEntry) -> uid_t? {
+        guard let graveyard, graveyard.shardFDs.indices.contains(e.shard) else { return nil }
+        return (try? e.id.withCString { id throws(Errno) in try Sys.lstatat(graveyard.shardFDs[e.shard], id) })?.st_uid
+    }
+
     /// What the kept directory `e` holds (a tree `vanish rm` took whole;
     /// nothing for one `rm -rf` emptied, whose children are entries of their
     /// own), walked once per mount; nil for a file.
@@ -115,10 +121,14 @@ package final class MountControl: Sendable {
 
     /// Whether `path` (directory `dirFD`) is where the entry was deleted
     /// from: the same path, and the same directory there if the record
-    /// knows it (a new one made at that path is elsewhere).
+    /// knows it (a new one made at that path is elsewhere). Only a
+    /// directory's record knows it: an entry recorded as anything else is
+    /// never in place, so a directory exchanged onto a file's name before
+    /// its burial cannot come back "in place" into another directory.
+    /// (Directory records from before version 4 go by the path.)
     static func isInPlace(_ record: TrashRecord, _ dirFD: Int32, _ path: [UInt8]) -> Bool {
         guard path == record.path else { return false }
-        guard let from = record.from else { return true }
+        guard let from = record.from else { return record.kind == .directory }
         guard let (st, birth) = try? Sys.fstatWithBirth(dirFD) else { return false }
         return from.matches(st, birth: birth)
     }

@@ -176,8 +176,8 @@ extension Deleter {
         guard st.st_mode & S_IFMT == S_IFDIR else { throw .notDirectory }
         // Its files' burials land first, or it is not empty yet.
         burials.takeDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino)).land()
-        try requireEmptyDirectory(parentFD, name)
-        try bury(parentFD, name, st: st, from: parent, caller: caller, by: identify(caller, groups))
+        let empty = try requireEmptyDirectory(parentFD, name)
+        try bury(parentFD, name, st: empty, from: parent, caller: caller, by: identify(caller, groups))
     }
 
     /// Buries the directory `name` whole with the unlinked files still
@@ -258,9 +258,17 @@ extension Deleter {
         return complete == true && matched == taken.count
     }
 
-    /// ENOTEMPTY unless the directory holds nothing but `.` and `..`.
-    private func requireEmptyDirectory(_ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
-        if try !forEachEntry(parentFD, name, { _ in false }) { throw .directoryNotEmpty }
+    /// ENOTEMPTY unless the directory holds nothing but `.` and `..`;
+    /// returns the stat of the directory found empty, the one the rename
+    /// after must move (another may be exchanged onto the name meanwhile).
+    private func requireEmptyDirectory(_ parentFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> stat {
+        let dp = try Sys.openDirectory(parentFD, name)
+        defer { closedir(dp) }
+        let st = try Sys.fstat(dirfd(dp))
+        while let d = Glibc.readdir(dp) {
+            if !isDotOrDotDot(vanish_dirent_name(d)!) { throw .directoryNotEmpty }
+        }
+        return st
     }
 
     /// Calls `body` with each name in the directory `name` but `.` and `..`
@@ -305,21 +313,32 @@ extension Deleter {
             return nil
         }
         let record = made.map(\.record) ?? trashRecord(st, parent: parent, name: asName ?? name, caller: caller)
-        let deletion: Graveyard.Deletion = made.map { .at($0.deleted) } ?? .now
+        // Inside a window, what it does not keep (a program's own scratch
+        // file, an excluded name) is due at once: dated now, it would wait
+        // out the window outside every limit and could fill the disk.
+        let deletion: Graveyard.Deletion = record == nil && undoWindow > 0 ? .unheld : made.map { .at($0.deleted) } ?? .now
+        // The directory checked: one from a one-step delete's room is its own.
+        let checked = isFile || reserved != nil ? nil : st.st_ino
         var entry: String?
         do {
             if wantEntry {
                 reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, deletion: deletion,
-                                                            reserved: reserved, by: deletedBy, file: isFile) { entry = String(cString: $0) },
+                                                            reserved: reserved, by: deletedBy, file: isFile,
+                                                            checked: checked) { entry = String(cString: $0) },
+                                  dueNow: deletion == .unheld,
                                   sizeUnknown: record != nil && record?.bytes == nil, bytes: Self.freedBytes(st))
             } else {
                 reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, deletion: deletion,
-                                                            by: deletedBy, file: isFile),
+                                                            by: deletedBy, file: isFile, checked: checked),
+                                  dueNow: deletion == .unheld,
                                   sizeUnknown: record != nil && record?.bytes == nil, bytes: Self.freedBytes(st))
             }
         } catch .isDirectory where isFile {
             logSwappedDirectory(name)
             throw .isDirectory
+        } catch .directoryNotEmpty where checked != nil {
+            logSwappedDirectory(name)
+            throw .directoryNotEmpty
         } catch .improperLink {
             // On a filesystem mounted inside the source: its own graveyard, if
             // it can have one. On the source's own filesystem EXDEV means it
@@ -330,7 +349,9 @@ extension Deleter {
                       let (nestedGraveyard, nestedReaper) = nestedGraveyard(under: parent) else {
                     throw .improperLink
                 }
-                nestedReaper.noteBuried(shard: try nestedGraveyard.bury(parentFD, name, file: isFile) { entry = String(cString: $0) })
+                // What a directory holds is freed as its deleter there too.
+                nestedReaper.noteBuried(shard: try nestedGraveyard.bury(parentFD, name, by: deletedBy, file: isFile,
+                                                                        checked: checked) { entry = String(cString: $0) })
             } catch .improperLink {
                 try deleteNow()
             }
@@ -358,10 +379,10 @@ extension Deleter {
         return entry
     }
 
-    /// A directory was found under a file's name as it went to the
-    /// graveyard, and was put back (`Graveyard.returnSwappedDirectory`).
+    /// Another directory was found under the name of what went to the
+    /// graveyard, and was put back (`Graveyard.returnSwapped`).
     func logSwappedDirectory(_ name: UnsafePointer<CChar>) {
-        log.notice("a directory was exchanged onto a deleted file's name before its burial: it stays where it is",
+        log.notice("a directory was exchanged onto a deleted entry's name before its burial: it stays where it is",
                    metadata: ["name": "\(String(cString: name))"])
     }
 
@@ -491,8 +512,12 @@ extension Deleter {
                 try Credentials.acting(credentials) { () throws(Errno) in try Sys.renameat2(pfd, name, npfd, newName, 0) }
                 return
             }
-            // Its trash record names where it was: the target's path.
-            try bury(pfd, name, st: target, from: newParent, caller: caller, asName: newName)
+            // Its trash record names where it was: the target's path. A
+            // directory exchanged onto the name since goes back there (and
+            // stays): the rename itself is done.
+            do throws(Errno) {
+                try bury(pfd, name, st: target, from: newParent, caller: caller, asName: newName)
+            } catch .isDirectory {}
             return
         }
         try Credentials.acting(credentials) { () throws(Errno) in try Sys.renameat2(pfd, name, npfd, newName, flags) }

@@ -222,9 +222,12 @@ public final class Graveyard: @unchecked Sendable {
     /// once it is in place. `linking` makes the entry a hard link and leaves
     /// the name where it is, for the caller to unlink (a file still open).
     @inline(__always) @discardableResult
+    /// `checked`: the directory the caller checked under `name` (its inode):
+    /// another exchanged onto the name before the rename goes back at once
+    /// and the burial fails with ENOTEMPTY, as the rmdir of the name would.
     public func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, record: TrashRecord? = nil,
                      deletion: Deletion = .now, linking: Bool = false, reserved: Reservation? = nil,
-                     by deleter: DeletedBy? = nil, file: Bool = false,
+                     by deleter: DeletedBy? = nil, file: Bool = false, checked directory: ino_t? = nil,
                      named: ((UnsafePointer<CChar>) -> Void)? = nil) throws(Errno) -> Int {
         let n = reserved?.number ?? counter.wrappingAdd(1, ordering: .relaxed).newValue
         // Runs of 64 deletions share a shard, so a reaper woken for a program
@@ -237,7 +240,7 @@ public final class Graveyard: @unchecked Sendable {
                            file: namesFile) { grave throws(Errno) in
             guard var record else {
                 try Sys.renameNoReplace(parentFD, name, sfd, grave)
-                if namesFile { try Self.returnSwappedDirectory(sfd, grave, to: parentFD, name) }
+                try Self.returnSwapped(sfd, grave, to: parentFD, name, file: namesFile, directory: directory)
                 named?(grave)
                 return
             }
@@ -248,7 +251,7 @@ public final class Graveyard: @unchecked Sendable {
                     if linkat(parentFD, name, sfd, grave, 0) != 0 { throw Errno(rawValue: errno) }
                 } else {
                     try Sys.renameNoReplace(parentFD, name, sfd, grave)
-                    if namesFile { try Self.returnSwappedDirectory(sfd, grave, to: parentFD, name) }
+                    try Self.returnSwapped(sfd, grave, to: parentFD, name, file: namesFile, directory: directory)
                 }
             } catch {
                 removeSidecar(sfd, grave)
@@ -261,18 +264,25 @@ public final class Graveyard: @unchecked Sendable {
         return shard
     }
 
-    /// After the rename of what was checked to be a file: if a directory
-    /// came instead (exchanged onto the name on the source between the
+    /// After the rename of what was checked to be a `file`, or the
+    /// `directory` of that inode: if something else came instead (another
+    /// user's directory, exchanged onto the name on the source between the
     /// caller's check and this rename), it goes back to the name at once
-    /// and the burial fails with EISDIR, as an unlink of it would have. If
-    /// the name was taken meanwhile it stays, never walked (`namesFile`).
-    /// One lstat of the new entry.
+    /// and the burial fails (EISDIR for a file, ENOTEMPTY for a directory),
+    /// as the unlink or rmdir of the name would have. If the name was taken
+    /// meanwhile it stays: under a file's name never walked (`namesFile`),
+    /// a directory freed as its deleter. One lstat of the new entry.
     @inline(__always)
-    static func returnSwappedDirectory(_ shardFD: Int32, _ grave: UnsafePointer<CChar>, to parentFD: Int32,
-                                       _ name: UnsafePointer<CChar>) throws(Errno) {
-        guard let st = try? Sys.lstatat(shardFD, grave), st.st_mode & S_IFMT == S_IFDIR,
-              (try? Sys.renameNoReplace(shardFD, grave, parentFD, name)) != nil else { return }
-        throw .isDirectory
+    static func returnSwapped(_ shardFD: Int32, _ grave: UnsafePointer<CChar>, to parentFD: Int32,
+                              _ name: UnsafePointer<CChar>, file: Bool, directory: ino_t?) throws(Errno) {
+        guard file || directory != nil, let st = try? Sys.lstatat(shardFD, grave) else { return }
+        if file {
+            guard st.st_mode & S_IFMT == S_IFDIR else { return }
+        } else {
+            guard st.st_ino != directory else { return }
+        }
+        guard (try? Sys.renameNoReplace(shardFD, grave, parentFD, name)) != nil else { return }
+        throw file ? .isDirectory : .directoryNotEmpty
     }
 
     /// `<ns since epoch>-<pid>-<counter>` in hex, built on the stack: unique

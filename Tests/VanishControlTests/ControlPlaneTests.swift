@@ -38,6 +38,29 @@ struct ControlPlaneTests {
         #expect(throws: RestoreError.self) { try UndoWindow.destination(Array(target.utf8)) }
     }
 
+    @Test("a restore is in place only at the same path and, for a directory, in the directory it left; an entry recorded as a file never is")
+    func inPlace() throws {
+        var template = Array("/tmp/vanish-inplace.XXXXXX".utf8CString)
+        let dir = String(cString: try #require(mkdtemp(&template)))
+        defer { rmdir(dir) }
+        let fd = open(dir, O_RDONLY | O_DIRECTORY)
+        defer { close(fd) }
+        let (st, birth) = try Sys.fstatWithBirth(fd)
+        let path = Array("a/x".utf8)
+        let file = TrashRecord(path: path, uid: 1, gid: 1, bytes: 0, kind: .file)
+        // A directory exchanged onto a file's name before its burial carries a file's record.
+        #expect(!MountControl.isInPlace(file, fd, path))
+        let legacy = TrashRecord(path: path, uid: 1, gid: 1, bytes: nil, kind: .directory)
+        #expect(MountControl.isInPlace(legacy, fd, path), "directory records from before version 4 go by the path")
+        var here = legacy
+        here.from = TrashRecord.Origin(inode: UInt64(st.st_ino), birth: birth)
+        #expect(MountControl.isInPlace(here, fd, path))
+        #expect(!MountControl.isInPlace(here, fd, Array("a/y".utf8)))
+        var elsewhere = legacy
+        elsewhere.from = TrashRecord.Origin(inode: UInt64(st.st_ino) + 1, birth: birth)
+        #expect(!MountControl.isInPlace(elsewhere, fd, path), "another directory at that path")
+    }
+
     @Test("a destination splits into its directory and its name")
     func destinationParts() throws {
         let (dir, leaf) = try UndoWindow.destination(Array("/a//b/c".utf8))

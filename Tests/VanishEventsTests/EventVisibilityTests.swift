@@ -56,7 +56,7 @@ struct EventVisibilityTests {
         }
     }
 
-    @Test("nobody's own writes through a handle do not name the link root made to their file in a private directory (issue 49)")
+    @Test("nobody's own writes and links through a handle do not name the link root made to their file in a private directory (issue 49)")
     func ownWritesUnderAnotherName() throws {
         try withVanishMount(options: ["allow_other"], prepare: { src in
             let r = try sh("chmod 755 . && mkdir -m 777 w", cwd: src)
@@ -89,11 +89,16 @@ struct EventVisibilityTests {
             try waitFor("nobody's log") { access(m.path("w/nlog"), F_OK) == 0 }
             #expect(try sh("mkdir -m 700 -p r7/backup && ln w/nlog r7/backup/SECRETBACKUP && touch \(go)",
                            cwd: m.mountpoint).ok)
+            try waitFor("nobody's writer to finish") { access(m.path("w/end"), F_OK) == 0 }
+            // A link nobody makes to their file names it by inode: its target is the last name too.
+            #expect(try runAsNobody(["ln", m.path("w/nlog"), m.path("w/nlog2")]).ok)
+            #expect(try runAsNobody(["touch", m.path("w/end2")]).ok)
             let s = try Subscriber(m, ["--since", "\(instance):0"], name: "nobody", asNobody: true)
             defer { s.stop() }
-            try s.waitFor("w/end") { $0["path"] as? String == "w/end" }
+            try s.waitFor("w/end2") { $0["path"] as? String == "w/end2" }
             let all = s.events.map { "\($0)" }.joined(separator: "\n")
             #expect(!all.contains("SECRETBACKUP") && !all.contains("r7/backup/"), "\(all)")
+            #expect(s.events.contains { $0["type"] as? String == "linked" && $0["path"] as? String == "w/nlog2" }, "\(all)")
             #expect(s.events.contains { $0["type"] as? String == "created" && $0["path"] as? String == "w/nlog" }, "\(all)")
             // Root sees the write under the name it is known by.
             try root.waitFor("w/end") { $0["path"] as? String == "w/end" }

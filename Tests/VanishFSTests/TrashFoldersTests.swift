@@ -316,7 +316,7 @@ struct TrashFolderAttackTests {
                     if not os.path.isdir(S + "/B"):
                         print("buried after %d tries" % (i + 1)); break
                     if os.path.lexists(S + "/" + x): os.unlink(S + "/" + x)
-                    if "exchanged onto a deleted file" in open(LOG).read():
+                    if "exchanged onto a deleted entry" in open(LOG).read():
                         print("returned after %d tries" % (i + 1)); break
                 """#
             try script.write(toFile: m.base + "/swap.py", atomically: true, encoding: .utf8)
@@ -332,6 +332,65 @@ struct TrashFolderAttackTests {
             }
             let found = try sh("find . -name f -path '*B*' -o -name f -path '*/.vanish/*' | xargs -r cat", cwd: m.source).stdout
             #expect(found == "precious\n", "root's file was freed: \(found)")
+        }
+    }
+
+    @Test("a directory of root's exchanged onto nobody's empty directory behind their rmdir is not buried, nor freed as root (issue 49)",
+          arguments: ["", "nest/"])
+    func swappedBehindAnRmdir(_ under: String) throws {
+        var tmpfs = ""
+        defer { if !tmpfs.isEmpty { _ = try? run(["umount", "-l", tmpfs]) } }
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            // On the source's filesystem, or on a tmpfs inside it (a graveyard of its own).
+            if !under.isEmpty {
+                tmpfs = src + "/nest"
+                guard try sh("mkdir nest && mount -t tmpfs -o size=16m tmpfs nest", cwd: src).ok else { throw TestFailure("tmpfs") }
+            }
+            let made = try sh("""
+                chmod 755 . && install -d -o nobody \(under)A \(under)A/P
+                mkdir -m 700 \(under)A/P/F && echo secret > \(under)A/P/F/r1
+                """, cwd: src)
+            guard made.ok else { throw TestFailure(made.stderr) }
+        }) { m in
+            guard try run(["chmod", "755", m.base]).ok else { throw TestFailure("chmod \(m.base)") }
+            // nobody makes an empty E and exchanges it with root's F on the source while
+            // removing E through the mount: the daemon checks E empty, then renames the name.
+            let script = #"""
+                import ctypes, os, sys, threading
+                S, M, LOG = sys.argv[1], sys.argv[2], sys.argv[3]
+                libc = ctypes.CDLL(None, use_errno=True)
+                def exchange(a, b): libc.syscall(316, -100, a.encode(), -100, b.encode(), 2)
+                def root_dir():
+                    for n in ("F", "E"):
+                        if os.path.isdir(S + "/" + n) and os.stat(S + "/" + n).st_uid == 0: return n
+                for i in range(3000):
+                    if not os.path.lexists(S + "/E"): os.mkdir(S + "/E")
+                    stop = False
+                    def swap():
+                        while not stop: exchange(S + "/E", S + "/F")
+                    t = threading.Thread(target=swap); t.start()
+                    try: os.rmdir(M + "/E")
+                    except OSError: pass
+                    stop = True; t.join()
+                    where = root_dir()
+                    if where is None:
+                        print("root's directory left P after %d tries" % (i + 1)); break
+                    if where == "E":
+                        if os.path.lexists(S + "/F"): os.rmdir(S + "/F")
+                        os.rename(S + "/E", S + "/F")
+                    if "exchanged onto a deleted entry" in open(LOG).read():
+                        print("returned after %d tries" % (i + 1)); break
+                else:
+                    print("stayed in P through 3000 tries")
+                """#
+            try script.write(toFile: m.base + "/rmdir-swap.py", atomically: true, encoding: .utf8)
+            let attack = try runAsNobody(["/usr/bin/python3", m.base + "/rmdir-swap.py", m.backing(under + "A/P"),
+                                          m.path(under + "A/P"), m.logPath])
+            // The old code lost it within a few tries on either filesystem.
+            #expect(attack.stdout.contains("returned") || attack.stdout.contains("stayed"), "\(attack.stdout) \(attack.stderr)")
+            let left = try sh("cat \(under)A/P/*/r1", cwd: m.source)
+            #expect(left.stdout == "secret\n", "root's file is not in P: \(left)")
+            #expect(try sh("find \(under).vanish -name r1", cwd: m.source).stdout == "", "root's directory is in a graveyard")
         }
     }
 
