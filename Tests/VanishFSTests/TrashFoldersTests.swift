@@ -294,33 +294,9 @@ struct TrashFolderAttackTests {
             // nobody exchanges a file of theirs with B on the source, again and
             // again, while unlinking that file through the mount: the daemon
             // checks the name, answers, and renames it into the graveyard after.
-            let script = #"""
-                import ctypes, os, sys, threading
-                S, M, LOG = sys.argv[1] + "/shared/D", sys.argv[2] + "/shared/D", sys.argv[3]
-                libc = ctypes.CDLL(None, use_errno=True)
-                def exchange(a, b): libc.syscall(316, -100, a.encode(), -100, b.encode(), 2)
-                for i in range(3000):
-                    x = "X%d" % i
-                    open(S + "/" + x, "w").close()
-                    stop = False
-                    def swap():
-                        while not stop: exchange(S + "/" + x, S + "/B")
-                    t = threading.Thread(target=swap); t.start()
-                    try: os.unlink(M + "/" + x)
-                    except OSError: pass
-                    stop = True; t.join()
-                    # Put B back under its name if it is here at all.
-                    if os.path.isdir(S + "/" + x) and not os.path.isdir(S + "/B"):
-                        if os.path.lexists(S + "/B"): os.unlink(S + "/B")
-                        os.rename(S + "/" + x, S + "/B")
-                    if not os.path.isdir(S + "/B"):
-                        print("buried after %d tries" % (i + 1)); break
-                    if os.path.lexists(S + "/" + x): os.unlink(S + "/" + x)
-                    if "exchanged onto a deleted entry" in open(LOG).read():
-                        print("returned after %d tries" % (i + 1)); break
-                """#
-            try script.write(toFile: m.base + "/swap.py", atomically: true, encoding: .utf8)
-            let attack = try runAsNobody(["/usr/bin/python3", m.base + "/swap.py", m.source, m.mountpoint, m.logPath])
+            try swapBehindUnlinkScript.write(toFile: m.base + "/swap.py", atomically: true, encoding: .utf8)
+            let attack = try runAsNobody(["/usr/bin/python3", m.base + "/swap.py", m.backing("shared/D"), m.path("shared/D"),
+                                          m.logPath])
             #expect(attack.stdout.contains("returned"), "the swap never reached the burial: \(attack.stdout) \(attack.stderr)")
             #expect(try sh("find .vanish -type d -name 'B' -o -type f -name f", cwd: m.source).stdout == "",
                     "root's directory is in the graveyard")
