@@ -24,7 +24,9 @@
 #define FUSE_USE_VERSION 314
 
 #include "ring.h"
-#include "state.h"
+#include "channel.h"
+#include "CFuseTransport.h"
+#include "CLinux.h"
 
 #include <errno.h>
 #include <fuse_lowlevel.h>
@@ -88,6 +90,7 @@ struct worker {
     uint64_t busy_since;       // when its handler began (0: waiting); under the queue's lock
     int answered;              // the reply is in the entry; under the queue's lock
     pthread_cond_t answer;     // signalled when another thread answered
+    struct iovec iov[2];       // its entry's header and payload, as registered
 };
 
 struct queue {
@@ -101,7 +104,7 @@ struct queue {
 };
 
 struct vanish_ring {
-    struct vanish_transport *transport;
+    const struct vanish_channel_hooks *hooks;
     struct fuse_session *se;
     int device_fd;
     uint64_t spin_ns;
@@ -158,10 +161,9 @@ static void queue_command(struct worker *w) {
             io_uring_prep_poll_add(poll, rg->stop_fd, POLLIN);
             io_uring_sqe_set_data(poll, NULL);
         }
-        static _Thread_local struct iovec iov[2];
-        iov[0] = (struct iovec){ w->header, sizeof(struct ring_header) };
-        iov[1] = (struct iovec){ w->payload, rg->payload_size };
-        sqe->addr = (uint64_t)(uintptr_t)iov;
+        w->iov[0] = (struct iovec){ w->header, sizeof(struct ring_header) };
+        w->iov[1] = (struct iovec){ w->payload, rg->payload_size };
+        sqe->addr = (uint64_t)(uintptr_t)w->iov;
         sqe->len = 2;
     }
 }
@@ -247,7 +249,7 @@ static void serve(struct worker *w) {
     memcpy(request + sizeof *in + op, w->payload, payload);
     atomic_store_explicit(&w->unique, in->unique, memory_order_release);
     atomic_store_explicit(&rg->last_request, now_ns(), memory_order_relaxed);
-    transport_received(rg->transport, request, length);
+    rg->hooks->received(rg->hooks->transport, request, length);
     struct fuse_buf buf = { .size = length, .flags = 0, .mem = request, .fd = -1, .pos = 0 };
     fuse_session_process_buf(rg->se, &buf);
 }
@@ -294,7 +296,7 @@ static void *worker_thread(void *arg) {
     struct queue *q = w->queue;
     struct vanish_ring *rg = q->ring;
     me = w;
-    transport_thread_serves(rg->transport);
+    rg->hooks->thread_serves(rg->hooks->transport);
     char name[16];
     snprintf(name, sizeof name, "vanish-ring-%d", q->qid);
     pthread_setname_np(pthread_self(), name);
@@ -371,15 +373,16 @@ static void *watchdog(void *arg) {
     return NULL;
 }
 
-int ring_prepare(struct vanish_transport *t, size_t max_payload, uint64_t spin_ns, struct vanish_ring **made) {
+int ring_prepare(const struct vanish_channel_hooks *hooks, struct fuse_session *se, size_t max_payload,
+                 uint64_t spin_ns, struct vanish_ring **made) {
     long possible = sysconf(_SC_NPROCESSORS_CONF);
     if (possible < 1 || possible > 4096) return -EINVAL;
     long page = sysconf(_SC_PAGESIZE);
     struct vanish_ring *rg = calloc(1, sizeof *rg);
     if (!rg) return -ENOMEM;
-    rg->transport = t;
-    rg->se = t->session;
-    rg->device_fd = fuse_session_fd(t->session);
+    rg->hooks = hooks;
+    rg->se = se;
+    rg->device_fd = fuse_session_fd(se);
     rg->spin_ns = spin_ns;
     rg->payload_size = (max_payload + (size_t)page - 1) / (size_t)page * (size_t)page;
     rg->header_size = (size_t)page;

@@ -12,17 +12,17 @@ struct iovec;
 /// The INIT flag that asks for the ring (protocol 7.42, in flags2).
 #define VANISH_RING_INIT_FLAG (1ULL << 41)
 
-struct vanish_transport;
+struct vanish_channel_hooks;
 struct vanish_ring;
 struct vanish_ring_info;
 
 /// Before the INIT reply is written: makes every queue (one io_uring per
-/// possible CPU, its buffers sized for `max_payload` bytes) of the
-/// transport's session and their threads, which wait for `ring_start`. A
+/// possible CPU, its buffers sized for `max_payload` bytes) of session `se` and their threads, which wait for `ring_start`. A
 /// receiver watches its queue for `spin_ns` after each reply before it
 /// sleeps. 0 with the ring in `made`, or -errno with nothing left behind
 /// (the reply then does not ask for the ring).
-int ring_prepare(struct vanish_transport *t, size_t max_payload, uint64_t spin_ns, struct vanish_ring **made);
+int ring_prepare(const struct vanish_channel_hooks *hooks, struct fuse_session *se, size_t max_payload,
+                 uint64_t spin_ns, struct vanish_ring **made);
 
 /// After the INIT reply was written: the threads register their entries
 /// and serve.

@@ -1,10 +1,22 @@
 // The transport's state: one `struct vanish_transport` per session, made
 // by FUSEKit's Session and given to libfuse as the session's userdata, so
 // every hook and reply helper finds it from what libfuse hands them. Nothing
-// here is process-global; the one thread-local (`vanish_thread`) says what
-// request the calling thread is serving, since libfuse runs a request's
-// handler and its reply on the thread that received it and gives handlers
-// no context of their own. Internal to the transport.
+// here is process-global. Internal to the transport.
+//
+// Thread-locals, each because libfuse 3.14 runs a request's handler and its
+// reply on the thread that received it and hands neither a context of ours
+// (3.17 finds the ring entry from the request; these go with this file):
+// - `vanish_thread` (order.c): the request the thread serves and its session,
+//   for the order table, STATX replies and the thread's slice.
+// - ring.c `me`: the ring worker the thread is, for `ring_may_block` from a
+//   handler that only has libfuse's request.
+// - workers.c `served_from_clone`, `self`, `has_semaphore`: a libfuse
+//   worker's receiving state (where its reply goes, its place among waiting
+//   receivers), which libfuse's loop gives no slot for.
+// - transport.c `pipe_reader`, `pipe_reader_of`: a read end of the
+//   thread's splice pipe, which libfuse keeps per thread too.
+// The channels (workers.c, ring.c) reach the transport only through the
+// hooks of channel.h, and never each other.
 //
 // Lock order: statx_lock, order.seen_lock, receivers.lock and each ring
 // queue's lock are leaves; none is held while taking another.
@@ -14,6 +26,7 @@
 #define FUSE_USE_VERSION 314
 
 #include "CFuseTransport.h"
+#include "channel.h"
 #include "workers.h"
 #include "CLinux.h"
 
@@ -79,6 +92,9 @@ struct vanish_transport {
     _Atomic int statx_pending;
 
     struct vanish_order order;
+    // The channels: libfuse's workers and the ring, which reach the
+    // transport only through `hooks`.
+    struct vanish_channel_hooks hooks;
     struct vanish_receivers receivers;
 };
 
@@ -88,6 +104,7 @@ struct vanish_thread {
     int order_slot;                      // its slot + 1 in that session's order table (0: none)
     uint64_t unique;                     // the request it handles now (0: none, or answered)
     fuse_req_t req;                      // libfuse's for it, once its handler began
+    struct vanish_transport *sliced;     // the session whose slice it has (transport_thread_serves)
 };
 extern _Thread_local struct vanish_thread vanish_thread;
 
@@ -98,11 +115,5 @@ void order_thread_serves(struct vanish_transport *t);
 void order_idle(void);
 void order_init(struct vanish_order *o);
 void order_destroy(struct vanish_order *o);
-
-// What every request gets on arrival, read from /dev/fuse or from a ring.
-void transport_received(struct vanish_transport *t, void *request, size_t size);
-
-// Gives the calling request thread `t`'s slice, once per thread.
-void transport_thread_serves(struct vanish_transport *t);
 
 #endif

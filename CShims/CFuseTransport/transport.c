@@ -151,7 +151,9 @@ static int rename_unknown(struct vanish_transport *t, void *buf, size_t n) {
     return 0;
 }
 
-void transport_received(struct vanish_transport *t, void *request, size_t n) {
+// What every request gets on arrival, read from /dev/fuse or from a ring
+// (the channels' `received` hook).
+static void transport_received(struct vanish_transport *t, void *request, size_t n) {
     order_received(t, request);
     if (n == tmpfile_request_size || n == statx_request_size) rename_unknown(t, request, n);
 }
@@ -214,7 +216,7 @@ static void patch_init(struct vanish_transport *t, struct fuse_init_out *out) {
         if ((size_t)out->max_pages * page > payload) payload = (size_t)out->max_pages * page;
         if (payload < FUSE_MIN_READ_BUFFER) payload = FUSE_MIN_READ_BUFFER;
         uint64_t spin = (uint64_t)t->ring_spin_us * 1000;
-        int r = ring_prepare(t, payload, spin, &t->ring);
+        int r = ring_prepare(&t->hooks, t->session, payload, spin, &t->ring);
         if (r == 0) {
             flags = (uint64_t)out->flags | (uint64_t)out->flags2 << 32 | FUSE_INIT_EXT | VANISH_RING_INIT_FLAG;
             out->flags = (uint32_t)flags;
@@ -381,20 +383,26 @@ static void t_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
     else fuse_reply_err(req, ENOSYS);
 }
 
+static void transport_thread_serves(struct vanish_transport *t);
+static void hook_received(void *t, void *request, size_t size) { transport_received(t, request, size); }
+static void hook_thread_serves(void *t) { transport_thread_serves(t); }
+
 struct vanish_transport *vanish_transport_new(void *owner) {
     struct vanish_transport *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     t->head.owner = owner;
     pthread_mutex_init(&t->statx_lock, NULL);
     order_init(&t->order);
-    receivers_init(&t->receivers);
+    t->hooks = (struct vanish_channel_hooks){ t, hook_received, hook_thread_serves };
+    receivers_init(&t->receivers, &t->hooks);
     return t;
 }
 
-void transport_thread_serves(struct vanish_transport *t) {
-    static _Thread_local struct vanish_transport *sliced;
-    if (!t->slice_us || sliced == t) return;
-    sliced = t;
+// Gives the calling request thread `t`'s slice, once per thread (the
+// channels' `thread_serves` hook).
+static void transport_thread_serves(struct vanish_transport *t) {
+    if (!t->slice_us || vanish_thread.sliced == t) return;
+    vanish_thread.sliced = t;
     // A shorter slice than the others' wins the CPU when the thread wakes
     // for a request (EEVDF picks the earliest deadline), without a larger share.
     vanish_thread_set_slice(t->slice_us);
@@ -558,7 +566,13 @@ int vanish_reply_open_backing(fuse_req_t req, const struct fuse_file_info *fi, i
 
 void vanish_request_begin(fuse_req_t req, pid_t caller, int awaited) {
     vanish_thread.req = req;
-    if (awaited) receivers_caller_begins(caller);
+    if (awaited) receivers_caller_begins(&((struct vanish_transport *)fuse_req_userdata(req))->receivers, caller);
+}
+
+void vanish_workers_may_block(void) {
+    if (ring_may_block()) return;
+    struct vanish_transport *t = vanish_thread.transport;
+    if (t) receivers_may_block(&t->receivers);
 }
 
 int vanish_reply_attr_birth(fuse_req_t req, const struct stat *st, double timeout, uint64_t birth) {

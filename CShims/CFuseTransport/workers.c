@@ -1,8 +1,8 @@
 // How libfuse's workers receive requests. See workers.h.
 #define FUSE_USE_VERSION 314
 
-#include "state.h"
-#include "ring.h"
+#include "workers.h"
+#include "CLinux.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -56,19 +56,15 @@ static const uint64_t stall_ns = 500 * 1000;
 static const uint64_t watchdog_tick_ns = 1000 * 1000;
 static const uint64_t watchdog_idle_ns = 1000 * 1000 * 1000;
 
-// The transport `r` is part of.
-static struct vanish_transport *transport_of(struct vanish_receivers *r) {
-    return (struct vanish_transport *)(void *)((char *)r - offsetof(struct vanish_transport, receivers));
-}
-
 static uint64_t now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (uint64_t)t.tv_sec * 1000000000ULL + (uint64_t)t.tv_nsec;
 }
 
-void receivers_init(struct vanish_receivers *r) {
+void receivers_init(struct vanish_receivers *r, const struct vanish_channel_hooks *hooks) {
     memset(r, 0, sizeof *r);
+    r->hooks = hooks;
     r->spin_fd = -1;
     r->session_fd = -1;
     pthread_mutex_init(&r->lock, NULL);
@@ -181,13 +177,10 @@ static void stop_receiving(struct vanish_receivers *r) {
     pthread_mutex_unlock(&r->lock);
 }
 
-void receivers_caller_begins(pid_t caller) {
+void receivers_caller_begins(struct vanish_receivers *r, pid_t caller) {
     // Another caller than the last one waiting for a reply: callers are
     // making calls side by side, so another worker receives while this one
     // serves, as libfuse would have it.
-    struct vanish_transport *t = vanish_thread.transport;
-    if (!t) return;
-    struct vanish_receivers *r = &t->receivers;
     if (!atomic_load_explicit(&r->spin_ns, memory_order_relaxed)) return;
     pid_t last = atomic_exchange_explicit(&r->last_caller, caller, memory_order_relaxed);
     atomic_store_explicit(&r->one_caller, last == caller, memory_order_relaxed);
@@ -198,11 +191,7 @@ void receivers_caller_begins(pid_t caller) {
     }
 }
 
-void vanish_workers_may_block(void) {
-    if (ring_may_block()) return;
-    struct vanish_transport *t = vanish_thread.transport;
-    if (!t) return;
-    struct vanish_receivers *r = &t->receivers;
+void receivers_may_block(struct vanish_receivers *r) {
     if (!atomic_load_explicit(&r->spin_ns, memory_order_relaxed)) return;
     pthread_mutex_lock(&r->lock);
     hand_over_locked(r);
@@ -213,7 +202,7 @@ ssize_t receivers_receive(struct vanish_receivers *r, int fd, int initialized,
                           ssize_t (*call)(int from, void *context), void *context) {
     uint64_t budget = atomic_load_explicit(&r->spin_ns, memory_order_relaxed);
     served_from_clone = 0;
-    transport_thread_serves(transport_of(r));
+    r->hooks->thread_serves(r->hooks->transport);
     if (!budget || !initialized) return call(fd, context);
     int untried = 0;
     if (atomic_compare_exchange_strong(&r->clone_tried, &untried, 1)) open_spin_fd(r);

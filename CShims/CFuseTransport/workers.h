@@ -1,6 +1,6 @@
 // How libfuse's workers receive requests (workers.c): one receiver at a
 // time, spinning while requests come close together. Internal to the
-// transport; Swift sees vanish_workers_may_block through CFuseTransport.h.
+// transport, which calls it; it calls only its hooks (channel.h).
 #ifndef VANISH_WORKERS_H
 #define VANISH_WORKERS_H
 
@@ -9,11 +9,14 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "channel.h"
+
 struct iovec;
 struct receiver;
 
 // A session's receiving workers. Lock order: `lock` is a leaf.
 struct vanish_receivers {
+    const struct vanish_channel_hooks *hooks;
     _Atomic uint64_t spin_ns;       // 0: libfuse's own way (every idle worker in read(2))
     _Atomic int spin_fd;            // the non-blocking clone (-1: none)
     int session_fd;
@@ -35,7 +38,7 @@ struct vanish_receivers {
     _Atomic int one_caller;
 };
 
-void receivers_init(struct vanish_receivers *r);
+void receivers_init(struct vanish_receivers *r, const struct vanish_channel_hooks *hooks);
 void receivers_destroy(struct vanish_receivers *r);
 
 /// Receives one request with `call` (a read or a splice, from the fd it is
@@ -53,7 +56,11 @@ int receivers_reply_fd(struct vanish_receivers *r, int fd);
 /// From the start of every request a caller waits for, with its caller's
 /// thread id (on the thread serving it): lets another worker receive if
 /// callers are queueing.
-void receivers_caller_begins(pid_t caller);
+void receivers_caller_begins(struct vanish_receivers *r, pid_t caller);
+
+/// From a handler that may take long, on the thread serving it: another
+/// worker receives meanwhile.
+void receivers_may_block(struct vanish_receivers *r);
 
 void receivers_configure(struct vanish_receivers *r, int device_fd, uint32_t spin_microseconds);
 uint32_t receivers_spin_microseconds(struct vanish_receivers *r);
