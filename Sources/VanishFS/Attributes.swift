@@ -125,7 +125,7 @@ extension VanishFilesystem {
             let r = vanish_fileattr_ioctl(fd, command, input.baseAddress, input.count, output.baseAddress, count)
             if r < 0 { throw Errno(rawValue: -r) }
             // The flags moved the file's ctime, which the kernel does not know.
-            if sets { invalidations.attributes(of: ino) }
+            if sets { caches.invalidations.attributes(of: ino) }
             if sets { changes.flagsChanged(req.caller, inode(ino)) }
             req.reply(ioctl: 0, output: UnsafeRawBufferPointer(rebasing: output[..<count]))
         }
@@ -150,8 +150,8 @@ extension VanishFilesystem {
                 try Sys.chmod(pathFD: fd, st.st_mode & 0o7777 & ~S_ISGID)
             }
         }
-        absentXattrs.changed(inode(ino))
-        if changesMode(name) { invalidations.attributes(of: ino) }
+        caches.absentXattrs.changed(inode(ino))
+        if changesMode(name) { caches.invalidations.attributes(of: ino) }
         changes.xattrChanged(req.caller, inode(ino), name: name)
         req.replyOK()
     }
@@ -174,7 +174,7 @@ extension VanishFilesystem {
             return
         }
         let node = inode(ino)
-        if absentXattrs.knownNone(node) { throw .noData }
+        if caches.absentXattrs.knownNone(node) { throw .noData }
         do throws(Errno) {
             if size == 0 {
                 req.reply(xattrSize: try readXattr(node, name, nil))
@@ -185,7 +185,7 @@ extension VanishFilesystem {
             let n = try readXattr(node, name, buffer)
             req.reply(bytes: UnsafeRawBufferPointer(rebasing: buffer[..<n]))
         } catch .noData {
-            absentXattrs.learn(node) { () throws(Errno) in try listXattrs(node, nil) }
+            caches.absentXattrs.learn(node) { () throws(Errno) in try listXattrs(node, nil) }
             throw .noData
         } catch .notSupported where isACLName(name) && kernel.checksACLs.load(ordering: .relaxed) {
             // A file system inside the source that keeps no ACLs: for the
@@ -201,7 +201,7 @@ extension VanishFilesystem {
 
     public func listxattr(_ req: Request, _ ino: fuse_ino_t, size: Int) throws(Errno) {
         let node = inode(ino)
-        if absentXattrs.knownNone(node) {
+        if caches.absentXattrs.knownNone(node) {
             if size == 0 { req.reply(xattrSize: 0) } else { req.reply(bytes: UnsafeRawBufferPointer(start: nil, count: 0)) }
             return
         }
@@ -222,7 +222,7 @@ extension VanishFilesystem {
             n = try listXattrs(node, buffer)
             req.reply(bytes: UnsafeRawBufferPointer(rebasing: buffer[..<n]))
         }
-        absentXattrs.learn(node) { () throws(Errno) in n }
+        caches.absentXattrs.learn(node) { () throws(Errno) in n }
     }
 
     /// listxattr without trusted.* names: the whole list is read (the size
@@ -290,8 +290,8 @@ extension VanishFilesystem {
     public func removexattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         if isControlName(name) { throw .notPermitted }
         try namespace.withFD(inode(ino)) { fd throws(Errno) in try Sys.removexattr(pathFD: fd, name) }
-        absentXattrs.changed(inode(ino))
-        if changesMode(name) { invalidations.attributes(of: ino) }
+        caches.absentXattrs.changed(inode(ino))
+        if changesMode(name) { caches.invalidations.attributes(of: ino) }
         changes.xattrChanged(req.caller, inode(ino), name: name)
         req.replyOK()
     }

@@ -100,14 +100,14 @@ extension VanishFilesystem {
         // Up to 5 s: under load the parent's lock can be held a second and
         // more by requests queued in it, and answering before the entry is
         // gone would let the caller still find the tree (the model check did).
-        if !invalidations.expire(parent: table.nodeID(parent), name: name, deleted: table.nodeID(node), timeout: .seconds(5)) {
+        if !caches.invalidations.expire(parent: table.nodeID(parent), name: name, deleted: table.nodeID(node), timeout: .seconds(5)) {
             log.warning("answering a delete trigger before the kernel dropped the entry (its parent stayed locked 5 s)")
         }
     }
 
     /// "on", or "off: " and why (an option, the kernel, the daemon's rights).
     var passthroughState: String {
-        if passthrough.active { return "on" }
+        if openFiles.passthrough.active { return "on" }
         let why = kernel.passthroughReason.withLock { $0 }
         return why == "on" ? "off: the kernel refused backing files" : why
     }
@@ -137,12 +137,12 @@ extension VanishFilesystem {
             statistics: d.reapingStatistics, pace: d.reapingPace, reapersIdle: d.reapersIdle && oneStep.count == 0, reapersYield: d.reapersYield,
             reaperWorkers: d.reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize),
             keepSeconds: Double(d.undoWindow) / 1e9, keepMinAgeSeconds: Double(d.keepMinAge) / 1e9,
-            keepExclude: d.keepExclude, socket: status.socket, log: status.log,
-            knownInodes: table.count, stataheadEntries: statahead.prefetched.load(ordering: .relaxed),
+            keepExclude: d.keepExclude, socket: control.status.socket, log: control.status.log,
+            knownInodes: table.count, stataheadEntries: caches.statahead.prefetched.load(ordering: .relaxed),
             cachedFDs: namespace.cachedFDs, fdCacheLimit: namespace.fdLimit,
             kernelFeatures: "\(transport.granted)", passthrough: passthroughState,
             spinMicroseconds: transport.spinMicroseconds,
-            cacheSeconds: watch != nil ? SourceWatch.timeout : options.attrTimeout,
+            cacheSeconds: caches.watch != nil ? SourceWatch.timeout : options.attrTimeout,
             fileHandles: table.codec != nil ? "exportable" : "while cached", requests: requests,
             client: d.graveyard?.client.name, leaseSeconds: Double(d.leases?.length ?? 0) / 1e9,
             otherClients: d.leases?.peers ?? [])

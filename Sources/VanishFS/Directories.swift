@@ -32,7 +32,7 @@ extension VanishFilesystem {
         let node = inode(ino)
         // Read before the reply, which ends the request.
         let caller = req.caller
-        try handleShares.take(caller.uid)
+        try openFiles.shares.take(caller.uid)
         let stream: OpaquePointer
         do throws(Errno) {
             let fd = try namespace.withFD(node) { pathFD throws(Errno) in
@@ -42,7 +42,7 @@ extension VanishFilesystem {
             }
             stream = try Sys.directoryStream(adopting: fd)
         } catch {
-            handleShares.giveBack(caller.uid)
+            openFiles.shares.giveBack(caller.uid)
             throw error
         }
         let handle = DirectoryHandle(stream: stream, inode: node, owner: caller.uid)
@@ -52,7 +52,7 @@ extension VanishFilesystem {
         }
         let statWalk = options.readdirPlus == .always || table.listingWantsAttributes(node)
         req.reply(open: fi)
-        statahead.opened(node, statWalk: statWalk, caller: caller)
+        caches.statahead.opened(node, statWalk: statWalk, caller: caller)
     }
 
     /// The kernel keeps a listing (FOPEN_CACHE_DIR) until the directory
@@ -71,7 +71,7 @@ extension VanishFilesystem {
     private func configureListingCache(_ node: Inode, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         fi.pointee.cache_readdir = 1
         // Watched, the listing and its entries' attributes last until a change drops them.
-        if options.cache == .always || watch != nil { fi.pointee.keep_cache = 1; return }
+        if options.cache == .always || caches.watch != nil { fi.pointee.keep_cache = 1; return }
         let namesOnly = switch options.readdirPlus {
         case .never: true
         case .walk: !table.listingWantsAttributes(node)
@@ -87,7 +87,7 @@ extension VanishFilesystem {
     /// How long (ms) after attributes of a file on `dev` were sent the
     /// kernel surely still has them: half the timeout it was given.
     func freshAttributesWindow(_ dev: dev_t) -> UInt32 {
-        UInt32((watch != nil && dev == table.root.key.dev ? SourceWatch.timeout : options.attrTimeout) * 500)
+        UInt32((caches.watch != nil && dev == table.root.key.dev ? SourceWatch.timeout : options.attrTimeout) * 500)
     }
 
     /// How long after a listing sent attributes (which the kernel keeps for
@@ -103,7 +103,7 @@ extension VanishFilesystem {
 
     public func releasedir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let handle = Unmanaged<DirectoryHandle>.fromOpaque(UnsafeRawPointer(bitPattern: UInt(fi.pointee.fh))!)
-        handleShares.giveBack(handle.takeUnretainedValue().owner)
+        openFiles.shares.giveBack(handle.takeUnretainedValue().owner)
         handle.release()
         req.replyOK()
     }
@@ -191,7 +191,7 @@ extension VanishFilesystem {
             return used
         }
         req.reply(bytes: UnsafeRawBufferPointer(start: buffer.baseAddress, count: used))
-        statahead.listed(h.inode, subdirectories: subdirectories, restart: offset == 0)
+        caches.statahead.listed(h.inode, subdirectories: subdirectories, restart: offset == 0)
     }
 
     /// Entries readdir leaves out: the state directory with the graveyard.

@@ -36,7 +36,7 @@ extension VanishFilesystem {
         var e = entry(node, st)
         req.reply(entry: &e)
         // Files only: a names-only walk looks up directories, never files.
-        if st.st_mode & S_IFMT != S_IFDIR { statahead.lookedUp(name, in: p) }
+        if st.st_mode & S_IFMT != S_IFDIR { caches.statahead.lookedUp(name, in: p) }
     }
 
     public func forget(_ ino: fuse_ino_t, count: UInt64) {
@@ -188,9 +188,9 @@ extension VanishFilesystem {
         try checkChangeable(p, name)
         let flags = backingOpenFlags(fi.pointee.flags)
         let caller = req.caller
-        try handleShares.take(caller.uid)
+        try openFiles.shares.take(caller.uid)
         var handed = false
-        defer { if !handed { handleShares.giveBack(caller.uid) } }
+        defer { if !handed { openFiles.shares.giveBack(caller.uid) } }
         try namespace.making(p, name) { pfd throws(Errno) -> (Int32, Inode, stat) in
             // O_EXCL: only a file this call makes is opened, so one renamed
             // onto the name on the source meanwhile is never opened with
@@ -243,9 +243,9 @@ extension VanishFilesystem {
         if table.isBuried(p) { throw .noSuchFileOrDirectory }
         let flags = (backingOpenFlags(fi.pointee.flags) & ~O_CREAT) | VANISH_O_TMPFILE
         let caller = req.caller
-        try handleShares.take(caller.uid)
+        try openFiles.shares.take(caller.uid)
         var handed = false
-        defer { if !handed { handleShares.giveBack(caller.uid) } }
+        defer { if !handed { openFiles.shares.giveBack(caller.uid) } }
         let (fd, node, st) = try namespace.withFD(p) { pfd throws(Errno) -> (Int32, Inode, stat) in
             let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in
                 try asCaller(req, caller) { () throws(Errno) in try Sys.openat(pfd, ".", flags, mode) }

@@ -14,7 +14,7 @@ extension VanishFilesystem {
         let node = inode(ino)
         let flags = backingOpenFlags(fi.pointee.flags)
         let caller = req.caller
-        try handleShares.take(caller.uid)
+        try openFiles.shares.take(caller.uid)
         var known: stat? = nil
         let fd: Int32
         do throws(Errno) {
@@ -29,7 +29,7 @@ extension VanishFilesystem {
                 }
             }
         } catch {
-            handleShares.giveBack(caller.uid)
+            openFiles.shares.giveBack(caller.uid)
             throw error
         }
         let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: known, fi, req)
@@ -42,13 +42,13 @@ extension VanishFilesystem {
     /// handle share was taken.
     func opened(_ node: Inode, fd: Int32, flags: Int32, caller: Caller, stat known: stat?,
                 _ fi: UnsafeMutablePointer<fuse_file_info>, _ req: Request) -> Int32 {
-        handleShares.opened(fd, by: caller.uid)
+        openFiles.shares.opened(fd, by: caller.uid)
         let kills = node.type == S_IFREG ? privilegesToClear(node, fd: fd, flags: flags, stat: known, req) : nil
         // A writer while the trash holds space it may need writes through
         // the daemon, which frees kept entries for it rather than fail (ENOSPC).
         let tight = flags & O_ACCMODE != O_RDONLY && deleter.reaper?.spaceIsTight == true
-        let (kind, backing) = node.type == S_IFREG && passthrough.active
-            ? passthrough.open(node, fd: fd, throughDaemon: kills != nil || tight
+        let (kind, backing) = node.type == S_IFREG && openFiles.passthrough.active
+            ? openFiles.passthrough.open(node, fd: fd, throughDaemon: kills != nil || tight
                                   || reopenRefused(known, flags: flags, caller: caller, req))
             : (OpenKind.daemon, Int32(0))
         fi.pointee.fh = FileHandle.make(fd: fd, kind: kind, kills: kills)
@@ -132,7 +132,7 @@ extension VanishFilesystem {
     /// mtime moved.
     func dropAttributesIfMappedWrites(_ node: Inode, _ fd: Int32, wait: Bool) {
         guard let st = try? Sys.fstat(fd), node.mtimeDiffers(from: st) else { return }
-        invalidations.attributes(of: table.nodeID(node), wait: wait)
+        caches.invalidations.attributes(of: table.nodeID(node), wait: wait)
     }
 
     /// Lets go of a handle whose open could not be answered (the caller was interrupted).
@@ -160,13 +160,13 @@ extension VanishFilesystem {
         if kind == .passthrough && fi.pointee.flags & O_ACCMODE == O_RDWR {
             dropAttributesIfMappedWrites(node, fd, wait: false)
         }
-        passthrough.release(node, kind: kind)
+        openFiles.passthrough.release(node, kind: kind)
         if kind == .passthrough && writesData(node, fi) {
             let pid = node.passthroughWriter.load(ordering: .relaxed)
             if pid > 0 { _ = node.passthroughWriter.compareExchange(expected: pid, desired: -pid, ordering: .relaxed) }
         }
         if node.type == S_IFREG { changes.released(fd, node, writing: writesData(node, fi), report: report) }
-        handleShares.released(fd)
+        openFiles.shares.released(fd)
         Sys.close(fd)
         if last && table.isBuried(node) { namespace.drop(node) }
     }
@@ -248,7 +248,7 @@ extension VanishFilesystem {
     func clearPrivileges(_ file: FileRef, _ kills: PrivilegeKill, _ ino: fuse_ino_t?) {
         if let st = try? Sys.fstat(file.fd), case let mode = kills.cleared(st.st_mode & 0o7777), mode != st.st_mode & 0o7777 {
             try? Sys.chmod(file, mode)
-            if let ino { invalidations.attributes(of: ino) }
+            if let ino { caches.invalidations.attributes(of: ino) }
         }
         switch file {
         case .path(let fd):

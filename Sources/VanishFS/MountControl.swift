@@ -19,24 +19,29 @@ package final class MountControl: Sendable {
     private let reaper: Reaper?
     private let namespace: BackingNamespace
     private let oneStep: OneStepBurials
-    private let table: InodeTable
     private let invalidations: EntryInvalidations
     private let changes: any ChangeObserver
     private let log: Logger
+    /// What the status attribute shows besides the mount's facts.
+    let status: StatusAttribute
+    /// The undo window as desktop trash folders (nil without one).
+    let trashFolders: TrashFolders?
+    private var table: InodeTable { namespace.table }
 
     init(backingRoot: Int32, journal: Journal?, graveyard: Graveyard?, reaper: Reaper?, namespace: BackingNamespace,
-         oneStep: OneStepBurials, table: InodeTable, invalidations: EntryInvalidations, changes: any ChangeObserver,
-         log: Logger) {
+         oneStep: OneStepBurials, invalidations: EntryInvalidations, changes: any ChangeObserver,
+         log: Logger, status: StatusAttribute, trashFolders: TrashFolders?) {
         self.backingRoot = backingRoot
         self.journal = journal
         self.graveyard = graveyard
         self.reaper = reaper
         self.namespace = namespace
         self.oneStep = oneStep
-        self.table = table
         self.invalidations = invalidations
         self.changes = changes
         self.log = log
+        self.status = status
+        self.trashFolders = trashFolders
     }
 
     /// This client's id in the source's state directory (nil without a graveyard).

@@ -183,7 +183,7 @@ extension VanishFilesystem {
             if prefix.last != 0x2F { prefix.append(0x2F) }
             prefix += Self.mountinfoEscaped(table.path(of: parent, appending: name))
             prefix.append(0x2F)
-            if mounts.any(startingWith: prefix) { return true }
+            if source.mounts.any(startingWith: prefix) { return true }
         }
         // A private copy of the source's mount holds no other mount, and its
         // fds' paths are not the namespace's.
@@ -200,7 +200,7 @@ extension VanishFilesystem {
         if prefix.last != 0x2F { prefix.append(0x2F) }
         prefix += Self.mountinfoEscaped(UnsafeRawBufferPointer(start: name, count: strlen(name)))
         prefix.append(0x2F)
-        return mounts.any(startingWith: prefix)
+        return source.mounts.any(startingWith: prefix)
     }
 
     /// `bytes` as /proc/self/mountinfo prints a path: space, tab, newline

@@ -26,6 +26,8 @@ struct SourceRoot: Sendable {
     let keepsACLs: Bool
     /// How inode numbers of filesystems mounted inside it are shown.
     let devices: DeviceMap
+    /// What is mounted inside it or on the mount's paths (for `vanish rm`, see `hasMounts`).
+    let mounts = MountTable()
     /// The daemon runs as root and serves other users: what it opens for them
     /// is opened with its rights (so O_NOATIME, ACL and setgid rules apply).
     static let actsForOthers = geteuid() == 0

@@ -61,7 +61,7 @@ extension VanishFilesystem {
     /// Starts following changes behind the mount, once the kernel can be told
     /// of them (at INIT: before it the kernel holds nothing to drop).
     func startWatching() {
-        guard let watch, let codec = table.codec else { return }
+        guard let watch = caches.watch, let codec = table.codec else { return }
         let me = getpid()
         watch.start { [unowned self] e in
             let mask = e.pointee.mask
@@ -69,7 +69,7 @@ extension VanishFilesystem {
             if e.pointee.pid == me { return }
             if mask & VANISH_FAN_ENTRY_CHANGED != 0, let name = e.pointee.name,
                let dir = held(codec, e, at: Self.dirHandle, length: e.pointee.dir_length) {
-                invalidations.changedBehind(parent: fuse_ino_t(dir.id), name: Inode.copyName(name))
+                caches.invalidations.changedBehind(parent: fuse_ino_t(dir.id), name: Inode.copyName(name))
             }
             if mask & VANISH_FAN_OBJECT_CHANGED != 0,
                let node = held(codec, e, at: Self.objectHandle, length: e.pointee.object_length),
@@ -78,7 +78,7 @@ extension VanishFilesystem {
                !changes.follows(node),
                // Dropped already and not asked for since (a writer's stream of modify events).
                !node.attributesDropped.exchange(true, ordering: .acquiringAndReleasing) {
-                invalidations.attributes(of: fuse_ino_t(node.id), wait: false)
+                caches.invalidations.attributes(of: fuse_ino_t(node.id), wait: false)
             }
         }
     }
@@ -99,8 +99,8 @@ extension VanishFilesystem {
     private func changedEverywhere() {
         log.warning("missed changes behind the mount (the watch's queue overflowed): every cached name and attribute dropped")
         for (id, parent, name) in table.everyNode() {
-            invalidations.attributes(of: fuse_ino_t(id), wait: false)
-            if let parent, name.first != 0 { invalidations.changedBehind(parent: fuse_ino_t(parent), name: name) }
+            caches.invalidations.attributes(of: fuse_ino_t(id), wait: false)
+            if let parent, name.first != 0 { caches.invalidations.changedBehind(parent: fuse_ino_t(parent), name: name) }
         }
     }
 }

@@ -11,8 +11,10 @@ import VanishGraveyard
 
 /// Vanish's filesystem: every operation on the mount is done on the backing
 /// directory, through fds relative to it, with its errno passed back unchanged.
+///
+/// Stored properties, each a part the handlers share; what only one group of
+/// handlers uses belongs to that group's part (`caches`, `openFiles`, `control`).
 public final class VanishFilesystem: LowLevelFilesystem, Sendable {
-    let table: InodeTable
     /// The inodes, their fds and the pending burials: every handler reaches
     /// the backing directory through it (see `BackingNamespace`).
     let namespace: BackingNamespace
@@ -26,32 +28,23 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     let deleter: Deleter
     /// One-step deletes in their deleters' rooms, waiting for their check.
     let oneStep: OneStepBurials
-    /// For `vanish rm`: is a filesystem mounted inside the tree?
-    let mounts = MountTable()
-    /// Cache invalidations for the kernel, sent from their own thread.
-    let invalidations = EntryInvalidations()
-    /// Reads directories ahead of programs that stat what they list.
-    let statahead: Statahead
+    /// The source's names and attributes kept between requests, and what keeps them fresh.
+    let caches: Caches
     /// What a handle of a file the kernel no longer holds may reach (see ExportedHandles).
     let handles: HandleLimits
-    /// Changes behind the mount as they happen: with it, the kernel keeps
-    /// names and attributes of the source's filesystem for an hour (`cacheTimeout`).
-    let watch: SourceWatch?
-    /// Files known to have no xattrs, answered without a syscall.
-    let absentXattrs: AbsentXattrs
     /// Where each change made through the mount is told: the event journal's
     /// recorder, or `NoEvents`.
     let changes: any ChangeObserver
-    /// What the control plane may do to the mount (the event journal included).
+    /// What users may do to the mount and its undo window besides its files: the
+    /// control requests, the status attribute, the desktop trash folders.
     package let control: MountControl
+    /// Descriptor shares and passthrough ids of open files.
+    let openFiles: OpenFiles
+
+    /// The inodes the kernel knows (the namespace's table).
+    var table: InodeTable { namespace.table }
     /// The undo window as desktop trash folders (nil without one).
-    let trashFolders: TrashFolders?
-    /// How many open handles each user may have the daemon hold.
-    let handleShares = HandleShares(fdLimit: FileLimits.current())
-    /// Backing ids of files opened in passthrough mode.
-    let passthrough: PassthroughFiles
-    /// What the status attribute shows (`vanish status`).
-    let status: StatusAttribute
+    var trashFolders: TrashFolders? { control.trashFolders }
 
     /// The event journal (nil with events off, or without a state directory).
     public var journal: Journal? { control.journal }
@@ -88,8 +81,8 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
                                          burials: burials)
         // Caches that spare syscalls and round trips.
         let watch = options.cache == .auto && source.isLocalDisk && options.watchSource ? codec.flatMap(SourceWatch.init) : nil
-        absentXattrs = AbsentXattrs(enabled: source.isLocalDisk, device: st.st_dev,
-                                    timeout: watch != nil ? SourceWatch.timeout : options.attrTimeout)
+        let absentXattrs = AbsentXattrs(enabled: source.isLocalDisk, device: st.st_dev,
+                                        timeout: watch != nil ? SourceWatch.timeout : options.attrTimeout)
         handles = HandleLimits(buried: codec != nil ? grave.map(BuriedNumbers.init) : nil,
                                stateDirectory: grave.flatMap { g in
                                    (try? Sys.fstat(g.sharedFD)).map { InodeKey(dev: $0.st_dev, ino: $0.st_ino) }
@@ -111,25 +104,23 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         // Deleting, then what is built on it; answered unlinks a crash left unfinished are finished now.
         let deleter = Deleter(opened, rootFD: source.fd, table: table, namespace: namespace, burials: burials, log: logger)
         deleter.finishInterruptedUnlinks(opened)
-        let invalidations = invalidations
+        let invalidations = EntryInvalidations()
         oneStep = OneStepBurials(deleter: deleter, changes: changes, invalidations: invalidations, log: logger)
         control = MountControl(backingRoot: source.fd, journal: journal, graveyard: grave, reaper: opened.reaper,
-                               namespace: namespace, oneStep: oneStep, table: table, invalidations: invalidations,
-                               changes: changes, log: logger)
-        trashFolders = deleter.undoWindow > 0 ? grave.map { TrashFolders(graveyard: $0, table: table) } : nil
-        statahead = Statahead(table: table, namespace: namespace) { [deleter] dir, name in
+                               namespace: namespace, oneStep: oneStep, invalidations: invalidations,
+                               changes: changes, log: logger, status: status,
+                               trashFolders: deleter.undoWindow > 0 ? grave.map { TrashFolders(graveyard: $0, table: table) } : nil)
+        let statahead = Statahead(table: table, namespace: namespace) { [deleter] dir, name in
             deleter.isStateDirectory(dir, name)
         }
+        caches = Caches(watch: watch, invalidations: invalidations, absentXattrs: absentXattrs, statahead: statahead)
         self.source = source
-        self.table = table
         self.namespace = namespace
-        self.watch = watch
         self.changes = changes
         self.deleter = deleter
         self.options = options
-        self.status = status
         log = logger
-        passthrough = PassthroughFiles(log: logger)
+        openFiles = OpenFiles(passthrough: PassthroughFiles(log: logger))
     }
 
     /// `.vanish/events`, made if needed: where the journal lives.
@@ -202,12 +193,12 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         // The watch last: what it sees goes to the notice sender, which must run.
         oneStep.start()
         deleter.start()
-        invalidations.start()
+        caches.invalidations.start()
         startWatching()
         log.info("session started", metadata: ["fd_cache": "\(namespace.fdLimit)", "cache": "\(options.cache.rawValue)",
                                                 "reapers": "\(deleter.reaper?.workerCount ?? 0)", "caller_names": "\(changes.callerNames)",
-                                                "passthrough": "\(passthrough.active ? "on" : "off")",
-                                                "watch": "\(watch != nil ? "on" : "off")",
+                                                "passthrough": "\(openFiles.passthrough.active ? "on" : "off")",
+                                                "watch": "\(caches.watch != nil ? "on" : "off")",
                                                 "requests": "\(transport.ringComing ? "io_uring" : "/dev/fuse")",
                                                 "file_handles": "\(table.codec != nil ? "exportable" : "while cached")"])
         if deleter.graveyard != nil, vanish_filesystem_type(source.fd) == VANISH_OVERLAYFS_SUPER_MAGIC {
@@ -240,7 +231,7 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         let depth: UInt32 = vanish_filesystem_type(source.fd) == VANISH_OVERLAYFS_SUPER_MAGIC ? 2 : 1
         let granted = transport.request(wanted, maxStackDepth: depth)
         if wanted.contains(.passthrough) && !granted.contains(.passthrough) { why = "off: the kernel does not offer it" }
-        if granted.contains(.passthrough), let backingFiles { passthrough.start(backingFiles) }
+        if granted.contains(.passthrough), let backingFiles { openFiles.passthrough.start(backingFiles) }
         kernel.passthroughReason.withLock { $0 = why }
         log.info("kernel features", metadata: ["offered": "\(transport.offered)", "granted": "\(granted)",
                                                "passthrough": "\(why)"])
@@ -250,12 +241,12 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     /// `notifier`, to forget entries it removed or brought back on its own
     /// (`vanish rm`, a restore), as `EntryInvalidations.sender` decides.
     public func notifyKernel(through notifier: Notifier) {
-        invalidations.setInvalidator(EntryInvalidations.sender(notifier))
+        caches.invalidations.setInvalidator(EntryInvalidations.sender(notifier))
     }
 
     /// No more notices (the session is ending). Returns once any notice
     /// already queued has been sent, so the session can be destroyed after.
-    public func stopNotifyingKernel() { invalidations.setInvalidator(nil) }
+    public func stopNotifyingKernel() { caches.invalidations.setInvalidator(nil) }
 
     /// Has the reapers step aside while `foreground` (requests in flight) is above zero.
     public func yieldReaping(to foreground: @escaping @Sendable () -> UInt64) {
@@ -299,7 +290,7 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     /// on the source's own filesystem while it is watched, else the cache mode's.
     @inline(__always)
     func cacheTimeout(_ node: Inode) -> Double {
-        watch != nil && node.key.dev == table.root.key.dev ? SourceWatch.timeout : options.attrTimeout
+        caches.watch != nil && node.key.dev == table.root.key.dev ? SourceWatch.timeout : options.attrTimeout
     }
 
     /// Applies the cache policy to a freshly opened file served as `kind`.
