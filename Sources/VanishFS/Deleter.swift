@@ -24,15 +24,9 @@ final class Deleter: Sendable {
     let stateDirectory: String?
     /// Whether unlinks are answered before their rename (see `DeferredBurials`).
     let defersUnlink: Bool
-    /// How long deleted entries stay restorable (ns; 0: no undo window).
-    let undoWindow: UInt64
-    /// What the window does not keep (see `Reaper.Policy`).
-    let keepMinAge: UInt64
-    let keepExclude: [String]
     /// The log of answered unlinks when it is kept on this machine (a network
     /// backend): removed at a clean end, once every answered unlink landed.
     private let localUnlinkLog: String?
-    let table: InodeTable
     let namespace: BackingNamespace
     /// The unlinks answered before their rename: begun, queued and landed
     /// here; the namespace waits for them before showing a name.
@@ -41,6 +35,14 @@ final class Deleter: Sendable {
     let log: Logger
     /// Each deleter's room for one-step deletes (nil without a graveyard, or where it could not be made).
     let rooms: DeleterRooms?
+
+    /// How long deleted entries stay restorable (ns; 0: no undo window).
+    var undoWindow: UInt64 { reaper?.policy.keep ?? 0 }
+    /// What the window does not keep (see `Reaper.Policy`).
+    var keepMinAge: UInt64 { reaper?.policy.keepMinAge ?? 0 }
+    var keepExclude: [String] { reaper?.policy.keepExclude ?? [] }
+    /// The inodes the kernel knows (the namespace's).
+    var table: InodeTable { namespace.table }
 
     /// What deleting needs from the source, opened before the inode table
     /// and namespace exist (the namespace holds the unlink log).
@@ -123,19 +125,14 @@ final class Deleter: Sendable {
         return opened
     }
 
-    init(_ opened: Opened, rootFD: Int32, table: InodeTable, namespace: BackingNamespace, burials: DeferredBurials,
-         log: Logger) {
+    init(_ opened: Opened, rootFD: Int32, namespace: BackingNamespace, burials: DeferredBurials, log: Logger) {
         graveyard = opened.graveyard
         reaper = opened.reaper
         leases = opened.leases
         stateDirectory = opened.stateDirectory
         defersUnlink = opened.defersUnlink
-        undoWindow = opened.reaper?.policy.keep ?? 0
-        keepMinAge = opened.reaper?.policy.keepMinAge ?? 0
-        keepExclude = opened.reaper?.policy.keepExclude ?? []
         localUnlinkLog = opened.localLog
         self.rootFD = rootFD
-        self.table = table
         self.namespace = namespace
         self.burials = burials
         self.log = log

@@ -102,7 +102,7 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
             changes = NoEvents()
         }
         // Deleting, then what is built on it; answered unlinks a crash left unfinished are finished now.
-        let deleter = Deleter(opened, rootFD: source.fd, table: table, namespace: namespace, burials: burials, log: logger)
+        let deleter = Deleter(opened, rootFD: source.fd, namespace: namespace, burials: burials, log: logger)
         deleter.finishInterruptedUnlinks(opened)
         let invalidations = EntryInvalidations()
         oneStep = OneStepBurials(deleter: deleter, changes: changes, invalidations: invalidations, log: logger)
