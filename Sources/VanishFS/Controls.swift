@@ -123,84 +123,18 @@ extension VanishFilesystem {
     /// the totals), from the per-user index; how requests are served from
     /// the session's `transport`.
     package func statusFacts(for uid: uid_t, transport: Transport) -> StatusFacts {
-        let requests = transport.channel
         let d = deleter
-        var fs = statvfs()
-        _ = fstatvfs(source.fd, &fs)
         return StatusFacts(
-            source: source.path, stateDirectory: d.stateDirectory, graveyard: d.graveyard != nil,
-            pendingEntries: d.pendingEntries + oneStep.count, restorable: uid == 0 ? [] : d.graveyard?.restorable(of: uid) ?? [],
-            restorableCount: d.graveyard?.restorableCount ?? 0,
-            restorableBytes: d.graveyard?.restorableBytes ?? 0, stuckEntries: d.stuckEntries, putBack: oneStep.putBack,
-            shortened: d.reaper?.shortened,
-            remainingWork: d.remainingWork, holdingBytes: d.holdingBytes,
-            statistics: d.reapingStatistics, pace: d.reapingPace, reapersIdle: d.reapersIdle && oneStep.count == 0, reapersYield: d.reapersYield,
-            reaperWorkers: d.reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize),
-            keepSeconds: Double(d.undoWindow) / 1e9, keepMinAgeSeconds: Double(d.keepMinAge) / 1e9,
-            keepExclude: d.keepExclude, socket: control.status.socket, log: control.status.log,
-            knownInodes: table.count, stataheadEntries: caches.statahead.prefetched.load(ordering: .relaxed),
-            cachedFDs: namespace.cachedFDs, fdCacheLimit: namespace.fdLimit,
-            kernelFeatures: "\(transport.granted)", passthrough: passthroughState,
-            spinMicroseconds: transport.spinMicroseconds,
-            cacheSeconds: caches.watch != nil ? SourceWatch.timeout : options.attrTimeout,
-            fileHandles: table.codec != nil ? "exportable" : "while cached", requests: requests,
-            client: d.graveyard?.client.name, leaseSeconds: Double(d.leases?.length ?? 0) / 1e9,
-            otherClients: d.leases?.peers ?? [])
+            place: .init(source: source.path, stateDirectory: d.stateDirectory, graveyard: d.graveyard != nil,
+                         socket: control.status.socket, log: control.status.log, client: d.graveyard?.client.name,
+                         leaseSeconds: Double(d.leases?.length ?? 0) / 1e9, otherClients: d.leases?.peers ?? []),
+            reaping: d.reapingFacts(oneStep: oneStep),
+            undoWindow: d.undoWindowFacts(for: uid),
+            serving: .init(knownInodes: table.count, stataheadEntries: caches.statahead.prefetched.load(ordering: .relaxed),
+                           cachedFDs: namespace.cachedFDs, fdCacheLimit: namespace.fdLimit,
+                           kernelFeatures: "\(transport.granted)", passthrough: passthroughState,
+                           spinMicroseconds: transport.spinMicroseconds,
+                           cacheSeconds: caches.watch != nil ? SourceWatch.timeout : options.attrTimeout,
+                           fileHandles: table.codec != nil ? "exportable" : "while cached", requests: transport.channel))
     }
-}
-
-/// A mount's state at one moment, for `vanish status`.
-package struct StatusFacts {
-    package var source: String
-    package var stateDirectory: String?
-    package var graveyard: Bool
-    /// Graveyard entries not yet reaped, kept ones included.
-    package var pendingEntries: Int
-    /// The asking user's restorable entries (root's facts list none).
-    package var restorable: [TrashEntry]
-    /// Every user's restorable entries, counted.
-    package var restorableCount: Int
-    /// Theirs in bytes, with the sizes measured since they were buried.
-    package var restorableBytes: UInt64
-    package var stuckEntries: Int
-    /// One-step deletes put back since the mount, whole or as `rm -r` leaves them.
-    package var putBack: Int
-    /// Kept entries the window's limits gave up early since the mount.
-    package var shortened: Reaper.Shortening?
-    /// Files and directories the reapers have left to delete in due entries; nil if unknown.
-    package var remainingWork: Int?
-    /// Disk space the graveyards hold, kept entries included, as far as known.
-    package var holdingBytes: UInt64
-    package var statistics: Reaper.Statistics
-    package var pace: Reaper.Pace
-    package var reapersIdle: Bool
-    /// A reaper waits for the mount to go quiet: its pace is no estimate.
-    package var reapersYield: Bool
-    package var reaperWorkers: Int
-    package var freeBytes: UInt64
-    package var keepSeconds: Double
-    package var keepMinAgeSeconds: Double
-    package var keepExclude: [String]
-    package var socket: String
-    package var log: String
-    package var knownInodes: Int
-    /// Entries statahead stat'ed ahead of lookups since the mount.
-    package var stataheadEntries: UInt64
-    package var cachedFDs: Int
-    package var fdCacheLimit: Int
-    package var kernelFeatures: String
-    package var passthrough: String
-    /// How long a worker (or a ring thread) spins for one caller's next request (µs; 0: never).
-    package var spinMicroseconds: Int
-    /// How long the kernel keeps names and attributes of the source's filesystem.
-    package var cacheSeconds: Double
-    /// Whether file handles outlive the kernel's cache and the mount.
-    package var fileHandles: String
-    /// /dev/fuse or io_uring, and why.
-    package var requests: RequestChannel.State
-    /// This client's id in the source's state directory.
-    package var client: String?
-    package var leaseSeconds: Double
-    /// The other clients of a shared source, and what their graveyards hold.
-    package var otherClients: [ClientLeases.Peer]
 }

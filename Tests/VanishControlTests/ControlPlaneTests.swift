@@ -144,18 +144,20 @@ struct ControlPlaneTests {
 
     static func facts(_ restorable: [TrashEntry], pending: Int, stuck: Int = 0, rate: Double = 0,
                       work: Int? = nil) -> StatusFacts {
-        StatusFacts(source: "/src\"x", stateDirectory: "/src/.vanish", graveyard: true, pendingEntries: pending, restorable: restorable,
-                    restorableCount: restorable.count,
-                    restorableBytes: restorable.reduce(0) { $0 + ($1.record.bytes ?? 0) } + 100, stuckEntries: stuck, putBack: 0,
-                    remainingWork: work ?? max(0, pending - restorable.count - stuck), holdingBytes: 0,
-                    statistics: .zero, pace: Reaper.Pace(filesPerSecond: rate, entriesPerSecond: rate), reapersIdle: false, reapersYield: false,
-                    reaperWorkers: 2, freeBytes: 1 << 30, keepSeconds: 3600, keepMinAgeSeconds: 5, keepExclude: ["*.swp"],
-                    socket: "/run/vanish/x.sock", log: "syslog",
-                    knownInodes: 7, stataheadEntries: 0, cachedFDs: 3, fdCacheLimit: 100, kernelFeatures: "passthrough", passthrough: "on", spinMicroseconds: 50,
-                    cacheSeconds: 3600, fileHandles: "exportable",
-                    requests: RequestChannel.State(ring: true, queues: 2, depth: 8, threads: 3, bufferBytes: 1 << 24,
-                                                   spinMicroseconds: 50),
-                    client: "host-0123456789ab", leaseSeconds: 60, otherClients: [])
+        StatusFacts(
+            place: .init(source: "/src\"x", stateDirectory: "/src/.vanish", graveyard: true, socket: "/run/vanish/x.sock",
+                         log: "syslog", client: "host-0123456789ab", leaseSeconds: 60, otherClients: []),
+            reaping: .init(pendingEntries: pending, stuckEntries: stuck, putBack: 0,
+                           remainingWork: work ?? max(0, pending - restorable.count - stuck), holdingBytes: 0,
+                           statistics: .zero, pace: Reaper.Pace(filesPerSecond: rate, entriesPerSecond: rate), idle: false,
+                           yields: false, workers: 2, freeBytes: 1 << 30),
+            undoWindow: .init(restorable: restorable, count: restorable.count,
+                              bytes: restorable.reduce(0) { $0 + ($1.record.bytes ?? 0) } + 100, shortened: nil,
+                              keepSeconds: 3600, keepMinAgeSeconds: 5, keepExclude: ["*.swp"]),
+            serving: .init(knownInodes: 7, stataheadEntries: 0, cachedFDs: 3, fdCacheLimit: 100, kernelFeatures: "passthrough",
+                           passthrough: "on", spinMicroseconds: 50, cacheSeconds: 3600, fileHandles: "exportable",
+                           requests: RequestChannel.State(ring: true, queues: 2, depth: 8, threads: 3, bufferBytes: 1 << 24,
+                                                          spinMicroseconds: 50)))
     }
 
     @Test("status: a user sees counts of their own deletions only; root sees all, with measured sizes")
@@ -185,7 +187,7 @@ struct ControlPlaneTests {
         let tree = try #require(JSON.parse(Array(StatusReport.json(Self.facts([], pending: 1, rate: 1000, work: 4005), for: 0).utf8)))
         #expect(tree["eta_seconds"]?.int == 5 && tree["pending_entries"]?.int == 1)
         var sizeless = Self.facts([], pending: 1, rate: 1000)
-        sizeless.remainingWork = nil
+        sizeless.reaping.remainingWork = nil
         #expect(try #require(JSON.parse(Array(StatusReport.json(sizeless, for: 0).utf8)))["eta_seconds"] == .null)
         let none = try #require(JSON.parse(Array(StatusReport.json(Self.facts([], pending: 2, stuck: 2), for: 0).utf8)))
         #expect(none["eta_seconds"]?.int == 0)
