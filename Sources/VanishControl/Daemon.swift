@@ -111,7 +111,7 @@ public final class Daemon {
         return { eventsFD in
             do {
                 var limits = c.journalLimits
-                limits.minFreePercent = c.filesystem.reaping.keepMinFreePercent
+                limits.minFreePercent = c.filesystem.deleting.reaping.keepMinFreePercent
                 return try Journal(eventsFD: eventsFD, instance: instance, limits: limits)
             } catch {
                 log.error("no event journal: \(error)")

@@ -64,14 +64,14 @@ final class Deleter: Sendable {
     /// unlink log. A source that cannot hold a graveyard gets none.
     static func open(source: String, fd: Int32, options: FilesystemOptions, logger: Logger) throws -> Opened {
         var opened = Opened()
-        guard options.graveyard else { return opened }
-        let outside = options.stateBases.isEmpty ? nil
-            : StateLocation.directory(for: source, sourceFD: fd, bases: options.stateBases, create: options.stateOutside)
+        guard options.deleting.graveyard else { return opened }
+        let outside = options.deleting.stateBases.isEmpty ? nil
+            : StateLocation.directory(for: source, sourceFD: fd, bases: options.deleting.stateBases, create: options.deleting.stateOutside)
         defer { if let outside { Sys.close(outside.fd) } }
         var stateRoot = fd
         var statePlace = source
-        if let outside, options.stateOutside || Graveyard.isStateDirectory(in: outside.fd) {
-            if options.stateOutside, try !StateLocation.moveIn(from: fd, to: outside.fd) {
+        if let outside, options.deleting.stateOutside || Graveyard.isStateDirectory(in: outside.fd) {
+            if options.deleting.stateOutside, try !StateLocation.moveIn(from: fd, to: outside.fd) {
                 logger.warning("the source has a state directory of its own beside the one outside it; using the outside one",
                                metadata: ["source": "\(source)"])
             }
@@ -80,7 +80,7 @@ final class Deleter: Sendable {
         }
         let grave: Graveyard
         do {
-            grave = try Graveyard(rootFD: stateRoot, client: options.client ?? ClientID.local(source: source))
+            grave = try Graveyard(rootFD: stateRoot, client: options.deleting.client ?? ClientID.local(source: source))
         } catch GraveyardError.cannotCreate(let why)
                     where [.permissionDenied, .readOnlyFileSystem, .notPermitted].contains(why) {
             // A source we may read but not write: serve it, deleting in the request.
@@ -91,8 +91,8 @@ final class Deleter: Sendable {
         }
         opened.graveyard = grave
         opened.stateDirectory = (statePlace == "/" ? "" : statePlace) + "/" + Graveyard.stateDirectoryName
-        let reaper = Reaper(graveyard: grave, workers: options.reaperWorkers ?? Reaper.defaultWorkers(for: grave),
-                            policy: options.reaping)
+        let reaper = Reaper(graveyard: grave, workers: options.deleting.reaperWorkers ?? Reaper.defaultWorkers(for: grave),
+                            policy: options.deleting.reaping)
         reaper.hooks.onStuck = { entry, error in
             logger.warning("cannot delete a graveyard entry; it stays until the next mount or vanish reap",
                            metadata: ["entry": "\(entry)", "error": "\(error)"])
@@ -106,7 +106,7 @@ final class Deleter: Sendable {
                            metadata: ["entry": "\(entry)", "error": "\(error)"])
         }
         opened.reaper = reaper
-        let leases = try ClientLeases(graveyard: grave, length: options.leaseLength, adopting: true)
+        let leases = try ClientLeases(graveyard: grave, length: options.deleting.leaseLength, adopting: true)
         leases.landed = { [unowned reaper] shard in reaper.noteBuried(shard: shard, dueNow: true) }
         leases.adopted = { client, entries in
             logger.notice("adopted the graveyard of a client whose lease expired",
@@ -121,7 +121,7 @@ final class Deleter: Sendable {
             logger.warning("cannot keep the log of answered unlinks: unlinks wait for their burial",
                            metadata: ["error": "\(error)"])
         }
-        opened.defersUnlink = opened.intents != nil && options.deferUnlink && options.cache != .never
+        opened.defersUnlink = opened.intents != nil && options.deleting.deferUnlink && options.cache != .never
         return opened
     }
 

@@ -82,6 +82,27 @@ public struct FilesystemOptions: Sendable {
     /// Where the mount is (absolute, symlinks resolved), for mounts made on
     /// top of paths inside it (`hasMounts`); nil when not known.
     public var mountpoint: String?
+    /// Deleting: the graveyard, where its state lives and how it is shared
+    /// and reaped.
+    public var deleting = DeletingOptions()
+    /// How far ahead (KiB) the kernel may read a file read in order: what
+    /// the INIT reply offers. The kernel takes the lower of this and the
+    /// mount's own limit, which starts at 128 KiB; `vanish mount` raises
+    /// that (see Readahead).
+    public var readaheadKB = 1024
+
+    public init() {}
+
+    var entryTimeout: Double {
+        switch cache { case .auto: 1.0; case .always: 86400; case .never: 0 }
+    }
+    var attrTimeout: Double { entryTimeout }
+    /// How long the kernel may remember that a name does not exist.
+    var negativeTimeout: Double { entryTimeout }
+}
+
+/// How a mount deletes (part of `FilesystemOptions`).
+public struct DeletingOptions: Sendable {
     /// Where the state directory may live outside the source (`StateLocation`):
     /// one found there is used; with `stateOutside` (an in-place mount) one is
     /// made there, and one in the source moved there.
@@ -105,18 +126,6 @@ public struct FilesystemOptions: Sendable {
     public var deferUnlink = true
     /// The undo window, its limits, and the reaper's rate.
     public var reaping = Reaper.Policy()
-    /// How far ahead (KiB) the kernel may read a file read in order: what
-    /// the INIT reply offers. The kernel takes the lower of this and the
-    /// mount's own limit, which starts at 128 KiB; `vanish mount` raises
-    /// that (see Readahead).
-    public var readaheadKB = 1024
 
     public init() {}
-
-    var entryTimeout: Double {
-        switch cache { case .auto: 1.0; case .always: 86400; case .never: 0 }
-    }
-    var attrTimeout: Double { entryTimeout }
-    /// How long the kernel may remember that a name does not exist.
-    var negativeTimeout: Double { entryTimeout }
 }

@@ -114,11 +114,11 @@ struct MountCommand: ParsableCommand {
         Heap.setMapThreshold(1 << 20)
         var parsed = try MountOptionList(options)
         if let cache { parsed.filesystem.cache = cache }
-        if let keep { parsed.filesystem.reaping.keep = Quantity.duration(keep)! }
-        if let keepMaxBytes { parsed.filesystem.reaping.keepMaxBytes = Quantity.bytes(keepMaxBytes)! }
-        parsed.filesystem.reaping.keepExclude += keepExclude
+        if let keep { parsed.filesystem.deleting.reaping.keep = Quantity.duration(keep)! }
+        if let keepMaxBytes { parsed.filesystem.deleting.reaping.keepMaxBytes = Quantity.bytes(keepMaxBytes)! }
+        parsed.filesystem.deleting.reaping.keepExclude += keepExclude
         // A read-only mount deletes nothing and must not write .vanish into the source.
-        if parsed.fuse.contains("ro") { parsed.filesystem.graveyard = false }
+        if parsed.fuse.contains("ro") { parsed.filesystem.deleting.graveyard = false }
         parsed.filesystem.posixACLs = parsed.allowsOthers || parsed.fuse.contains("default_permissions")
         let src = try MountPaths.resolve(source, what: "source")
         let mnt = try MountPaths.resolve(mountpoint ?? source, what: "mountpoint")
@@ -147,8 +147,8 @@ struct MountCommand: ParsableCommand {
 
         // An in-place mount keeps its state outside the directory people work in (see StateLocation);
         // a network source keeps it in the tree, where every client of it looks.
-        parsed.filesystem.stateBases = MountPaths.stateBases(for: src)
-        parsed.filesystem.stateOutside = mnt == src && MountPaths.isLocalDisk(src)
+        parsed.filesystem.deleting.stateBases = MountPaths.stateBases(for: src)
+        parsed.filesystem.deleting.stateOutside = mnt == src && MountPaths.isLocalDisk(src)
         // The atime options' private copy of the source's mount holds no mount inside it.
         parsed.filesystem.atimeCopyAllowed = !MountPaths.mounts().contains { MountPaths.isBelow($0.point, src) }
         let foreground = self.foreground || debug

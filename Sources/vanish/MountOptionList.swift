@@ -70,9 +70,9 @@ struct MountOptionList {
             o.filesystem.fdCacheLimit = try number(v, "fd_cache", 8...Int.max, "a number of fds, at least 8")
         },
         .init(key: "reapers", value: "N") { o, v, _ in
-            o.filesystem.reaperWorkers = try number(v, "reapers", 1...64, "a number from 1 to 64")
+            o.filesystem.deleting.reaperWorkers = try number(v, "reapers", 1...64, "a number from 1 to 64")
         },
-        .init(key: "sync_unlink", value: "") { o, _, _ in o.filesystem.deferUnlink = false },
+        .init(key: "sync_unlink", value: "") { o, _, _ in o.filesystem.deleting.deferUnlink = false },
         .init(key: "readdirplus", value: choices(ReaddirPlusMode.self)) { o, v, _ in
             o.filesystem.readdirPlus = try choice(v, "readdirplus")
         },
@@ -90,45 +90,45 @@ struct MountOptionList {
         .init(key: "watch", value: "") { o, _, _ in o.filesystem.watchSource = true },
         .init(key: "nowatch", value: "") { o, _, _ in o.filesystem.watchSource = false },
         .init(key: "keep", value: "DURATION") { o, v, _ in
-            o.filesystem.reaping.keep = try duration(v, "keep", "a duration with a unit: 0, or e.g. 90s, 30m, 12h, 7d")
+            o.filesystem.deleting.reaping.keep = try duration(v, "keep", "a duration with a unit: 0, or e.g. 90s, 30m, 12h, 7d")
         },
         .init(key: "keep_max_bytes", value: "SIZE") { o, v, _ in
             guard let v, let n = Quantity.bytes(v) else {
                 throw ValidationError("-o keep_max_bytes= takes a size such as 500M, 20G or 1T")
             }
-            o.filesystem.reaping.keepMaxBytes = n
+            o.filesystem.deleting.reaping.keepMaxBytes = n
         },
         .init(key: "keep_min_free", value: "PERCENT") { o, v, _ in
             guard let v, let p = Double(v.hasSuffix("%") ? String(v.dropLast()) : v), (0...100).contains(p) else {
                 throw ValidationError("-o keep_min_free= takes a percentage from 0 to 100")
             }
-            o.filesystem.reaping.keepMinFreePercent = p
+            o.filesystem.deleting.reaping.keepMinFreePercent = p
         },
         .init(key: "keep_min_age", value: "DURATION") { o, v, _ in
-            o.filesystem.reaping.keepMinAge = try duration(v, "keep_min_age", "a duration with a unit: 0, or e.g. 5s, 1m")
+            o.filesystem.deleting.reaping.keepMinAge = try duration(v, "keep_min_age", "a duration with a unit: 0, or e.g. 5s, 1m")
         },
         .init(key: "keep_exclude", value: "PATTERNS") { o, v, _ in
             guard let v, !v.isEmpty else {
                 throw ValidationError("-o keep_exclude= takes name patterns separated by colons, e.g. *.swp:*-journal")
             }
-            o.filesystem.reaping.keepExclude += v.split(separator: ":").map(String.init)
+            o.filesystem.deleting.reaping.keepExclude += v.split(separator: ":").map(String.init)
         },
         .init(key: "reap_rate", value: "FILES_PER_SECOND") { o, v, _ in
             guard let v, let r = Double(v), r > 0 else {
                 throw ValidationError("-o reap_rate= takes a number of files per second above 0")
             }
-            o.filesystem.reaping.rate = r
+            o.filesystem.deleting.reaping.rate = r
         },
         .init(key: "reap_yield", value: "DURATION") { o, v, _ in
             let ns = try duration(v, "reap_yield", "a duration up to 10s, such as 0, 5ms or 50ms")
             guard ns <= Duration.seconds(10).nanoseconds else {
                 throw ValidationError("-o reap_yield= takes a duration up to 10s, such as 0, 5ms or 50ms")
             }
-            o.filesystem.reaping.yieldToForeground = ns
+            o.filesystem.deleting.reaping.yieldToForeground = ns
         },
         .init(key: "client", value: "ID") { o, v, _ in
             do {
-                o.filesystem.client = try ClientID(v ?? "")
+                o.filesystem.deleting.client = try ClientID(v ?? "")
             } catch {
                 throw ValidationError("-o client=: \(error)")
             }
@@ -138,7 +138,7 @@ struct MountOptionList {
             guard ns >= Duration.seconds(4).nanoseconds else {
                 throw ValidationError("-o lease= takes a duration of at least 4s, such as 30s or 2m")
             }
-            o.filesystem.leaseLength = ns
+            o.filesystem.deleting.leaseLength = ns
         },
         .init(key: "noevents", value: "") { o, _, _ in o.events = false },
         .init(key: "events_max_bytes", value: "SIZE") { o, v, _ in
