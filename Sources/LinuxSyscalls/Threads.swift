@@ -176,14 +176,3 @@ public final class Lock<Value: ~Copyable>: @unchecked Sendable {
         return try body(&value.pointee)
     }
 }
-
-extension Duration {
-    /// Whole nanoseconds (0 for a negative duration): what `Condition.now()`
-    /// deadlines and the graveyard's times count in.
-    @inlinable
-    public var nanoseconds: UInt64 {
-        let (seconds, attoseconds) = components
-        guard seconds >= 0 else { return 0 }
-        return UInt64(seconds) &* 1_000_000_000 &+ UInt64(attoseconds / 1_000_000_000)
-    }
-}

@@ -207,7 +207,7 @@ public final class ControlServer: Sendable {
             }
             let now = Condition.now()
             let next = peers.filter { !$0.waiting }.map(\.deadline).min()
-                .map { Int32(clamping: ($0 > now ? $0 - now : 0) / 1_000_000 + 1) } ?? -1
+                .map { Int32(clamping: Duration.between(now, $0).roundedUpMilliseconds + 1) } ?? -1
             let n = poll(&fds, nfds_t(fds.count), next)
             if n < 0 && errno != EINTR {
                 log.error("control socket stopped serving", metadata: ["errno": "\(errno)"])

@@ -320,7 +320,7 @@ public final class Journal: @unchecked Sendable {
     /// Blocks until `seq` is in the files (or the timeout passes).
     @discardableResult
     func waitDurable(_ seq: UInt64, timeout: Double) -> Bool {
-        let deadline = Condition.now() &+ UInt64(max(0, timeout) * 1e9)
+        let deadline = Condition.now() &+ Duration.seconds(max(0, timeout)).nanoseconds
         state.lock()
         defer { state.unlock() }
         while durable < seq && !closed {
@@ -341,7 +341,7 @@ public final class Journal: @unchecked Sendable {
     /// Blocks until a segment newer than the one starting at `first` exists,
     /// the journal closes, or the timeout passes; false on timeout.
     func waitForNews(after first: UInt64, timeout: Double) -> Bool {
-        let deadline = Condition.now() &+ UInt64(max(0, timeout) * 1e9)
+        let deadline = Condition.now() &+ Duration.seconds(max(0, timeout)).nanoseconds
         state.lock()
         defer { state.unlock() }
         while !closed && !segments.contains(where: { $0.first > first }) {

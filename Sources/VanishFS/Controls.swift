@@ -127,7 +127,7 @@ extension VanishFilesystem {
         return StatusFacts(
             place: .init(source: source.path, stateDirectory: d.stateDirectory, graveyard: d.graveyard != nil,
                          socket: control.status.socket, log: control.status.log, client: d.graveyard?.client.name,
-                         leaseSeconds: Double(d.leases?.length ?? 0) / 1e9, otherClients: d.leases?.peers ?? []),
+                         leaseSeconds: Duration.nanoseconds(d.leases?.length ?? 0).inSeconds, otherClients: d.leases?.peers ?? []),
             reaping: d.reapingFacts(oneStep: oneStep),
             undoWindow: d.undoWindowFacts(for: uid),
             serving: .init(knownInodes: table.count, stataheadEntries: caches.statahead.prefetched.load(ordering: .relaxed),

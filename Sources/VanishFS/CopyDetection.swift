@@ -76,13 +76,14 @@ final class CompareBudget: Sendable {
         let now = Condition.now()
         return buckets.withLock { b in
             var bucket = b[uid] ?? (CompareBudget.burst, now)
-            let elapsed = Double(now &- bucket.at) / 1e9
+            let elapsed = Duration.between(bucket.at, now).inSeconds
             bucket.tokens = min(CompareBudget.burst, bucket.tokens + elapsed * CompareBudget.bytesPerSecond)
             bucket.at = now
             let granted = bucket.tokens >= Double(bytes)
             if granted { bucket.tokens -= Double(bytes) }
             if b.count >= CompareBudget.remembered {
-                b = b.filter { now &- $0.value.at < UInt64(CompareBudget.burst / CompareBudget.bytesPerSecond * 1e9) }
+                let refilled = Duration.seconds(CompareBudget.burst / CompareBudget.bytesPerSecond).nanoseconds
+                b = b.filter { now &- $0.value.at < refilled }
             }
             b[uid] = bucket
             return granted

@@ -222,11 +222,7 @@ final class InodeTable: @unchecked Sendable {
     }
 
     /// Milliseconds since boot, as cheaply (wrapping after 49 days); never 0.
-    static func coarseMilliseconds() -> UInt32 {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts)
-        return UInt32(truncatingIfNeeded: ts.tv_sec &* 1000 &+ ts.tv_nsec / 1_000_000) | 1
-    }
+    static func coarseMilliseconds() -> UInt32 { Sys.coarseMilliseconds() | 1 }
 
     /// Whether the kernel holds the inode numbered `ino` on `dev`, of type
     /// `type` (S_IFMT bits; 0: unknown), with attributes sent less than

@@ -134,7 +134,7 @@ final class OneStepBurials: Sendable {
                 wake.unlock()
                 return
             }
-            if state.withLock({ $0.queue.isEmpty }) { _ = wake.wait(until: Condition.now() + 1_000_000_000) }
+            if state.withLock({ $0.queue.isEmpty }) { _ = wake.wait(until: Condition.now() + Duration.seconds(1).nanoseconds) }
             wake.unlock()
         }
     }

@@ -96,7 +96,7 @@ extension Deleter {
     func undoWindowFacts(for uid: uid_t) -> StatusFacts.UndoWindow {
         .init(restorable: uid == 0 ? [] : graveyard?.restorable(of: uid) ?? [],
               count: graveyard?.restorableCount ?? 0, bytes: graveyard?.restorableBytes ?? 0,
-              shortened: reaper?.shortened, keepSeconds: Double(undoWindow) / 1e9,
-              keepMinAgeSeconds: Double(keepMinAge) / 1e9, keepExclude: keepExclude)
+              shortened: reaper?.shortened, keepSeconds: Duration.nanoseconds(undoWindow).inSeconds,
+              keepMinAgeSeconds: Duration.nanoseconds(keepMinAge).inSeconds, keepExclude: keepExclude)
     }
 }

@@ -104,7 +104,7 @@ final class TrashFolders: @unchecked Sendable {
     /// need not look for buried trees (`InodeTable.isBuried`, one load).
     private let anchored = Atomic(false)
     /// When the mount began (s since the epoch): the folders' times.
-    private let born = Sys.wallClockNow() / 1_000_000_000
+    private let born = UInt64(Sys.wallClockSeconds())
 
     init(graveyard: Graveyard, table: InodeTable) {
         self.graveyard = graveyard
@@ -412,7 +412,7 @@ final class TrashFolders: @unchecked Sendable {
         return loose
     }
 
-    private static func now() -> UInt32 { UInt32(truncatingIfNeeded: Sys.wallClockNow() / 1_000_000_000) }
+    private static func now() -> UInt32 { UInt32(truncatingIfNeeded: Sys.wallClockSeconds()) }
 
     // MARK: Attributes
 
@@ -434,7 +434,7 @@ final class TrashFolders: @unchecked Sendable {
             st.st_nlink = 1
             st.st_size = off_t(infoContents(node.uid, name)?.count ?? 0)
             if let e = entry(node.uid, named: Array(name.dropLast(Self.suffix.count))) {
-                st.st_mtim.tv_sec = Int(e.deleted / 1_000_000_000)
+                st.st_mtim.tv_sec = Int(Duration.nanoseconds(e.deleted).components.seconds)
             }
         }
         st.st_atim = st.st_mtim
@@ -452,12 +452,7 @@ final class TrashFolders: @unchecked Sendable {
         var out = Array("[Trash Info]\nPath=".utf8)
         out += escaped(path)
         out += Array("\nDeletionDate=".utf8)
-        var t = time_t(ns / 1_000_000_000)
-        var tm = Glibc.tm()
-        localtime_r(&t, &tm)
-        var buffer = [CChar](repeating: 0, count: 32)
-        let n = strftime(&buffer, buffer.count, "%Y-%m-%dT%H:%M:%S", &tm)
-        out += buffer[..<n].map { UInt8(bitPattern: $0) }
+        out += Sys.localTime(nanoseconds: ns, format: "%Y-%m-%dT%H:%M:%S")
         out.append(0x0A)
         return out
     }

@@ -149,7 +149,7 @@ public final class ClientLeases: @unchecked Sendable {
                 return entry
             }
             let silent = now &- entry.since
-            peers.append(Peer(client: other, silentSeconds: Double(silent) / 1e9, expired: silent >= length,
+            peers.append(Peer(client: other, silentSeconds: Duration.nanoseconds(silent).inSeconds, expired: silent >= length,
                               entries: graveyard.pendingEntries(of: other)))
         }
         return peers

@@ -38,7 +38,7 @@ struct ForegroundGate {
         // The longer the mount stays busy, the less often a worker looks:
         // 1, 2, 4, then every 8 ms. Looking every millisecond woke each
         // worker a thousand times a second under steady load.
-        var step: UInt64 = 1_000_000
+        var step = Duration.milliseconds(1).nanoseconds
         repeat {
             if shouldStop() { return false }
             seen = now

@@ -7,7 +7,7 @@ final class RateLimiter: Sendable {
     private let interval: UInt64
     private let next = Atomic<UInt64>(0)
 
-    init(perSecond: Double) { interval = UInt64(1e9 / max(perSecond, 0.001)) }
+    init(perSecond: Double) { interval = Duration.seconds(1 / max(perSecond, 0.001)).nanoseconds }
 
     /// Waits for this caller's slot; returns false if `shouldStop` turned
     /// true first. At a low rate a slot can be minutes away, and SIGTERM

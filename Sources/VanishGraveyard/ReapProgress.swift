@@ -83,7 +83,7 @@ final class ReapProgress: Sendable {
         return log.withLock { log in
             guard let first = log.first(where: { now &- $0.time <= Duration.seconds(2).nanoseconds && $0.time >= notBefore })
             else { return .zero }
-            let seconds = Double(now &- first.time) / 1e9
+            let seconds = Duration.between(first.time, now).inSeconds
             guard seconds >= 1 else { return .zero }
             return Reaper.Pace(filesPerSecond: Double(files &- first.files) / seconds,
                                entriesPerSecond: Double(entries &- first.entries) / seconds)

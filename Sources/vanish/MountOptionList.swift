@@ -253,7 +253,7 @@ enum Quantity {
             number = number.dropLast(); scale = u
         }
         guard let v = Double(number), v >= 0, v == 0 || scale != nil, v * (scale ?? 1) < 3e9 else { return nil }
-        return UInt64(v * (scale ?? 1) * 1e9)
+        return Duration.seconds(v * (scale ?? 1)).nanoseconds
     }
 
     /// "4096", "500K", "500M", "20G", "1T" (powers of 1024; a trailing "B" or "iB" is allowed) → bytes.

@@ -132,11 +132,7 @@ enum MountPaths {
         return nil
     }
 
-    private static func monotonicSeconds() -> Double {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
-    }
+    private static func monotonicSeconds() -> Double { Duration.nanoseconds(Condition.now()).inSeconds }
 
     /// Where an in-place mount's state may live outside the source, in order
     /// (see StateLocation): for root /var/lib/vanish/in-place, then the top of

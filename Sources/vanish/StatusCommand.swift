@@ -33,7 +33,7 @@ struct StatusCommand: ParsableCommand {
             var lastLine: UInt64 = 0
             while !status.settled {
                 let now = Condition.now()
-                let elapsed = Double(now - start) / 1e9
+                let elapsed = Duration.between(start, now).inSeconds
                 let freed = status.freedFiles - first.files + status.freedDirectories - first.directories
                 let average = elapsed > 0 ? Int(Double(freed) / elapsed) : 0
                 let rate = status.reapFilesPerSecond > 0 ? status.reapFilesPerSecond : average

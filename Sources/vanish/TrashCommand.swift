@@ -1,5 +1,6 @@
 import ArgumentParser
 import Glibc
+import LinuxSyscalls
 import VanishClient
 
 struct TrashCommand: ParsableCommand {
@@ -243,12 +244,7 @@ func pad(_ s: String, _ width: Int) -> String { s.count >= width ? s : s + Strin
 
 /// "YYYY-MM-DD HH:MM:SS" in local time (localtime_r and strftime, not Foundation).
 func localTime(nanoseconds ns: UInt64) -> String {
-    var t = time_t(ns / 1_000_000_000)
-    var parts = tm()
-    localtime_r(&t, &parts)
-    var buffer = [CChar](repeating: 0, count: 32)
-    let n = strftime(&buffer, buffer.count, "%Y-%m-%d %H:%M:%S", &parts)
-    return String(decoding: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    String(decoding: Sys.localTime(nanoseconds: ns, format: "%Y-%m-%d %H:%M:%S"), as: UTF8.self)
 }
 
 /// One line of `vanish trash list`: a deletion, and for a directory what was
