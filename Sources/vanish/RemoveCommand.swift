@@ -41,8 +41,16 @@ struct RemoveCommand: ParsableCommand {
     @Flag(name: .customLong("one-file-system"), help: "As rm: skip directories on other filesystems.")
     var oneFileSystem = false
 
+    @Flag(name: .customLong("preserve-root"), help: "As rm: do not remove / (the default).")
+    var preserveRoot = false
+
     @Flag(name: .customLong("no-preserve-root"), help: "As rm: do not treat / specially.")
     var noPreserveRoot = false
+
+    @Option(name: .customLong("interactive"), help: ArgumentHelp(
+        "As rm: prompt never, once (as -I) or always (as -i); rm takes --interactive alone as always.",
+        valueName: "when"))
+    var interactiveWhen: String?
 
     @Flag(help: ArgumentHelp("""
         Wait until what was removed in one step is freed (or kept by the undo window) and what rm -r \
@@ -285,6 +293,30 @@ enum FileHandleStderr {
     static func write(_ s: String) { _ = s.withCString { Glibc.write(2, $0, strlen($0)) } }
 }
 
+/// coreutils rm's options as `vanish rm` reads them, one row each: its
+/// letters, its long name and what it changes. `RemoveCommand`'s flags show
+/// them in --help; a test keeps the two the same.
+struct RmOption {
+    enum Effect { case recursive, force, asks, asksUnlessNever, verbose, wait, none }
+    let letters: String
+    let long: String?
+    let effect: Effect
+
+    static let table: [RmOption] = [
+        .init(letters: "rR", long: "--recursive", effect: .recursive),
+        .init(letters: "f", long: "--force", effect: .force),
+        .init(letters: "iI", long: nil, effect: .asks),
+        .init(letters: "", long: "--interactive", effect: .asksUnlessNever),
+        .init(letters: "d", long: "--dir", effect: .none),
+        .init(letters: "v", long: "--verbose", effect: .verbose),
+        .init(letters: "", long: "--one-file-system", effect: .none),
+        .init(letters: "", long: "--preserve-root", effect: .none),
+        .init(letters: "", long: "--no-preserve-root", effect: .none),
+        // Vanish's own: not passed to rm.
+        .init(letters: "", long: "--wait", effect: .wait),
+    ]
+}
+
 /// coreutils rm's arguments, as `vanish rm` takes them: options anywhere
 /// before `--` (GNU order), clustered short ones, `--wait` of its own.
 struct RmInvocation {
@@ -317,32 +349,36 @@ struct RmInvocation {
             }
             if a.hasPrefix("--") {
                 let name = a.split(separator: "=", maxSplits: 1).first.map(String.init) ?? a
-                switch name {
-                case "--help", "--version": return nil
-                case "--wait":
-                    wait = true
+                if name == "--help" || name == "--version" { return nil }
+                guard let option = RmOption.table.first(where: { $0.long == name }) else {
+                    unknownOption = true
+                    options.append(a)
                     continue
-                case "--recursive": recursive = true
-                case "--force": (force, asks) = (true, false)
-                case "--verbose": verbose = true
-                case "--interactive": asks = !["--interactive=never", "--interactive=no", "--interactive=none"].contains(a)
-                case "--dir", "--one-file-system", "--preserve-root", "--no-preserve-root": break
-                default: unknownOption = true
                 }
-                options.append(a)
+                apply(option.effect, as: a)
+                if option.effect != .wait { options.append(a) }
                 continue
             }
-            for letter in a.utf8.dropFirst() {
-                switch letter {
-                case UInt8(ascii: "r"), UInt8(ascii: "R"): recursive = true
-                case UInt8(ascii: "f"): (force, asks) = (true, false)
-                case UInt8(ascii: "i"), UInt8(ascii: "I"): asks = true
-                case UInt8(ascii: "v"): verbose = true
-                case UInt8(ascii: "d"): break
-                default: unknownOption = true
+            for letter in a.dropFirst() {
+                if let option = RmOption.table.first(where: { $0.letters.contains(letter) }) {
+                    apply(option.effect, as: a)
+                } else {
+                    unknownOption = true
                 }
             }
             options.append(a)
+        }
+    }
+
+    private mutating func apply(_ effect: RmOption.Effect, as given: String) {
+        switch effect {
+        case .recursive: recursive = true
+        case .force: (force, asks) = (true, false)
+        case .asks: asks = true
+        case .asksUnlessNever: asks = !["--interactive=never", "--interactive=no", "--interactive=none"].contains(given)
+        case .verbose: verbose = true
+        case .wait: wait = true
+        case .none: break
         }
     }
 }
