@@ -128,7 +128,7 @@ extension VanishFilesystem {
             place: .init(source: source.path, stateDirectory: d.stateDirectory, graveyard: d.graveyard != nil,
                          socket: control.status.socket, log: control.status.log, client: d.graveyard?.client.name,
                          leaseSeconds: Duration.nanoseconds(d.leases?.length ?? 0).inSeconds, otherClients: d.leases?.peers ?? []),
-            reaping: d.reapingFacts(oneStep: oneStep),
+            reaping: d.reapingFacts(oneStep: oneStep, heldPutBack: control.heldEntriesPutBack),
             undoWindow: d.undoWindowFacts(for: uid),
             serving: .init(knownInodes: table.count, stataheadEntries: caches.statahead.prefetched.load(ordering: .relaxed),
                            cachedFDs: namespace.cachedFDs, fdCacheLimit: namespace.fdLimit,

@@ -2,6 +2,7 @@ import CLinux
 import Glibc
 import LinuxSyscalls
 import Logging
+import Synchronization
 import SystemPackage
 import VanishEvents
 import VanishGraveyard
@@ -26,6 +27,8 @@ package final class MountControl: Sendable {
     let status: StatusAttribute
     /// The undo window as desktop trash folders (nil without one).
     let trashFolders: TrashFolders?
+    /// Entries the reaper held that went back where they were deleted from (`putBackHeld`).
+    private let heldPutBack = Atomic<Int>(0)
     private var table: InodeTable { namespace.table }
 
     init(backingRoot: Int32, journal: Journal?, graveyard: Graveyard?, reaper: Reaper?, namespace: BackingNamespace,
@@ -153,8 +156,9 @@ package final class MountControl: Sendable {
     /// kernel is told the name exists before this returns.
     /// `byRename`: a rename out of the desktop trash asked it, and the
     /// kernel, which holds the directory locked, moves the name itself.
+    /// `kept`: the daemon puts back what its deleter could not remove (the event says so).
     package func putBack(_ e: TrashEntry, into dirFD: Int32, leaf: UnsafePointer<CChar>, path: [UInt8],
-                         as who: Credentials, byRename: Bool = false) throws(PutBackFailure) {
+                         as who: Credentials, byRename: Bool = false, kept: Bool = false) throws(PutBackFailure) {
         let uid = who.uid
         guard let graveyard, let claimed = graveyard.claim(e.id) else { throw .gone }
         let parent: Inode? = dirFD == backingRoot ? table.root : (try? Sys.fstat(dirFD)).flatMap(table.known)
@@ -167,7 +171,7 @@ package final class MountControl: Sendable {
             throw .failed(error)
         }
         reaper?.forgetTree(claimed.id)
-        changes.restored(into: dirFD, leaf, path: path, kind: claimed.record.kind.name, entry: claimed.id, uid: uid, kept: false)
+        changes.restored(into: dirFD, leaf, path: path, kind: claimed.record.kind.name, entry: claimed.id, uid: uid, kept: kept)
         guard let parent else { return }
         // A process still inside the tree may make entries in it again.
         if let st = try? Sys.lstatat(dirFD, leaf) { table.moved(st, to: parent, name: leaf) }
@@ -178,5 +182,55 @@ package final class MountControl: Sendable {
         if !invalidations.send(parent: table.nodeID(parent), name: name, timeout: .seconds(1)) {
             log.debug("answering a restore before the kernel forgot the name's absence (its parent stayed locked)")
         }
+    }
+
+    /// Entries the reaper held that went back where they were deleted from, since the mount.
+    var heldEntriesPutBack: Int { heldPutBack.load(ordering: .relaxed) }
+
+    /// The reaper's hook for the directory entry `id` it held because its
+    /// deleter could not remove all of it (another user's tree moved in
+    /// through a descriptor held inside it): puts what is left back where it
+    /// was deleted from, as its deleter, so the tree ends as their `rm -r`
+    /// would have left it. Each directory on the way is opened as them and
+    /// the move is theirs, so the kernel decides it. False, and it stays held
+    /// in their trash, where that is not known (a piece split off a tree, or
+    /// no undo window: no record of the path), no longer the directory it
+    /// left, or taken.
+    func putBackHeld(_ id: String) -> Bool {
+        guard let graveyard, let e = graveyard.restorable(id: id), e.record.kind == .directory, e.record.held != nil,
+              let who = id.withCString({ graveyard.credentials(ofEntry: $0) }) else { return false }
+        let parts = e.record.path.split(separator: 0x2F).map { Array($0) }
+        guard let leaf = parts.last, !parts.contains(where: { $0 == [0x2E] || $0 == [0x2E, 0x2E] || $0.contains(0) }) else {
+            return false
+        }
+        var dirFD = backingRoot
+        defer { if dirFD != backingRoot { Sys.close(dirFD) } }
+        do throws(Errno) {
+            for name in parts.dropLast() {
+                let next = try who.acting { () throws(Errno) in
+                    try (name + [0]).withUnsafeBufferPointer { b throws(Errno) in
+                        try Sys.openat(dirFD, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
+                                       VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+                    }
+                }
+                if dirFD != backingRoot { Sys.close(dirFD) }
+                dirFD = next
+            }
+        } catch {
+            return false
+        }
+        guard Self.isInPlace(e.record, dirFD, e.record.path) else { return false }
+        do throws(PutBackFailure) {
+            try (leaf + [0]).withUnsafeBufferPointer { b throws(PutBackFailure) in
+                try putBack(e, into: dirFD, leaf: UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
+                            path: e.record.path, as: who, kept: true)
+            }
+        } catch {
+            return false
+        }
+        heldPutBack.add(1, ordering: .relaxed)
+        log.notice("put back what its deleter could not remove with rm -r, where it was",
+                   metadata: ["path": "\(String(decoding: e.record.path, as: UTF8.self))", "uid": "\(who.uid)"])
+        return true
     }
 }

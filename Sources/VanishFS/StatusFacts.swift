@@ -30,7 +30,7 @@ package struct StatusFacts {
         /// Graveyard entries not yet reaped, kept ones and one-step deletes being sorted included.
         package var pendingEntries: Int
         package var stuckEntries: Int
-        /// One-step deletes put back since the mount, whole or as `rm -r` leaves them.
+        /// One-step deletes (and held entries) put back since the mount, whole or as `rm -r` leaves them.
         package var putBack: Int
         /// Files and directories the reapers have left to delete in due entries; nil if unknown.
         package var remainingWork: Int?
@@ -83,10 +83,10 @@ package struct StatusFacts {
 
 extension Deleter {
     /// The reapers' facts, with the one-step deletes `oneStep` is still sorting.
-    func reapingFacts(oneStep: OneStepBurials) -> StatusFacts.Reaping {
+    func reapingFacts(oneStep: OneStepBurials, heldPutBack: Int) -> StatusFacts.Reaping {
         var fs = statvfs()
         _ = fstatvfs(rootFD, &fs)
-        return .init(pendingEntries: pendingEntries + oneStep.count, stuckEntries: stuckEntries, putBack: oneStep.putBack,
+        return .init(pendingEntries: pendingEntries + oneStep.count, stuckEntries: stuckEntries, putBack: oneStep.putBack + heldPutBack,
                      remainingWork: remainingWork, holdingBytes: holdingBytes, statistics: reapingStatistics,
                      pace: reapingPace, idle: reapersIdle && oneStep.count == 0, yields: reapersYield,
                      workers: reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize))

@@ -110,6 +110,14 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
                                namespace: namespace, oneStep: oneStep, invalidations: invalidations,
                                changes: changes, log: logger, status: status,
                                trashFolders: deleter.undoWindow > 0 ? grave.map { TrashFolders(graveyard: $0, table: table) } : nil)
+        // What the reaper holds because its deleter could not remove all of
+        // it goes back where it was when that is known; else it is logged.
+        if let reaper = opened.reaper {
+            let held = reaper.hooks.onHeld
+            reaper.hooks.onHeld = { [control] entry, error in
+                if !control.putBackHeld(entry) { held?(entry, error) }
+            }
+        }
         let statahead = Statahead(table: table, namespace: namespace) { [deleter] dir, name in
             deleter.isStateDirectory(dir, name)
         }

@@ -21,6 +21,12 @@ extension Graveyard {
                     deleter: deleter)
     }
 
+    /// A name for a piece split off an entry `deleter` buried (see `TreeRemover`).
+    func reservePiece(by deleter: DeletedBy) -> Reservation {
+        Reservation(number: counter.wrappingAdd(1, ordering: .relaxed).newValue, time: Deletion.piece.nameTime,
+                    deleter: deleter)
+    }
+
     /// `body` with the name `reservation` stands for.
     public func withName<R>(_ reservation: Reservation,
                             _ body: (UnsafePointer<CChar>) throws(Errno) -> R) throws(Errno) -> R {
@@ -38,7 +44,7 @@ extension Graveyard {
     }
 
     /// Whom the contents of the entry `name` are freed as; nil for the daemon itself.
-    func credentials(ofEntry name: UnsafePointer<CChar>) -> Credentials? {
+    public func credentials(ofEntry name: UnsafePointer<CChar>) -> Credentials? {
         guard Credentials.canSwitch, let id = DeletedBy(entryName: name) else { return nil }
         return deleters.credentials(id)
     }

@@ -79,6 +79,8 @@ public final class Reaper: @unchecked Sendable {
     private let limiter: RateLimiter?
     /// When a worker last deleted while the mount stayed busy (shared).
     private let foregroundTurns = ForegroundTurns()
+    /// Where the pieces of deleters' directories came from (see `PieceFamilies`).
+    private let families = PieceFamilies()
 
     /// What the reaper tells its owner, and asks of it. Set before `start`.
     public struct Hooks: Sendable {
@@ -382,7 +384,7 @@ public final class Reaper: @unchecked Sendable {
                                   handedBack: { [workers, accounting] shard, piece, origin in
                                       accounting.split(piece, from: origin)
                                       workers.markDirty(shard)
-                                  })
+                                  }, families: families, shardFD: shard)
         let judging = (keeps || !graveyard.trash.isEmpty) && !policy.freesKeptEntries
         let now = judging ? Sys.wallClockNow() : 0
         while let d = readdir(dp) {
@@ -390,6 +392,8 @@ public final class Reaper: @unchecked Sendable {
             if name[0] == 0x2E { continue }
             if judging && !isDue(name, Graveyard.deletionTime(name) ?? 0, now: now, nextDue: &nextDue) { continue }
             if !stuck.isEmpty && stuck.holds(name, finishing: !workers.isRunning, nextDue: &nextDue) { continue }
+            // Its pieces are out: it is looked at again once they are done.
+            if !families.isEmpty && families.isWaiting(name) { continue }
             var restorable = false
             // A restore holds it: leave it alone, and look again soon (a
             // failed restore puts it back without a burial to wake anyone).
@@ -413,26 +417,50 @@ public final class Reaper: @unchecked Sendable {
                 // A deletion is done once; its pieces are not deletions of their own.
                 if !Graveyard.isPiece(name) { accounting.progress.entryDone() }
                 stuck.unstick(name)
+                if !families.isEmpty { familyDone(name, cameBack: false) }
             } else if done, !remover.vanished, let failure = remover.failure, StuckEntries.isThere(dirfd(dp), name) {
                 // Not work done: a pass that found only this must let its worker rest.
                 found -= 1
                 // Refused to its deleter, or left holding what was (ENOTEMPTY).
-                if failure == .permissionDenied || failure == .notPermitted || failure == .directoryNotEmpty,
-                   let index = graveyard.shardFDs.firstIndex(of: shard), graveyard.hold(shard: index, name, because: .stuck) {
-                    // What its deleter may not remove: kept for them to restore, never retried.
-                    restorable = false
-                    stuck.unstick(name)
-                    hooks.onHeld?(String(cString: name), failure)
+                if failure == .permissionDenied || failure == .notPermitted || failure == .directoryNotEmpty {
+                    if let origin = families.origin(of: String(cString: name)), graveyard.returnPiece(shard, name, to: origin) {
+                        // Back in the directory it was split from, which stays with it, as after rm -r.
+                        restorable = false
+                        stuck.unstick(name)
+                        familyDone(name, cameBack: true)
+                    } else if let index = graveyard.shardFDs.firstIndex(of: shard), graveyard.hold(shard: index, name, because: .stuck) {
+                        // What its deleter may not remove: kept for them to restore, never retried.
+                        restorable = false
+                        stuck.unstick(name)
+                        if !families.isEmpty { familyDone(name, cameBack: false) }
+                        hooks.onHeld?(String(cString: name), failure)
+                    } else {
+                        if stuck.stick(name, shard: shard) { hooks.onStuck?(String(cString: name), failure) }
+                        nextDue = min(nextDue, Sys.wallClockNow() &+ StuckEntries.retry)
+                    }
                 } else {
                     if stuck.stick(name, shard: shard) { hooks.onStuck?(String(cString: name), failure) }
                     nextDue = min(nextDue, Sys.wallClockNow() &+ StuckEntries.retry)
                 }
             }
-            if done && restorable { graveyard.removeSidecar(dirfd(dp), name) }
+            // A directory waiting for its pieces keeps its record: where it was, should it be held.
+            if done && restorable && (gone || families.isEmpty || !families.isWaiting(name)) {
+                graveyard.removeSidecar(dirfd(dp), name)
+            }
             remover.freed = Freed()
             if !done { break }
         }
         return found
+    }
+
+    /// The entry `name` is done with (gone, held, or back in the directory
+    /// it was split from): its parent, waiting for no other piece, is looked at again.
+    private func familyDone(_ name: UnsafePointer<CChar>, cameBack: Bool) {
+        let id = String(cString: name)
+        if let parentFD = families.pieceDone(id, cameBack: cameBack), let index = graveyard.shardFDs.firstIndex(of: parentFD) {
+            workers.markDirty(index)
+        }
+        families.forget(id)
     }
 
     /// The entries that could not be deleted and are still in the graveyard

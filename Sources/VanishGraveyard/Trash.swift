@@ -191,6 +191,12 @@ final class TrashIndex: Sendable {
         var evicted: Set<String> = []
         /// What the directory entries walked so far hold (`Graveyard.extent`).
         var extents: [String: TreeExtent] = [:]
+        /// Records of directories let go (`trash empty`) under their new
+        /// names, in the order let go, for the reaper to know where what it
+        /// cannot free was (`Graveyard.hold`); the oldest are forgotten
+        /// beyond `TrashIndex.letGoRemembered`. In memory only.
+        var letGo: [String: TrashRecord] = [:]
+        var letGoOrder: [String] = []
 
         mutating func add(_ e: TrashEntry) -> Bool {
             byUser[e.record.uid, default: []].insert(e.id)
@@ -310,6 +316,31 @@ final class TrashIndex: Sendable {
 
     /// The kept entry `id`, if it is one.
     func entry(_ id: String) -> TrashEntry? { state.withLock { $0.entries[id] } }
+
+    /// How many let-go directories' records are kept for the reaper.
+    static let letGoRemembered = 4096
+
+    /// Remembers the record of a directory let go as the entry `id`.
+    func rememberLetGo(_ id: String, _ record: TrashRecord) {
+        state.withLock { s in
+            if s.letGoOrder.count >= Self.letGoRemembered {
+                let oldest = s.letGoOrder.prefix(Self.letGoRemembered / 4)
+                for old in oldest { s.letGo.removeValue(forKey: old) }
+                s.letGoOrder.removeFirst(oldest.count)
+            }
+            s.letGo[id] = record
+            s.letGoOrder.append(id)
+        }
+    }
+
+    /// The record of the let-go directory `id`, forgotten here (nil if none is known).
+    func takeLetGo(_ id: String) -> TrashRecord? {
+        state.withLock { s in
+            guard !s.letGo.isEmpty, let r = s.letGo.removeValue(forKey: id) else { return nil }
+            s.letGoOrder.removeAll { $0 == id }
+            return r
+        }
+    }
 
     func extent(_ id: String) -> TreeExtent? { state.withLock { $0.extents[id] } }
     func forgetExtent(_ id: String) { state.withLock { _ = $0.extents.removeValue(forKey: id) } }
@@ -468,14 +499,14 @@ extension Graveyard {
     /// Makes the entry `name` of shard `shard`, which its deleter (named in
     /// it) could not wholly remove, a trash entry of theirs held until
     /// restored, so what stays is listed and restorable rather than left
-    /// stuck where no one sees it. Its record keeps the path it had; an
-    /// entry without one (no window, a piece) has no path: it is restored
-    /// with --to. False for an entry the daemon frees with its own rights.
+    /// stuck where no one sees it. Its record keeps the path it had (also
+    /// after `trash empty` let it go, while this daemon runs); an entry
+    /// without one (no window, a piece) has no path: it is restored with --to. False for an entry the daemon frees with its own rights.
     public func hold(shard: Int, _ name: UnsafePointer<CChar>, because held: TrashRecord.Held) -> Bool {
         guard let by = DeletedBy(entryName: name), let st = try? Sys.lstatat(shardFDs[shard], name) else { return false }
         let sfd = shardFDs[shard]
         let id = String(cString: name)
-        var record = readSidecar(sfd, id)
+        var record = readSidecar(sfd, id) ?? trash.takeLetGo(id)
             ?? TrashRecord(path: [], uid: by.uid, gid: by.gid, bytes: nil, kind: TrashRecord.Kind(mode: st.st_mode), window: 0)
         record.held = held
         let temporary = ".held-" + id
@@ -546,6 +577,14 @@ extension Graveyard {
             try withUniqueName(n, time: Deletion.unheld.nameTime, by: deleter,
                                file: e.id.withCString(Graveyard.namesFile)) { grave throws(Errno) in
                 try Sys.renameNoReplace(sfd, e.id, sfd, grave)
+                // Another user's directory may hold what they cannot remove
+                // (moved in through a descriptor held inside it): where it
+                // was is kept for the reaper to put that back.
+                if deleter != nil && e.record.kind == .directory {
+                    var record = e.record
+                    record.window = 0
+                    trash.rememberLetGo(String(cString: grave), record)
+                }
             }
         } catch {
             trash.finishRestore(e, restored: false)
@@ -593,6 +632,38 @@ extension Graveyard {
         }
         removeSidecar(sfd, e.id)
         trash.finishRestore(e, restored: true)
+    }
+
+    /// Moves the piece `name` of shard `shardFD`, which its deleter could
+    /// not wholly remove, back under its name in the entry it was split from
+    /// (`PieceFamilies`), the move out undone as them: through their room,
+    /// the last rename with their credentials, so the kernel decides it as
+    /// it did the move out. False, with the piece where it was, if that fails.
+    func returnPiece(_ shardFD: Int32, _ name: UnsafePointer<CChar>, to origin: PieceFamilies.Origin) -> Bool {
+        guard let who = credentials(ofEntry: name), let rooms else { return false }
+        let staged = "back-" + String(cString: name)
+        do throws(Errno) {
+            let room = try rooms.room(for: who.uid, gid: who.gid)
+            let parent = try Sys.openat(origin.shardFD, origin.parent, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+            defer { Sys.close(parent) }
+            let entry = try Sys.lstatat(shardFD, name)
+            try Sys.renameNoReplace(shardFD, name, room, staged)
+            do throws(Errno) {
+                try (origin.name + [0]).withUnsafeBufferPointer { b throws(Errno) in
+                    try Self.moveOut(room, staged, to: parent, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
+                                     as: who, inPlace: false)
+                }
+            } catch {
+                // Only the piece itself goes back (the room is theirs; see `restore`).
+                if let now = try? Sys.lstatat(room, staged), now.st_dev == entry.st_dev, now.st_ino == entry.st_ino {
+                    try Sys.renameNoReplace(room, staged, shardFD, String(cString: name))
+                }
+                return false
+            }
+            return true
+        } catch {
+            return false
+        }
     }
 
     /// `rename(from, fromName, to, toName)` as `who`. A directory that

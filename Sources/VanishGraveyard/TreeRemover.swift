@@ -15,7 +15,8 @@ import SystemPackage
 /// that user's credentials: what it holds goes only where the kernel lets
 /// them remove it, as `rm -r` run by them would. Its subdirectories leave
 /// through their room, moved as them, and go on into the graveyard as the
-/// daemon; what they could not remove stays, and the entry is stuck.
+/// daemon; the directory waits for them (`PieceFamilies`), and what they
+/// could not remove comes back into it, so it stays with its ancestors.
 struct TreeRemover {
     /// What the current entry freed so far.
     var freed = Freed()
@@ -44,6 +45,9 @@ struct TreeRemover {
     /// Called with the shard a subdirectory was handed back to, its new
     /// entry name, and `origin`.
     let handedBack: (Int, String, String?) -> Void
+    /// Where a deleter's pieces came from, and the shard (fd) being reaped.
+    let families: PieceFamilies
+    let shardFD: Int32
 
     /// Removes `name` in the directory `parentFD`; returns false if told to
     /// stop before it was gone.
@@ -114,7 +118,8 @@ struct TreeRemover {
             return true
         }
         defer { Sys.close(top) }
-        var pieces: [String] = []
+        let entry = String(cString: name)
+        var pieces: [(room: String, name: [UInt8])] = []
         var stopped = false
         do throws(Errno) {
             try who.acting { () throws(Errno) in
@@ -135,7 +140,11 @@ struct TreeRemover {
                     if isDotOrDotDot(child) { continue }
                     guard let cst = try? Sys.lstatat(dfd, child) else { continue }
                     if cst.st_mode & S_IFMT == S_IFDIR {
-                        if let piece = handBack(dfd, child, cst, into: room, as: who, id: id) { pieces.append(piece) }
+                        // Came back: what its deleter could not remove stays here.
+                        if families.keeps(entry, child) { continue }
+                        if let piece = handBack(dfd, child, cst, into: room, as: who, id: id) {
+                            pieces.append((piece, Array(UnsafeRawBufferPointer(start: child, count: strlen(child)))))
+                        }
                     } else {
                         guard pace() else { stopped = true; return }
                         if unlink(dfd, child, 0) { count(cst) }
@@ -148,16 +157,26 @@ struct TreeRemover {
         }
         // As the daemon: on from the room into the graveyard (a crash between
         // leaves them in the room, where the next mount buries them as theirs).
-        for piece in pieces {
-            var entry = ""
+        // The directory waits for its pieces, known before any is in the
+        // graveyard for another worker to take: removed once they are gone,
+        // or held with what came back (see `PieceFamilies`).
+        let named = pieces.map { piece in
+            let reservation = graveyard.reservePiece(by: id)
+            return (reservation, piece, (try? graveyard.withName(reservation) { String(cString: $0) }) ?? "")
+        }
+        let waits = families.split(entry, shardFD: shardFD, into: named.map { ($0.2, $0.1.name) })
+        var buried = false
+        for (reservation, piece, pieceEntry) in named {
             do throws(Errno) {
-                let shard = try graveyard.bury(room, piece, deletion: .piece, by: id, named: { entry = String(cString: $0) })
-                handedBack(shard, entry, origin)
+                let shard = try graveyard.bury(room, piece.room, deletion: .piece, reserved: reservation)
+                buried = true
+                handedBack(shard, pieceEntry, origin)
             } catch {
                 note(error)
+                if waits { _ = families.pieceDone(pieceEntry, cameBack: false) }
             }
         }
-        if stopped { return false }
+        if stopped || (waits && buried) { return !stopped }
         guard pace() else { return false }
         if unlink(parentFD, name, AT_REMOVEDIR) { count(Freed(directories: 1)); removedEntry = true }
         return true

@@ -227,4 +227,26 @@ struct ReaperPartsTests {
         #expect(twice, "400 MB per 10 ms, 3.3 GB left, a 3 GB floor")
         #expect(!stopped, "the fall stopped")
     }
+
+    @Test("a directory split into pieces waits for them; one that comes back stays with it, and it is due again after the last")
+    func pieceFamilies() {
+        let f = PieceFamilies()
+        #expect(f.isEmpty)
+        #expect(f.split("t", shardFD: 7, into: [("p1", Array("a".utf8)), ("p2", Array("b".utf8))]))
+        #expect("t".withCString { f.isWaiting($0) })
+        #expect(f.origin(of: "p1")?.parent == "t" && f.origin(of: "p1")?.shardFD == 7 && f.origin(of: "p1")?.name == Array("a".utf8))
+        #expect(f.pieceDone("p1", cameBack: false) == nil, "p2 is still out")
+        #expect(f.pieceDone("p1", cameBack: false) == nil, "a piece is done once")
+        #expect(f.pieceDone("p2", cameBack: true) == 7, "the last piece: t is due again in shard 7")
+        #expect(!"t".withCString { f.isWaiting($0) })
+        #expect("t".withCString { _ in "b".withCString { f.keeps("t", $0) } }, "b came back: never moved out again")
+        #expect(!"a".withCString { f.keeps("t", $0) })
+        f.forget("t")
+        #expect(f.isEmpty, "nothing is left once t is gone or held")
+        #expect(!f.split("u", shardFD: 7, into: []), "no pieces: nothing to wait for")
+        let many = (0..<PieceFamilies.followed).map { ("q\($0)", [UInt8]()) }
+        #expect(f.split("v", shardFD: 7, into: many))
+        #expect(!f.split("w", shardFD: 7, into: [("x", [])]), "beyond the pieces followed, a directory does not wait")
+        #expect(!"w".withCString { f.isWaiting($0) })
+    }
 }

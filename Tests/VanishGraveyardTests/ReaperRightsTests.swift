@@ -56,14 +56,21 @@ struct ReaperRightsTests {
         #expect(result == "moved", "the held directory took root's drop/: \(result)")
     }
 
-    /// nobody's own `rm -r` of a tree holding `drop/` leaves root's file: the fixture's premise.
-    static func nativeKeepsData() throws {
+    /// nobody's own `rm -r` of a tree holding `drop/` leaves root's file: the
+    /// fixture's premise. Returns what is left under `home` (paths, owners, modes).
+    static func nativeKeepsData(extra: String) throws -> String {
         let plain = try makeTempDirectory()
         defer { removeTree(plain) }
         chmod(plain, 0o755)
-        #expect(try sh(fixture + " && mv pub/drop home/t/", cwd: plain).ok)
+        #expect(try sh(fixture + extra + " && mv pub/drop home/t/", cwd: plain).ok)
         _ = try runAsNobody(["rm", "-r", "home/t"], cwd: plain)
         #expect(try sh("cat home/t/drop/archive/data", cwd: plain).stdout == "keep\n", "nobody's rm -r leaves root's file")
+        return try listing(plain)
+    }
+
+    /// What is under `home` in `dir`: each path with its owner and mode.
+    static func listing(_ dir: String) throws -> String {
+        try sh("find home -mindepth 1 -printf '%P %u %m\\n' | sort", cwd: dir).stdout
     }
 
     /// root's file, wherever it is in the source (in the graveyard, stuck): its text, owner and mode.
@@ -73,9 +80,13 @@ struct ReaperRightsTests {
 
     /// The attack: `extra` set up, nobody's holder in `home/t`, `delete`
     /// run as nobody with the vanish binary given, drop/ moved in, nobody's
-    /// trash emptied; then root's file must still be there, as it was.
-    static func attack(extra: String = "", _ delete: (VanishMount, String) throws -> Void) throws {
-        try nativeKeepsData()
+    /// trash emptied. Then root's file must still be there, as it was, and
+    /// the tree end as nobody's `rm -r` leaves it on a plain directory: what
+    /// they could not remove put back where it was. With `retake`, nobody
+    /// makes `home/t` again first: the place is taken, so what stays is held
+    /// in their trash, with why, for them to restore elsewhere.
+    static func attack(extra: String = "", retake: Bool = false, _ delete: (VanishMount, String) throws -> Void) throws {
+        let native = try nativeKeepsData(extra: extra)
         try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
             let r = try sh(fixture + extra, cwd: src)
             guard r.ok else { throw TestFailure(r.stderr) }
@@ -86,17 +97,24 @@ struct ReaperRightsTests {
             let (pid, signals) = try holder(m, tree: "home/t")
             try delete(m, binary)
             try moveIn(signals, pid)
+            if retake { #expect(try runAsNobody(["mkdir", m.path("home/t")]).ok) }
             let empty = try runAsNobody([binary, "trash", "empty", m.mountpoint])
             #expect(empty.ok, "\(empty)")
             try waitForReaper(m)
             #expect(try rootsFile(m, inode: inode) == "root 644\nkeep\n", "root's file is not freed")
             #expect(try sh("find .vanish -name f -user nobody | wc -l", cwd: m.source).stdout == "0\n",
                     "nobody's own file is freed")
-            // What stays is in nobody's trash, held, with why; nobody may move it out where they may write.
             let list = try runAsNobody([binary, "trash", "list", "--json", m.mountpoint])
             let held = list.stdout.split(separator: "\n").compactMap {
                 (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: Any]
             }.filter { ($0["held"] as? String)?.contains("its deleter could not remove") == true }
+            guard retake else {
+                #expect(held.isEmpty, "\(list)")
+                #expect(try listing(m.source) == native, "the tree ends as nobody's rm -r leaves it")
+                #expect(try listing(m.mountpoint) == native, "and the mount shows it so")
+                return
+            }
+            // What stays is in nobody's trash, held, with why; nobody may move it out where they may write.
             #expect(held.count == 1, "\(list)")
             let id = try #require(held.first?["id"] as? String)
             let back = try runAsNobody([binary, "restore", id, "--mount", m.mountpoint, "--to", m.path("home/back")])
@@ -105,7 +123,7 @@ struct ReaperRightsTests {
         }
     }
 
-    @Test("a tree moved into a one-step delete through a held cwd is not freed as root (attack 5)")
+    @Test("a tree moved into a one-step delete through a held cwd is not freed as root, and goes back where it was (attack 5)")
     func oneStepHeldDirectory() throws {
         try ReaperRightsTests.attack(extra: " && install -o nobody /dev/null home/t/f") { m, binary in
             let rm = try runAsNobody([binary, "rm", "-r", m.path("home/t")])
@@ -116,9 +134,17 @@ struct ReaperRightsTests {
         }
     }
 
-    @Test("a tree moved into a removed directory through a held cwd is not freed as root (attack 5, by rmdir)")
+    @Test("a tree moved into a removed directory through a held cwd is not freed as root, and goes back where it was (attack 5, by rmdir)")
     func rmdirHeldDirectory() throws {
         try ReaperRightsTests.attack { m, _ in
+            let rmdir = try runAsNobody(["rmdir", m.path("home/t")])
+            #expect(rmdir.ok, "\(rmdir)")
+        }
+    }
+
+    @Test("what nobody could not remove goes back only to a free place: a taken one leaves it held in their trash (attack 5)")
+    func rmdirHeldDirectoryPlaceTaken() throws {
+        try ReaperRightsTests.attack(retake: true) { m, _ in
             let rmdir = try runAsNobody(["rmdir", m.path("home/t")])
             #expect(rmdir.ok, "\(rmdir)")
         }
