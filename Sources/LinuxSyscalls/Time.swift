@@ -41,6 +41,14 @@ extension Duration {
 }
 
 extension Sys {
+    /// Sleeps for `d` (nanosleep, resumed after a signal).
+    public static func sleep(_ d: Duration) {
+        let ns = d.nanoseconds
+        var wait = timespec(tv_sec: Int(ns / 1_000_000_000), tv_nsec: Int(ns % 1_000_000_000))
+        var rest = timespec()
+        while nanosleep(&wait, &rest) != 0 && errno == EINTR { wait = rest }
+    }
+
     /// CLOCK_REALTIME in whole seconds since the epoch.
     @inlinable
     public static func wallClockSeconds() -> Int {

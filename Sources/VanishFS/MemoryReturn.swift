@@ -19,7 +19,7 @@ extension VanishFilesystem {
             _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(vanish_gettid()), 19)
             var last = requests()
             while true {
-                usleep(2_000_000)
+                Sys.sleep(.seconds(2))
                 let now = requests()
                 defer { last = now }
                 // malloc_trim takes each arena's lock in turn, and rebuilding

@@ -113,7 +113,7 @@ final class OneStepBurials: Sendable {
         state.withLock { $0.stopping = true }
         wake.lock(); wake.broadcast(); wake.unlock()
         wake.lock()
-        while state.withLock({ $0.running }) { _ = wake.wait(until: Condition.now() + 100_000_000) }
+        while state.withLock({ $0.running }) { _ = wake.wait(until: Condition.now() + Duration.milliseconds(100).nanoseconds) }
         wake.unlock()
     }
 
@@ -150,6 +150,7 @@ final class OneStepBurials: Sendable {
                     _ = try deleter.buryTree(p.room, grave, st: p.st, from: p.parent, caller: p.caller,
                                              counted: sifted.extent, reserved: p.reservation, record: p.record, by: nil,
                                              as: p.permissions.credentials)
+                    rememberWhereFrom(p, grave)
                 } else {
                     for path in sifted.goes { bury(path, of: grave, p) }
                 }
@@ -159,6 +160,18 @@ final class OneStepBurials: Sendable {
         } catch {
             putBack(p, because: error)
         }
+    }
+
+    /// Without a window the tree has no record; should the reaper hold what
+    /// is moved into it later (through a descriptor held inside), it puts
+    /// that back where the tree was, so the daemon remembers where.
+    private func rememberWhereFrom(_ p: Pending, _ grave: UnsafePointer<CChar>) {
+        guard p.record == nil, p.reservation.deleter != nil, p.st.st_mode & S_IFMT == S_IFDIR,
+              let graveyard = deleter.graveyard else { return }
+        let path = p.name.withUnsafeBufferPointer { deleter.table.path(of: p.parent, appending: $0.baseAddress!) }
+        graveyard.remember(entry: String(cString: grave),
+                           deletedFrom: TrashRecord(path: path, uid: p.caller.uid, gid: p.caller.gid, bytes: nil,
+                                                    kind: .directory, window: 0, from: p.parent.origin))
     }
 
     /// Moves the part `path` (from the top of the tree `grave` in the

@@ -21,7 +21,7 @@ public final class BuriedNumbers: Sendable {
     private let shards: Lock<[Shard]>
     /// How long after a shard's last change its reading is trusted (ns):
     /// filesystems stamp times from a coarse clock.
-    private static let settle: Int64 = 100_000_000
+    private static let settle = Int64(Duration.milliseconds(100).nanoseconds)
 
     public init(_ graveyard: Graveyard) {
         shardFDs = graveyard.shardFDs

@@ -12,7 +12,7 @@ extension Graveyard {
     public struct Reservation: Sendable, Equatable {
         let number: UInt64
         let time: UInt64
-        let deleter: DeletedBy?
+        public let deleter: DeletedBy?
     }
 
     /// A name for an entry `deleter` buries (nil: the daemon's own user).

@@ -16,6 +16,9 @@ struct ForegroundGate {
     let turns: ForegroundTurns
     let urgent: () -> Bool
     private var seen: UInt64
+    /// A pause this long is being held up, not letting one request pass;
+    /// no single wait is longer.
+    static let heldUp = Duration.milliseconds(8).nanoseconds
 
     init(requests: @escaping @Sendable () -> UInt64, maxPause: UInt64, turns: ForegroundTurns,
          urgent: @escaping () -> Bool) {
@@ -45,8 +48,8 @@ struct ForegroundGate {
             usleep(UInt32(step / 1000))
             paused += step
             // Held up, not merely let a request pass (a status poll every 20 ms costs a 1 ms wait).
-            if paused >= 8_000_000 { turns.lastWaited.store(Condition.now(), ordering: .relaxed) }
-            step = min(step * 2, 8_000_000)
+            if paused >= Self.heldUp { turns.lastWaited.store(Condition.now(), ordering: .relaxed) }
+            step = min(step * 2, Self.heldUp)
             now = requests()
         } while now != seen && !(paused >= maxPause && turns.take(every: maxPause))
         seen = now

@@ -25,10 +25,8 @@ final class RateLimiter: Sendable {
         var left = slot > now ? slot - now : 0
         while left > 0 {
             if shouldStop() { return false }
-            let step = min(left, 50_000_000)
-            var wait = timespec(tv_sec: 0, tv_nsec: Int(step))
-            var rest = timespec()
-            while nanosleep(&wait, &rest) != 0 && errno == EINTR { wait = rest }
+            let step = min(left, Duration.milliseconds(50).nanoseconds)
+            Sys.sleep(.nanoseconds(step))
             left -= step
         }
         return true

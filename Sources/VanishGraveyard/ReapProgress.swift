@@ -96,7 +96,7 @@ final class ReapProgress: Sendable {
     private func checkpoint() {
         let now = Condition.now()
         let last = lastCheckpoint.load(ordering: .relaxed)
-        guard now &- last >= 250_000_000,
+        guard now &- last >= Duration.milliseconds(250).nanoseconds,
               lastCheckpoint.compareExchange(expected: last, desired: now, ordering: .relaxed).exchanged else { return }
         let point = (now, files.load(ordering: .relaxed) &+ directories.load(ordering: .relaxed), entries.load(ordering: .relaxed))
         log.withLock { log in

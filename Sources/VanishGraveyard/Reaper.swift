@@ -38,7 +38,7 @@ public final class Reaper: @unchecked Sendable {
         /// Files younger than this (ns since their birth) when deleted are not
         /// kept: journals, swap and lock files, placeholders a program made
         /// and removed moments later. 0 keeps them too.
-        public var keepMinAge: UInt64 = 5_000_000_000
+        public var keepMinAge = Duration.seconds(5).nanoseconds
         /// Names (fnmatch patterns on the last component) never kept.
         public var keepExclude: [String] = []
         /// Percent of the backing filesystem to keep free: below it the
@@ -52,7 +52,7 @@ public final class Reaper: @unchecked Sendable {
         /// 0 never waits. Idle priorities alone are not enough: a deletion
         /// holds the directory's and the journal's locks and a CPU that a
         /// request then waits for.
-        public var yieldToForeground: UInt64 = 20_000_000
+        public var yieldToForeground = Duration.milliseconds(20).nanoseconds
         /// Free kept entries too, whatever their windows (`vanish reap`:
         /// emptying the graveyard is what was asked for).
         public var freesKeptEntries = false

@@ -191,12 +191,14 @@ final class TrashIndex: Sendable {
         var evicted: Set<String> = []
         /// What the directory entries walked so far hold (`Graveyard.extent`).
         var extents: [String: TreeExtent] = [:]
-        /// Records of directories let go (`trash empty`) under their new
-        /// names, in the order let go, for the reaper to know where what it
-        /// cannot free was (`Graveyard.hold`); the oldest are forgotten
-        /// beyond `TrashIndex.letGoRemembered`. In memory only.
-        var letGo: [String: TrashRecord] = [:]
-        var letGoOrder: [String] = []
+        /// Where directories without a record of their own on disk were
+        /// deleted from (let go by `trash empty`, or buried by a one-step
+        /// delete with no window), by entry, in the order remembered: for the
+        /// reaper, should it hold what their deleters cannot free
+        /// (`Graveyard.hold`). The oldest are forgotten beyond
+        /// `TrashIndex.remembered`. In memory only.
+        var remembered: [String: TrashRecord] = [:]
+        var rememberedOrder: [String] = []
 
         mutating func add(_ e: TrashEntry) -> Bool {
             byUser[e.record.uid, default: []].insert(e.id)
@@ -317,27 +319,27 @@ final class TrashIndex: Sendable {
     /// The kept entry `id`, if it is one.
     func entry(_ id: String) -> TrashEntry? { state.withLock { $0.entries[id] } }
 
-    /// How many let-go directories' records are kept for the reaper.
-    static let letGoRemembered = 4096
+    /// How many directories' records are remembered for the reaper.
+    static let remembered = 4096
 
-    /// Remembers the record of a directory let go as the entry `id`.
-    func rememberLetGo(_ id: String, _ record: TrashRecord) {
+    /// Remembers where the directory entry `id` was deleted from.
+    func remember(_ id: String, _ record: TrashRecord) {
         state.withLock { s in
-            if s.letGoOrder.count >= Self.letGoRemembered {
-                let oldest = s.letGoOrder.prefix(Self.letGoRemembered / 4)
-                for old in oldest { s.letGo.removeValue(forKey: old) }
-                s.letGoOrder.removeFirst(oldest.count)
+            if s.rememberedOrder.count >= Self.remembered {
+                let oldest = s.rememberedOrder.prefix(Self.remembered / 4)
+                for old in oldest { s.remembered.removeValue(forKey: old) }
+                s.rememberedOrder.removeFirst(oldest.count)
             }
-            s.letGo[id] = record
-            s.letGoOrder.append(id)
+            s.remembered[id] = record
+            s.rememberedOrder.append(id)
         }
     }
 
-    /// The record of the let-go directory `id`, forgotten here (nil if none is known).
-    func takeLetGo(_ id: String) -> TrashRecord? {
+    /// The remembered record of the directory entry `id`, forgotten here (nil if none is).
+    func takeRemembered(_ id: String) -> TrashRecord? {
         state.withLock { s in
-            guard !s.letGo.isEmpty, let r = s.letGo.removeValue(forKey: id) else { return nil }
-            s.letGoOrder.removeAll { $0 == id }
+            guard !s.remembered.isEmpty, let r = s.remembered.removeValue(forKey: id) else { return nil }
+            s.rememberedOrder.removeAll { $0 == id }
             return r
         }
     }
@@ -500,13 +502,14 @@ extension Graveyard {
     /// it) could not wholly remove, a trash entry of theirs held until
     /// restored, so what stays is listed and restorable rather than left
     /// stuck where no one sees it. Its record keeps the path it had (also
-    /// after `trash empty` let it go, while this daemon runs); an entry
-    /// without one (no window, a piece) has no path: it is restored with --to. False for an entry the daemon frees with its own rights.
+    /// one remembered in memory: after `trash empty` let it go, or for a
+    /// one-step delete with no window, while this daemon runs); an entry
+    /// without one has no path: it is restored with --to. False for an entry the daemon frees with its own rights.
     public func hold(shard: Int, _ name: UnsafePointer<CChar>, because held: TrashRecord.Held) -> Bool {
         guard let by = DeletedBy(entryName: name), let st = try? Sys.lstatat(shardFDs[shard], name) else { return false }
         let sfd = shardFDs[shard]
         let id = String(cString: name)
-        var record = readSidecar(sfd, id) ?? trash.takeLetGo(id)
+        var record = readSidecar(sfd, id) ?? trash.takeRemembered(id)
             ?? TrashRecord(path: [], uid: by.uid, gid: by.gid, bytes: nil, kind: TrashRecord.Kind(mode: st.st_mode), window: 0)
         record.held = held
         let temporary = ".held-" + id
@@ -583,7 +586,7 @@ extension Graveyard {
                 if deleter != nil && e.record.kind == .directory {
                     var record = e.record
                     record.window = 0
-                    trash.rememberLetGo(String(cString: grave), record)
+                    trash.remember(String(cString: grave), record)
                 }
             }
         } catch {
@@ -633,6 +636,10 @@ extension Graveyard {
         removeSidecar(sfd, e.id)
         trash.finishRestore(e, restored: true)
     }
+
+    /// Remembers, in memory, where the directory entry `id` (buried without
+    /// a record: no undo window) was deleted from, for `hold`.
+    public func remember(entry id: String, deletedFrom record: TrashRecord) { trash.remember(id, record) }
 
     /// Moves the piece `name` of shard `shardFD`, which its deleter could
     /// not wholly remove, back under its name in the entry it was split from

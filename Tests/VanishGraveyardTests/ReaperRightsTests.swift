@@ -85,9 +85,13 @@ struct ReaperRightsTests {
     /// they could not remove put back where it was. With `retake`, nobody
     /// makes `home/t` again first: the place is taken, so what stays is held
     /// in their trash, with why, for them to restore elsewhere.
-    static func attack(extra: String = "", retake: Bool = false, _ delete: (VanishMount, String) throws -> Void) throws {
+    /// `window`: with none (`reap_rate=0.2`, so the reaper is still at the
+    /// tree when drop/ comes), nothing is kept and no trash is emptied.
+    static func attack(extra: String = "", retake: Bool = false, window: Bool = true,
+                       _ delete: (VanishMount, String) throws -> Void) throws {
         let native = try nativeKeepsData(extra: extra)
-        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+        try withVanishMount(options: ["allow_other"] + (window ? [] : ["reap_rate=0.2"]),
+                            arguments: window ? ["--keep", "1h"] : [], prepare: { src in
             let r = try sh(fixture + extra, cwd: src)
             guard r.ok else { throw TestFailure(r.stderr) }
         }) { m in
@@ -98,8 +102,10 @@ struct ReaperRightsTests {
             try delete(m, binary)
             try moveIn(signals, pid)
             if retake { #expect(try runAsNobody(["mkdir", m.path("home/t")]).ok) }
-            let empty = try runAsNobody([binary, "trash", "empty", m.mountpoint])
-            #expect(empty.ok, "\(empty)")
+            if window {
+                let empty = try runAsNobody([binary, "trash", "empty", m.mountpoint])
+                #expect(empty.ok, "\(empty)")
+            }
             try waitForReaper(m)
             #expect(try rootsFile(m, inode: inode) == "root 644\nkeep\n", "root's file is not freed")
             #expect(try sh("find .vanish -name f -user nobody | wc -l", cwd: m.source).stdout == "0\n",
@@ -126,6 +132,17 @@ struct ReaperRightsTests {
     @Test("a tree moved into a one-step delete through a held cwd is not freed as root, and goes back where it was (attack 5)")
     func oneStepHeldDirectory() throws {
         try ReaperRightsTests.attack(extra: " && install -o nobody /dev/null home/t/f") { m, binary in
+            let rm = try runAsNobody([binary, "rm", "-r", m.path("home/t")])
+            #expect(rm.ok, "\(rm)")
+            try waitFor("nobody's room to be empty") {
+                try sh("ls .vanish/clients/*/users/65534 2>/dev/null", cwd: m.source).stdout.isEmpty
+            }
+        }
+    }
+
+    @Test("without an undo window too, a tree moved into a one-step delete through a held cwd goes back where it was (attack 5)")
+    func oneStepHeldDirectoryWithoutWindow() throws {
+        try ReaperRightsTests.attack(extra: " && install -o nobody /dev/null home/t/f", window: false) { m, binary in
             let rm = try runAsNobody([binary, "rm", "-r", m.path("home/t")])
             #expect(rm.ok, "\(rm)")
             try waitFor("nobody's room to be empty") {
