@@ -264,7 +264,8 @@ extension VanishFilesystem {
         }
         if let from, to == nil, from.kind == .files {
             try checkOwner(req, from.uid)
-            return try trashRestore(req, folders, from.uid, Self.bytes(name), to: inode(newParent), newName)
+            return try trashRestore(req, folders, from.uid, Self.bytes(name), to: inode(newParent), newName,
+                                    replacing: flags & VANISH_RENAME_NOREPLACE == 0)
         }
         if let to, from == nil, !TrashFolders.owns(parent), to.kind == .files {
             try checkOwner(req, to.uid)
@@ -273,8 +274,11 @@ extension VanishFilesystem {
         throw .notPermitted
     }
 
+    /// `replacing`: a plain rename, which replaces what the new name holds
+    /// (that goes to the graveyard as the caller's deletion, as a rename
+    /// over it through the mount does); with RENAME_NOREPLACE, EEXIST.
     private func trashRestore(_ req: Request, _ folders: TrashFolders, _ uid: UInt32, _ name: [UInt8],
-                              to np: Inode, _ newName: UnsafePointer<CChar>) throws(Errno) {
+                              to np: Inode, _ newName: UnsafePointer<CChar>, replacing: Bool) throws(Errno) {
         guard let e = folders.entry(uid, named: name) else { throw .noSuchFileOrDirectory }
         try checkChangeable(np, newName)
         changes.awaitEarlierChanges()
@@ -282,18 +286,48 @@ extension VanishFilesystem {
         let who = Credentials(uid: caller.uid, gid: caller.gid, groups: caller.uid == 0 ? [] : req.groups())
         let path = table.path(of: np, appending: newName)
         try namespace.withFD(np) { npfd throws(Errno) in
-            do throws(MountControl.PutBackFailure) {
-                try control.putBack(e, into: npfd, leaf: newName, path: path, as: who, byRename: true)
-            } catch {
-                switch error {
-                case .gone: throw .noSuchFileOrDirectory
-                case .taken: throw .fileExists
-                case .failed(let errno): throw errno
+            var replaced = false
+            while true {
+                do throws(MountControl.PutBackFailure) {
+                    try control.putBack(e, into: npfd, leaf: newName, path: path, as: who, byRename: true)
+                    return
+                } catch {
+                    switch error {
+                    case .gone: throw .noSuchFileOrDirectory
+                    case .taken where replacing && !replaced:
+                        try removeReplaced(req, np, npfd, newName, by: e.record.kind == .directory)
+                        replaced = true
+                    case .taken: throw .fileExists
+                    case .failed(let errno): throw errno
+                    }
                 }
             }
         }
         folders.leaveInfo(uid, name, of: e)
         req.replyOK()
+    }
+
+    /// What `newName` in `np` holds, replaced by a restore by rename: buried
+    /// as the caller's deletion, with rename's rules (a directory only by a
+    /// directory, and only empty; a file only by a non-directory). The kernel
+    /// checked the caller may remove it, as for any rename over a name.
+    private func removeReplaced(_ req: Request, _ np: Inode, _ npfd: Int32, _ newName: UnsafePointer<CChar>,
+                                by directory: Bool) throws(Errno) {
+        let caller = req.caller
+        let target = try Sys.lstatat(npfd, newName)
+        let isDirectory = target.st_mode & S_IFMT == S_IFDIR
+        if directory != isDirectory { throw directory ? .notDirectory : .isDirectory }
+        if isDirectory {
+            let (id, st) = try changes.removingDirectory(npfd, newName)
+            try deleter.removeDirectory(parent: np, parentFD: npfd, name: newName, caller: caller,
+                                        groups: { req.groups() }, known: st)
+            changes.deleted(caller, parent: np, name: newName, mode: S_IFDIR, id: id, tree: false, entry: nil)
+        } else {
+            let id = changes.removing(npfd, newName, target)
+            // At once, not after the reply: the name must be free for the restore.
+            _ = try deleter.bury(npfd, newName, st: target, from: np, caller: caller)
+            changes.deleted(caller, parent: np, name: newName, mode: target.st_mode, id: id, tree: false, entry: nil)
+        }
     }
 
     /// `name` in `p` into the trash as `files/newName`: deleted as by unlink

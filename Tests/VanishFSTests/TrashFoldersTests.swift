@@ -75,6 +75,51 @@ struct TrashFoldersTests {
         }
     }
 
+    @Test("moving out of files/ is rename(2): it replaces a file, an empty directory by a directory, and refuses what rename refuses (issue 51)")
+    func restoreByRenameReplaces() throws {
+        // The same renames on a plain directory give the errors to expect.
+        let script = """
+            import ctypes, errno, os, sys
+            libc = ctypes.CDLL(None, use_errno=True)
+            def rename(a, b, noreplace=False):
+                if libc.renameat2(-100, a.encode(), -100, b.encode(), 1 if noreplace else 0) == 0:
+                    return "ok"
+                return errno.errorcode[ctypes.get_errno()]
+            t = sys.argv[1]
+            print(rename(t + "/file", "file"), open("file").read().strip())
+            print(rename(t + "/kept", "kept", noreplace=True))
+            print(rename(t + "/dir", "empty"), sorted(os.listdir("empty")))
+            print(rename(t + "/dir2", "full"))
+            print(rename(t + "/dir3", "plain"))
+            print(rename(t + "/kept", "adir"))
+            """
+        let plain = try makeTempDirectory()
+        defer { removeTree(plain) }
+        #expect(try sh("""
+            mkdir -p t/dir t/dir2 t/dir3 empty full adir && echo new > t/file && echo k > t/kept \
+              && echo old > file && echo o > kept && echo f > full/f && echo p > plain
+            """, cwd: plain).ok)
+        let native = try run(["/usr/bin/python3", "-c", script, "t"], cwd: plain)
+        #expect(native.stdout == "ok new\nEEXIST\nok []\nENOTEMPTY\nENOTDIR\nEISDIR\n", "\(native)")
+        try withVanishMount(arguments: ["--keep", "1h"], prepare: { src in
+            let r = try sh("""
+                mkdir -p t/dir t/dir2 t/dir3 empty full adir && echo new > t/file && echo k > t/kept \\
+                  && echo old > file && echo o > kept && echo f > full/f && echo p > plain
+                """, cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            #expect(try sh("rm -r t/file t/kept t/dir t/dir2 t/dir3", cwd: m.mountpoint).ok)
+            let names = try sh("ls .Trash-0/files", cwd: m.mountpoint).stdout
+            #expect(names == "dir\ndir2\ndir3\nfile\nkept\n", "\(names)")
+            let viaMount = try run(["/usr/bin/python3", "-c", script, ".Trash-0/files"], cwd: m.mountpoint)
+            #expect(viaMount.stdout == native.stdout, "\(viaMount)")
+            // What was replaced is a deletion of its own, restorable.
+            let kept = try trashPaths(m)
+            #expect(kept.contains("file") && kept.contains("empty"), "\(kept)")
+            #expect(try sh("cat kept && ls full", cwd: m.mountpoint).stdout == "o\nf\n")
+        }
+    }
+
     @Test("trash-put and gio trash move into the undo window, not a copy; vanish restore brings the same file back")
     func put() throws {
         try Self.requireClients()
