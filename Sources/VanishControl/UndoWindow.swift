@@ -105,6 +105,11 @@ struct UndoWindow {
                 // an interrupted restore brought it back): what was deleted
                 // inside it goes back.
                 plan = Self.newest(inside: path, of: visible)
+                // Or it is inside a tree removed whole (`vanish rm -r`): that part alone goes back.
+                if plan.isEmpty, let (tree, part) = Self.container(of: path, among: visible) {
+                    try restorePart(part, of: tree, to: destination ?? path, as: who)
+                    return [destination ?? path]
+                }
                 guard !plan.isEmpty, destination == nil else { throw .noSuchEntry(shown) }
                 return try restoreAll(plan, to: nil, as: who, insideOnly: true)
             }
@@ -154,6 +159,17 @@ struct UndoWindow {
         return latest.values.sorted { $0.record.path.count < $1.record.path.count }
     }
 
+    /// The directory entry `path` is inside, with the names below its top:
+    /// the deepest, and of those the latest deletion.
+    static func container(of path: [UInt8], among entries: [TrashEntry]) -> (TrashEntry, [[UInt8]])? {
+        let candidates = entries.filter { $0.record.kind == .directory && !$0.record.path.isEmpty && isInside(path, $0.record.path) }
+        guard let tree = candidates.max(by: { ($0.record.path.count, $0.deleted) < ($1.record.path.count, $1.deleted) }) else {
+            return nil
+        }
+        let part = path[(tree.record.path.count + 1)...].split(separator: 0x2F).map { Array($0) }
+        return part.isEmpty ? nil : (tree, part)
+    }
+
     static func isInside(_ path: [UInt8], _ dir: [UInt8]) -> Bool {
         path.count > dir.count + 1 && path[dir.count] == 0x2F && Array(path[..<dir.count]) == dir
     }
@@ -174,6 +190,41 @@ struct UndoWindow {
             throw .invalidDestination("\(shown) is Vanish's reserved state directory")
         }
         return (parts, leaf)
+    }
+
+    /// Restores `part` of the directory entry `tree` to `target`, the rest staying in the trash.
+    private func restorePart(_ part: [[UInt8]], of tree: TrashEntry, to target: [UInt8],
+                             as who: Credentials) throws(RestoreError) {
+        let shown = String(decoding: target, as: UTF8.self)
+        for p in part where p == [0x2E] || p == [0x2E, 0x2E] || p.contains(0) {
+            throw .invalidDestination("\(shown): paths may not contain . or .. or a NUL byte")
+        }
+        let (parts, leaf) = try Self.destination(target)
+        if mount.showsTrashFolder(named: parts.first ?? leaf) {
+            throw .invalidDestination("\(shown) is where the mount shows a user's desktop trash")
+        }
+        let root = mount.backingRoot
+        let dirFD: Int32
+        do throws(Errno) {
+            dirFD = try who.openDirectory(parts, under: root, needing: 3)
+        } catch .noSuchFileOrDirectory where !parts.isEmpty {
+            throw .directoryGone(shown, String(decoding: Array(parts.joined(separator: [0x2F])), as: UTF8.self))
+        } catch {
+            throw .failed(shown, error)
+        }
+        defer { if dirFD != root { Sys.close(dirFD) } }
+        do throws(MountControl.PutBackFailure) {
+            try (leaf + [0]).withUnsafeBufferPointer { b throws(MountControl.PutBackFailure) in
+                try mount.putBackPart(tree, part, into: dirFD, leaf: UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
+                                      path: target, as: who)
+            }
+        } catch {
+            switch error {
+            case .gone: throw .noSuchEntry(shown)
+            case .taken: throw .taken(shown)
+            case .failed(let errno): throw .failed(shown, errno)
+            }
+        }
     }
 
     private func restore(_ e: TrashEntry, to target: [UInt8], as who: Credentials) throws(RestoreError) {

@@ -233,4 +233,60 @@ package final class MountControl: Sendable {
                    metadata: ["path": "\(String(decoding: e.record.path, as: UTF8.self))", "uid": "\(who.uid)"])
         return true
     }
+
+    /// Puts `part` (names below the top of the directory entry `e`) back as
+    /// `leaf` in `dirFD` without the rest of the entry: one file or subtree
+    /// of a tree `vanish rm -r` removed. The entry is held from the reaper
+    /// meanwhile; the directories inside it are opened and the part moved
+    /// as `who`, so the kernel decides, as for their `mv` out of the tree.
+    /// Never over an existing name (`.taken`).
+    package func putBackPart(_ e: TrashEntry, _ part: [[UInt8]], into dirFD: Int32, leaf: UnsafePointer<CChar>,
+                             path: [UInt8], as who: Credentials) throws(PutBackFailure) {
+        guard let graveyard, e.record.kind == .directory, let name = part.last,
+              !part.contains(where: { $0.isEmpty || $0 == [0x2E] || $0 == [0x2E, 0x2E] || $0.contains(0) }),
+              let claimed = graveyard.claim(e.id) else { throw .gone }
+        defer {
+            graveyard.release(claimed)
+            // What it holds changed: measured again when asked.
+            graveyard.forgetExtent(claimed.id)
+            reaper?.forgetTree(claimed.id)
+        }
+        let parent: Inode? = dirFD == backingRoot ? table.root : (try? Sys.fstat(dirFD)).flatMap(table.known)
+        parent?.willChangeEntries()
+        let moved: stat
+        do throws(Errno) {
+            var from = try Sys.openat(graveyard.shardFDs[claimed.shard], claimed.id, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+            defer { Sys.close(from) }
+            moved = try who.acting { () throws(Errno) -> stat in
+                for component in part.dropLast() {
+                    let next = try (component + [0]).withUnsafeBufferPointer { b throws(Errno) in
+                        try Sys.openat(from, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
+                                       VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+                    }
+                    Sys.close(from)
+                    from = next
+                }
+                return try (name + [0]).withUnsafeBufferPointer { b throws(Errno) -> stat in
+                    let n = UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self)
+                    let st = try Sys.lstatat(from, n)
+                    try Sys.renameNoReplace(from, n, dirFD, leaf)
+                    return st
+                }
+            }
+        } catch .fileExists {
+            throw .taken
+        } catch .noSuchFileOrDirectory {
+            throw .gone
+        } catch {
+            throw .failed(error)
+        }
+        changes.restored(into: dirFD, leaf, path: path, kind: TrashRecord.Kind(mode: moved.st_mode).name,
+                         entry: claimed.id, uid: who.uid, kept: false)
+        guard let parent else { return }
+        table.moved(moved, to: parent, name: leaf)
+        let leafName = Inode.copyName(leaf)
+        if !invalidations.send(parent: table.nodeID(parent), name: leafName, timeout: .seconds(1)) {
+            log.debug("answering a restore before the kernel forgot the name's absence (its parent stayed locked)")
+        }
+    }
 }

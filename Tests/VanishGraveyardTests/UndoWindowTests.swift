@@ -149,6 +149,40 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("vanish restore of a path inside a tree vanish rm -r removed brings that part back alone, as its owner; the rest stays (issue 51)")
+    func restorePartOfTree() throws {
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            let r = try sh("""
+                chmod 755 . && install -d -o nobody mine && cd mine && mkdir -p proj/sub && echo a > proj/a.txt \\
+                  && echo b > proj/sub/b && chown -R nobody . && cd .. && mkdir -p roots/cfg && echo r > roots/cfg/secret
+                """, cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let binary = m.base + "/vanish"
+            #expect(try run(["cp", vanishBinary, binary]).ok)
+            chmod(m.base, 0o755)
+            #expect(try runAsNobody([binary, "rm", "-r", m.path("mine/proj")]).ok)
+            #expect(try run([vanishBinary, "rm", "-r", m.path("roots")]).ok)
+            // Its directory is gone: the message says so, and nothing moves.
+            let early = try runAsNobody([binary, "restore", m.path("mine/proj/a.txt")])
+            #expect(!early.ok && early.stderr.contains("no longer exists"), "\(early)")
+            #expect(try runAsNobody(["mkdir", m.path("mine/proj")]).ok)
+            let part = try runAsNobody([binary, "restore", m.path("mine/proj/a.txt")])
+            #expect(part.ok, "\(part)")
+            #expect(try sh("stat -c '%U %s' mine/proj/a.txt && cat mine/proj/a.txt", cwd: m.mountpoint).stdout == "nobody 2\na\n")
+            let sub = try runAsNobody([binary, "restore", m.path("mine/proj/sub"), "--to", m.path("mine/sub")])
+            #expect(sub.ok, "\(sub)")
+            #expect(try sh("cat mine/sub/b", cwd: m.mountpoint).stdout == "b\n")
+            // Once back, it is not in the trash twice; the tree's entry stays, restorable.
+            #expect(!(try runAsNobody([binary, "restore", m.path("mine/proj/a.txt")])).ok)
+            #expect(try trashList(m).contains { $0["path"] as? String == "mine/proj" })
+            // Another user's tree is not theirs to take parts of.
+            let theirs = try runAsNobody([binary, "restore", m.path("roots/cfg/secret"), "--to", m.path("mine/stolen")])
+            #expect(!theirs.ok && theirs.stderr.contains("nothing restorable"), "\(theirs)")
+            #expect(access(m.backing("mine/stolen"), F_OK) != 0)
+        }
+    }
+
     @Test("a kept entry keeps its own window across remounts: none, then a shorter one, takes nothing")
     func windowOutlivesTheMount() throws {
         let source = try makeTempDirectory()
