@@ -195,39 +195,27 @@ struct UndoWindow {
     /// Restores `part` of the directory entry `tree` to `target`, the rest staying in the trash.
     private func restorePart(_ part: [[UInt8]], of tree: TrashEntry, to target: [UInt8],
                              as who: Credentials) throws(RestoreError) {
-        let shown = String(decoding: target, as: UTF8.self)
         for p in part where p == [0x2E] || p == [0x2E, 0x2E] || p.contains(0) {
-            throw .invalidDestination("\(shown): paths may not contain . or .. or a NUL byte")
+            throw .invalidDestination("\(String(decoding: target, as: UTF8.self)): paths may not contain . or .. or a NUL byte")
         }
-        let (parts, leaf) = try Self.destination(target)
-        if mount.showsTrashFolder(named: parts.first ?? leaf) {
-            throw .invalidDestination("\(shown) is where the mount shows a user's desktop trash")
-        }
-        let root = mount.backingRoot
-        let dirFD: Int32
-        do throws(Errno) {
-            dirFD = try who.openDirectory(parts, under: root, needing: 3)
-        } catch .noSuchFileOrDirectory where !parts.isEmpty {
-            throw .directoryGone(shown, String(decoding: Array(parts.joined(separator: [0x2F])), as: UTF8.self))
-        } catch {
-            throw .failed(shown, error)
-        }
-        defer { if dirFD != root { Sys.close(dirFD) } }
-        do throws(MountControl.PutBackFailure) {
-            try (leaf + [0]).withUnsafeBufferPointer { b throws(MountControl.PutBackFailure) in
-                try mount.putBackPart(tree, part, into: dirFD, leaf: UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
-                                      path: target, as: who)
-            }
-        } catch {
-            switch error {
-            case .gone: throw .noSuchEntry(shown)
-            case .taken: throw .taken(shown)
-            case .failed(let errno): throw .failed(shown, errno)
-            }
+        try putBack(to: target, as: who, gone: .noSuchEntry(String(decoding: target, as: UTF8.self))) { dirFD, leaf, path
+            throws(MountControl.PutBackFailure) in
+            try mount.putBackPart(tree, part, into: dirFD, leaf: leaf, path: path, as: who)
         }
     }
 
     private func restore(_ e: TrashEntry, to target: [UInt8], as who: Credentials) throws(RestoreError) {
+        try putBack(to: target, as: who, gone: .noSuchEntry(e.id)) { dirFD, leaf, path throws(MountControl.PutBackFailure) in
+            try mount.putBack(e, into: dirFD, leaf: leaf, path: path, as: who)
+        }
+    }
+
+    /// `move` with the directory of `target` opened as `who` would reach it
+    /// (write and search needed there) and its last name; its failures said
+    /// for `target` (`gone`: what to say when the entry is no longer there).
+    private func putBack(to target: [UInt8], as who: Credentials, gone: RestoreError,
+                         _ move: (Int32, UnsafePointer<CChar>, [UInt8]) throws(MountControl.PutBackFailure) -> Void)
+        throws(RestoreError) {
         let shown = String(decoding: target, as: UTF8.self)
         let (parts, leaf) = try Self.destination(target)
         if mount.showsTrashFolder(named: parts.first ?? leaf) {
@@ -246,12 +234,11 @@ struct UndoWindow {
         defer { if dirFD != root { Sys.close(dirFD) } }
         do throws(MountControl.PutBackFailure) {
             try (leaf + [0]).withUnsafeBufferPointer { b throws(MountControl.PutBackFailure) in
-                try mount.putBack(e, into: dirFD, leaf: UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
-                                       path: target, as: who)
+                try move(dirFD, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self), target)
             }
         } catch {
             switch error {
-            case .gone: throw .noSuchEntry(e.id)
+            case .gone: throw gone
             case .taken: throw .taken(shown)
             case .failed(let errno): throw .failed(shown, errno)
             }
