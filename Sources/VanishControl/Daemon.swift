@@ -66,8 +66,10 @@ public final class Daemon {
     private let control: ControlServer?
     private let session: Session
 
-    /// Builds the control socket, the filesystem, the journal, the control
-    /// server and the session, each from the ones before. Nothing is mounted yet.
+    /// The composition root: builds the control socket, the filesystem's
+    /// parts (`MountParts.assemble`: source, deleting, namespace, events,
+    /// control, caches) and the filesystem over them, the control server and
+    /// the session, each from the ones before. Nothing is mounted yet.
     public init(_ configuration: Configuration, log: Logger) throws(Failure) {
         self.configuration = configuration
         self.log = log
@@ -77,9 +79,10 @@ public final class Daemon {
         do {
             var options = configuration.filesystem
             options.mountpoint = realpath(configuration.mountpoint, nil).map { p in defer { free(p) }; return String(cString: p) }
-            filesystem = try VanishFilesystem(source: src, options: options, logger: log,
-                                              journal: Daemon.journalOpener(configuration, instance: instance, log: log),
-                                              status: .init(socket: socket?.path ?? "", log: configuration.logDestination))
+            filesystem = VanishFilesystem(try MountParts.assemble(
+                source: src, options: options, logger: log,
+                journal: Daemon.journalOpener(configuration, instance: instance, log: log),
+                status: .init(socket: socket?.path ?? "", log: configuration.logDestination)))
         } catch {
             socket?.discard()
             throw Failure(description: "cannot open source \(src): \(error)")

@@ -53,89 +53,19 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     /// Whether the daemon acts for other users (see `SourceRoot.actsForOthers`).
     var actsForOthers: Bool { SourceRoot.actsForOthers }
 
-    /// Opens `source` (a directory) as the backing root and its graveyard,
-    /// and builds the mount's parts, each from those before it.
-    /// `journal` opens the event journal in the state directory's `events`
-    /// directory (an fd it may keep only while it runs); without it, or
-    /// without a state directory, events are off.
-    package init(source path: String, options: FilesystemOptions, logger: Logger,
-                 journal openJournal: ((_ eventsFD: Int32) -> Journal?)? = nil, status: StatusAttribute = .init()) throws {
-        // The source, then deleting: the graveyard, its reaper, lease and unlink log.
-        let (source, st) = try SourceRoot.open(path, options, logger)
-        let opened: Deleter.Opened
-        do { opened = try Deleter.open(source: path, fd: source.fd, options: options, logger: logger) } catch {
-            Sys.close(source.fd)
-            throw error
-        }
-        let grave = opened.graveyard
-        // The inodes the kernel knows, and the one way handlers reach the backing directory.
-        let root = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, id: UInt64(FUSE_ROOT_ID),
-                         generation: 0, parent: nil, name: "")
-        root.cache.fd = source.fd
-        root.place.lookups = 1
-        root.sawAttributes(st)
-        let codec = Self.handleCodec(rootFD: source.fd, root: st)
-        let table = InodeTable(root: root, codec: codec)
-        let burials = DeferredBurials(intents: opened.defersUnlink ? opened.intents : nil)
-        let namespace = BackingNamespace(table: table, fdLimit: options.fdCacheLimit ?? FileLimits.defaultCacheLimit(),
-                                         burials: burials)
-        // Caches that spare syscalls and round trips.
-        let watch = options.cache == .auto && source.isLocalDisk && options.watchSource ? codec.flatMap(SourceWatch.init) : nil
-        let absentXattrs = AbsentXattrs(enabled: source.isLocalDisk, device: st.st_dev,
-                                        timeout: watch != nil ? SourceWatch.timeout : options.attrTimeout)
-        handles = HandleLimits(buried: codec != nil ? grave.map(BuriedNumbers.init) : nil,
-                               stateDirectory: grave.flatMap { g in
-                                   (try? Sys.fstat(g.sharedFD)).map { InodeKey(dev: $0.st_dev, ino: $0.st_ino) }
-                               })
-        // Events: the journal, and the recorder handlers tell each change.
-        let journal = openJournal.flatMap { open in grave.flatMap(Self.openEventsDirectory).flatMap { fd in
-            defer { Sys.close(fd) }
-            return open(fd)
-        } }
-        let changes: any ChangeObserver
-        if let journal {
-            let recorder = EventRecorder(journal: journal, table: table, namespace: namespace, log: logger,
-                                         readsWithoutAtime: SourceRoot.actsForOthers)
-            if let reaper = opened.reaper { recorder.recordReaping(of: reaper) }
-            changes = recorder
-        } else {
-            changes = NoEvents()
-        }
-        // Deleting, then what is built on it; answered unlinks a crash left unfinished are finished now.
-        let deleter = Deleter(opened, rootFD: source.fd, namespace: namespace, burials: burials, log: logger)
-        deleter.finishInterruptedUnlinks(opened)
-        let invalidations = EntryInvalidations()
-        oneStep = OneStepBurials(deleter: deleter, changes: changes, invalidations: invalidations, log: logger)
-        control = MountControl(backingRoot: source.fd, journal: journal, graveyard: grave, reaper: opened.reaper,
-                               namespace: namespace, oneStep: oneStep, invalidations: invalidations,
-                               changes: changes, log: logger, status: status,
-                               trashFolders: deleter.undoWindow > 0 ? grave.map { TrashFolders(graveyard: $0, table: table) } : nil)
-        // What the reaper holds because its deleter could not remove all of
-        // it goes back where it was when that is known; else it is logged.
-        if let reaper = opened.reaper {
-            let held = reaper.hooks.onHeld
-            reaper.hooks.onHeld = { [control] entry, error in
-                if !control.putBackHeld(entry) { held?(entry, error) }
-            }
-        }
-        let statahead = Statahead(table: table, namespace: namespace) { [deleter] dir, name in
-            deleter.isStateDirectory(dir, name)
-        }
-        caches = Caches(watch: watch, invalidations: invalidations, absentXattrs: absentXattrs, statahead: statahead)
-        self.source = source
-        self.namespace = namespace
-        self.changes = changes
-        self.deleter = deleter
-        self.options = options
-        log = logger
-        openFiles = OpenFiles(passthrough: PassthroughFiles(log: logger))
-    }
-
-    /// `.vanish/events`, made if needed: where the journal lives.
-    private static func openEventsDirectory(_ graveyard: Graveyard) -> Int32? {
-        if mkdirat(graveyard.stateFD, "events", 0o700) != 0 && errno != EEXIST { return nil }
-        let fd = openat(graveyard.stateFD, "events", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-        return fd >= 0 ? fd : nil
+    /// The filesystem over `parts` (see `MountParts.assemble`, which opens and builds them).
+    package init(_ parts: MountParts) {
+        source = parts.source
+        options = parts.options
+        log = parts.log
+        namespace = parts.namespace
+        deleter = parts.deleter
+        oneStep = parts.oneStep
+        caches = parts.caches
+        handles = parts.handles
+        changes = parts.changes
+        control = parts.control
+        openFiles = parts.openFiles
     }
 
     deinit {
