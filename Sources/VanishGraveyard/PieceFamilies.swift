@@ -38,9 +38,9 @@ final class PieceFamilies: Sendable {
 
     var isEmpty: Bool { !known.load(ordering: .relaxed) }
 
-    /// At most this many pieces are followed at once (~150 bytes each):
+    /// At most this many pieces are followed at once (a few hundred bytes each):
     /// beyond, a directory does not wait, and a piece is held on its own.
-    static let followed = 100_000
+    static let followed = 20_000
 
     /// The entry `parent` (in shard `shardFD`) had `pieces` moved out: it
     /// waits for them. False if it may not (too many followed already).

@@ -298,6 +298,8 @@ public final class Reaper: @unchecked Sendable {
             if state == .whenEmpty {
                 shards = ~0
             } else if keeps {
+                // All of them anyway; the marks only keep the worker from sleeping past new work.
+                _ = workers.takeDirty(mineMask)
                 shards = mineMask
             } else {
                 shards = workers.takeDirty(mineMask)
@@ -326,8 +328,10 @@ public final class Reaper: @unchecked Sendable {
             // (set now: the worker may sleep for many seconds).
             me.lifted.store(false, ordering: .relaxed)
             reschedule()
+            // A shard marked since this pass began (a piece done, an entry let
+            // go) is looked at now, not when the sleep times out.
             let woken = workers.sleep(index, until: sleepUntil(keeps ? nextDue : nextFullScan)) {
-                accounting.generation == seen
+                accounting.generation == seen && !workers.hasDirty(mineMask)
             }
             if woken && !keeps && workers.isRunning {
                 // Let deletions gather: a program unlinking one file after another

@@ -84,6 +84,9 @@ final class ReaperWorkers: Sendable {
         wake(owner(of: shard))
     }
 
+    /// Whether a shard in `mine` was marked since its marks were last taken.
+    func hasDirty(_ mine: UInt64) -> Bool { dirty.load(ordering: .sequentiallyConsistent) & mine != 0 }
+
     /// Takes the dirty marks of the shards in `mine`.
     func takeDirty(_ mine: UInt64) -> UInt64 {
         dirty.bitwiseAnd(~mine, ordering: .sequentiallyConsistent).oldValue & mine
