@@ -123,11 +123,10 @@ struct TreeRemover {
         var stopped = false
         do throws(Errno) {
             try who.acting { () throws(Errno) in
-                if st.st_uid == who.uid && st.st_mode & 0o700 != 0o700 {
-                    try? Sys.chmod(pathFD: top, (st.st_mode & 0o7777) | 0o700)
-                }
                 // Opened as them: rm -r must be able to list it (an empty one
-                // it removes without listing, as the rmdir below does).
+                // it removes without listing, as the rmdir below does). Their
+                // own read-only directory is left as it is: rm -r by them
+                // cannot empty it either, and it goes back as it was.
                 let fd: Int32
                 do throws(Errno) { fd = try Sys.openat(top, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) } catch .permissionDenied {
                     return
@@ -186,17 +185,14 @@ struct TreeRemover {
     /// (on this thread's credentials): the kernel lets it go only if they may
     /// remove it from `dirFD`. Returns its name in the room. A directory the
     /// move needs write permission on and they may not write (its ".." would
-    /// change) goes with rmdir if it is empty, as `rm -r` takes it.
+    /// change; their own read-only one too) goes with rmdir if it is empty,
+    /// as `rm -r` takes it, and else stays.
     private mutating func handBack(_ dirFD: Int32, _ child: UnsafePointer<CChar>, _ st: stat, into room: Int32,
                                    as who: Credentials, id: DeletedBy) -> String? {
         let reservation = graveyard.reserve(by: id)
         do throws(Errno) {
             return try graveyard.withName(reservation) { piece throws(Errno) -> String in
-                do throws(Errno) {
-                    try Sys.renameNoReplace(dirFD, child, room, piece)
-                } catch .permissionDenied where makeRemovable(dirFD, child, st, owner: who.uid) {
-                    try Sys.renameNoReplace(dirFD, child, room, piece)
-                }
+                try Sys.renameNoReplace(dirFD, child, room, piece)
                 return String(cString: piece)
             }
         } catch .permissionDenied {
@@ -248,7 +244,8 @@ struct TreeRemover {
     /// otherwise leave it stuck in the graveyard. It is deleted already;
     /// only its owner's own mode bits stood in the way (`go clean -modcache`
     /// does the same). Root is never refused, but may still find modes
-    /// changed. Runs with the thread's credentials: `owner`'s own, or the daemon's.
+    /// changed. Only for what the daemon frees with its own rights: a deleter's
+    /// own read-only directories stay, as `rm -r` by them leaves them.
     @discardableResult
     private func makeRemovable(_ dirFD: Int32, _ name: UnsafePointer<CChar>, _ st: stat, owner: uid_t) -> Bool {
         guard st.st_mode & 0o700 != 0o700, st.st_uid == owner else { return false }

@@ -21,7 +21,7 @@ struct ReaperRightsTests {
     /// Runs nobody's holder: cwd in `tree` on the source, it waits for
     /// `signals/go`, moves `drop` in from `pub`, and writes how that went
     /// to `signals/moved`.
-    static func holder(_ m: VanishMount, tree: String) throws -> (pid: pid_t, signals: String) {
+    static func holder(_ m: VanishMount, tree: String, moving moved: String = "pub/drop") throws -> (pid: pid_t, signals: String) {
         let signals = m.base + "/signals"
         mkdir(signals, 0o777)
         chmod(signals, 0o777)
@@ -42,7 +42,7 @@ struct ReaperRightsTests {
                 f.write(result)
             """.write(toFile: script, atomically: true, encoding: .utf8)
         let pid = try spawn(["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
-                             "/usr/bin/python3", script, m.backing(tree), signals, m.backing("pub/drop")])
+                             "/usr/bin/python3", script, m.backing(tree), signals, m.backing(moved)])
         try waitFor("the holder to be in \(tree)") { access(signals + "/ready", F_OK) == 0 }
         return (pid, signals)
     }
@@ -58,13 +58,15 @@ struct ReaperRightsTests {
 
     /// nobody's own `rm -r` of a tree holding `drop/` leaves root's file: the
     /// fixture's premise. Returns what is left under `home` (paths, owners, modes).
-    static func nativeKeepsData(extra: String) throws -> String {
+    static func nativeKeepsData(extra: String, moving moved: String = "pub/drop") throws -> String {
         let plain = try makeTempDirectory()
         defer { removeTree(plain) }
         chmod(plain, 0o755)
-        #expect(try sh(fixture + extra + " && mv pub/drop home/t/", cwd: plain).ok)
+        #expect(try sh(fixture + extra + " && mv \(moved) home/t/drop", cwd: plain).ok)
         _ = try runAsNobody(["rm", "-r", "home/t"], cwd: plain)
-        #expect(try sh("cat home/t/drop/archive/data", cwd: plain).stdout == "keep\n", "nobody's rm -r leaves root's file")
+        if moved == "pub/drop" {
+            #expect(try sh("cat home/t/drop/archive/data", cwd: plain).stdout == "keep\n", "nobody's rm -r leaves root's file")
+        }
         return try listing(plain)
     }
 
@@ -87,9 +89,9 @@ struct ReaperRightsTests {
     /// in their trash, with why, for them to restore elsewhere.
     /// `window`: with none (`reap_rate=0.2`, so the reaper is still at the
     /// tree when drop/ comes), nothing is kept and no trash is emptied.
-    static func attack(extra: String = "", retake: Bool = false, window: Bool = true,
+    static func attack(extra: String = "", moving moved: String = "pub/drop", retake: Bool = false, window: Bool = true,
                        _ delete: (VanishMount, String) throws -> Void) throws {
-        let native = try nativeKeepsData(extra: extra)
+        let native = try nativeKeepsData(extra: extra, moving: moved)
         try withVanishMount(options: ["allow_other"] + (window ? [] : ["reap_rate=0.2"]),
                             arguments: window ? ["--keep", "1h"] : [], prepare: { src in
             let r = try sh(fixture + extra, cwd: src)
@@ -98,7 +100,7 @@ struct ReaperRightsTests {
             let binary = m.base + "/vanish"
             #expect(try run(["cp", vanishBinary, binary]).ok)
             let inode = try sh("stat -c %i pub/drop/archive/data", cwd: m.source).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
-            let (pid, signals) = try holder(m, tree: "home/t")
+            let (pid, signals) = try holder(m, tree: "home/t", moving: moved)
             try delete(m, binary)
             try moveIn(signals, pid)
             if retake { #expect(try runAsNobody(["mkdir", m.path("home/t")]).ok) }
@@ -154,6 +156,15 @@ struct ReaperRightsTests {
     @Test("a tree moved into a removed directory through a held cwd is not freed as root, and goes back where it was (attack 5, by rmdir)")
     func rmdirHeldDirectory() throws {
         try ReaperRightsTests.attack { m, _ in
+            let rmdir = try runAsNobody(["rmdir", m.path("home/t")])
+            #expect(rmdir.ok, "\(rmdir)")
+        }
+    }
+
+    @Test("nobody's own read-only directory moved into their removed directory is not emptied: it goes back as it was, as after their rm -r")
+    func ownReadOnlyDirectoryGoesBack() throws {
+        let extra = " && install -d -o nobody home/box home/box/ro && install -o nobody /dev/null home/box/ro/f && chmod 500 home/box/ro"
+        try ReaperRightsTests.attack(extra: extra, moving: "home/box") { m, _ in
             let rmdir = try runAsNobody(["rmdir", m.path("home/t")])
             #expect(rmdir.ok, "\(rmdir)")
         }
