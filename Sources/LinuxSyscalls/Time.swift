@@ -73,4 +73,13 @@ extension Sys {
         clock_gettime(CLOCK_MONOTONIC_COARSE, &ts)
         return UInt32(truncatingIfNeeded: ts.tv_sec &* 1000 &+ ts.tv_nsec / 1_000_000)
     }
+
+    /// How far behind the wall clock a filesystem's timestamps may be (ns):
+    /// the kernel stamps changes with the coarse clock, which moves once a
+    /// tick. At least a millisecond.
+    public static let coarseClockResolution: UInt64 = {
+        var ts = timespec()
+        guard clock_getres(CLOCK_REALTIME_COARSE, &ts) == 0 else { return Duration.milliseconds(10).nanoseconds }
+        return max(Sys.nanoseconds(ts), Duration.milliseconds(1).nanoseconds)
+    }()
 }

@@ -316,7 +316,8 @@ extension Deleter {
         // Inside a window, what it does not keep (a program's own scratch
         // file, an excluded name) is due at once: dated now, it would wait
         // out the window outside every limit and could fill the disk.
-        let deletion: Graveyard.Deletion = record == nil && undoWindow > 0 ? .unheld : made.map { .at($0.deleted) } ?? .now
+        let deletion: Graveyard.Deletion = record == nil && undoWindow > 0 ? .unheld(since: made?.deleted)
+            : made.map { .at($0.deleted) } ?? .now
         // The directory checked: one from a one-step delete's room is its own.
         let checked = isFile || reserved != nil ? nil : st.st_ino
         var entry: String?
@@ -325,12 +326,12 @@ extension Deleter {
                 reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, deletion: deletion,
                                                             reserved: reserved, by: deletedBy, file: isFile,
                                                             checked: checked) { entry = String(cString: $0) },
-                                  dueNow: deletion == .unheld,
+                                  dueNow: deletion.isUnheld,
                                   sizeUnknown: record != nil && record?.bytes == nil, bytes: Self.freedBytes(st))
             } else {
                 reaper.noteBuried(shard: try graveyard.bury(parentFD, name, record: record, deletion: deletion,
                                                             by: deletedBy, file: isFile, checked: checked),
-                                  dueNow: deletion == .unheld,
+                                  dueNow: deletion.isUnheld,
                                   sizeUnknown: record != nil && record?.bytes == nil, bytes: Self.freedBytes(st))
             }
         } catch .isDirectory where isFile {
@@ -368,7 +369,7 @@ extension Deleter {
                             metadata: ["name": "\(String(cString: name))", "error": "\(error)"])
             }
             if record != nil,
-               let shard = try? graveyard.bury(parentFD, name, deletion: .unheld, by: deletedBy, file: isFile,
+               let shard = try? graveyard.bury(parentFD, name, deletion: .unheld(since: made?.deleted), by: deletedBy, file: isFile,
                                                named: { entry = String(cString: $0) }) {
                 reaper.noteBuried(shard: shard, dueNow: true)
             } else {

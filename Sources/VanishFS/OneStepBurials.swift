@@ -181,7 +181,8 @@ final class OneStepBurials: Sendable {
         guard let graveyard = deleter.graveyard, let reaper = deleter.reaper, let leaf = path.last else { return }
         do throws(Errno) {
             let by = try graveyard.identify(p.permissions.credentials)
-            let reservation = graveyard.reserve(by: by)
+            // Deleted with the tree: what came into it after that is judged so (`TreeRemover.cameInLater`).
+            let reservation = graveyard.reserve(by: by, at: p.reservation.time)
             try p.permissions.acting { () throws(Errno) in
                 var dir = try Sys.openat(p.room, grave, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
                 defer { Sys.close(dir) }
@@ -228,7 +229,10 @@ final class OneStepBurials: Sendable {
                     // put anything in their room, under any name.
                     var by = name.withCString { DeletedBy(entryName: $0) }
                     if by?.uid != uid { by = try graveyard.identify(uid == 0 ? nil : credentials) }
-                    reaper.noteBuried(shard: try graveyard.bury(room, name, by: by))
+                    // Deleted when its name says, if not later than now: what came
+                    // into it after that is judged so (`TreeRemover.cameInLater`).
+                    let deleted = min(name.withCString { Graveyard.burialTime($0) } ?? .max, Sys.wallClockNow())
+                    reaper.noteBuried(shard: try graveyard.bury(room, name, deletion: .at(deleted), by: by))
                 } catch .noSuchFileOrDirectory {
                     // A reaper moving a piece on through the room took it first.
                 } catch {

@@ -97,7 +97,7 @@ extension Graveyard {
                 later.insert(name)
                 continue
             }
-            let time = name.withCString { Graveyard.deletionTime($0) } ?? 0
+            let time = name.withCString { Graveyard.nameTime($0) } ?? 0
             let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
             let shard = Int(n % UInt64(Graveyard.shardCount))
             let sfd = shardFDs[shard]

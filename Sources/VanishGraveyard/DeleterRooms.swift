@@ -11,19 +11,21 @@ extension Graveyard {
     /// so the `deleted` event can name the entry at once.
     public struct Reservation: Sendable, Equatable {
         let number: UInt64
-        let time: UInt64
+        /// When its entry was deleted (ns since the epoch).
+        public let time: UInt64
         public let deleter: DeletedBy?
     }
 
-    /// A name for an entry `deleter` buries (nil: the daemon's own user).
-    public func reserve(by deleter: DeletedBy?) -> Reservation {
-        Reservation(number: counter.wrappingAdd(1, ordering: .relaxed).newValue, time: Sys.wallClockNow(),
+    /// A name for an entry `deleter` buries (nil: the daemon's own user),
+    /// deleted now or at `time` (a part of a tree deleted then).
+    public func reserve(by deleter: DeletedBy?, at time: UInt64? = nil) -> Reservation {
+        Reservation(number: counter.wrappingAdd(1, ordering: .relaxed).newValue, time: time ?? Sys.wallClockNow(),
                     deleter: deleter)
     }
 
-    /// A name for a piece split off an entry `deleter` buried (see `TreeRemover`).
-    func reservePiece(by deleter: DeletedBy) -> Reservation {
-        Reservation(number: counter.wrappingAdd(1, ordering: .relaxed).newValue, time: Deletion.piece.nameTime,
+    /// A name for a piece split off an entry `deleter` buried at `since` (see `TreeRemover`).
+    func reservePiece(by deleter: DeletedBy, of since: UInt64?) -> Reservation {
+        Reservation(number: counter.wrappingAdd(1, ordering: .relaxed).newValue, time: Deletion.piece(of: since).nameTime,
                     deleter: deleter)
     }
 

@@ -213,10 +213,10 @@ public final class Graveyard: @unchecked Sendable {
     ///
     /// With a `record` the entry stays restorable during the undo window
     /// (its sidecar is written first). `expired` marks pieces of an entry
-    /// already being reaped: they carry time 0, so no undo window keeps them.
-    /// `unheld` marks an entry buried without its record while there is a
-    /// window (the disk was full): it carries time 1, so the window does not
-    /// keep it either, yet it is reported when freed, unlike a piece.
+    /// already being reaped: no undo window keeps them. `unheld` marks an
+    /// entry buried without its record while there is a window (the disk was
+    /// full): the window does not keep it either, yet it is reported when
+    /// freed, unlike a piece. Both carry when their tree was deleted.
     /// `time` is when it was deleted (an unlink answered before its burial
     /// landed), now if not given. `named`, if given, gets the entry's name
     /// once it is in place. `linking` makes the entry a hard link and leaves
@@ -233,7 +233,7 @@ public final class Graveyard: @unchecked Sendable {
         // Runs of 64 deletions share a shard, so a reaper woken for a program
         // that unlinks file after file scans one directory for many of them;
         // pieces of a tree being reaped are spread one by one, for parallel workers.
-        let shard = Int((deletion == .piece ? n : n >> 6) % UInt64(Graveyard.shardCount))
+        let shard = Int((deletion.isPiece ? n : n >> 6) % UInt64(Graveyard.shardCount))
         let sfd = shardFDs[shard]
         let namesFile = file && reserved == nil
         try withUniqueName(n, time: reserved?.time ?? deletion.nameTime, by: reserved?.deleter ?? deleter,

@@ -432,7 +432,7 @@ public final class Reaper: @unchecked Sendable {
                         restorable = false
                         stuck.unstick(name)
                         familyDone(name, cameBack: true)
-                    } else if let index = graveyard.shardFDs.firstIndex(of: shard), graveyard.hold(shard: index, name, because: .stuck) {
+                    } else if let index = graveyard.shardFDs.firstIndex(of: shard), graveyard.hold(shard: index, name, because: remover.keptLater ? .later : .stuck) {
                         // What its deleter may not remove: kept for them to restore, never retried.
                         restorable = false
                         stuck.unstick(name)

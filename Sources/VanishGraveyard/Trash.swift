@@ -58,6 +58,10 @@ public struct TrashRecord: Sendable, Equatable {
         /// (something moved in through a descriptor held inside it, or made
         /// immutable meanwhile).
         case stuck
+        /// It holds a directory that may have come in after it was deleted,
+        /// moved by someone else through a descriptor held inside it
+        /// (`TreeRemover.cameInLater`): not its deleter's to free.
+        case later
 
         public var explanation: String {
             switch self {
@@ -65,6 +69,7 @@ public struct TrashRecord: Sendable, Equatable {
             case .gone: "holds what its deleter could not remove, and its directory was gone: restore it elsewhere with --to"
             case .failed: "holds what its deleter could not remove, and could not be put back: restore it with --to"
             case .stuck: "holds what its deleter could not remove when it was to be freed: restore it with --to"
+            case .later: "holds a directory moved into it after it was deleted, not its deleter's to free: restore it with --to"
             }
         }
     }
@@ -369,31 +374,60 @@ extension Graveyard {
         /// before its burial landed.
         case at(UInt64)
         /// A piece of a tree the reaper is taking apart: due at once, and
-        /// not a deletion of its own (time 0 in its name).
-        case piece
-        /// Due at once, outside every undo window (time 1 in its name): kept
-        /// without a trash record when the disk had no room for one, or let
-        /// go from the trash (`vanish trash empty`).
-        case unheld
+        /// not a deletion of its own. Its name carries when the tree was
+        /// buried (`burialTime`), if known.
+        case piece(of: UInt64?)
+        /// Due at once, outside every undo window: kept without a trash
+        /// record when the disk had no room for one, or let go from the
+        /// trash (`vanish trash empty`). Its name carries when it was
+        /// deleted (now if not given).
+        case unheld(since: UInt64?)
+
+        /// The high bits of a name's time that mark a piece and an unheld
+        /// entry: free until 2116 (2^62 ns after the epoch).
+        static let pieceMark: UInt64 = 1 << 63
+        static let unheldMark: UInt64 = 1 << 62
 
         var nameTime: UInt64 {
             switch self {
             case .now: Sys.wallClockNow()
             case .at(let ns): ns
-            case .piece: 0
-            case .unheld: 1
+            case .piece(let of): of.map { $0 | Self.pieceMark } ?? 0
+            case .unheld(let since): (since ?? Sys.wallClockNow()) | Self.unheldMark
             }
         }
+
+        public var isPiece: Bool { if case .piece = self { true } else { false } }
+        public var isUnheld: Bool { if case .unheld = self { true } else { false } }
     }
 
     /// Whether the entry `name` is a piece of a tree being reaped (`Deletion.piece`).
     @inline(__always)
     public static func isPiece(_ name: UnsafePointer<CChar>) -> Bool { deletionTime(name) == 0 }
 
-    /// Deletion time (ns since the epoch) encoded at the start of an entry's
-    /// name; nil for a name Vanish did not make.
+    /// When the entry `name` counts as deleted, for the undo window (ns since
+    /// the epoch): 0 for a piece, 1 for an entry due at once (names before
+    /// the marks carry those as they are); nil for a name Vanish did not make.
     @inline(__always)
     public static func deletionTime(_ name: UnsafePointer<CChar>) -> UInt64? {
+        guard let v = nameTime(name) else { return nil }
+        if v & Deletion.pieceMark != 0 { return 0 }
+        if v & Deletion.unheldMark != 0 { return 1 }
+        return v
+    }
+
+    /// When the tree the entry `name` is (or is a piece of) left its place:
+    /// nothing moved in after that was its deleter's to free (see
+    /// `TreeRemover.cameInLater`). Nil where a name does not say (pieces
+    /// and unheld entries of names before the marks).
+    public static func burialTime(_ name: UnsafePointer<CChar>) -> UInt64? {
+        guard let v = nameTime(name) else { return nil }
+        let t = v & ~(Deletion.pieceMark | Deletion.unheldMark)
+        return t > 1 ? t : nil
+    }
+
+    /// The 16 hex digits a name starts with, marks included.
+    static func nameTime(_ name: UnsafePointer<CChar>) -> UInt64? {
         var v: UInt64 = 0
         for i in 0..<16 {
             let c = UInt8(bitPattern: name[i])
@@ -504,13 +538,17 @@ extension Graveyard {
     /// stuck where no one sees it. Its record keeps the path it had (also
     /// one remembered in memory: after `trash empty` let it go, or for a
     /// one-step delete with no window, while this daemon runs); an entry
-    /// without one has no path: it is restored with --to. False for an entry the daemon frees with its own rights.
+    /// without one has no path: it is restored with --to. False for an entry the
+    /// daemon frees with its own rights, unless it holds what came in `later`:
+    /// the daemon's user is its deleter then.
     public func hold(shard: Int, _ name: UnsafePointer<CChar>, because held: TrashRecord.Held) -> Bool {
-        guard let by = DeletedBy(entryName: name), let st = try? Sys.lstatat(shardFDs[shard], name) else { return false }
+        let by = DeletedBy(entryName: name)
+        guard by != nil || held == .later, let st = try? Sys.lstatat(shardFDs[shard], name) else { return false }
         let sfd = shardFDs[shard]
         let id = String(cString: name)
         var record = readSidecar(sfd, id) ?? trash.takeRemembered(id)
-            ?? TrashRecord(path: [], uid: by.uid, gid: by.gid, bytes: nil, kind: TrashRecord.Kind(mode: st.st_mode), window: 0)
+            ?? TrashRecord(path: [], uid: by?.uid ?? geteuid(), gid: by?.gid ?? getegid(), bytes: nil,
+                           kind: TrashRecord.Kind(mode: st.st_mode), window: 0)
         record.held = held
         let temporary = ".held-" + id
         removeSidecar(sfd, temporary)
@@ -566,8 +604,8 @@ extension Graveyard {
     }
 
     /// Lets the kept entry `id` go before its window ends (`vanish trash
-    /// empty`): renamed within its shard to a name of time 1, which no window
-    /// keeps (see `bury`'s `unheld`), then its sidecar goes. A crash between
+    /// empty`): renamed within its shard to a name marked unheld, which no
+    /// window keeps, with its deletion time (see `bury`'s `unheld`), then its sidecar goes. A crash between
     /// the two leaves an orphan sidecar, removed at the next start; the entry
     /// never comes back into the trash. Returns the entry; nil if it is no
     /// longer kept (reaped, restored or being restored meanwhile).
@@ -577,7 +615,8 @@ extension Graveyard {
         let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
         do throws(Errno) {
             let deleter = e.id.withCString { DeletedBy(entryName: $0) }
-            try withUniqueName(n, time: Deletion.unheld.nameTime, by: deleter,
+            let since = e.id.withCString { Graveyard.burialTime($0) }
+            try withUniqueName(n, time: Deletion.unheld(since: since).nameTime, by: deleter,
                                file: e.id.withCString(Graveyard.namesFile)) { grave throws(Errno) in
                 try Sys.renameNoReplace(sfd, e.id, sfd, grave)
                 // Another user's directory may hold what they cannot remove

@@ -17,6 +17,10 @@ import SystemPackage
 /// through their room, moved as them, and go on into the graveyard as the
 /// daemon; the directory waits for them (`PieceFamilies`), and what they
 /// could not remove comes back into it, so it stays with its ancestors.
+///
+/// Either way, a subdirectory that may have been moved in after the burial
+/// by someone else (`cameInLater`) is left where it is, and so is the entry
+/// holding it: its deleter's `rm -r` could never have reached it.
 struct TreeRemover {
     /// What the current entry freed so far.
     var freed = Freed()
@@ -30,6 +34,9 @@ struct TreeRemover {
     /// (an immutable file, a directory the daemon may not write); ENOENT is
     /// not one: another worker got there first.
     var failure: Errno?
+    /// Whether the last `remove` left a subdirectory that came in after the
+    /// burial (`cameInLater`): the entry is held for good, not retried.
+    var keptLater = false
     let graveyard: Graveyard
     /// The reaper's running totals, fed as files go (`freed` is the
     /// current entry's alone).
@@ -55,6 +62,7 @@ struct TreeRemover {
         removedEntry = false
         vanished = false
         failure = nil
+        keptLater = false
         let st: stat
         do {
             st = try Sys.lstatat(parentFD, name)
@@ -74,9 +82,11 @@ struct TreeRemover {
             note(.notPermitted)
             return true
         }
+        let since = Graveyard.burialTime(name)
         if let who = graveyard.credentials(ofEntry: name) {
-            return remove(parentFD, name, st, as: who, id: DeletedBy(entryName: name)!)
+            return remove(parentFD, name, st, as: who, id: DeletedBy(entryName: name)!, since: since)
         }
+        let daemon = geteuid()
         makeRemovable(parentFD, name, st, owner: geteuid())
         let fd: Int32
         do { fd = try Sys.openat(parentFD, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW) } catch { note(error); return true }
@@ -86,10 +96,15 @@ struct TreeRemover {
         while let d = readdir(dp) {
             let child = vanish_dirent_name(d)!
             if isDotOrDotDot(child) { continue }
-            if d.pointee.d_type == UInt8(DT_DIR), handBack(dfd, child) { continue }
+            // Without a burial time, nothing to judge: moved on the readdir's word.
+            if since == nil, d.pointee.d_type == UInt8(DT_DIR), handBack(dfd, child, since) { continue }
             if let cst = try? Sys.lstatat(dfd, child) {
                 if cst.st_mode & S_IFMT == S_IFDIR {
-                    handBack(dfd, child)
+                    if Self.cameInLater(cst, since: since, deleter: daemon) {
+                        keptLater = true
+                    } else {
+                        handBack(dfd, child, since)
+                    }
                 } else {
                     guard pace() else { closedir(dp); return false }
                     if unlink(dfd, child, 0) { count(cst) }
@@ -106,7 +121,7 @@ struct TreeRemover {
     /// Empties the directory entry `name` as `who` (see the type's comment),
     /// then removes it from the graveyard as the daemon.
     private mutating func remove(_ parentFD: Int32, _ name: UnsafePointer<CChar>, _ st: stat,
-                                 as who: Credentials, id: DeletedBy) -> Bool {
+                                 as who: Credentials, id: DeletedBy, since: UInt64?) -> Bool {
         let room: Int32
         let top: Int32
         do {
@@ -141,6 +156,10 @@ struct TreeRemover {
                     if cst.st_mode & S_IFMT == S_IFDIR {
                         // Came back: what its deleter could not remove stays here.
                         if families.keeps(entry, child) { continue }
+                        if Self.cameInLater(cst, since: since, deleter: who.uid) {
+                            keptLater = true
+                            continue
+                        }
                         if let piece = handBack(dfd, child, cst, into: room, as: who, id: id) {
                             pieces.append((piece, Array(UnsafeRawBufferPointer(start: child, count: strlen(child)))))
                         }
@@ -160,14 +179,14 @@ struct TreeRemover {
         // graveyard for another worker to take: removed once they are gone,
         // or held with what came back (see `PieceFamilies`).
         let named = pieces.map { piece in
-            let reservation = graveyard.reservePiece(by: id)
+            let reservation = graveyard.reservePiece(by: id, of: since)
             return (reservation, piece, (try? graveyard.withName(reservation) { String(cString: $0) }) ?? "")
         }
         let waits = families.split(entry, shardFD: shardFD, into: named.map { ($0.2, $0.1.name) })
         var buried = false
         for (reservation, piece, pieceEntry) in named {
             do throws(Errno) {
-                let shard = try graveyard.bury(room, piece.room, deletion: .piece, reserved: reservation)
+                let shard = try graveyard.bury(room, piece.room, deletion: .piece(of: since), reserved: reservation)
                 buried = true
                 handedBack(shard, pieceEntry, origin)
             } catch {
@@ -222,20 +241,41 @@ struct TreeRemover {
     /// A failure is noted only if the directory is still there: the first
     /// attempt is made on the readdir's word alone, which may be stale.
     @discardableResult
-    private mutating func handBack(_ dirFD: Int32, _ child: UnsafePointer<CChar>) -> Bool {
+    private mutating func handBack(_ dirFD: Int32, _ child: UnsafePointer<CChar>, _ since: UInt64?) -> Bool {
         var piece = ""
         let shard: Int
         do {
-            shard = try graveyard.bury(dirFD, child, deletion: .piece, named: { piece = String(cString: $0) })
+            shard = try graveyard.bury(dirFD, child, deletion: .piece(of: since), named: { piece = String(cString: $0) })
         } catch {
             guard let st = try? Sys.lstatat(dirFD, child), st.st_mode & S_IFMT == S_IFDIR else { return false }
             // Moving a directory rewrites its "..": it must be writable.
-            if error == .permissionDenied && makeRemovable(dirFD, child, st, owner: geteuid()) { return handBack(dirFD, child) }
+            if error == .permissionDenied && makeRemovable(dirFD, child, st, owner: geteuid()) { return handBack(dirFD, child, since) }
             note(error)
             return false
         }
         handedBack(shard, piece, origin)
         return true
+    }
+
+    /// Whether the subdirectory `st` of a tree buried at `since` (ns since
+    /// the epoch) may have been moved in afterwards, through a descriptor
+    /// held inside the tree, by someone other than `deleter`: it changed
+    /// since (ctime: a rename sets it, and nothing sets it back), and it is
+    /// not one only its deleter could have moved (theirs, writable by no one
+    /// else: moving a directory to another parent needs write permission on
+    /// it). Natively such a move comes after the `rm -r` and fails, so what
+    /// it holds is never the deleter's to free. Also true of another user's
+    /// directory still being written in when it is reached: held, never freed
+    /// with the deleter's rights, so the mistake is on the safe side.
+    /// The filesystem's clock ticks coarsely (a change may be stamped up to a
+    /// tick before `since`); one whose stamps carry no nanoseconds, by the
+    /// second.
+    static func cameInLater(_ st: stat, since: UInt64?, deleter: uid_t) -> Bool {
+        guard let since else { return false }
+        let changed = Sys.nanoseconds(st.st_ctim)
+        let slack = st.st_ctim.tv_nsec == 0 ? Duration.seconds(1).nanoseconds : Sys.coarseClockResolution
+        guard changed &+ slack >= since else { return false }
+        return st.st_uid != deleter || st.st_mode & 0o022 != 0
     }
 
     /// Gives a directory `owner` owns u+rwx if it lacks any of them: a

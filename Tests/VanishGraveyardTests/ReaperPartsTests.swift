@@ -249,4 +249,52 @@ struct ReaperPartsTests {
         #expect(!f.split("w", shardFD: 7, into: [("x", [])]), "beyond the pieces followed, a directory does not wait")
         #expect(!"w".withCString { f.isWaiting($0) })
     }
+
+    @Test("a piece's and an unheld entry's names keep their tree's burial time; the window still sees them as due at once")
+    func burialTimeInNames() throws {
+        let dir = try makeTempDirectory()
+        defer { removeTree(dir) }
+        let fd = open(dir, O_RDONLY | O_DIRECTORY)
+        defer { close(fd) }
+        let g = try Graveyard(rootFD: fd, client: try ClientID("alpha"))
+        let t: UInt64 = 1_800_000_000_123_456_789
+        func name(_ d: Graveyard.Deletion) throws -> String { try g.withUniqueName(1, time: d.nameTime) { String(cString: $0) } }
+        for (d, due) in [(Graveyard.Deletion.at(t), t), (.piece(of: t), 0), (.unheld(since: t), 1)] {
+            let n = try name(d)
+            #expect(n.withCString { Graveyard.deletionTime($0) } == due, "\(d)")
+            #expect(n.withCString { Graveyard.burialTime($0) } == t, "\(d)")
+            #expect(n.withCString { Graveyard.isPiece($0) } == d.isPiece)
+        }
+        // Names from before the marks: a piece and an unheld entry say no time.
+        #expect(try name(.piece(of: nil)).withCString { Graveyard.burialTime($0) } == nil)
+        #expect(try g.withUniqueName(1, time: 1) { Graveyard.burialTime($0) } == nil)
+    }
+
+    @Test("a subdirectory changed after its tree's burial is another's to free unless only its deleter could have moved it")
+    func cameInLater() {
+        let since: UInt64 = 1_800_000_000_000_000_000
+        func dir(uid: uid_t, mode: mode_t, changed: UInt64) -> stat {
+            var st = stat()
+            st.st_mode = S_IFDIR | mode
+            st.st_uid = uid
+            st.st_ctim = timespec(tv_sec: Int(changed / 1_000_000_000), tv_nsec: Int(changed % 1_000_000_000))
+            return st
+        }
+        let after = since + 5_000_000, before = since - 2_000_000_000
+        #expect(TreeRemover.cameInLater(dir(uid: 65534, mode: 0o755, changed: after), since: since, deleter: 0))
+        #expect(TreeRemover.cameInLater(dir(uid: 0, mode: 0o777, changed: after), since: since, deleter: 0),
+                "root's world-writable directory: anyone could have moved it")
+        #expect(TreeRemover.cameInLater(dir(uid: 1000, mode: 0o775, changed: after), since: since, deleter: 1000),
+                "a group could have moved it")
+        #expect(!TreeRemover.cameInLater(dir(uid: 1000, mode: 0o755, changed: after), since: since, deleter: 1000),
+                "only its deleter could have moved their own directory")
+        #expect(!TreeRemover.cameInLater(dir(uid: 65534, mode: 0o777, changed: before), since: since, deleter: 0),
+                "unchanged since before the burial: it was in the tree")
+        #expect(!TreeRemover.cameInLater(dir(uid: 65534, mode: 0o777, changed: after), since: nil, deleter: 0))
+        // Stamped a tick early by the coarse clock, or by the second.
+        #expect(TreeRemover.cameInLater(dir(uid: 65534, mode: 0o755, changed: since - 500_000), since: since, deleter: 0))
+        #expect(TreeRemover.cameInLater(dir(uid: 65534, mode: 0o755, changed: since), since: since + 400_000_000, deleter: 0),
+                "a stamp with no nanoseconds is a second's")
+    }
 }
+

@@ -115,7 +115,7 @@ struct ReaperRightsTests {
             let list = try runAsNobody([binary, "trash", "list", "--json", m.mountpoint])
             let held = list.stdout.split(separator: "\n").compactMap {
                 (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: Any]
-            }.filter { ($0["held"] as? String)?.contains("its deleter could not remove") == true }
+            }.filter { $0["held"] is String }
             guard retake else {
                 #expect(held.isEmpty, "\(list)")
                 #expect(try listing(m.source) == native, "the tree ends as nobody's rm -r leaves it")
@@ -123,12 +123,19 @@ struct ReaperRightsTests {
                 return
             }
             // What stays is in nobody's trash, held, with why; nobody may move it out where they may write.
-            #expect(held.count == 1, "\(list)")
-            let id = try #require(held.first?["id"] as? String)
-            let back = try runAsNobody([binary, "restore", id, "--mount", m.mountpoint, "--to", m.path("home/back")])
-            #expect(back.ok, "\(back)")
-            #expect(try sh("find home/back -inum \(inode) | wc -l", cwd: m.source).stdout == "1\n")
+            try restoresHeld(m, held, "\(list)", inode: inode, to: "home/back", as: { try runAsNobody($0) })
         }
+    }
+
+    /// The one held entry in `held` (of the trash listing `list`) restored
+    /// with --to `to` by its deleter (`restore`: how they run a command) brings root's file along.
+    static func restoresHeld(_ m: VanishMount, _ held: [[String: Any]], _ list: String, inode: String, to: String,
+                             as restore: ([String]) throws -> ProcessResult) throws {
+        #expect(held.count == 1, "\(list)")
+        let id = try #require(held.first?["id"] as? String)
+        let back = try restore([m.base + "/vanish", "restore", id, "--mount", m.mountpoint, "--to", m.path(to)])
+        #expect(back.ok, "\(back)")
+        #expect(try sh("find \(to) -inum \(inode) | wc -l", cwd: m.source).stdout == "1\n")
     }
 
     @Test("a tree moved into a one-step delete through a held cwd is not freed as root, and goes back where it was (attack 5)")
@@ -197,6 +204,54 @@ struct ReaperRightsTests {
             #expect(try sh("find .vanish/clients/*/graveyard -mindepth 2 | wc -l", cwd: m.source).stdout == "0\n")
             #expect(access(m.path("t/a"), F_OK) != 0)
             #expect(try sh("ls t/ro | wc -l", cwd: m.source).stdout == "3\n", "the read-only directory is back whole")
+        }
+    }
+
+    /// The other way round: root deletes `srv/t` with a world-writable
+    /// `pub/` in it, where nobody holds a cwd; nobody then moves in their
+    /// own directory holding root's read-only `archive/data`, which they
+    /// cannot remove. Natively the move fails (the directory is gone); here
+    /// it lands in the buried tree, and root's reaper must not free it.
+    static func movedIntoRootsTree(_ delete: (VanishMount) throws -> Void) throws {
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            let r = try sh("""
+                chmod 755 . && install -d -m 755 srv srv/t && install -d -m 1777 srv/t/pub && echo x > srv/t/f \
+                && install -d -o nobody home home/mine && install -d -m 755 home/mine/archive && echo keep > home/mine/archive/data
+                """, cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            #expect(try runAsNobody(["rm", "-r", m.path("home/mine")]).stderr.contains("Permission denied"),
+                    "the premise: nobody cannot remove root's archive")
+            let inode = try sh("stat -c %i home/mine/archive/data", cwd: m.source).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+            #expect(try run(["cp", vanishBinary, m.base + "/vanish"]).ok)
+            let (pid, signals) = try holder(m, tree: "srv/t/pub", moving: "home/mine")
+            try delete(m)
+            try moveIn(signals, pid)
+            let empty = try run([vanishBinary, "trash", "empty", m.mountpoint])
+            #expect(empty.ok, "\(empty)")
+            try waitForReaper(m)
+            #expect(try rootsFile(m, inode: inode) == "root 644\nkeep\n", "root's file is not freed")
+            #expect(access(m.path("srv/t"), F_OK) != 0, "root's tree is gone, as after rm -r")
+            // Held in root's trash, with why; root can bring it out.
+            let list = try trashList(m)
+            let held = list.filter { ($0["held"] as? String)?.contains("moved into it after it was deleted") == true }
+            try restoresHeld(m, held, "\(list)", inode: inode, to: "back", as: { try run($0) })
+        }
+    }
+
+    @Test("root's vanish rm -r: nobody's directory moved in afterwards through a held cwd is held in root's trash, not freed as root")
+    func movedIntoRootsOneStepDelete() throws {
+        try ReaperRightsTests.movedIntoRootsTree { m in
+            let rm = try run([vanishBinary, "rm", "-r", m.path("srv/t")])
+            #expect(rm.ok, "\(rm)")
+        }
+    }
+
+    @Test("root's rm -r through the mount: nobody's directory moved into its removed directory afterwards is held, not freed as root")
+    func movedIntoRootsRemovedDirectory() throws {
+        try ReaperRightsTests.movedIntoRootsTree { m in
+            let rm = try run(["rm", "-r", m.path("srv/t")])
+            #expect(rm.ok, "\(rm)")
         }
     }
 }
