@@ -98,10 +98,8 @@ int vanish_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char
     return renameat2(olddirfd, oldpath, newdirfd, newpath, flags);
 }
 
-int vanish_statx_stat(int dirfd, const char *path, int flags, struct stat *st, uint64_t *birth, uint64_t *attributes) {
-    struct statx x;
-    if (statx(dirfd, path, flags, STATX_BASIC_STATS | STATX_BTIME, &x) != 0) return -1;
-    if (attributes) *attributes = x.stx_attributes & x.stx_attributes_mask;
+static void fill_stat(const struct statx *xp, struct stat *st) {
+    const struct statx x = *xp;
     memset(st, 0, sizeof *st);
     st->st_dev = makedev(x.stx_dev_major, x.stx_dev_minor);
     st->st_ino = x.stx_ino;
@@ -116,7 +114,24 @@ int vanish_statx_stat(int dirfd, const char *path, int flags, struct stat *st, u
     st->st_atim.tv_sec = x.stx_atime.tv_sec; st->st_atim.tv_nsec = x.stx_atime.tv_nsec;
     st->st_mtim.tv_sec = x.stx_mtime.tv_sec; st->st_mtim.tv_nsec = x.stx_mtime.tv_nsec;
     st->st_ctim.tv_sec = x.stx_ctime.tv_sec; st->st_ctim.tv_nsec = x.stx_ctime.tv_nsec;
+}
+
+int vanish_statx_stat(int dirfd, const char *path, int flags, struct stat *st, uint64_t *birth, uint64_t *attributes) {
+    struct statx x;
+    if (statx(dirfd, path, flags, STATX_BASIC_STATS | STATX_BTIME, &x) != 0) return -1;
+    if (attributes) *attributes = x.stx_attributes & x.stx_attributes_mask;
+    fill_stat(&x, st);
     if (birth) *birth = (x.stx_mask & STATX_BTIME) ? (uint64_t)x.stx_btime.tv_sec * 1000000000u + x.stx_btime.tv_nsec : 0;
+    return 0;
+}
+
+int vanish_lstat_cached(int dirfd, const char *path, struct stat *st, uint64_t *mount_id) {
+    struct statx x;
+    int flags = AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_STATX_DONT_SYNC;
+    if (statx(dirfd, path, flags, STATX_BASIC_STATS | STATX_MNT_ID, &x) != 0) return -1;
+    if (!(x.stx_mask & STATX_MNT_ID)) { errno = ENOSYS; return -1; }
+    fill_stat(&x, st);
+    *mount_id = x.stx_mnt_id;
     return 0;
 }
 

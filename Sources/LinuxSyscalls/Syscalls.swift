@@ -78,6 +78,25 @@ extension Sys {
         return st
     }
 
+    /// lstat of `name` from the kernel's cached attributes, with the id of
+    /// the mount it is on: one that is not its directory's is a filesystem
+    /// mounted there, and a FUSE or NFS server stopped there cannot hold the
+    /// caller, as a plain `lstatat` would (AT_STATX_DONT_SYNC).
+    @inlinable
+    public static func lstatatCached(_ dirfd: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> (stat, mount: UInt64) {
+        var st = stat()
+        var mount: UInt64 = 0
+        _ = try check(vanish_lstat_cached(dirfd, name, &st, &mount))
+        return (st, mount)
+    }
+
+    /// The id of the mount `dirfd` is on (STATX_MNT_ID).
+    public static func mountID(_ dirfd: Int32) throws(Errno) -> UInt64 {
+        var mount: UInt64 = 0
+        _ = try check(vanish_mount_id(dirfd, "", &mount))
+        return mount
+    }
+
     /// `statx(2)` of `name` without following a symlink: its stat and its
     /// birth time in nanoseconds (0 where the filesystem keeps none).
     @inlinable

@@ -55,6 +55,8 @@ struct TreeRemover {
     /// Where a deleter's pieces came from, and the shard (fd) being reaped.
     let families: PieceFamilies
     let shardFD: Int32
+    /// The graveyard's mount, and whether its filesystem is remote (`look`).
+    var home: (mount: UInt64, remote: Bool)? = nil
 
     /// Removes `name` in the directory `parentFD`; returns false if told to
     /// stop before it was gone.
@@ -65,7 +67,7 @@ struct TreeRemover {
         keptLater = false
         let st: stat
         do {
-            st = try Sys.lstatat(parentFD, name)
+            st = try look(parentFD, name)
         } catch {
             if error == .noSuchFileOrDirectory { vanished = true } else { note(error) }
             return true
@@ -98,7 +100,7 @@ struct TreeRemover {
             if isDotOrDotDot(child) { continue }
             // Without a burial time, nothing to judge: moved on the readdir's word.
             if since == nil, d.pointee.d_type == UInt8(DT_DIR), handBack(dfd, child, since) { continue }
-            if let cst = try? Sys.lstatat(dfd, child) {
+            if let cst = lookInside(dfd, child) {
                 if cst.st_mode & S_IFMT == S_IFDIR {
                     if Self.cameInLater(cst, since: since, deleter: daemon) {
                         keptLater = true
@@ -152,7 +154,7 @@ struct TreeRemover {
                 while let d = readdir(dp) {
                     let child = vanish_dirent_name(d)!
                     if isDotOrDotDot(child) { continue }
-                    guard let cst = try? Sys.lstatat(dfd, child) else { continue }
+                    guard let cst = lookInside(dfd, child) else { continue }
                     if cst.st_mode & S_IFMT == S_IFDIR {
                         // Came back: what its deleter could not remove stays here.
                         if families.keeps(entry, child) { continue }
@@ -222,6 +224,29 @@ struct TreeRemover {
         return nil
     }
 
+    /// The lstat of `name` in `dirFD`, refused (EBUSY) where a filesystem is
+    /// mounted: a descriptor held inside a buried tree can mount one there
+    /// (a FUSE server that then stops, an NFS export that hangs), and no
+    /// worker may wait on it. The kernel's cached attributes say so without
+    /// asking that filesystem; on a remote graveyard the entry is then asked
+    /// afresh. Without mount ids (an old kernel), a plain lstat.
+    private mutating func look(_ dirFD: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> stat {
+        if home == nil, let mount = try? Sys.mountID(shardFD) { home = (mount, FilesystemKind.isRemote(shardFD)) }
+        guard let home else { return try Sys.lstatat(dirFD, name) }
+        let (st, mount) = try Sys.lstatatCached(dirFD, name)
+        if mount != home.mount { throw .resourceBusy }
+        return home.remote ? try Sys.lstatat(dirFD, name) : st
+    }
+
+    /// `look` for what a directory being emptied holds: nil if it is gone,
+    /// and a filesystem mounted there is noted (the entry is tried again later).
+    private mutating func lookInside(_ dirFD: Int32, _ name: UnsafePointer<CChar>) -> stat? {
+        do throws(Errno) { return try look(dirFD, name) } catch {
+            if error == .resourceBusy { note(error) }
+            return nil
+        }
+    }
+
     /// unlinkat; a failure other than ENOENT is noted.
     private mutating func unlink(_ dirFD: Int32, _ name: UnsafePointer<CChar>, _ flags: Int32) -> Bool {
         do {
@@ -247,7 +272,7 @@ struct TreeRemover {
         do {
             shard = try graveyard.bury(dirFD, child, deletion: .piece(of: since), named: { piece = String(cString: $0) })
         } catch {
-            guard let st = try? Sys.lstatat(dirFD, child), st.st_mode & S_IFMT == S_IFDIR else { return false }
+            guard let st = lookInside(dirFD, child), st.st_mode & S_IFMT == S_IFDIR else { return false }
             // Moving a directory rewrites its "..": it must be writable.
             if error == .permissionDenied && makeRemovable(dirFD, child, st, owner: geteuid()) { return handBack(dirFD, child, since) }
             note(error)

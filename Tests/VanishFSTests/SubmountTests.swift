@@ -178,4 +178,51 @@ struct SubmountTests {
             #expect(try run([vanishBinary, "rm", "-r", m.path("b")]).ok)
         }
     }
+
+    @Test("a FUSE filesystem mounted inside a buried tree and stopped there holds no reaper worker: that tree waits, the rest goes")
+    func stoppedFUSEInsideABuriedTree() throws {
+        let other = try makeTempDirectory()
+        var innerPID: pid_t = 0
+        // Where `other` is mounted now: the graveyard renames the tree holding it.
+        func inner() throws -> String? {
+            let mounts = try String(contentsOfFile: "/proc/self/mounts", encoding: .utf8)
+            for line in mounts.split(separator: "\n") {
+                let fields = line.split(separator: " ").map(String.init)
+                if fields.count > 1 && fields[0] == other { return fields[1] }
+            }
+            return nil
+        }
+        defer {
+            if let path = try? inner() { _ = try? run(["umount", "-l", path]) }
+            removeTree(other)
+        }
+        try withVanishMount(arguments: ["--keep", "1h"], prepare: { src in
+            let r = try sh("mkdir -p t/sub u/v && echo 1 > u/v/f", cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            // Before the mount's own teardown, which waits for its reaper.
+            defer { if innerPID > 0 { kill(innerPID, SIGCONT) } }
+            let rm = try run([vanishBinary, "rm", "-r", m.path("t"), m.path("u")])
+            #expect(rm.ok, "\(rm)")
+            // Where a descriptor held inside the tree could have mounted it
+            // (with user_allow_other), then its server stops.
+            let sub = try sh("find .vanish -type d -name sub", cwd: m.source).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+            try #require(!sub.isEmpty)
+            let mounted = try run([vanishBinary, "mount", other, m.source + "/" + sub])
+            try #require(mounted.ok, "\(mounted)")
+            innerPID = pid_t(try statusJSON(path: m.source + "/" + sub)["pid"] as? Int ?? 0)
+            try #require(innerPID > 0)
+            kill(innerPID, SIGSTOP)
+            #expect(try run([vanishBinary, "trash", "empty", m.mountpoint]).ok)
+            try waitFor("the tree holding the stopped mount to wait as stuck, and the other to go") {
+                let s = try statusJSON(m)
+                return s["stuck_entries"] as? Int == 1 && s["pending_entries"] as? Int == 1
+            }
+            #expect(try sh("echo z > z && cat z && rm z", cwd: m.mountpoint).stdout == "z\n", "requests go on meanwhile")
+            kill(innerPID, SIGCONT)
+            innerPID = 0
+            let path = try #require(try inner())
+            #expect(try run(["umount", path]).ok)
+        }
+    }
 }

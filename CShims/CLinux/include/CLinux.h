@@ -52,6 +52,10 @@ int vanish_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char
 /// `attributes`, if not NULL, gets stx_attributes masked by what the
 /// filesystem supports (STATX_ATTR_IMMUTABLE, STATX_ATTR_APPEND, ...).
 int vanish_statx_stat(int dirfd, const char *path, int flags, struct stat *st, uint64_t *birth, uint64_t *attributes);
+/// lstat of `path` in `dirfd` from what the kernel has cached
+/// (AT_STATX_DONT_SYNC: no request to a FUSE server or NFS server), with the
+/// id of the mount it is on (STATX_MNT_ID).
+int vanish_lstat_cached(int dirfd, const char *path, struct stat *st, uint64_t *mount_id);
 int vanish_stat_birth(int dirfd, const char *path, int flags, struct stat *st, uint64_t *birth);
 /// Whether stx_attributes says immutable or append-only.
 int vanish_attributes_protected(uint64_t attributes);
