@@ -81,7 +81,9 @@ package struct MountParts {
         let control = MountControl(backingRoot: source.fd, journal: journal, graveyard: grave, reaper: opened.reaper,
                                namespace: namespace, oneStep: oneStep, invalidations: invalidations,
                                changes: changes, log: logger, status: status,
-                               trashFolders: deleter.undoWindow > 0 ? grave.map { TrashFolders(graveyard: $0, table: table) } : nil)
+                               trashFolders: deleter.undoWindow > 0 ? grave.map {
+                                   TrashFolders(graveyard: $0, table: table, mountpoint: options.mountpoint)
+                               } : nil)
         // What the reaper holds because its deleter could not remove all of
         // it goes back where it was when that is known; else it is logged.
         if let reaper = opened.reaper {

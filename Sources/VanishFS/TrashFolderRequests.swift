@@ -72,7 +72,20 @@ extension VanishFilesystem {
         replyEntry(req, folders, uid, .folder)
     }
 
+    /// Whether the request is the `TrashAnnouncer`'s, for `name` in `parent`.
+    @inline(__always)
+    func isAnnouncing(_ req: Request, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>) -> Bool {
+        trashFolders?.announcer?.isAnnouncing(req.caller.pid, parent, name) == true
+    }
+
     func trashLookup(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+        // Absent to the announcer, which then makes the kernel create it.
+        if isAnnouncing(req, parent, name) { throw .noSuchFileOrDirectory }
+        try trashAnswer(req, parent: parent, name: name)
+    }
+
+    /// The entry `name` in `parent`, as a lookup finds it (or the `TrashAnnouncer`'s create).
+    func trashAnswer(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let (folders, dir) = try trashNode(parent)
         try checkOwner(req, dir.uid)
         let n = Self.bytes(name)
@@ -135,6 +148,7 @@ extension VanishFilesystem {
                 names.append((Array(name.utf8), Self.dir))
             }
         case .files:
+            folders.announcer?.watch(node.uid, folders)
             let listing = folders.listing(node.uid)
             for name in listing.names {
                 let type: UInt8 = switch listing.entries[name]!.record.kind {
@@ -145,7 +159,9 @@ extension VanishFilesystem {
                 }
                 names.append((name, type))
             }
-        case .info: names += folders.infoNames(node.uid).map { ($0, UInt8(DT_REG)) }
+        case .info:
+            folders.announcer?.watch(node.uid, folders)
+            names += folders.infoNames(node.uid).map { ($0, UInt8(DT_REG)) }
         case .expunged: break
         case .infoFile: throw .notDirectory
         }

@@ -105,10 +105,13 @@ final class TrashFolders: @unchecked Sendable {
     private let anchored = Atomic(false)
     /// When the mount began (s since the epoch): the folders' times.
     private let born = UInt64(Sys.wallClockSeconds())
+    /// Tells watchers of a listed folder what comes into it (nil: the mountpoint is not known).
+    let announcer: TrashAnnouncer?
 
-    init(graveyard: Graveyard, table: InodeTable) {
+    init(graveyard: Graveyard, table: InodeTable, mountpoint: String? = nil) {
         self.graveyard = graveyard
         self.table = table
+        announcer = mountpoint.map(TrashAnnouncer.init)
         anchors = graveyard.shardFDs.map { fd in
             let st = (try? Sys.fstat(fd)) ?? stat()
             let anchor = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, id: 0, generation: 0,
@@ -163,6 +166,9 @@ final class TrashFolders: @unchecked Sendable {
     }
 
     func node(_ id: fuse_ino_t) -> Node? { state.withLock { $0.nodes[UInt64(id)] } }
+
+    /// Changes whenever an entry comes or goes.
+    var version: UInt64 { graveyard.restorableVersion }
 
     func forget(_ id: fuse_ino_t, count: UInt64) {
         state.withLock { s in

@@ -41,10 +41,12 @@ public final class TrashRouting: LowLevelFilesystem {
         try fs.readlink(req, ino)
     }
     public func mknod(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t, rdev: dev_t) throws(Errno) {
+        if ours(parent), fs.isAnnouncing(req, parent, name) { return try fs.trashAnswer(req, parent: parent, name: name) }
         if ours(parent) || fs.trashFolderUID(parent, name) != nil { throw .notPermitted }
         try fs.mknod(req, parent: parent, name: name, mode: mode, rdev: rdev)
     }
     public func mkdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t) throws(Errno) {
+        if ours(parent), fs.isAnnouncing(req, parent, name) { return try fs.trashAnswer(req, parent: parent, name: name) }
         if ours(parent) || fs.trashFolderUID(parent, name) != nil { return try fs.trashMkdir(req, parent: parent, name: name) }
         try fs.mkdir(req, parent: parent, name: name, mode: mode)
     }
@@ -58,6 +60,7 @@ public final class TrashRouting: LowLevelFilesystem {
         try fs.rmdir(req, parent: parent, name: name)
     }
     public func symlink(_ req: Request, target: UnsafePointer<CChar>, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+        if ours(parent), fs.isAnnouncing(req, parent, name) { return try fs.trashAnswer(req, parent: parent, name: name) }
         if ours(parent) || fs.trashFolderUID(parent, name) != nil { throw .notPermitted }
         try fs.symlink(req, target: target, parent: parent, name: name)
     }

@@ -199,6 +199,57 @@ struct TrashFoldersTests {
         }
     }
 
+    @Test("watchers of a listed folder see what rm and vanish rm -r put into it created, as inotifywait and gio monitor show (issue 51)")
+    func watchersSeeNewEntries() throws {
+        try Self.requireClients()
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            let made = try sh("""
+                chmod 755 . && install -d -o nobody own && echo z > z && echo a > a && mkdir -p t/u && ln -s a l
+                for f in first second; do echo $f > own/$f; done && chown nobody own/*
+                """, cwd: src)
+            guard made.ok else { throw TestFailure(made.stderr) }
+        }) { m in
+            // A folder exists once something is in it; a watcher lists it first.
+            #expect(try sh("rm z && ls .Trash-0/files >/dev/null", cwd: m.mountpoint).ok)
+            #expect(try runAsNobody(["/bin/sh", "-c", "rm own/first && ls .Trash-65534/files >/dev/null"], cwd: m.mountpoint).ok)
+            let events = m.base + "/events", errors = m.base + "/watch.err", gioOut = m.base + "/gio"
+            for file in [events, errors] {
+                _ = FileManager.default.createFile(atPath: file, contents: nil)
+                chmod(file, 0o666)
+            }
+            chmod(m.base, 0o755)
+            let watcher = try spawn(["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
+                                     "/bin/sh", "-c", "exec inotifywait -m --format '%e %w%f' \(shellQuote(m.path(".Trash-65534/files"))) >>\(events) 2>>\(errors)"])
+            let monitor = try spawn(["/bin/sh", "-c", "exec gio monitor \(shellQuote(m.path(".Trash-0/files"))) >\(gioOut) 2>&1"])
+            defer {
+                for pid in [watcher, monitor] {
+                    kill(pid, SIGTERM)
+                    var st: Int32 = 0
+                    waitpid(pid, &st, 0)
+                }
+            }
+            try waitFor("the watches to be set") { (try? String(contentsOfFile: errors, encoding: .utf8))?.contains("Watches established") == true }
+            let read = { (path: String) in (try? String(contentsOfFile: path, encoding: .utf8)) ?? "" }
+            #expect(try sh("rm a l && \(shellQuote(vanishBinary)) rm -r t", cwd: m.mountpoint).ok)
+            #expect(try runAsNobody(["rm", m.path("own/second")]).ok)
+            try waitFor("nobody's watcher to see their deletion created in their folder") {
+                read(events).contains("CREATE \(m.path(".Trash-65534/files"))/second\n")
+            }
+            try waitFor("gio monitor to see root's three") {
+                let out = read(gioOut)
+                return ["a", "l", "t"].allSatisfy { out.contains(m.path(".Trash-0/files/\($0)") + ": created") }
+            }
+            #expect(!read(events).contains("/a\n"), "root's entries are not announced in nobody's folder")
+            // Announcing makes nothing: the folders and the source are as they were.
+            #expect(try sh("ls .Trash-0/files", cwd: m.mountpoint).stdout == "a\nl\nt\nz\n")
+            #expect(try sh("ls .Trash-0/info", cwd: m.mountpoint).stdout == "a.trashinfo\nl.trashinfo\nt.trashinfo\nz.trashinfo\n")
+            #expect(try sh("ls -A", cwd: m.source).stdout == ".vanish\nown\n")
+            #expect(try trashPaths(m).count == 6)
+            #expect(try run([vanishBinary, "restore", m.path("t")]).ok)
+            #expect(access(m.path("t/u"), F_OK) == 0)
+        }
+    }
+
     @Test("another user's folder is closed: they cannot list, make, move into or restore from it")
     func otherUsers() throws {
         try Self.requireClients()
