@@ -105,7 +105,7 @@ struct TreeRemover {
                     if Self.cameInLater(cst, since: since, deleter: daemon) {
                         keptLater = true
                     } else {
-                        handBack(dfd, child, since)
+                        handBack(dfd, child, since, checked: cst)
                     }
                 } else {
                     guard pace() else { closedir(dp); return false }
@@ -137,6 +137,8 @@ struct TreeRemover {
         defer { Sys.close(top) }
         let entry = String(cString: name)
         var pieces: [(room: String, name: [UInt8])] = []
+        // Directories exchanged in while they were moved out, that could not go back (`keepStranger`).
+        var strangers: [String] = []
         var stopped = false
         do throws(Errno) {
             try who.acting { () throws(Errno) in
@@ -163,7 +165,13 @@ struct TreeRemover {
                             continue
                         }
                         if let piece = handBack(dfd, child, cst, into: room, as: who, id: id) {
-                            pieces.append((piece, Array(UnsafeRawBufferPointer(start: child, count: strlen(child)))))
+                            if piece.withCString({ Self.isSame(room, $0, cst) }) {
+                                pieces.append((piece, Array(UnsafeRawBufferPointer(start: child, count: strlen(child)))))
+                            } else {
+                                if !piece.withCString({ keepStranger(room, $0, back: dfd, child, shard: nil) }) {
+                                    strangers.append(piece)
+                                }
+                            }
                         }
                     } else {
                         guard pace() else { stopped = true; return }
@@ -194,6 +202,15 @@ struct TreeRemover {
             } catch {
                 note(error)
                 if waits { _ = families.pieceDone(pieceEntry, cameBack: false) }
+            }
+        }
+        for stranger in strangers {
+            do throws(Errno) {
+                let reservation = graveyard.reservePiece(by: id, of: since)
+                let shard = try graveyard.bury(room, stranger, deletion: .piece(of: since), reserved: reservation)
+                _ = try graveyard.withName(reservation) { graveyard.hold(shard: shard, $0, because: .later) }
+            } catch {
+                note(error)
             }
         }
         if stopped || (waits && buried) { return !stopped }
@@ -265,8 +282,11 @@ struct TreeRemover {
     /// Moves a subdirectory back into the graveyard as an entry of its own.
     /// A failure is noted only if the directory is still there: the first
     /// attempt is made on the readdir's word alone, which may be stale.
+    /// `checked`: what was judged under the name (`cameInLater`); another
+    /// directory found moved instead is a stranger (`keepStranger`).
     @discardableResult
-    private mutating func handBack(_ dirFD: Int32, _ child: UnsafePointer<CChar>, _ since: UInt64?) -> Bool {
+    private mutating func handBack(_ dirFD: Int32, _ child: UnsafePointer<CChar>, _ since: UInt64?,
+                                   checked: stat? = nil) -> Bool {
         var piece = ""
         let shard: Int
         do {
@@ -274,12 +294,42 @@ struct TreeRemover {
         } catch {
             guard let st = lookInside(dirFD, child), st.st_mode & S_IFMT == S_IFDIR else { return false }
             // Moving a directory rewrites its "..": it must be writable.
-            if error == .permissionDenied && makeRemovable(dirFD, child, st, owner: geteuid()) { return handBack(dirFD, child, since) }
+            if error == .permissionDenied && makeRemovable(dirFD, child, st, owner: geteuid()) {
+                return handBack(dirFD, child, since, checked: checked)
+            }
             note(error)
             return false
         }
+        let sfd = graveyard.shardFDs[shard]
+        if let checked, !piece.withCString({ Self.isSame(sfd, $0, checked) }) {
+            _ = piece.withCString { keepStranger(sfd, $0, back: dirFD, child, shard: shard) }
+            return true
+        }
         handedBack(shard, piece, origin)
         return true
+    }
+
+    /// Whether `name` in `dirFD` is the directory `checked` was taken of.
+    private static func isSame(_ dirFD: Int32, _ name: UnsafePointer<CChar>, _ checked: stat) -> Bool {
+        guard let st = try? Sys.lstatat(dirFD, name) else { return false }
+        return st.st_ino == checked.st_ino && st.st_dev == checked.st_dev
+    }
+
+    /// A directory exchanged onto a name between its look (`cameInLater`)
+    /// and its move out as a piece, by someone holding a descriptor inside
+    /// the tree: the top of a piece is never judged again, so it must not
+    /// become one. It goes back under the name, if that is free, to be judged
+    /// as what came in later; else, once in the graveyard (`shard`), it is
+    /// held for its deleter, never freed.
+    /// True if it went back.
+    @discardableResult
+    private mutating func keepStranger(_ fromFD: Int32, _ piece: UnsafePointer<CChar>, back dirFD: Int32,
+                                       _ child: UnsafePointer<CChar>, shard: Int?) -> Bool {
+        keptLater = true
+        note(.directoryNotEmpty)
+        if (try? Sys.renameNoReplace(fromFD, piece, dirFD, child)) != nil { return true }
+        if let shard { _ = graveyard.hold(shard: shard, piece, because: .later) }
+        return false
     }
 
     /// Whether the subdirectory `st` of a tree buried at `since` (ns since

@@ -254,4 +254,84 @@ struct ReaperRightsTests {
             #expect(rm.ok, "\(rm)")
         }
     }
+
+    /// nobody's racer: its cwd in `tmp` (a 1777 directory of root's tree,
+    /// holding nobody's directories), it waits for the reaper to move one
+    /// of them out (IN_MOVED_FROM) and at once exchanges the next with its
+    /// own `mine`, which holds root's read-only archive: between the
+    /// reaper's look at that name and its move.
+    static let racer = #"""
+        #define _GNU_SOURCE
+        #include <dirent.h>
+        #include <fcntl.h>
+        #include <stdio.h>
+        #include <string.h>
+        #include <sys/inotify.h>
+        #include <unistd.h>
+        int main(int argc, char **argv) {
+            if (chdir(argv[1])) return 1;
+            char names[64][32]; int n = 0;
+            DIR *d = opendir("."); struct dirent *e;
+            while ((e = readdir(d)) && n < 64) if (e->d_type == DT_DIR && e->d_name[0] != '.') strcpy(names[n++], e->d_name);
+            closedir(d);
+            int home = open(argv[2], O_RDONLY | O_DIRECTORY), in = inotify_init1(IN_NONBLOCK);
+            inotify_add_watch(in, ".", IN_MOVED_FROM);
+            close(open(argv[3], O_CREAT | O_WRONLY, 0666));
+            char buf[65536] __attribute__((aligned(8)));
+            for (long spins = 0; spins < 4000000000L; spins++) {
+                ssize_t r = read(in, buf, sizeof buf);
+                for (char *p = buf; r > 0 && p < buf + r;) {
+                    struct inotify_event *ev = (void *)p; p += sizeof *ev + ev->len;
+                    for (int i = 0; i + 1 < n; i++)
+                        if (!strcmp(names[i], ev->name) && renameat2(AT_FDCWD, names[i + 1], home, "mine", RENAME_EXCHANGE) == 0) return 0;
+                }
+            }
+            return 2;
+        }
+        """#
+
+    @Test("root's vanish rm -r: nobody's directory exchanged onto a name between the reaper's look and its move out as a piece is never freed as root (4 tries)")
+    func exchangedWhileSplit() throws {
+        let build = try makeTempDirectory()
+        defer { removeTree(build) }
+        try Self.racer.write(toFile: build + "/racer.c", atomically: true, encoding: .utf8)
+        let cc = try run(["cc", "-O2", "-o", build + "/racer", build + "/racer.c"])
+        try #require(cc.ok, "\(cc)")
+        chmod(build, 0o755)
+        for _ in 0..<4 {
+            try withVanishMount(options: ["allow_other"], prepare: { src in
+                let r = try sh("""
+                    chmod 755 . && install -d data && install -d -m 1777 data/tmp
+                    for d in $(seq 10 29); do install -d -o nobody data/tmp/d$d && (cd data/tmp/d$d && seq 300 | xargs touch); done
+                    install -d -o nobody home home/nb home/nb/mine && install -d -m 755 home/nb/mine/archive
+                    echo keep > home/nb/mine/archive/secret
+                    """, cwd: src)
+                guard r.ok else { throw TestFailure(r.stderr) }
+            }) { m in
+                let inode = try sh("stat -c %i home/nb/mine/archive/secret", cwd: m.source).stdout
+                    .trimmingCharacters(in: .whitespacesAndNewlines)
+                // Older than the clock's tick, so nothing of the tree counts as changed after its burial.
+                let made = try sh("stat -c %Z.%N data/tmp/d29 | cut -c1-14", cwd: m.source).stdout
+                try waitFor("the tree to be older than a clock tick") {
+                    Date().timeIntervalSince1970 > (Double(made.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0) + 0.05
+                }
+                let signals = m.base + "/signals"
+                mkdir(signals, 0o777)
+                chmod(signals, 0o777)
+                let pid = try spawn(["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
+                                     build + "/racer", m.backing("data/tmp"), m.backing("home/nb"), signals + "/ready"])
+                defer {
+                    kill(pid, SIGKILL)
+                    var st: Int32 = 0
+                    waitpid(pid, &st, 0)
+                }
+                try waitFor("the racer to be ready") { access(signals + "/ready", F_OK) == 0 }
+                let rm = try run([vanishBinary, "rm", "-r", m.path("data")])
+                #expect(rm.ok, "\(rm)")
+                try waitForReaper(m)
+                #expect(try Self.rootsFile(m, inode: inode) == "root 644\nkeep\n", "root's file is not freed")
+            }
+        }
+    }
 }
+
