@@ -19,7 +19,7 @@ extension Graveyard {
     /// A name for an entry `deleter` buries (nil: the daemon's own user),
     /// deleted now or at `time` (a part of a tree deleted then).
     public func reserve(by deleter: DeletedBy?, at time: UInt64? = nil) -> Reservation {
-        Reservation(number: counter.wrappingAdd(1, ordering: .relaxed).newValue, time: time ?? Sys.wallClockNow(),
+        Reservation(number: counter.wrappingAdd(1, ordering: .relaxed).newValue, time: time ?? clock.now(),
                     deleter: deleter)
     }
 

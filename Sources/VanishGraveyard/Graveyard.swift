@@ -51,6 +51,8 @@ public final class Graveyard: @unchecked Sendable {
     /// deleter, moves the subdirectories it splits off; nil if they could
     /// not be made.
     public let rooms: DeleterRooms?
+    /// When directories are deleted, as their filesystem stamps changes.
+    public let clock: ChangeClock
 
     /// Opens (or, with `create`, makes) the state directory in the root
     /// `rootFD`, and `client`'s directory in it. Refuses a `.vanish` that is
@@ -105,6 +107,7 @@ public final class Graveyard: @unchecked Sendable {
         shardFDs = shards
         self.deleters = deleters!
         rooms = try? DeleterRooms(stateFD: state)
+        clock = ChangeClock(stateFD: state)
         rooms?.returnStaged(to: shards) { shard, id, uid in
             // Read directly: `self` is not whole yet.
             Graveyard.readSidecar(shards[shard], id)?.uid == uid
@@ -236,7 +239,8 @@ public final class Graveyard: @unchecked Sendable {
         let shard = Int((deletion.isPiece ? n : n >> 6) % UInt64(Graveyard.shardCount))
         let sfd = shardFDs[shard]
         let namesFile = file && reserved == nil
-        try withUniqueName(n, time: reserved?.time ?? deletion.nameTime, by: reserved?.deleter ?? deleter,
+        // A directory's deletion time is what the reaper judges later changes in it by.
+        try withUniqueName(n, time: reserved?.time ?? deletion.nameTime(clock: file ? nil : clock), by: reserved?.deleter ?? deleter,
                            file: namesFile) { grave throws(Errno) in
             guard var record else {
                 try Sys.renameNoReplace(parentFD, name, sfd, grave)

@@ -388,12 +388,15 @@ extension Graveyard {
         static let pieceMark: UInt64 = 1 << 63
         static let unheldMark: UInt64 = 1 << 62
 
-        var nameTime: UInt64 {
+        var nameTime: UInt64 { nameTime(clock: nil) }
+
+        /// The time its name carries; now is `clock`'s if given, else the wall clock's.
+        func nameTime(clock: ChangeClock?) -> UInt64 {
             switch self {
-            case .now: Sys.wallClockNow()
+            case .now: clock?.now() ?? Sys.wallClockNow()
             case .at(let ns): ns
             case .piece(let of): of.map { $0 | Self.pieceMark } ?? 0
-            case .unheld(let since): (since ?? Sys.wallClockNow()) | Self.unheldMark
+            case .unheld(let since): (since ?? clock?.now() ?? Sys.wallClockNow()) | Self.unheldMark
             }
         }
 

@@ -102,7 +102,7 @@ struct TreeRemover {
             if since == nil, d.pointee.d_type == UInt8(DT_DIR), handBack(dfd, child, since) { continue }
             if let cst = lookInside(dfd, child) {
                 if cst.st_mode & S_IFMT == S_IFDIR {
-                    if Self.cameInLater(cst, since: since, deleter: daemon) {
+                    if Self.cameInLater(cst, since: since, deleter: daemon, fine: graveyard.clock.fine) {
                         keptLater = true
                     } else {
                         handBack(dfd, child, since, checked: cst)
@@ -160,7 +160,7 @@ struct TreeRemover {
                     if cst.st_mode & S_IFMT == S_IFDIR {
                         // Came back: what its deleter could not remove stays here.
                         if families.keeps(entry, child) { continue }
-                        if Self.cameInLater(cst, since: since, deleter: who.uid) {
+                        if Self.cameInLater(cst, since: since, deleter: who.uid, fine: graveyard.clock.fine) {
                             keptLater = true
                             continue
                         }
@@ -342,13 +342,14 @@ struct TreeRemover {
     /// it holds is never the deleter's to free. Also true of another user's
     /// directory still being written in when it is reached: held, never freed
     /// with the deleter's rights, so the mistake is on the safe side.
-    /// The filesystem's clock ticks coarsely (a change may be stamped up to a
-    /// tick before `since`); one whose stamps carry no nanoseconds, by the
-    /// second.
-    static func cameInLater(_ st: stat, since: UInt64?, deleter: uid_t) -> Bool {
+    /// `fine`: `since` is the filesystem's own stamp (`ChangeClock`), which
+    /// every later change reaches. Else the filesystem's clock ticks coarsely
+    /// (a change may be stamped up to a tick before `since`); one whose stamps
+    /// carry no nanoseconds, by the second.
+    static func cameInLater(_ st: stat, since: UInt64?, deleter: uid_t, fine: Bool = false) -> Bool {
         guard let since else { return false }
         let changed = Sys.nanoseconds(st.st_ctim)
-        let slack = st.st_ctim.tv_nsec == 0 ? Duration.seconds(1).nanoseconds : Sys.coarseClockResolution
+        let slack = st.st_ctim.tv_nsec == 0 ? Duration.seconds(1).nanoseconds : fine ? 0 : Sys.coarseClockResolution
         guard changed &+ slack >= since else { return false }
         return st.st_uid != deleter || st.st_mode & 0o022 != 0
     }

@@ -296,5 +296,34 @@ struct ReaperPartsTests {
         #expect(TreeRemover.cameInLater(dir(uid: 65534, mode: 0o755, changed: since), since: since + 400_000_000, deleter: 0),
                 "a stamp with no nanoseconds is a second's")
     }
+
+    @Test("the change clock: with fine-grained stamps (Linux 6.13+ here), what changes after its now is stamped no earlier, what changed before, earlier")
+    func changeClock() throws {
+        let dir = try makeTempDirectory()
+        defer { removeTree(dir) }
+        let fd = open(dir, O_RDONLY | O_DIRECTORY)
+        defer { close(fd) }
+        let g = try Graveyard(rootFD: fd, client: try ClientID("alpha"))
+        var u = utsname()
+        uname(&u)
+        let release = withUnsafeBytes(of: u.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        let version = release.split(separator: ".").prefix(2).compactMap { Int($0.prefix { $0.isNumber }) }
+        if version.count == 2 && (version[0], version[1]) >= (6, 13) {
+            #expect(g.clock.fine, "multigrain timestamps on \(release)")
+        }
+        func changed(_ name: String) -> UInt64 {
+            var st = stat()
+            lstat(dir + "/" + name, &st)
+            return Sys.nanoseconds(st.st_ctim)
+        }
+        for i in 0..<50 {
+            mkdir(dir + "/before\(i)", 0o755)
+            let t = g.clock.now()
+            mkdir(dir + "/after\(i)", 0o755)
+            let slack = g.clock.fine ? 0 : Sys.coarseClockResolution
+            #expect(changed("after\(i)") &+ slack >= t, "a change after is never judged before")
+            if g.clock.fine { #expect(changed("before\(i)") < t, "a change before is never judged after") }
+        }
+    }
 }
 

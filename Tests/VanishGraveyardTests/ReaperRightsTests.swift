@@ -333,5 +333,27 @@ struct ReaperRightsTests {
             }
         }
     }
+
+    @Test("a tree nobody made moments before, group-writable (umask 002), goes whole with their vanish rm -r: nothing held or put back (20 tries)")
+    func freshTreeFreed() throws {
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            let r = try sh("chmod 755 . && install -d -o nobody w", cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let binary = m.base + "/vanish"
+            #expect(try run(["cp", vanishBinary, binary]).ok)
+            let r = try runAsNobody(["/bin/sh", "-c", """
+                umask 002
+                for i in $(seq 20); do
+                    mkdir -p t$i/src/a && echo x > t$i/src/a/f.c && cp t$i/src/a/f.c t$i/src/a/f.o && \(binary) rm -r t$i || exit 1
+                done
+                """], cwd: m.path("w"))
+            #expect(r.ok, "\(r)")
+            try waitForReaper(m)
+            let left = try sh("find w -mindepth 1 -printf '%p %M %u %C@\\n'", cwd: m.source).stdout
+            #expect(left == "", "nothing put back: \(left)")
+            #expect(try sh("find .vanish/clients/*/graveyard -mindepth 2 | wc -l", cwd: m.source).stdout == "0\n", "nothing held")
+        }
+    }
 }
 
