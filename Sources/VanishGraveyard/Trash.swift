@@ -443,6 +443,13 @@ extension Graveyard {
         return name[16] == 0x2D ? v : nil
     }
 
+    /// The deletion time a trash entry shows: for a held piece or entry let go
+    /// (`deletionTime` 0 or 1), when its tree was deleted. Held entries
+    /// stay whatever the time, so it is only shown.
+    static func shownTime(_ id: String, _ time: UInt64) -> UInt64 {
+        time > 1 ? time : id.withCString { Graveyard.burialTime($0) } ?? time
+    }
+
     /// Reads every sidecar into the index; sidecars whose entry is gone
     /// (a crash between writing one and the rename) are removed.
     func loadTrash() {
@@ -462,7 +469,7 @@ extension Graveyard {
                     continue
                 }
                 guard let record = readSidecar(sfd, id), let time = Graveyard.deletionTime(id) else { continue }
-                trash.insert(TrashEntry(id: id, shard: shard, deleted: time, record: record))
+                trash.insert(TrashEntry(id: id, shard: shard, deleted: record.held == nil ? time : Self.shownTime(id, time), record: record))
             }
         }
     }
@@ -559,7 +566,7 @@ extension Graveyard {
             removeSidecar(sfd, temporary)
             return false
         }
-        trash.insert(TrashEntry(id: id, shard: shard, deleted: Graveyard.deletionTime(name) ?? 0, record: record))
+        trash.insert(TrashEntry(id: id, shard: shard, deleted: Self.shownTime(id, Graveyard.deletionTime(name) ?? 0), record: record))
         return true
     }
 

@@ -264,6 +264,8 @@ struct ReaperPartsTests {
             #expect(n.withCString { Graveyard.deletionTime($0) } == due, "\(d)")
             #expect(n.withCString { Graveyard.burialTime($0) } == t, "\(d)")
             #expect(n.withCString { Graveyard.isPiece($0) } == d.isPiece)
+            // Held, it shows when its tree was deleted, never 1970.
+            #expect(Graveyard.shownTime(n, due) == t)
         }
         // Names from before the marks: a piece and an unheld entry say no time.
         #expect(try name(.piece(of: nil)).withCString { Graveyard.burialTime($0) } == nil)
