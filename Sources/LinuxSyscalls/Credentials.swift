@@ -37,22 +37,14 @@ public struct Credentials: Sendable {
         return bits & mask == mask
     }
 
-    /// `uid` with its primary group and groups as the user database has
-    /// them now; a uid it does not know gets `fallbackGID` alone.
+    /// `uid` with its primary group and groups as /etc/passwd and /etc/group
+    /// have them now (`UserDatabase`: never NSS); a uid they do not know
+    /// gets `fallbackGID` alone.
     public static func ofUser(_ uid: uid_t, fallbackGID: gid_t) -> Credentials {
-        var pw = passwd()
-        var result: UnsafeMutablePointer<passwd>?
-        var buffer = [CChar](repeating: 0, count: 16384)
-        guard getpwuid_r(uid, &pw, &buffer, buffer.count, &result) == 0, result != nil, let name = pw.pw_name else {
+        guard let user = UserDatabase.user(uid) else {
             return Credentials(uid: uid, gid: fallbackGID, groups: [fallbackGID])
         }
-        var count: Int32 = 64
-        var groups = [gid_t](repeating: 0, count: Int(count))
-        if getgrouplist(name, pw.pw_gid, &groups, &count) < 0 {
-            groups = [gid_t](repeating: 0, count: Int(count))
-            _ = getgrouplist(name, pw.pw_gid, &groups, &count)
-        }
-        return Credentials(uid: uid, gid: pw.pw_gid, groups: Array(groups.prefix(Int(max(count, 0)))))
+        return Credentials(uid: uid, gid: user.gid, groups: UserDatabase.groups(of: user.name, primary: user.gid))
     }
 
     /// `body` with `credentials` taken on (`acting`), or with the thread's own when nil.

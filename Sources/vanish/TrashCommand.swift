@@ -54,7 +54,7 @@ struct TrashCommand: ParsableCommand {
                 let size = g.size.map { bytes(Int($0)) } ?? "-"
                 let disk = g.disk.map { bytes(Int($0)) } ?? "-"
                 let uid = UInt32(e["uid"]?.int ?? 0)
-                let user = TerminalText.escaped(getpwuid(uid).map { String(cString: $0.pointee.pw_name) } ?? "\(uid)")
+                let user = TerminalText.escaped(UserDatabase.user(uid)?.name ?? "\(uid)")
                 let named = PathBytes.get(e, key: "path")?.description ?? ""
                 let path = named.isEmpty ? "(where it was is not known)" : TerminalText.escaped(named)
                 let kind = e["kind"]?.string == "directory" ? "/" : ""
