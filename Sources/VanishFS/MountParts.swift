@@ -82,7 +82,7 @@ package struct MountParts {
                                namespace: namespace, oneStep: oneStep, invalidations: invalidations,
                                changes: changes, log: logger, status: status,
                                trashFolders: deleter.undoWindow > 0 ? grave.map {
-                                   TrashFolders(graveyard: $0, table: table, mountpoint: options.mountpoint)
+                                   TrashFolders(graveyard: $0, table: table, mountpoint: options.mountpoint, log: logger)
                                } : nil)
         // What the reaper holds because its deleter could not remove all of
         // it goes back where it was when that is known; else it is logged.

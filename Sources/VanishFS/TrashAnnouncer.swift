@@ -2,6 +2,7 @@ import CFuse
 import CLinux
 import Glibc
 import LinuxSyscalls
+import Logging
 import Synchronization
 import SystemPackage
 
@@ -21,21 +22,29 @@ final class TrashAnnouncer: Sendable {
     private struct State {
         /// Watched users, and the names already in their folder as last seen.
         var known: [UInt32: Set<[UInt8]>] = [:]
-        /// The name in a `files` or `info` node being announced now.
+        /// The name in a `files` or `info` node being announced (or probed) now.
         var now: (parent: fuse_ino_t, name: [UInt8])?
+        /// Whether a request for `now` reached this mount's handlers.
+        var reached = false
         var started = false
+        /// Users whose folder the mountpoint's path did not lead to (said once each).
+        var misled: Set<UInt32> = []
     }
     private let state = Mutex(State())
     /// The announcing thread's id: requests from it are its announcements.
     let thread = Atomic<Int32>(0)
     private let mountpoint: String
+    private let log: Logger?
 
     /// At most this many names per look (two requests each): beyond, during
     /// an `rm -rf` of thousands, a watcher sees the rest at its next listing.
     static let batch = 256
     static let interval = Duration.milliseconds(100)
 
-    init(mountpoint: String) { self.mountpoint = mountpoint }
+    init(mountpoint: String, log: Logger?) {
+        self.mountpoint = mountpoint
+        self.log = log
+    }
 
     /// `uid` listed their folder: from now on, what comes into it is announced.
     func watch(_ uid: UInt32, _ folders: TrashFolders) {
@@ -53,7 +62,11 @@ final class TrashAnnouncer: Sendable {
     func isAnnouncing(_ pid: pid_t, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>) -> Bool {
         guard pid == thread.load(ordering: .relaxed) else { return false }
         let n = Array(UnsafeRawBufferPointer(start: name, count: strlen(name)))
-        return state.withLock { $0.now.map { $0.parent == parent && $0.name == n } ?? false }
+        return state.withLock { s in
+            guard let now = s.now, now.parent == parent, now.name == n else { return false }
+            s.reached = true
+            return true
+        }
     }
 
     private func run(_ folders: TrashFolders) {
@@ -78,45 +91,65 @@ final class TrashAnnouncer: Sendable {
         }
         let new = listing.names.filter { !known.contains($0) }.prefix(Self.batch)
         guard !new.isEmpty else { return }
-        // The mount's own root, or nothing: never the directory under it.
-        let root = open(mountpoint, VANISH_O_PATH | O_DIRECTORY | O_CLOEXEC)
-        guard root >= 0 else { return }
-        defer { Sys.close(root) }
-        guard vanish_filesystem_type(root) == VANISH_FUSE_SUPER_MAGIC else { return }
-        let folder = ".Trash-\(uid)/"
         let filesNode = fuse_ino_t(folders.node(uid, .files, lookedUp: false))
         let infoNode = fuse_ino_t(folders.node(uid, .info, lookedUp: false))
-        // As the folder's user: should the name lead anywhere else (a real
-        // .Trash-<uid> of theirs on the source), the kernel checks it as them.
+        // As the folder's user, so the kernel checks every step as theirs.
         let who = Credentials.canSwitch ? Credentials.ofUser(uid, fallbackGID: gid_t(uid)) : nil
-        _ = try? Credentials.acting(who) { () throws(Errno) in announce(new, listing, root, folder, filesNode, infoNode) }
-    }
-
-    private func announce(_ new: ArraySlice<[UInt8]>, _ listing: TrashFolders.Listing, _ root: Int32, _ folder: String,
-                          _ filesNode: fuse_ino_t, _ infoNode: fuse_ino_t) {
-        for name in new {
-            guard let kind = listing.entries[name]?.record.kind else { continue }
-            make(root, folder + "files/", name, in: filesNode) { path in
-                switch kind {
-                case .directory: mkdirat(root, path, 0o700)
-                case .symlink: symlinkat("?", root, path)
-                case .file: mknodat(root, path, S_IFREG | 0o600, 0)
-                case .other: -1
+        _ = try? Credentials.acting(who) { () throws(Errno) in
+            guard let files = folder(uid, "files", filesNode) else { return }
+            defer { Sys.close(files) }
+            guard let info = folder(uid, "info", infoNode) else { return }
+            defer { Sys.close(info) }
+            for name in new {
+                guard let kind = listing.entries[name]?.record.kind else { continue }
+                make(name, in: filesNode) { path in
+                    switch kind {
+                    case .directory: mkdirat(files, path, 0o700)
+                    case .symlink: symlinkat("?", files, path)
+                    case .file: mknodat(files, path, S_IFREG | 0o600, 0)
+                    case .other: -1
+                    }
                 }
-            }
-            make(root, folder + "info/", name + TrashFolders.suffix, in: infoNode) { path in
-                mknodat(root, path, S_IFREG | 0o600, 0)
+                make(name + TrashFolders.suffix, in: infoNode) { mknodat(info, $0, S_IFREG | 0o600, 0) }
             }
         }
     }
 
-    /// Runs `create` on `directory` + `name` (relative to the mount's root)
-    /// while that name in `node` is announced.
-    private func make(_ root: Int32, _ directory: String, _ name: [UInt8], in node: fuse_ino_t,
-                      _ create: (UnsafePointer<CChar>) -> Int32) {
-        state.withLock { $0.now = (node, name) }
-        defer { state.withLock { $0.now = nil } }
-        let path = Array(directory.utf8).map { CChar(bitPattern: $0) } + name.map { CChar(bitPattern: $0) } + [0]
+    /// `part` (`files` or `info`) of `uid`'s folder, opened through the
+    /// mountpoint's path, if it is this mount's `node`: a made-up name looked
+    /// up in it must reach these handlers. Anyone who may write a directory
+    /// on the path could otherwise lead it to a directory, or a FUSE
+    /// filesystem, of their own, and learn the names or have them made there.
+    private func folder(_ uid: UInt32, _ part: String, _ node: fuse_ino_t) -> Int32? {
+        let root = open(mountpoint, VANISH_O_PATH | O_DIRECTORY | O_CLOEXEC)
+        guard root >= 0 else { return nil }
+        defer { Sys.close(root) }
+        guard let fd = try? Sys.openat(root, ".Trash-\(uid)/" + part, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        else { return nil }
+        let probe = Array(".vanish-probe-\(UInt64.random(in: 1...UInt64.max))".utf8)
+        let reached = make(probe, in: node) { _ = try? Sys.lstatat(fd, $0); return 0 }
+        if reached { return fd }
+        Sys.close(fd)
+        if state.withLock({ $0.misled.insert(uid).inserted }) {
+            log?.warning("the mountpoint's path leads elsewhere (a directory on it replaced?): new trash entries are not announced there",
+                         metadata: ["mountpoint": "\(mountpoint)", "uid": "\(uid)"])
+        }
+        return nil
+    }
+
+    /// Runs `create` on `name` while that name in `node` is announced;
+    /// whether a request for it reached this mount's handlers.
+    @discardableResult
+    private func make(_ name: [UInt8], in node: fuse_ino_t, _ create: (UnsafePointer<CChar>) -> Int32) -> Bool {
+        state.withLock { s in
+            s.now = (node, name)
+            s.reached = false
+        }
+        let path = name.map { CChar(bitPattern: $0) } + [0]
         _ = path.withUnsafeBufferPointer { create($0.baseAddress!) }
+        return state.withLock { s in
+            s.now = nil
+            return s.reached
+        }
     }
 }

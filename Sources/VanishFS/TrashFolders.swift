@@ -1,6 +1,7 @@
 import CFuse
 import Glibc
 import LinuxSyscalls
+import Logging
 import Synchronization
 import SystemPackage
 import VanishGraveyard
@@ -108,10 +109,10 @@ final class TrashFolders: @unchecked Sendable {
     /// Tells watchers of a listed folder what comes into it (nil: the mountpoint is not known).
     let announcer: TrashAnnouncer?
 
-    init(graveyard: Graveyard, table: InodeTable, mountpoint: String? = nil) {
+    init(graveyard: Graveyard, table: InodeTable, mountpoint: String? = nil, log: Logger? = nil) {
         self.graveyard = graveyard
         self.table = table
-        announcer = mountpoint.map(TrashAnnouncer.init)
+        announcer = mountpoint.map { TrashAnnouncer(mountpoint: $0, log: log) }
         anchors = graveyard.shardFDs.map { fd in
             let st = (try? Sys.fstat(fd)) ?? stat()
             let anchor = Inode(key: InodeKey(dev: st.st_dev, ino: st.st_ino), type: S_IFDIR, id: 0, generation: 0,

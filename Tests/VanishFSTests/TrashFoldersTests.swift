@@ -250,6 +250,39 @@ struct TrashFoldersTests {
         }
     }
 
+    @Test("nobody who may write a directory on the mountpoint's path cannot lead the announcements to a folder of theirs: root's names are neither made nor seen there")
+    func announcementsStayOnTheMount() throws {
+        let base = try makeTempDirectory()
+        chmod(base, 0o755)
+        var mountpoint = base + "/ua/x/mnt"
+        defer {
+            _ = try? run(["umount", "-l", mountpoint])
+            removeTree(base)
+        }
+        #expect(try sh("""
+            mkdir -p src ua/x/mnt && echo s > src/secret-name && echo o > src/other && chown nobody ua
+            """, cwd: base).ok)
+        let mounted = try run([vanishBinary, "mount", "--keep", "1h", "-o", "allow_other", "--log-file", base + "/log",
+                               base + "/src", mountpoint])
+        try #require(mounted.ok, "\(mounted)")
+        // Root lists its folder: its new entries are announced from now on.
+        #expect(try sh("rm other && ls .Trash-0/files", cwd: mountpoint).stdout == "other\n")
+        // nobody puts a directory of theirs where the mountpoint's path leads.
+        let swap = try runAsNobody(["/bin/sh", "-c", """
+            mv ua/x ua/x-real && mkdir -p ua/x/mnt/.Trash-0/files ua/x/mnt/.Trash-0/info && chmod -R 777 ua/x
+            """], cwd: base)
+        try #require(swap.ok, "\(swap)")
+        mountpoint = base + "/ua/x-real/mnt"
+        #expect(try sh("rm secret-name", cwd: mountpoint).ok)
+        try waitFor("the daemon to refuse the path, or to be misled") {
+            (try? String(contentsOfFile: base + "/log", encoding: .utf8))?.contains("leads elsewhere") == true
+                || access(base + "/ua/x/mnt/.Trash-0/files/secret-name", F_OK) == 0
+        }
+        #expect(try sh("find ua/x -mindepth 4", cwd: base).stdout == "", "nothing made in nobody's folder")
+        #expect(try sh("ls .Trash-0/files", cwd: mountpoint).stdout == "other\nsecret-name\n")
+        #expect(try run([vanishBinary, "unmount", mountpoint]).ok)
+    }
+
     @Test("another user's folder is closed: they cannot list, make, move into or restore from it")
     func otherUsers() throws {
         try Self.requireClients()
