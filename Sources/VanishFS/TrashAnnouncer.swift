@@ -18,6 +18,8 @@ import SystemPackage
 /// Only for users who listed their folder since the mount (a watcher lists
 /// before it watches), so nothing is spent for anyone else; the thread
 /// starts with the first of them.
+///
+/// Lock order: `state` is a leaf.
 final class TrashAnnouncer: Sendable {
     private struct State {
         /// Watched users, and the names already in their folder as last seen.
@@ -48,8 +50,10 @@ final class TrashAnnouncer: Sendable {
 
     /// `uid` listed their folder: from now on, what comes into it is announced.
     func watch(_ uid: UInt32, _ folders: TrashFolders) {
+        // Listed outside the lock, which stays a leaf.
+        let names = state.withLock { $0.known[uid] == nil } ? Set(folders.listing(uid).names) : nil
         let start = state.withLock { s -> Bool in
-            if s.known[uid] == nil { s.known[uid] = Set(folders.listing(uid).names) }
+            if s.known[uid] == nil, let names { s.known[uid] = names }
             defer { s.started = true }
             return !s.started
         }
