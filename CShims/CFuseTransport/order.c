@@ -115,12 +115,21 @@ static int records_changes(uint32_t opcode) {
 // How much longer than its timeout a change waits for an earlier one that is being handled.
 enum { handling_wait_factor = 4 };
 
-void vanish_order_done(void) { order_idle(); }
+// libfuse 3.14 keeps a request's id inside its opaque fuse_req, so the id
+// is found from the thread serving `req`, which is the thread that received
+// it (3.17 finds the ring entry from the request itself).
+static int serves(const struct vanish_thread *me, fuse_req_t req) {
+    return req && me->req == req && me->unique != 0 && me->transport;
+}
 
-int vanish_order_wait_for_earlier(uint64_t timeout_ns) {
+void vanish_order_done(fuse_req_t req) {
+    if (serves(&vanish_thread, req)) order_idle();
+}
+
+int vanish_order_wait_for_earlier(fuse_req_t req, uint64_t timeout_ns) {
     struct vanish_thread *me = &vanish_thread;
+    if (!serves(me, req)) return 1;
     uint64_t current = me->unique;
-    if (current == 0 || !me->transport) return 1;
     struct vanish_order *o = &me->transport->order;
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);

@@ -6,8 +6,11 @@
 // Thread-locals, each because libfuse 3.14 runs a request's handler and its
 // reply on the thread that received it and hands neither a context of ours
 // (3.17 finds the ring entry from the request; these go with this file):
-// - `vanish_thread` (order.c): the request the thread serves and its session,
-//   for the order table, STATX replies and the thread's slice.
+// - `vanish_thread` (order.c): the request the thread serves, its id and its
+//   session, for the order table, STATX replies and the thread's slice. A
+//   handler asks with its `fuse_req` (`vanish_order_wait_for_earlier`);
+//   3.14 keeps the request's id inside that opaque struct, so the id is
+//   found here, from the thread serving it.
 // - ring.c `me`: the ring worker the thread is, for `ring_may_block` from a
 //   handler that only has libfuse's request.
 // - workers.c `served_from_clone`, `self`, `has_semaphore`: a libfuse

@@ -31,20 +31,21 @@ public struct Request: @unchecked Sendable {
         return Array(groups.prefix(Int(max(0, min(n, Int32(groups.count))))))
     }
 
-    /// Before recording a change this request made: waits (up to `timeout`
-    /// ns) for the handlers of change-recording requests the kernel sent
+    /// Before recording a change this request made: waits (up to `timeout`)
+    /// for the handlers of change-recording requests the kernel sent
     /// earlier to finish, so the record follows the kernel's order (see the
-    /// transport). False if it waited that long in vain.
+    /// transport). False if it waited that long in vain. Only while this
+    /// request is being handled, on its thread; once answered it waits for nothing.
     /// 250 ms: a `written` event's RELEASE handler (which may read the file
     /// to tell a copy) took more than 50 ms under CI's load, and its event
     /// then followed the program's next one.
     @discardableResult
-    public static func waitForEarlierChanges(timeout: Duration = .milliseconds(250)) -> Bool {
-        vanish_order_wait_for_earlier(timeout.nanoseconds) != 0
+    public func awaitEarlierChanges(timeout: Duration = .milliseconds(250)) -> Bool {
+        vanish_order_wait_for_earlier(raw, timeout.nanoseconds) != 0
     }
 
     /// This request has recorded all its changes: later ones stop waiting for it.
-    public static func doneRecordingChanges() { vanish_order_done() }
+    public func doneRecordingChanges() { vanish_order_done(raw) }
 
     /// Whether the caller is in `gid`, as its primary group or another.
     public func isInGroup(_ gid: gid_t) -> Bool { caller.gid == gid || groups().contains(gid) }

@@ -75,7 +75,7 @@ extension VanishFilesystem {
             try namespace.withFD(node) { fd throws(Errno) in try apply(.path(fd)) }
         }
         node.sawAttributes(st)
-        changes.attributesChanged(req.caller, node, toSet: toSet, before: before, after: st)
+        changes.attributesChanged(req, node, toSet: toSet, before: before, after: st)
         st = source.devices.present(st)
         req.reply(attr: &st, timeout: cacheTimeout(node))
     }
@@ -126,7 +126,7 @@ extension VanishFilesystem {
             if r < 0 { throw Errno(rawValue: -r) }
             // The flags moved the file's ctime, which the kernel does not know.
             if sets { caches.invalidations.attributes(of: ino) }
-            if sets { changes.flagsChanged(req.caller, inode(ino)) }
+            if sets { changes.flagsChanged(req, inode(ino)) }
             req.reply(ioctl: 0, output: UnsafeRawBufferPointer(rebasing: output[..<count]))
         }
     }
@@ -152,7 +152,7 @@ extension VanishFilesystem {
         }
         caches.absentXattrs.changed(inode(ino))
         if changesMode(name) { caches.invalidations.attributes(of: ino) }
-        changes.xattrChanged(req.caller, inode(ino), name: name)
+        changes.xattrChanged(req, inode(ino), name: name)
         req.replyOK()
     }
 
@@ -292,7 +292,7 @@ extension VanishFilesystem {
         try namespace.withFD(inode(ino)) { fd throws(Errno) in try Sys.removexattr(pathFD: fd, name) }
         caches.absentXattrs.changed(inode(ino))
         if changesMode(name) { caches.invalidations.attributes(of: ino) }
-        changes.xattrChanged(req.caller, inode(ino), name: name)
+        changes.xattrChanged(req, inode(ino), name: name)
         req.replyOK()
     }
 }

@@ -48,7 +48,7 @@ extension VanishFilesystem {
         guard node !== table.root else { throw .resourceBusy }
         guard let (parent, name) = table.location(of: node) else { throw .noSuchFileOrDirectory }
         let caller = req.caller
-        changes.awaitEarlierChanges()
+        changes.awaitEarlierChanges(req)
         let permissions = try RemovalCheck(req, caller)
         try name.withUnsafeBufferPointer { n throws(Errno) in
             try namespace.removing(parent, n.baseAddress!) { pfd throws(Errno) in
@@ -88,7 +88,7 @@ extension VanishFilesystem {
                                                  counted: extent, by: deletedBy, as: permissions.credentials)
                 }
                 if isDirectory { table.markBuried(node) }
-                changes.deleted(caller, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true,
+                changes.deleted(req, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true,
                                 entry: grave)
             }
         }
@@ -96,7 +96,7 @@ extension VanishFilesystem {
         // (a program may make it again next), so the kernel drops it first.
         // That needs the parent's lock, which a later create in it may hold
         // while it waits for this request's event: it need not any more.
-        Request.doneRecordingChanges()
+        req.doneRecordingChanges()
         // Up to 5 s: under load the parent's lock can be held a second and
         // more by requests queued in it, and answering before the entry is
         // gone would let the caller still find the tree (the model check did).

@@ -77,7 +77,7 @@ extension VanishFilesystem {
                 let node = table.remember(st, birth: birth, parent: p, name: name, generation: made.generation)
                 if let id = made.id { _ = table.fileID(of: node) { id } }
                 changes.sawDirectory(node, st)
-                changes.created(caller, parent: p, name: name, node: node, st: st, fd: fd)
+                changes.created(req, parent: p, name: name, node: node, st: st, fd: fd)
                 namespace.adopt(node, fd: fd)
                 return (node, st)
             } catch {
@@ -106,7 +106,7 @@ extension VanishFilesystem {
             let (st, birth) = try Sys.lstatatWithBirth(npfd, newName)
             let linked = table.remember(st, birth: birth, parent: np, name: newName,
                                         generation: generationForID(npfd, newName, st, birth: birth))
-            changes.linked(req.caller, parent: np, name: newName, parentFD: npfd, node: linked, st: st,
+            changes.linked(req, parent: np, name: newName, parentFD: npfd, node: linked, st: st,
                            target: target, unnamed: unnamed)
             return (linked, st)
         } answer: { (linked, st) in
@@ -119,10 +119,10 @@ extension VanishFilesystem {
         let p = inode(parent)
         if table.isInTrash(p) { return try removeInTrash(req, p, name, directory: false) }
         let caller = req.caller
-        try removingEntry(p, name) { pfd, st throws(Errno) in
+        try removingEntry(req, p, name) { pfd, st throws(Errno) in
             let id = changes.removing(pfd, name, st)
             let deferred = try deleter.removeFile(parent: p, parentFD: pfd, name: name, st: st, caller: caller)
-            changes.deleted(caller, parent: p, name: name, mode: st.st_mode, id: id, tree: false, entry: nil)
+            changes.deleted(req, parent: p, name: name, mode: st.st_mode, id: id, tree: false, entry: nil)
             req.replyOK()
             // The caller's next request runs on another handler thread meanwhile.
             if let burial = consume deferred { deleter.afterReply(burial, parent: p, parentFD: pfd, name: name, caller: caller) }
@@ -133,13 +133,13 @@ extension VanishFilesystem {
         let p = inode(parent)
         if table.isInTrash(p) { return try removeInTrash(req, p, name, directory: true) }
         try checkChangeable(p, name)
-        changes.awaitEarlierChanges()
+        changes.awaitEarlierChanges(req)
         let caller = req.caller
         try namespace.removing(p, name) { pfd throws(Errno) in
             let (id, st) = try changes.removingDirectory(pfd, name)
             try deleter.removeDirectory(parent: p, parentFD: pfd, name: name, caller: caller, groups: { req.groups() },
                                         known: st)
-            changes.deleted(caller, parent: p, name: name, mode: S_IFDIR, id: id, tree: false, entry: nil)
+            changes.deleted(req, parent: p, name: name, mode: S_IFDIR, id: id, tree: false, entry: nil)
         }
         req.replyOK()
     }
@@ -150,7 +150,7 @@ extension VanishFilesystem {
         let np = inode(newParent)
         try checkChangeable(p, name)
         try checkChangeable(np, newName)
-        changes.awaitEarlierChanges()
+        changes.awaitEarlierChanges(req)
         let caller = req.caller
         let exchange = flags & VANISH_RENAME_EXCHANGE != 0
         // The move is the caller's, checked by the kernel as they make it: an
@@ -175,7 +175,7 @@ extension VanishFilesystem {
             if flags & VANISH_RENAME_EXCHANGE != 0, let st = try? Sys.lstatat(pfd, name) {
                 table.moved(st, to: p, name: name)
             }
-            changes.renamed(caller, from: p, name, to: np, newName, newParentFD: npfd, moved: moved, st: st,
+            changes.renamed(req, from: p, name, to: np, newName, newParentFD: npfd, moved: moved, st: st,
                             exchange: exchange, replaced: target != nil)
         } answer: {
             req.replyOK()
@@ -217,7 +217,7 @@ extension VanishFilesystem {
                 let node = table.remember(st, birth: birth, parent: p, name: name, generation: made.generation)
                 node.madeBy.store(caller.pid, ordering: .relaxed)
                 if let id = made.id { _ = table.fileID(of: node) { id } }
-                changes.created(caller, parent: p, name: name, node: node, st: st, fd: fd)
+                changes.created(req, parent: p, name: name, node: node, st: st, fd: fd)
                 return (fd, node, st)
             } catch {
                 Sys.close(fd)
@@ -305,10 +305,10 @@ extension VanishFilesystem {
     /// the name may change, earlier changes are recorded, and the entry is
     /// neither immutable nor append-only: checked here, not left to the
     /// rename, which may come after the reply.
-    func removingEntry<R>(_ p: Inode, _ name: UnsafePointer<CChar>,
+    func removingEntry<R>(_ req: Request, _ p: Inode, _ name: UnsafePointer<CChar>,
                           _ body: (Int32, stat) throws(Errno) -> R) throws(Errno) -> R {
         try checkChangeable(p, name)
-        changes.awaitEarlierChanges()
+        changes.awaitEarlierChanges(req)
         return try namespace.removing(p, name) { pfd throws(Errno) in
             let (st, protected) = try Sys.lstatatProtected(pfd, name)
             if protected { throw .notPermitted }

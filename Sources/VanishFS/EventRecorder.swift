@@ -246,14 +246,16 @@ final class EventRecorder: ChangeObserver {
 
     /// `mv f g` right after a writer closed f is "written f", then "renamed g <- f".
     @inline(__always)
-    func awaitEarlierChanges() { Request.waitForEarlierChanges() }
+    func awaitEarlierChanges(_ req: Request) { req.awaitEarlierChanges() }
 
-    /// Appends an event caused by `caller` (nil for Vanish's own doing).
+    /// Appends an event caused by `caller` (nil for Vanish's own doing),
+    /// recorded while handling `req` (nil: no request).
     /// `knownComm`: the caller's command name as taken earlier, if it may be gone now.
-    private func emit(_ type: EventType, _ caller: Caller?, knownComm: String = "", _ fill: (inout EventRecord) -> Void) {
+    private func emit(_ type: EventType, _ caller: Caller?, during req: Request?, knownComm: String = "",
+                      _ fill: (inout EventRecord) -> Void) {
         // In the kernel's order of requests: a RELEASE handled beside its
         // program's next request is recorded first (causal order per process).
-        if caller != nil, !Request.waitForEarlierChanges() {
+        if let req, !req.awaitEarlierChanges() {
             log.notice("recorded a change without waiting longer for an earlier request", metadata: ["event": "\(type)"])
         }
         let comm = caller.map { c in
@@ -283,9 +285,9 @@ final class EventRecorder: ChangeObserver {
     /// Path of an inode by its last known name.
     private func path(of node: Inode) -> [UInt8] { table.path(of: node, appending: nil) }
 
-    func created(_ caller: Caller, parent: Inode, name: UnsafePointer<CChar>, node: Inode, st: stat, fd: Int32) {
+    func created(_ req: Request, parent: Inode, name: UnsafePointer<CChar>, node: Inode, st: stat, fd: Int32) {
         let id = fileID(of: node, fd: fd)
-        emit(.created, caller) { e in
+        emit(.created, req.caller, during: req) { e in
             e.path("path", of: parent, appending: name, in: table)
             e.string("kind", FileID.kindName(st.st_mode))
             e.string("id", id)
@@ -296,14 +298,14 @@ final class EventRecorder: ChangeObserver {
 
     /// An O_TMPFILE file getting its first name is a creation, as inotify
     /// reports it, not a second name of a file already seen.
-    func linked(_ caller: Caller, parent: Inode, name: UnsafePointer<CChar>, parentFD: Int32, node: Inode,
+    func linked(_ req: Request, parent: Inode, name: UnsafePointer<CChar>, parentFD: Int32, node: Inode,
                 st: stat, target: [UInt8], unnamed: Bool) {
         if unnamed {
-            namespace.withFDIfPossible(node) { fd in created(caller, parent: parent, name: name, node: node, st: st, fd: fd) }
+            namespace.withFDIfPossible(node) { fd in created(req, parent: parent, name: name, node: node, st: st, fd: fd) }
             return
         }
         let id = FileID.read(parentFD, name)
-        emit(.linked, caller) { e in
+        emit(.linked, req.caller, during: req) { e in
             e.path("path", of: parent, appending: name, in: table)
             e.path("target", target)
             e.string("kind", FileID.kindName(st.st_mode))
@@ -328,9 +330,9 @@ final class EventRecorder: ChangeObserver {
     /// with the same `entry` counts the whole tree's files and bytes once
     /// they are freed (counting them here would walk the tree in the
     /// request, which is what `vanish rm` exists to avoid).
-    func deleted(_ caller: Caller, parent: Inode, name: UnsafePointer<CChar>, mode: mode_t, id: String, tree: Bool,
+    func deleted(_ req: Request, parent: Inode, name: UnsafePointer<CChar>, mode: mode_t, id: String, tree: Bool,
                  entry: String?) {
-        emit(.deleted, caller) { e in
+        emit(.deleted, req.caller, during: req) { e in
             e.path("path", of: parent, appending: name, in: table)
             e.string("kind", FileID.kindName(mode))
             e.string("id", id)
@@ -340,12 +342,12 @@ final class EventRecorder: ChangeObserver {
         }
     }
 
-    func renamed(_ caller: Caller, from parent: Inode, _ name: UnsafePointer<CChar>, to newParent: Inode,
+    func renamed(_ req: Request, from parent: Inode, _ name: UnsafePointer<CChar>, to newParent: Inode,
                  _ newName: UnsafePointer<CChar>, newParentFD: Int32, moved: Inode?, st: stat?, exchange: Bool,
                  replaced: Bool) {
         let id = moved.map { fileID(of: $0) } ?? FileID.read(newParentFD, newName)
         let kind = st.map { FileID.kindName($0.st_mode) } ?? ""
-        emit(.renamed, caller) { e in
+        emit(.renamed, req.caller, during: req) { e in
             e.path("path", of: newParent, appending: newName, in: table)
             e.path("from", of: parent, appending: name, in: table)
             e.string("kind", kind)
@@ -358,7 +360,7 @@ final class EventRecorder: ChangeObserver {
     func restored(into dirFD: Int32, _ leaf: UnsafePointer<CChar>, path: [UInt8], kind: String, entry: String,
                   uid: uid_t, kept: Bool) {
         let id = FileID.read(dirFD, leaf)
-        emit(.restored, nil) { ev in
+        emit(.restored, nil, during: nil) { ev in
             ev.path("path", path)
             ev.string("kind", kind)
             ev.string("id", id)
@@ -377,20 +379,21 @@ final class EventRecorder: ChangeObserver {
         let seen = node.mtimeSeen.exchange(mtime, ordering: .sequentiallyConsistent)
         guard seen != mtime, seen != 0 else { return }
         if node.changedHere.exchange(false, ordering: .sequentiallyConsistent) { return }
-        emit(.rescan, nil) { e in
+        emit(.rescan, nil, during: nil) { e in
             e.path("path", of: node, in: table)
             e.string("kind", "directory")
             e.string("reason", "its entries changed behind this mount (another client, or the backing directory)")
         }
     }
 
-    func opened(_ fd: Int32, _ node: Inode, writing writes: Bool, passthrough: Bool, stat known: stat?, _ caller: Caller) {
+    func opened(_ fd: Int32, _ node: Inode, writing writes: Bool, passthrough: Bool, stat known: stat?, _ req: Request) {
+        let caller = req.caller
         if writes {
             // A writer's RELEASE the kernel sent before this open ends its
             // writing session first: handled after this open joined the
             // session, it would leave its `written` to this writer's close
             // (dd; touch -d: "attributes" before dd's "written").
-            Request.waitForEarlierChanges()
+            req.awaitEarlierChanges()
             // The kernel writes a passthrough file without us: the writing
             // session is told by the file's change since the open.
             let stamp = passthrough ? (known ?? (try? Sys.fstat(fd))).map(WritingHandles.Stamp.init) : nil
@@ -401,22 +404,22 @@ final class EventRecorder: ChangeObserver {
     }
 
     @inline(__always)
-    func wrote(_ fd: Int32, _ node: Inode, _ caller: Caller) { writing.wrote(fd, node, caller) }
+    func wrote(_ fd: Int32, _ node: Inode, _ req: Request) { writing.wrote(fd, node, req.caller) }
 
     /// The new file's data comes from another file in the mount: say which.
     func copied(from input: Inode, _ inFD: Int32, at inputOffset: off_t, into output: Inode, _ outFD: Int32,
-                at outputOffset: off_t, length: Int, _ caller: Caller) {
+                at outputOffset: off_t, length: Int, _ req: Request) {
         let after = try? Sys.fstat(outFD)
         let copy = WritingHandles.Copy(source: (path(of: input), fileID(of: input, fd: inFD)),
                                        inputOffset: inputOffset, outputOffset: outputOffset, length: length,
                                        sourceSize: (try? Sys.fstat(inFD))?.st_size ?? -1,
                                        after: after.map(WritingHandles.Stamp.init))
-        writing.wrote(outFD, output, caller, copy: copy)
+        writing.wrote(outFD, output, req.caller, copy: copy)
     }
 
-    func released(_ fd: Int32, _ node: Inode, writing writes: Bool, report: Bool) {
+    func released(_ fd: Int32, _ node: Inode, writing writes: Bool, report: Bool, during req: Request?) {
         if writes {
-            if report { recordWritten(node, fd: fd) } else { _ = writing.released(fd, node, nil) }
+            if report { recordWritten(node, fd: fd, during: req) } else { _ = writing.released(fd, node, nil) }
         } else if node.type == S_IFREG {
             reading.released(fd)
         }
@@ -425,7 +428,7 @@ final class EventRecorder: ChangeObserver {
     /// A writable handle is released: the `written` event when it was the
     /// inode's last and any of them wrote, unless the file is gone (its
     /// `deleted` came already).
-    private func recordWritten(_ node: Inode, fd: Int32) {
+    private func recordWritten(_ node: Inode, fd: Int32, during req: Request?) {
         let st = try? Sys.fstat(fd)
         guard let session = writing.released(fd, node, st), let caller = session.caller,
               (st?.st_nlink ?? 0) > 0, !table.isBuried(node) else { return }
@@ -435,7 +438,7 @@ final class EventRecorder: ChangeObserver {
            sameContent(node, size: st.st_size, as: candidate, uid: caller.uid) {
             source = (path(of: candidate), fileID(of: candidate))
         }
-        emit(.written, caller, knownComm: session.comm) { e in
+        emit(.written, caller, during: req, knownComm: session.comm) { e in
             e.path("path", of: node, in: table)
             e.string("kind", "file")
             e.string("id", id)
@@ -455,26 +458,26 @@ final class EventRecorder: ChangeObserver {
         return stat()
     }
 
-    func attributesChanged(_ caller: Caller, _ node: Inode, toSet: Int32, before: stat?, after: stat) {
+    func attributesChanged(_ req: Request, _ node: Inode, toSet: Int32, before: stat?, after: stat) {
         if let before { writing.attributesChanged(node, before: before, after: after) }
-        recordAttributes(caller, node, toSet: toSet, st: after, xattr: nil)
+        recordAttributes(req, node, toSet: toSet, st: after, xattr: nil)
     }
 
-    func flagsChanged(_ caller: Caller, _ node: Inode) {
-        recordAttributes(caller, node, toSet: 0, st: nil, xattr: nil, fileFlags: true)
+    func flagsChanged(_ req: Request, _ node: Inode) {
+        recordAttributes(req, node, toSet: 0, st: nil, xattr: nil, fileFlags: true)
     }
 
-    func xattrChanged(_ caller: Caller, _ node: Inode, name: UnsafePointer<CChar>) {
-        recordAttributes(caller, node, toSet: 0, st: nil, xattr: name)
+    func xattrChanged(_ req: Request, _ node: Inode, name: UnsafePointer<CChar>) {
+        recordAttributes(req, node, toSet: 0, st: nil, xattr: name)
     }
 
     func follows(_ node: Inode) -> Bool { writing.follows(node) }
 
-    private func recordAttributes(_ caller: Caller, _ node: Inode, toSet: Int32, st: stat?, xattr: UnsafePointer<CChar>?,
+    private func recordAttributes(_ req: Request, _ node: Inode, toSet: Int32, st: stat?, xattr: UnsafePointer<CChar>?,
                                   fileFlags: Bool = false) {
         let id = fileID(of: node)
         if toSet & FUSE_SET_ATTR_SIZE != 0 {
-            emit(.truncated, caller) { e in
+            emit(.truncated, req.caller, during: req) { e in
                 e.path("path", of: node, in: table)
                 e.string("kind", "file")
                 e.string("id", id)
@@ -494,7 +497,7 @@ final class EventRecorder: ChangeObserver {
         if xattr != nil { add("xattr") }
         if fileFlags { add("flags") }
         guard !changed.isEmpty else { return }
-        emit(.attributes, caller) { e in
+        emit(.attributes, req.caller, during: req) { e in
             e.path("path", of: node, in: table)
             e.string("kind", FileID.kindName(node.type))
             e.string("id", id)

@@ -57,7 +57,7 @@ extension VanishFilesystem {
         if node.type == S_IFREG {
             let writing = writesData(node, fi)
             if writing && kind == .passthrough { node.passthroughWriter.store(caller.pid, ordering: .relaxed) }
-            changes.opened(fd, node, writing: writing, passthrough: kind == .passthrough, stat: known, caller)
+            changes.opened(fd, node, writing: writing, passthrough: kind == .passthrough, stat: known, req)
         }
         return backing
     }
@@ -94,7 +94,7 @@ extension VanishFilesystem {
             return n
         }
         if let kills = FileHandle.kills(fi.pointee.fh) { clearPrivileges(.open(fd), kills, ino) }
-        changes.wrote(fd, inode(ino), req.caller)
+        changes.wrote(fd, inode(ino), req)
         req.reply(written: n)
     }
 
@@ -114,7 +114,7 @@ extension VanishFilesystem {
     }
 
     public func release(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        letGo(inode(ino), fi, report: true)
+        letGo(inode(ino), fi, report: true, during: req)
         req.replyOK()
     }
 
@@ -137,7 +137,7 @@ extension VanishFilesystem {
 
     /// Lets go of a handle whose open could not be answered (the caller was interrupted).
     func abandonHandle(_ node: Inode, _ fi: UnsafeMutablePointer<fuse_file_info>) {
-        letGo(node, fi, report: false)
+        letGo(node, fi, report: false, during: nil)
     }
 
     /// Lets go of a handle: its share of the inode's backing id, its place in
@@ -151,7 +151,7 @@ extension VanishFilesystem {
     /// `vanish rm` buried also lets go of its cached fd: the kernel keeps such
     /// a file's dentry (under the invalidated tree) and so never forgets it,
     /// and that fd would hold the deleted file's space.
-    private func letGo(_ node: Inode, _ fi: UnsafeMutablePointer<fuse_file_info>, report: Bool) {
+    private func letGo(_ node: Inode, _ fi: UnsafeMutablePointer<fuse_file_info>, report: Bool, during req: Request?) {
         let fh = fi.pointee.fh
         let fd = FileHandle.fd(fh)
         let last = namespace.closed(node)
@@ -165,7 +165,7 @@ extension VanishFilesystem {
             let pid = node.passthroughWriter.load(ordering: .relaxed)
             if pid > 0 { _ = node.passthroughWriter.compareExchange(expected: pid, desired: -pid, ordering: .relaxed) }
         }
-        if node.type == S_IFREG { changes.released(fd, node, writing: writesData(node, fi), report: report) }
+        if node.type == S_IFREG { changes.released(fd, node, writing: writesData(node, fi), report: report, during: req) }
         openFiles.shares.released(fd)
         Sys.close(fd)
         if last && table.isBuried(node) { namespace.drop(node) }
@@ -182,7 +182,7 @@ extension VanishFilesystem {
         let fd = FileHandle.fd(fi.pointee.fh)
         try makingRoom { () throws(Errno) in try Sys.fallocate(fd, mode, offset, length) }
         if let kills = FileHandle.kills(fi.pointee.fh) { clearPrivileges(.open(fd), kills, ino) }
-        changes.wrote(fd, inode(ino), req.caller)
+        changes.wrote(fd, inode(ino), req)
         req.replyOK()
     }
 
@@ -197,7 +197,7 @@ extension VanishFilesystem {
         }
         if let kills = FileHandle.kills(fiOut.pointee.fh) { clearPrivileges(.open(outFD), kills, output) }
         changes.copied(from: inode(input), inFD, at: inputOffset, into: inode(output), outFD, at: outputOffset,
-                       length: n, req.caller)
+                       length: n, req)
         req.reply(written: n)
     }
 

@@ -297,7 +297,7 @@ extension VanishFilesystem {
                               to np: Inode, _ newName: UnsafePointer<CChar>, replacing: Bool) throws(Errno) {
         guard let e = folders.entry(uid, named: name) else { throw .noSuchFileOrDirectory }
         try checkChangeable(np, newName)
-        changes.awaitEarlierChanges()
+        changes.awaitEarlierChanges(req)
         let caller = req.caller
         let who = Credentials(uid: caller.uid, gid: caller.gid, groups: caller.uid == 0 ? [] : req.groups())
         let path = table.path(of: np, appending: newName)
@@ -337,12 +337,12 @@ extension VanishFilesystem {
             let (id, st) = try changes.removingDirectory(npfd, newName)
             try deleter.removeDirectory(parent: np, parentFD: npfd, name: newName, caller: caller,
                                         groups: { req.groups() }, known: st)
-            changes.deleted(caller, parent: np, name: newName, mode: S_IFDIR, id: id, tree: false, entry: nil)
+            changes.deleted(req, parent: np, name: newName, mode: S_IFDIR, id: id, tree: false, entry: nil)
         } else {
             let id = changes.removing(npfd, newName, target)
             // At once, not after the reply: the name must be free for the restore.
             _ = try deleter.bury(npfd, newName, st: target, from: np, caller: caller)
-            changes.deleted(caller, parent: np, name: newName, mode: target.st_mode, id: id, tree: false, entry: nil)
+            changes.deleted(req, parent: np, name: newName, mode: target.st_mode, id: id, tree: false, entry: nil)
         }
     }
 
@@ -352,7 +352,7 @@ extension VanishFilesystem {
     private func trashPut(_ req: Request, _ folders: TrashFolders, _ p: Inode, _ name: UnsafePointer<CChar>,
                           into uid: UInt32, as newName: [UInt8]) throws(Errno) {
         let caller = req.caller
-        try removingEntry(p, name) { pfd, st throws(Errno) in
+        try removingEntry(req, p, name) { pfd, st throws(Errno) in
             let directory = st.st_mode & S_IFMT == S_IFDIR
             let id = directory ? (try changes.removingDirectory(pfd, name)).id : changes.removing(pfd, name, st)
             let record = TrashRecord(path: table.path(of: p, appending: name), uid: uid, gid: caller.gid,
@@ -364,7 +364,7 @@ extension VanishFilesystem {
             _ = folders.removeLoose(uid, newName + TrashFolders.suffix)
             // The kernel now holds the file as files/newName: reopen it there.
             table.moved(st, to: folders.anchor(grave.shard), name: grave.id)
-            changes.deleted(caller, parent: p, name: name, mode: st.st_mode, id: id, tree: directory, entry: grave.id)
+            changes.deleted(req, parent: p, name: name, mode: st.st_mode, id: id, tree: directory, entry: grave.id)
         }
         req.replyOK()
     }

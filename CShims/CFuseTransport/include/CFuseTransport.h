@@ -139,19 +139,20 @@ void vanish_request_begin(struct fuse_req *req, pid_t caller, int awaited);
 /// wait for another thread): lets another worker receive meanwhile.
 void vanish_workers_may_block(void);
 
-/// From a handler about to record a change (an event): waits until no
-/// other worker is handling a change-recording request the kernel sent
-/// earlier (a smaller request id), and over io_uring until every earlier
-/// request arrived, so changes are recorded in the kernel's order: up to
-/// `timeout_ns` for requests yet to arrive, four times that for ones being
-/// handled. 1 if none was left, 0 on timeout.
-int vanish_order_wait_for_earlier(uint64_t timeout_ns);
+/// From the handler of `req`, about to record a change (an event): waits
+/// until no other worker is handling a change-recording request the kernel
+/// sent earlier (a smaller request id), and over io_uring until every
+/// earlier request arrived, so changes are recorded in the kernel's order:
+/// up to `timeout_ns` for requests yet to arrive, four times that for ones
+/// being handled. 1 if none was left (or `req` is not being served here:
+/// answered already, or never begun), 0 on timeout.
+int vanish_order_wait_for_earlier(struct fuse_req *req, uint64_t timeout_ns);
 
-/// From a handler that has recorded all it will record and is about to wait
-/// (for the kernel to drop an entry, which may need a lock a later request
-/// holds while it waits in vanish_order_wait_for_earlier): later changes
-/// need not wait for it any more.
-void vanish_order_done(void);
+/// From the handler of `req`, which has recorded all it will record and is
+/// about to wait (for the kernel to drop an entry, which may need a lock a
+/// later request holds while it waits in vanish_order_wait_for_earlier):
+/// later changes need not wait for it any more.
+void vanish_order_done(struct fuse_req *req);
 
 /// `fuse_reply_attr`, with the file's birth time (ns since the epoch; 0:
 /// unknown), which goes out when the request was a FUSE_STATX.
