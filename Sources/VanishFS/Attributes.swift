@@ -51,7 +51,7 @@ extension VanishFilesystem {
                 if clears, let st = try? Sys.fstat(file.fd) {
                     // The reply carries the new mode: nothing for the kernel to drop.
                     let kills = PrivilegeKill(outsideGroup: st.st_mode & S_ISGID != 0 && outsideGroup(st.st_gid))
-                    self.clearPrivileges(file, kills, nil)
+                    self.files.clearPrivileges(file, kills, nil)
                 }
             }
             if toSet & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME) != 0 {

@@ -231,3 +231,18 @@ final class Deleter: Sendable {
         return parent === table.root || isNestedStateDirectory(in: parent)
     }
 }
+
+extension Deleter {
+    /// Runs `body` once more when the backing filesystem answered ENOSPC
+    /// while the undo window holds entries, once the oldest are freed
+    /// (`Reaper.makeRoom`): deleting never costs a writer its space.
+    @inline(__always)
+    func makingRoom<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
+        do throws(Errno) {
+            return try body()
+        } catch .noSpace {
+            guard let reaper, reaper.makeRoom() else { throw .noSpace }
+            return try body()
+        }
+    }
+}

@@ -67,7 +67,7 @@ extension VanishFilesystem {
         try checkChangeable(p, name)
         let caller = req.caller
         try namespace.making(p, name) { pfd throws(Errno) -> (Inode, stat) in
-            try makingRoom { () throws(Errno) in try asCaller(req, caller) { () throws(Errno) in try make(pfd) } }
+            try deleter.makingRoom { () throws(Errno) in try asCaller(req, caller) { () throws(Errno) in try make(pfd) } }
             let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in
                 try Sys.openat(pfd, name, VANISH_O_PATH | O_NOFOLLOW)
             }
@@ -186,18 +186,18 @@ extension VanishFilesystem {
                        _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let p = inode(parent)
         try checkChangeable(p, name)
-        let flags = backingOpenFlags(fi.pointee.flags)
+        let flags = files.openFlags.backing(fi.pointee.flags)
         let caller = req.caller
-        try openFiles.shares.take(caller.uid)
+        try files.openFiles.shares.take(caller.uid)
         var handed = false
-        defer { if !handed { openFiles.shares.giveBack(caller.uid) } }
+        defer { if !handed { files.openFiles.shares.giveBack(caller.uid) } }
         try namespace.making(p, name) { pfd throws(Errno) -> (Int32, Inode, stat) in
             // O_EXCL: only a file this call makes is opened, so one renamed
             // onto the name on the source meanwhile is never opened with
             // the daemon's rights; O_NOFOLLOW refuses a symlink raced into place.
             let fd: Int32
             do throws(Errno) {
-                fd = try makingRoom { () throws(Errno) in
+                fd = try deleter.makingRoom { () throws(Errno) in
                     try namespace.retryingOnFDExhaustion { () throws(Errno) in
                         try asCaller(req, caller) { () throws(Errno) in
                             try Sys.openat(pfd, name, flags | O_CREAT | O_EXCL | O_NOFOLLOW, mode)
@@ -225,9 +225,9 @@ extension VanishFilesystem {
             }
         } answer: { (fd, node, st) in
             handed = true
-            let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi, req)
+            let backing = files.opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi, req)
             var e = entry(node, st)
-            if req.reply(created: &e, fi, backing: backing) == -ENOENT { abandonHandle(node, fi) }
+            if req.reply(created: &e, fi, backing: backing) == -ENOENT { files.abandonHandle(node, fi) }
         }
     }
 
@@ -241,11 +241,11 @@ extension VanishFilesystem {
                         _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let p = inode(parent)
         if table.isBuried(p) { throw .noSuchFileOrDirectory }
-        let flags = (backingOpenFlags(fi.pointee.flags) & ~O_CREAT) | VANISH_O_TMPFILE
+        let flags = (files.openFlags.backing(fi.pointee.flags) & ~O_CREAT) | VANISH_O_TMPFILE
         let caller = req.caller
-        try openFiles.shares.take(caller.uid)
+        try files.openFiles.shares.take(caller.uid)
         var handed = false
-        defer { if !handed { openFiles.shares.giveBack(caller.uid) } }
+        defer { if !handed { files.openFiles.shares.giveBack(caller.uid) } }
         let (fd, node, st) = try namespace.withFD(p) { pfd throws(Errno) -> (Int32, Inode, stat) in
             let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in
                 try asCaller(req, caller) { () throws(Errno) in try Sys.openat(pfd, ".", flags, mode) }
@@ -264,10 +264,10 @@ extension VanishFilesystem {
             }
         }
         handed = true
-        let backing = opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi, req)
+        let backing = files.opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi, req)
         _ = namespace.holdIfOpen(node)
         var e = entry(node, st)
-        if req.reply(created: &e, fi, backing: backing) == -ENOENT { abandonHandle(node, fi) }
+        if req.reply(created: &e, fi, backing: backing) == -ENOENT { files.abandonHandle(node, fi) }
     }
 
     /// Logs the first crossing into each filesystem mounted inside the source.
@@ -375,25 +375,5 @@ extension VanishFilesystem {
         guard actsForOthers, caller.uid != 0 || caller.gid != 0 else { return nil }
         // Root's capabilities pass every check its groups could change.
         return Credentials(uid: caller.uid, gid: caller.gid, groups: caller.uid == 0 ? [] : req.groups())
-    }
-
-    /// The flags to open a backing file with.
-    ///
-    /// O_DIRECT stays with the kernel, which bypasses its page cache for
-    /// the handle while the flag is set (fcntl may clear it) and still
-    /// allows a shared mmap, as a plain file does, through its page cache
-    /// (`direct_io` would send every read and write to the daemon). The
-    /// backing fd is buffered: writes arrive
-    /// spliced from a pipe, which an O_DIRECT fd refuses (EINVAL).
-    func backingOpenFlags(_ requested: Int32) -> Int32 {
-        var flags = requested & ~(O_NOCTTY | O_NOFOLLOW | VANISH_O_DIRECT)
-        if options.atime == .noatime && !source.isPrivateMount && actsForOthers { flags |= VANISH_O_NOATIME }
-        if options.writeback {
-            // With write-back caching the kernel may read back pages of a
-            // write-only file and does O_APPEND itself.
-            if flags & O_ACCMODE == O_WRONLY { flags = (flags & ~O_ACCMODE) | O_RDWR }
-            flags &= ~O_APPEND
-        }
-        return flags
     }
 }

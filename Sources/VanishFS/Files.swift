@@ -5,14 +5,48 @@ import Glibc
 import LinuxSyscalls
 import SystemPackage
 
-// Open files: the handle (fi->fh) holds the backing fd (see `FileHandle`).
-// With passthrough the kernel reads and writes the backing file itself, and
-// only open, flush, fsync, fallocate, copy_file_range, lseek and release
-// come here.
-extension VanishFilesystem {
-    public func open(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+/// The handlers of open files: the handle (fi->fh) holds the backing fd
+/// (see `FileHandle`). With passthrough the kernel reads and writes the
+/// backing file itself, and only open, flush, fsync, fallocate,
+/// copy_file_range, lseek and release come here. It holds only what these
+/// handlers use; `VanishFilesystem` forwards to it, and create hands it the
+/// handles it makes (`opened`).
+final class FileHandlers: Sendable {
+    let namespace: BackingNamespace
+    /// Descriptor shares and passthrough ids of open files.
+    let openFiles: OpenFiles
+    let changes: any ChangeObserver
+    /// Where the kernel is told to drop a file's attributes.
+    let invalidations: EntryInvalidations
+    /// For writes that meet a full disk while the undo window holds space (`makingRoom`).
+    let deleter: Deleter
+    let cache: CacheMode
+    /// How a caller's open flags become the backing file's.
+    let openFlags: OpenFlagPolicy
+    /// Whether requests are served in microseconds (see `SourceRoot.isLocalDisk`).
+    let sourceIsLocalDisk: Bool
+
+    init(namespace: BackingNamespace, openFiles: OpenFiles, changes: any ChangeObserver,
+         invalidations: EntryInvalidations, deleter: Deleter, cache: CacheMode, openFlags: OpenFlagPolicy,
+         sourceIsLocalDisk: Bool) {
+        self.namespace = namespace
+        self.openFiles = openFiles
+        self.changes = changes
+        self.invalidations = invalidations
+        self.deleter = deleter
+        self.cache = cache
+        self.openFlags = openFlags
+        self.sourceIsLocalDisk = sourceIsLocalDisk
+    }
+
+    private var table: InodeTable { namespace.table }
+
+    @inline(__always)
+    private func inode(_ id: fuse_ino_t) -> Inode { table.inode(id) }
+
+    func open(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let node = inode(ino)
-        let flags = backingOpenFlags(fi.pointee.flags)
+        let flags = openFlags.backing(fi.pointee.flags)
         let caller = req.caller
         try openFiles.shares.take(caller.uid)
         var known: stat? = nil
@@ -62,6 +96,40 @@ extension VanishFilesystem {
         return backing
     }
 
+    /// Applies the cache policy to a freshly opened file served as `kind`.
+    @inline(__always)
+    private func configure(_ fi: UnsafeMutablePointer<fuse_file_info>, _ kind: OpenKind, _ node: Inode) {
+        switch kind {
+        // The kernel's page cache is the backing file's: nothing to keep or bypass.
+        case .passthrough: break
+        case .passthroughDirect: fi.pointee.direct_io = 1
+        case .daemon, .cached:
+            switch cache {
+            case .always: fi.pointee.keep_cache = 1
+            case .never: fi.pointee.direct_io = 1
+            case .auto: break
+            }
+        }
+        // A read-only handle has nothing for close() to report: no write
+        // error can be pending on it, it never ends a writing session (the
+        // `written` event), and locks are the kernel's. FOPEN_NOFLUSH spares
+        // every close of it a round trip (cat, compilers, tar, git reading).
+        if fi.pointee.flags & O_ACCMODE == O_RDONLY { fi.pointee.noflush = 1 }
+        // A writer in passthrough writes the backing file itself, so no data
+        // waits in the kernel at close, and where that file's own close can
+        // report nothing (`SourceRoot.isLocalDisk`), a FLUSH would only dup and close
+        // an fd: every created file (tar, git checkout, compilers) was one
+        // round trip more. Its writing session still ends at the release.
+        // O_RDWR handles keep it: a shared mapping, which needs O_RDWR, writes
+        // behind the kernel's copy of the mtime, and only FLUSH comes before
+        // close() returns (`dropAttributesIfMappedWrites`).
+        else if sourceIsLocalDisk && node.key.dev == table.root.key.dev
+                    && (kind == .passthrough || kind == .passthroughDirect)
+                    && fi.pointee.flags & O_ACCMODE != O_RDWR {
+            fi.pointee.noflush = 1
+        }
+    }
+
     /// For passthrough the kernel opens the backing file again, as the
     /// caller. A source that is not a local disk (GlusterFS, any FUSE or
     /// network file system) checks that opener itself, and refuses a file
@@ -80,15 +148,15 @@ extension VanishFilesystem {
         return !Credentials(uid: caller.uid, gid: caller.gid, groups: groups).modeBitsGrant(st, wanted)
     }
 
-    public func read(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
+    func read(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
                      _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         req.replyData(fd: FileHandle.fd(fi.pointee.fh), offset: offset, size: size)
     }
 
-    public func write(_ req: Request, _ ino: fuse_ino_t, _ buf: UnsafeMutablePointer<fuse_bufvec>, offset: off_t,
+    func write(_ req: Request, _ ino: fuse_ino_t, _ buf: UnsafeMutablePointer<fuse_bufvec>, offset: off_t,
                       _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let fd = FileHandle.fd(fi.pointee.fh)
-        let n = try makingRoom { () throws(Errno) in
+        let n = try deleter.makingRoom { () throws(Errno) in
             let n = vanish_write_buf_to_fd(buf, fd, offset)
             if n < 0 { throw Errno(rawValue: Int32(-n)) }
             return n
@@ -98,7 +166,7 @@ extension VanishFilesystem {
         req.reply(written: n)
     }
 
-    public func flush(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+    func flush(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         // close() of a duplicate reports deferred write errors (NFS, quotas)
         // to the program's close(), as the backing filesystem would.
         let fd = FileHandle.fd(fi.pointee.fh)
@@ -113,7 +181,7 @@ extension VanishFilesystem {
         req.replyOK()
     }
 
-    public func release(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+    func release(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         letGo(inode(ino), fi, report: true, during: req)
         req.replyOK()
     }
@@ -132,7 +200,7 @@ extension VanishFilesystem {
     /// mtime moved.
     func dropAttributesIfMappedWrites(_ node: Inode, _ fd: Int32, wait: Bool) {
         guard let st = try? Sys.fstat(fd), node.mtimeDiffers(from: st) else { return }
-        caches.invalidations.attributes(of: table.nodeID(node), wait: wait)
+        invalidations.attributes(of: table.nodeID(node), wait: wait)
     }
 
     /// Lets go of a handle whose open could not be answered (the caller was interrupted).
@@ -171,28 +239,28 @@ extension VanishFilesystem {
         if last && table.isBuried(node) { namespace.drop(node) }
     }
 
-    public func fsync(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool,
+    func fsync(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool,
                       _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         try Sys.fsync(FileHandle.fd(fi.pointee.fh), dataOnly: dataOnly)
         req.replyOK()
     }
 
-    public func fallocate(_ req: Request, _ ino: fuse_ino_t, mode: Int32, offset: off_t, length: off_t,
+    func fallocate(_ req: Request, _ ino: fuse_ino_t, mode: Int32, offset: off_t, length: off_t,
                           _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let fd = FileHandle.fd(fi.pointee.fh)
-        try makingRoom { () throws(Errno) in try Sys.fallocate(fd, mode, offset, length) }
+        try deleter.makingRoom { () throws(Errno) in try Sys.fallocate(fd, mode, offset, length) }
         if let kills = FileHandle.kills(fi.pointee.fh) { clearPrivileges(.open(fd), kills, ino) }
         changes.wrote(fd, inode(ino), req)
         req.replyOK()
     }
 
-    public func copyFileRange(_ req: Request, input: fuse_ino_t, inputOffset: off_t,
+    func copyFileRange(_ req: Request, input: fuse_ino_t, inputOffset: off_t,
                               _ fiIn: UnsafeMutablePointer<fuse_file_info>, output: fuse_ino_t,
                               outputOffset: off_t, _ fiOut: UnsafeMutablePointer<fuse_file_info>,
                               length: Int, flags: Int32) throws(Errno) {
         let inFD = FileHandle.fd(fiIn.pointee.fh)
         let outFD = FileHandle.fd(fiOut.pointee.fh)
-        let n = try makingRoom { () throws(Errno) in
+        let n = try deleter.makingRoom { () throws(Errno) in
             try Sys.copyFileRange(inFD, inputOffset, outFD, outputOffset, length, UInt32(bitPattern: flags))
         }
         if let kills = FileHandle.kills(fiOut.pointee.fh) { clearPrivileges(.open(outFD), kills, output) }
@@ -201,24 +269,9 @@ extension VanishFilesystem {
         req.reply(written: n)
     }
 
-    public func lseek(_ req: Request, _ ino: fuse_ino_t, offset: off_t, whence: Int32,
+    func lseek(_ req: Request, _ ino: fuse_ino_t, offset: off_t, whence: Int32,
                       _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         req.reply(offset: try Sys.lseek(FileHandle.fd(fi.pointee.fh), offset, whence))
-    }
-}
-
-extension VanishFilesystem {
-    /// Runs `body` once more when the backing filesystem answered ENOSPC
-    /// while the undo window holds entries, once the oldest are freed
-    /// (`Reaper.makeRoom`): deleting never costs a writer its space.
-    @inline(__always)
-    func makingRoom<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
-        do throws(Errno) {
-            return try body()
-        } catch .noSpace {
-            guard let reaper = deleter.reaper, reaper.makeRoom() else { throw .noSpace }
-            return try body()
-        }
     }
 }
 
@@ -226,13 +279,13 @@ extension VanishFilesystem {
 // process without CAP_FSETID clears them natively; the daemon's own writes
 // as root never would, and with KILLPRIV_V2 (and passthrough, which the
 // daemon never sees writes of) the kernel leaves it to the daemon.
-extension VanishFilesystem {
+extension FileHandlers {
     /// What writes through a new handle must clear, or nil: for a root
     /// daemon, a caller other than root, a writable open of a file that has
     /// anything to clear. Such handles stay off passthrough, so their
     /// writes come here. An O_TRUNC open clears at once.
     func privilegesToClear(_ node: Inode, fd: Int32, flags: Int32, stat known: stat?, _ req: Request) -> PrivilegeKill? {
-        guard actsForOthers, req.caller.uid != 0, flags & O_ACCMODE != O_RDONLY else { return nil }
+        guard SourceRoot.actsForOthers, req.caller.uid != 0, flags & O_ACCMODE != O_RDONLY else { return nil }
         guard let st = known ?? (try? Sys.fstat(fd)) else { return nil }
         let kills = PrivilegeKill(outsideGroup: st.st_mode & S_ISGID != 0 && !req.isInGroup(st.st_gid))
         if kills.cleared(st.st_mode) != st.st_mode {
@@ -248,7 +301,7 @@ extension VanishFilesystem {
     func clearPrivileges(_ file: FileRef, _ kills: PrivilegeKill, _ ino: fuse_ino_t?) {
         if let st = try? Sys.fstat(file.fd), case let mode = kills.cleared(st.st_mode & 0o7777), mode != st.st_mode & 0o7777 {
             try? Sys.chmod(file, mode)
-            if let ino { caches.invalidations.attributes(of: ino) }
+            if let ino { invalidations.attributes(of: ino) }
         }
         switch file {
         case .path(let fd):
@@ -257,5 +310,85 @@ extension VanishFilesystem {
         case .open(let fd):
             _ = fremovexattr(fd, "security.capability")
         }
+    }
+}
+
+/// The flags to open a backing file with.
+///
+/// O_DIRECT stays with the kernel, which bypasses its page cache for
+/// the handle while the flag is set (fcntl may clear it) and still
+/// allows a shared mmap, as a plain file does, through its page cache
+/// (`direct_io` would send every read and write to the daemon). The
+/// backing fd is buffered: writes arrive
+/// spliced from a pipe, which an O_DIRECT fd refuses (EINVAL).
+struct OpenFlagPolicy: Sendable {
+    /// `atime=noatime` for a daemon acting for others on a shared source.
+    let addsNoatime: Bool
+    let writeback: Bool
+
+    init(_ options: FilesystemOptions, _ source: SourceRoot) {
+        addsNoatime = options.atime == .noatime && !source.isPrivateMount && SourceRoot.actsForOthers
+        writeback = options.writeback
+    }
+
+    @inline(__always)
+    func backing(_ requested: Int32) -> Int32 {
+        var flags = requested & ~(O_NOCTTY | O_NOFOLLOW | VANISH_O_DIRECT)
+        if addsNoatime { flags |= VANISH_O_NOATIME }
+        if writeback {
+            // With write-back caching the kernel may read back pages of a
+            // write-only file and does O_APPEND itself.
+            if flags & O_ACCMODE == O_WRONLY { flags = (flags & ~O_ACCMODE) | O_RDWR }
+            flags &= ~O_APPEND
+        }
+        return flags
+    }
+}
+
+// The operations on open files, as the kernel names them: each goes to `files`.
+extension VanishFilesystem {
+    public func open(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        try files.open(req, ino, fi)
+    }
+
+    public func read(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
+                     _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        try files.read(req, ino, size: size, offset: offset, fi)
+    }
+
+    public func write(_ req: Request, _ ino: fuse_ino_t, _ buf: UnsafeMutablePointer<fuse_bufvec>, offset: off_t,
+                      _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        try files.write(req, ino, buf, offset: offset, fi)
+    }
+
+    public func flush(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        try files.flush(req, ino, fi)
+    }
+
+    public func release(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        try files.release(req, ino, fi)
+    }
+
+    public func fsync(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool,
+                      _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        try files.fsync(req, ino, dataOnly: dataOnly, fi)
+    }
+
+    public func fallocate(_ req: Request, _ ino: fuse_ino_t, mode: Int32, offset: off_t, length: off_t,
+                          _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        try files.fallocate(req, ino, mode: mode, offset: offset, length: length, fi)
+    }
+
+    public func copyFileRange(_ req: Request, input: fuse_ino_t, inputOffset: off_t,
+                              _ fiIn: UnsafeMutablePointer<fuse_file_info>, output: fuse_ino_t,
+                              outputOffset: off_t, _ fiOut: UnsafeMutablePointer<fuse_file_info>,
+                              length: Int, flags: Int32) throws(Errno) {
+        try files.copyFileRange(req, input: input, inputOffset: inputOffset, fiIn, output: output,
+                                outputOffset: outputOffset, fiOut, length: length, flags: flags)
+    }
+
+    public func lseek(_ req: Request, _ ino: fuse_ino_t, offset: off_t, whence: Int32,
+                      _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        try files.lseek(req, ino, offset: offset, whence: whence, fi)
     }
 }

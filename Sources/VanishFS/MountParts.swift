@@ -21,7 +21,7 @@ package struct MountParts {
     let handles: HandleLimits
     let changes: any ChangeObserver
     let control: MountControl
-    let openFiles: OpenFiles
+    let files: FileHandlers
 
     /// Opens `source` (a directory) as the backing root and its graveyard,
     /// and builds the mount's parts, each from those before it; answered
@@ -100,7 +100,11 @@ package struct MountParts {
                           caches: Caches(watch: watch, invalidations: invalidations, absentXattrs: absentXattrs,
                                          statahead: statahead),
                           handles: handles, changes: changes, control: control,
-                          openFiles: OpenFiles(passthrough: PassthroughFiles(log: logger)))
+                          files: FileHandlers(namespace: namespace,
+                                              openFiles: OpenFiles(passthrough: PassthroughFiles(log: logger)),
+                                              changes: changes, invalidations: invalidations, deleter: deleter,
+                                              cache: options.cache, openFlags: OpenFlagPolicy(options, source),
+                                              sourceIsLocalDisk: source.isLocalDisk))
     }
 
     /// `.vanish/events`, made if needed: where the journal lives.

@@ -13,7 +13,8 @@ import VanishGraveyard
 /// directory, through fds relative to it, with its errno passed back unchanged.
 ///
 /// Stored properties, each a part the handlers share; what only one group of
-/// handlers uses belongs to that group's part (`caches`, `openFiles`, `control`).
+/// handlers uses belongs to that group's part (`caches`, `control`), or is
+/// that group's handler type (`files`), to which the operations forward.
 public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     /// The inodes, their fds and the pending burials: every handler reaches
     /// the backing directory through it (see `BackingNamespace`).
@@ -38,9 +39,11 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     /// What users may do to the mount and its undo window besides its files: the
     /// control requests, the status attribute, the desktop trash folders.
     package let control: MountControl
-    /// Descriptor shares and passthrough ids of open files.
-    let openFiles: OpenFiles
+    /// The handlers of open files, with what they use.
+    let files: FileHandlers
 
+    /// Descriptor shares and passthrough ids of open files.
+    var openFiles: OpenFiles { files.openFiles }
     /// The inodes the kernel knows (the namespace's table).
     var table: InodeTable { namespace.table }
     /// The undo window as desktop trash folders (nil without one).
@@ -65,7 +68,7 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         handles = parts.handles
         changes = parts.changes
         control = parts.control
-        openFiles = parts.openFiles
+        files = parts.files
     }
 
     deinit {
@@ -229,40 +232,6 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     @inline(__always)
     func cacheTimeout(_ node: Inode) -> Double {
         caches.watch != nil && node.key.dev == table.root.key.dev ? SourceWatch.timeout : options.attrTimeout
-    }
-
-    /// Applies the cache policy to a freshly opened file served as `kind`.
-    @inline(__always)
-    func configure(_ fi: UnsafeMutablePointer<fuse_file_info>, _ kind: OpenKind, _ node: Inode) {
-        switch kind {
-        // The kernel's page cache is the backing file's: nothing to keep or bypass.
-        case .passthrough: break
-        case .passthroughDirect: fi.pointee.direct_io = 1
-        case .daemon, .cached:
-            switch options.cache {
-            case .always: fi.pointee.keep_cache = 1
-            case .never: fi.pointee.direct_io = 1
-            case .auto: break
-            }
-        }
-        // A read-only handle has nothing for close() to report: no write
-        // error can be pending on it, it never ends a writing session (the
-        // `written` event), and locks are the kernel's. FOPEN_NOFLUSH spares
-        // every close of it a round trip (cat, compilers, tar, git reading).
-        if fi.pointee.flags & O_ACCMODE == O_RDONLY { fi.pointee.noflush = 1 }
-        // A writer in passthrough writes the backing file itself, so no data
-        // waits in the kernel at close, and where that file's own close can
-        // report nothing (`SourceRoot.isLocalDisk`), a FLUSH would only dup and close
-        // an fd: every created file (tar, git checkout, compilers) was one
-        // round trip more. Its writing session still ends at the release.
-        // O_RDWR handles keep it: a shared mapping, which needs O_RDWR, writes
-        // behind the kernel's copy of the mtime, and only FLUSH comes before
-        // close() returns (`dropAttributesIfMappedWrites`).
-        else if source.isLocalDisk && node.key.dev == table.root.key.dev
-                    && (kind == .passthrough || kind == .passthroughDirect)
-                    && fi.pointee.flags & O_ACCMODE != O_RDWR {
-            fi.pointee.noflush = 1
-        }
     }
 }
 
