@@ -27,12 +27,48 @@ final class DirectoryHandle {
     }
 }
 
-extension VanishFilesystem {
-    public func opendir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        let node = inode(ino)
+/// The handlers of open directories: opendir, readdir and readdirplus,
+/// releasedir and fsyncdir. Listings come from the backing directory, less
+/// the names the mount keeps (`ReservedNames`), with attributes where a
+/// walk wants them (`readdirplus=`), warming `Statahead` as they go.
+final class DirectoryHandlers: Sendable {
+    let namespace: BackingNamespace
+    /// Each user's share of the daemon's descriptors.
+    let shares: HandleShares
+    let replies: EntryReplies
+    let reserved: ReservedNames
+    let changes: any ChangeObserver
+    let statahead: Statahead
+    let readdirPlus: ReaddirPlusMode
+    let cache: CacheMode
+    /// Whether the kernel may keep listings (`SourceRoot.cachesListings`).
+    let cachesListings: Bool
+    /// O_NOATIME for listings under `noatime` and `nodiratime` where no
+    /// private mount carries the option (root's daemon only: others may not).
+    let listingAtimeFlag: Int32
+
+    init(namespace: BackingNamespace, shares: HandleShares, replies: EntryReplies, reserved: ReservedNames,
+         changes: any ChangeObserver, statahead: Statahead, options: FilesystemOptions, source: SourceRoot) {
+        self.namespace = namespace
+        self.shares = shares
+        self.replies = replies
+        self.reserved = reserved
+        self.changes = changes
+        self.statahead = statahead
+        readdirPlus = options.readdirPlus
+        cache = options.cache
+        cachesListings = source.cachesListings
+        listingAtimeFlag = (options.atime == .noatime || options.atime == .nodiratime) && !source.isPrivateMount
+            && SourceRoot.actsForOthers ? VANISH_O_NOATIME : 0
+    }
+
+    private var table: InodeTable { namespace.table }
+
+    func opendir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        let node = table.inode(ino)
         // Read before the reply, which ends the request.
         let caller = req.caller
-        try openFiles.shares.take(caller.uid)
+        try shares.take(caller.uid)
         let stream: OpaquePointer
         do throws(Errno) {
             let fd = try namespace.withFD(node) { pathFD throws(Errno) in
@@ -42,17 +78,17 @@ extension VanishFilesystem {
             }
             stream = try Sys.directoryStream(adopting: fd)
         } catch {
-            openFiles.shares.giveBack(caller.uid)
+            shares.giveBack(caller.uid)
             throw error
         }
         let handle = DirectoryHandle(stream: stream, inode: node, owner: caller.uid)
         fi.pointee.fh = UInt64(UInt(bitPattern: Unmanaged.passRetained(handle).toOpaque()))
-        if source.cachesListings && (options.cache == .always || node.key.dev == table.root.key.dev) {
+        if cachesListings && (cache == .always || node.key.dev == table.root.key.dev) {
             configureListingCache(node, fi)
         }
-        let statWalk = options.readdirPlus == .always || table.listingWantsAttributes(node)
+        let statWalk = readdirPlus == .always || table.listingWantsAttributes(node)
         req.reply(open: fi)
-        caches.statahead.opened(node, statWalk: statWalk, caller: caller)
+        statahead.opened(node, statWalk: statWalk, caller: caller)
     }
 
     /// The kernel keeps a listing (FOPEN_CACHE_DIR) until the directory
@@ -71,8 +107,8 @@ extension VanishFilesystem {
     private func configureListingCache(_ node: Inode, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         fi.pointee.cache_readdir = 1
         // Watched, the listing and its entries' attributes last until a change drops them.
-        if options.cache == .always || caches.watch != nil { fi.pointee.keep_cache = 1; return }
-        let namesOnly = switch options.readdirPlus {
+        if cache == .always || replies.watched { fi.pointee.keep_cache = 1; return }
+        let namesOnly = switch readdirPlus {
         case .never: true
         case .walk: !table.listingWantsAttributes(node)
         case .always, .auto: false
@@ -84,31 +120,18 @@ extension VanishFilesystem {
         }
     }
 
-    /// How long (ms) after attributes of a file on `dev` were sent the
-    /// kernel surely still has them: half the timeout it was given.
-    func freshAttributesWindow(_ dev: dev_t) -> UInt32 {
-        UInt32((caches.watch != nil && dev == table.root.key.dev ? SourceWatch.timeout : options.attrTimeout) * 500)
-    }
-
     /// How long after a listing sent attributes (which the kernel keeps for
     /// the 1 s of cache=auto) a cached copy of it is still reused.
     static let listingReuseMilliseconds: UInt32 = 500
 
-    /// O_NOATIME for listings under `noatime` and `nodiratime` where no
-    /// private mount carries the option (root's daemon only: others may not).
-    var listingAtimeFlag: Int32 {
-        (options.atime == .noatime || options.atime == .nodiratime) && !source.isPrivateMount && actsForOthers
-            ? VANISH_O_NOATIME : 0
-    }
-
-    public func releasedir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+    func releasedir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let handle = Unmanaged<DirectoryHandle>.fromOpaque(UnsafeRawPointer(bitPattern: UInt(fi.pointee.fh))!)
-        openFiles.shares.giveBack(handle.takeUnretainedValue().owner)
+        shares.giveBack(handle.takeUnretainedValue().owner)
         handle.release()
         req.replyOK()
     }
 
-    public func fsyncdir(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool,
+    func fsyncdir(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool,
                          _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         try namespace.reading(DirectoryHandle.from(fi)) { stream throws(Errno) in
             try Sys.fsync(dirfd(stream), dataOnly: dataOnly)
@@ -121,10 +144,10 @@ extension VanishFilesystem {
     /// trips; with `readdirplus=walk` only where the walk wants attributes,
     /// and other entries go as names (node id 0: the kernel takes the name
     /// and type only).
-    public func readdir(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
+    func readdir(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
                         _ fi: UnsafeMutablePointer<fuse_file_info>, plus: Bool) throws(Errno) {
         let h = DirectoryHandle.from(fi)
-        let attributes = plus && (options.readdirPlus != .walk || table.listingWantsAttributes(h.inode))
+        let attributes = plus && (readdirPlus != .walk || table.listingWantsAttributes(h.inode))
         if attributes && offset == 0 { h.inode.listedWithAttributes.store(InodeTable.coarseMilliseconds(), ordering: .relaxed) }
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 8)
         defer { buffer.deallocate() }
@@ -148,7 +171,7 @@ extension VanishFilesystem {
                 }
                 let name = vanish_dirent_name(d)!
                 let next = d.pointee.d_off
-                if isHidden(h.inode, name) { h.offset = next; continue }
+                if reserved.isHidden(h.inode, name) { h.offset = next; continue }
                 let room = size - used
                 var added: Int
                 if plus {
@@ -157,7 +180,7 @@ extension VanishFilesystem {
                     var e = fuse_entry_param()
                     if isDotOrDotDot(name) || !attributes
                         || table.attributesFresh(dev: dev, ino: d.pointee.d_ino, type: mode_t(d.pointee.d_type) << 12,
-                                                 now: now, window: freshAttributesWindow(dev)) {
+                                                 now: now, window: replies.freshAttributesWindow(dev)) {
                         // No lookup for . and .., for names only, nor for
                         // files the kernel got attributes of just now (git
                         // status lists directories right after lstat'ing
@@ -168,11 +191,11 @@ extension VanishFilesystem {
                     } else {
                         guard let (st, birth) = try? Sys.lstatatWithBirth(dfd, name) else { h.offset = next; continue }
                         let node = table.remember(st, birth: birth, parent: h.inode, name: name,
-                                                  generation: generationForID(dfd, name, st, birth: birth))
+                                                  generation: replies.generationForID(dfd, name, st, birth: birth))
                         // The kernel may answer stats from these attributes:
                         // a later change behind the mount is measured from them.
                         changes.sawDirectory(node, st)
-                        e = entry(node, st)
+                        e = replies.entry(node, st)
                     }
                     added = fuse_add_direntry_plus(req.raw, base + used, room, name, &e, next)
                 } else {
@@ -191,16 +214,7 @@ extension VanishFilesystem {
             return used
         }
         req.reply(bytes: UnsafeRawBufferPointer(start: buffer.baseAddress, count: used))
-        caches.statahead.listed(h.inode, subdirectories: subdirectories, restart: offset == 0)
-    }
-
-    /// Entries readdir leaves out: the state directory with the graveyard.
-    @inline(__always)
-    func isHidden(_ dir: Inode, _ name: UnsafePointer<CChar>) -> Bool {
-        if dir === table.root, name[0] == 0x2E, name[1] == 0x54, trashFolderUID(fuse_ino_t(FUSE_ROOT_ID), name) != nil {
-            return true  // an entry the desktop trash folder of that name hides
-        }
-        return deleter.isStateDirectory(dir, name)
+        statahead.listed(h.inode, subdirectories: subdirectories, restart: offset == 0)
     }
 }
 

@@ -28,13 +28,9 @@ extension VanishFilesystem {
         }
     }
 
-    /// The backing generation of the file `st` describes (`name` in `dirFD`,
-    /// or `dirFD` itself without a name) when a new node for it would carry
-    /// its handle (`InodeTable.wantsGeneration`); nil otherwise. One
-    /// name_to_handle_at, only for files the kernel does not hold yet.
+    @inline(__always)
     func generationForID(_ dirFD: Int32, _ name: UnsafePointer<CChar>?, _ st: stat, birth: UInt64) -> UInt32? {
-        guard let codec = table.codec, table.wantsGeneration(st, birth: birth) else { return nil }
-        return Self.generation(codec, dirFD, name, ino: UInt64(st.st_ino))
+        replies.generationForID(dirFD, name, st, birth: birth)
     }
 
     /// A file just made through the mount (`fd` opens it): the generation

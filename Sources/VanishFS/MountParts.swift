@@ -21,7 +21,10 @@ package struct MountParts {
     let handles: HandleLimits
     let changes: any ChangeObserver
     let control: MountControl
+    let replies: EntryReplies
+    let reserved: ReservedNames
     let files: FileHandlers
+    let directories: DirectoryHandlers
 
     /// Opens `source` (a directory) as the backing root and its graveyard,
     /// and builds the mount's parts, each from those before it; answered
@@ -95,16 +98,24 @@ package struct MountParts {
         let statahead = Statahead(table: table, namespace: namespace) { [deleter] dir, name in
             deleter.isStateDirectory(dir, name)
         }
+        // The handlers, each given what it uses.
+        let replies = EntryReplies(table: table, devices: source.devices, watched: watch != nil,
+                                   attrTimeout: options.attrTimeout)
+        let reserved = ReservedNames(deleter: deleter, trashFolders: control.trashFolders, table: table,
+                                     rootFD: source.fd)
+        let openFiles = OpenFiles(passthrough: PassthroughFiles(log: logger))
+        let files = FileHandlers(namespace: namespace, openFiles: openFiles, changes: changes,
+                                 invalidations: invalidations, deleter: deleter, cache: options.cache,
+                                 openFlags: OpenFlagPolicy(options, source), sourceIsLocalDisk: source.isLocalDisk)
+        let directories = DirectoryHandlers(namespace: namespace, shares: openFiles.shares, replies: replies,
+                                            reserved: reserved, changes: changes, statahead: statahead,
+                                            options: options, source: source)
         return MountParts(source: source, options: options, log: logger, namespace: namespace, deleter: deleter,
                           oneStep: oneStep,
                           caches: Caches(watch: watch, invalidations: invalidations, absentXattrs: absentXattrs,
                                          statahead: statahead),
-                          handles: handles, changes: changes, control: control,
-                          files: FileHandlers(namespace: namespace,
-                                              openFiles: OpenFiles(passthrough: PassthroughFiles(log: logger)),
-                                              changes: changes, invalidations: invalidations, deleter: deleter,
-                                              cache: options.cache, openFlags: OpenFlagPolicy(options, source),
-                                              sourceIsLocalDisk: source.isLocalDisk))
+                          handles: handles, changes: changes, control: control, replies: replies,
+                          reserved: reserved, files: files, directories: directories)
     }
 
     /// `.vanish/events`, made if needed: where the journal lives.

@@ -22,17 +22,9 @@ final class TrashListing {
 // enters the trash moves as for `vanish restore` and unlink: as the caller,
 // checked by the kernel.
 extension VanishFilesystem {
-    /// The uid of the folder `name` in the root names, when the mount serves
-    /// it: there is an undo window, and no real trash of that user's there,
-    /// a directory they own. Anything else of that name on the source
-    /// (another user could have put it there, hoping for the user's
-    /// `trash-put`) is hidden by the folder.
     @inline(__always)
     func trashFolderUID(_ parent: fuse_ino_t, _ name: UnsafePointer<CChar>) -> UInt32? {
-        guard parent == fuse_ino_t(FUSE_ROOT_ID), name[0] == 0x2E, name[1] == 0x54, trashFolders != nil,
-              let uid = TrashFolders.uid(ofFolder: name) else { return nil }
-        if let st = try? Sys.lstatat(source.fd, name), st.st_mode & S_IFMT == S_IFDIR, st.st_uid == uid { return nil }
-        return uid
+        reserved.trashFolderUID(parent, name)
     }
 
     private func trashNode(_ id: fuse_ino_t) throws(Errno) -> (TrashFolders, TrashFolders.Node) {

@@ -78,46 +78,46 @@ public final class TrashRouting: LowLevelFilesystem {
     }
     public func open(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return try fs.trashOpen(req, ino, fi) }
-        try fs.open(req, ino, fi)
+        try fs.files.open(req, ino, fi)
     }
     public func read(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
                      _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return try fs.trashRead(req, ino, size: size, offset: offset) }
-        try fs.read(req, ino, size: size, offset: offset, fi)
+        try fs.files.read(req, ino, size: size, offset: offset, fi)
     }
     public func write(_ req: Request, _ ino: fuse_ino_t, _ buf: UnsafeMutablePointer<fuse_bufvec>, offset: off_t,
                       _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return try fs.trashWrite(req, ino, buf, offset: offset) }
-        try fs.write(req, ino, buf, offset: offset, fi)
+        try fs.files.write(req, ino, buf, offset: offset, fi)
     }
     public func flush(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return req.replyOK() }
-        try fs.flush(req, ino, fi)
+        try fs.files.flush(req, ino, fi)
     }
     public func release(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return req.replyOK() }
-        try fs.release(req, ino, fi)
+        try fs.files.release(req, ino, fi)
     }
     public func fsync(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return req.replyOK() }
-        try fs.fsync(req, ino, dataOnly: dataOnly, fi)
+        try fs.files.fsync(req, ino, dataOnly: dataOnly, fi)
     }
     public func opendir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return try fs.trashOpendir(req, ino, fi) }
-        try fs.opendir(req, ino, fi)
+        try fs.directories.opendir(req, ino, fi)
     }
     public func readdir(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
                         _ fi: UnsafeMutablePointer<fuse_file_info>, plus: Bool) throws(Errno) {
         if ours(ino) { return try fs.trashReaddir(req, size: size, offset: offset, fi, plus: plus) }
-        try fs.readdir(req, ino, size: size, offset: offset, fi, plus: plus)
+        try fs.directories.readdir(req, ino, size: size, offset: offset, fi, plus: plus)
     }
     public func releasedir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return fs.trashReleasedir(req, fi) }
-        try fs.releasedir(req, ino, fi)
+        try fs.directories.releasedir(req, ino, fi)
     }
     public func fsyncdir(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return req.replyOK() }
-        try fs.fsyncdir(req, ino, dataOnly: dataOnly, fi)
+        try fs.directories.fsyncdir(req, ino, dataOnly: dataOnly, fi)
     }
     public func statfs(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
         try fs.statfs(req, ours(ino) ? fuse_ino_t(FUSE_ROOT_ID) : ino)
@@ -162,19 +162,19 @@ public final class TrashRouting: LowLevelFilesystem {
     public func fallocate(_ req: Request, _ ino: fuse_ino_t, mode: Int32, offset: off_t, length: off_t,
                           _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { throw .notSupported }
-        try fs.fallocate(req, ino, mode: mode, offset: offset, length: length, fi)
+        try fs.files.fallocate(req, ino, mode: mode, offset: offset, length: length, fi)
     }
     public func copyFileRange(_ req: Request, input: fuse_ino_t, inputOffset: off_t, _ fiIn: UnsafeMutablePointer<fuse_file_info>,
                               output: fuse_ino_t, outputOffset: off_t, _ fiOut: UnsafeMutablePointer<fuse_file_info>,
                               length: Int, flags: Int32) throws(Errno) {
         // The kernel copies through read and write instead.
         if ours(input) || ours(output) { throw .notSupported }
-        try fs.copyFileRange(req, input: input, inputOffset: inputOffset, fiIn, output: output, outputOffset: outputOffset,
+        try fs.files.copyFileRange(req, input: input, inputOffset: inputOffset, fiIn, output: output, outputOffset: outputOffset,
                              fiOut, length: length, flags: flags)
     }
     public func lseek(_ req: Request, _ ino: fuse_ino_t, offset: off_t, whence: Int32,
                       _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { throw .invalidArgument }
-        try fs.lseek(req, ino, offset: offset, whence: whence, fi)
+        try fs.files.lseek(req, ino, offset: offset, whence: whence, fi)
     }
 }

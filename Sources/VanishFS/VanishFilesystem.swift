@@ -15,7 +15,7 @@ import VanishGraveyard
 /// Stored properties, each a part the handlers share; what only one group of
 /// handlers uses belongs to that group's part (`caches`, `control`), or is
 /// that group's handler type (`files`), to which the operations forward.
-public final class VanishFilesystem: LowLevelFilesystem, Sendable {
+public final class VanishFilesystem: Sendable {
     /// The inodes, their fds and the pending burials: every handler reaches
     /// the backing directory through it (see `BackingNamespace`).
     let namespace: BackingNamespace
@@ -39,8 +39,12 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     /// What users may do to the mount and its undo window besides its files: the
     /// control requests, the status attribute, the desktop trash folders.
     package let control: MountControl
-    /// The handlers of open files, with what they use.
+    /// What replies naming a file carry, and the names the mount keeps.
+    let replies: EntryReplies
+    let reserved: ReservedNames
+    /// The handlers of open files and of open directories, with what they use.
     let files: FileHandlers
+    let directories: DirectoryHandlers
 
     /// Descriptor shares and passthrough ids of open files.
     var openFiles: OpenFiles { files.openFiles }
@@ -68,7 +72,10 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
         handles = parts.handles
         changes = parts.changes
         control = parts.control
+        replies = parts.replies
+        reserved = parts.reserved
         files = parts.files
+        directories = parts.directories
     }
 
     deinit {
@@ -214,25 +221,11 @@ public final class VanishFilesystem: LowLevelFilesystem, Sendable {
     @inline(__always)
     func inode(_ id: fuse_ino_t) -> Inode { table.inode(id) }
 
-    /// The reply for a name that now refers to `node`.
     @inline(__always)
-    func entry(_ node: Inode, _ st: stat) -> fuse_entry_param {
-        node.sawAttributes(st)
-        var e = fuse_entry_param()
-        e.ino = table.nodeID(node)
-        e.generation = node.generation
-        e.attr = source.devices.present(st)
-        e.attr_timeout = cacheTimeout(node)
-        e.entry_timeout = e.attr_timeout
-        return e
-    }
+    func entry(_ node: Inode, _ st: stat) -> fuse_entry_param { replies.entry(node, st) }
 
-    /// How long the kernel may keep `node`'s name and attributes: an hour
-    /// on the source's own filesystem while it is watched, else the cache mode's.
     @inline(__always)
-    func cacheTimeout(_ node: Inode) -> Double {
-        caches.watch != nil && node.key.dev == table.root.key.dev ? SourceWatch.timeout : options.attrTimeout
-    }
+    func cacheTimeout(_ node: Inode) -> Double { replies.cacheTimeout(node) }
 }
 
 /// The status attribute (`user.vanish.status` on the mount's root): what
