@@ -6,9 +6,27 @@ import LinuxSyscalls
 import Synchronization
 import SystemPackage
 
-// Attributes, links, extended attributes, permission checks, statfs.
-extension VanishFilesystem {
-    public func getattr(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
+/// The handlers of attributes: getattr and setattr, readlink, statfs,
+/// access, and the inode-flag ioctls. Extended attributes are `XattrHandlers`.
+final class AttributeHandlers: Sendable {
+    let namespace: BackingNamespace
+    let replies: EntryReplies
+    let changes: any ChangeObserver
+    /// Where the kernel is told to drop a file's attributes.
+    let invalidations: EntryInvalidations
+
+    init(namespace: BackingNamespace, replies: EntryReplies, changes: any ChangeObserver,
+         invalidations: EntryInvalidations) {
+        self.namespace = namespace
+        self.replies = replies
+        self.changes = changes
+        self.invalidations = invalidations
+    }
+
+    @inline(__always)
+    private func inode(_ id: fuse_ino_t) -> Inode { namespace.table.inode(id) }
+
+    func getattr(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
         let node = inode(ino)
         // A directory's mtime and size must already show its unlinks.
         // Prefer the open handle: it still works after the name was unlinked.
@@ -22,11 +40,11 @@ extension VanishFilesystem {
         }
         changes.sawDirectory(node, st)
         node.sawAttributes(st)
-        st = source.devices.present(st)
-        req.reply(attr: &st, timeout: cacheTimeout(node), birth: birth)
+        st = replies.devices.present(st)
+        req.reply(attr: &st, timeout: replies.cacheTimeout(node), birth: birth)
     }
 
-    public func setattr(_ req: Request, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>, toSet: Int32,
+    func setattr(_ req: Request, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>, toSet: Int32,
                         _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
         let node = inode(ino)
         // Setting a directory's mtime is a change of ours (see `EventRecorder.sawDirectory`).
@@ -34,7 +52,7 @@ extension VanishFilesystem {
         let openFD: Int32? = (fi != nil && !node.isDirectory) ? Int32(truncatingIfNeeded: fi!.pointee.fh) : nil
         let isSymlink = node.isSymlink
         // A truncate by anyone but root clears setuid/setgid, as a write does.
-        let clears = actsForOthers && toSet & FUSE_SET_ATTR_SIZE != 0 && toSet & FUSE_SET_ATTR_MODE == 0
+        let clears = SourceRoot.actsForOthers && toSet & FUSE_SET_ATTR_SIZE != 0 && toSet & FUSE_SET_ATTR_MODE == 0
             && req.caller.uid != 0
         let outsideGroup = { (gid: gid_t) in !req.isInGroup(gid) }
         let apply = { (file: FileRef) throws(Errno) -> stat in
@@ -51,7 +69,7 @@ extension VanishFilesystem {
                 if clears, let st = try? Sys.fstat(file.fd) {
                     // The reply carries the new mode: nothing for the kernel to drop.
                     let kills = PrivilegeKill(outsideGroup: st.st_mode & S_ISGID != 0 && outsideGroup(st.st_gid))
-                    self.files.clearPrivileges(file, kills, nil)
+                    kills.clear(file)
                 }
             }
             if toSet & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME) != 0 {
@@ -76,15 +94,15 @@ extension VanishFilesystem {
         }
         node.sawAttributes(st)
         changes.attributesChanged(req, node, toSet: toSet, before: before, after: st)
-        st = source.devices.present(st)
-        req.reply(attr: &st, timeout: cacheTimeout(node))
+        st = replies.devices.present(st)
+        req.reply(attr: &st, timeout: replies.cacheTimeout(node))
     }
 
     /// The setattr bits that name a field to change (the rest say how).
     private static let attributeFields = FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID | FUSE_SET_ATTR_SIZE
         | FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_ATIME_NOW | FUSE_SET_ATTR_MTIME_NOW
 
-    public func readlink(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
+    func readlink(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
         let node = inode(ino)
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(PATH_MAX) + 1, alignment: 1)
         defer { buffer.deallocate() }
@@ -95,12 +113,12 @@ extension VanishFilesystem {
         req.reply(link: buffer.baseAddress!.assumingMemoryBound(to: CChar.self))
     }
 
-    public func statfs(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
+    func statfs(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
         var st = try namespace.withFD(inode(ino)) { fd throws(Errno) in try Sys.fstatvfs(fd) }
         req.reply(statfs: &st)
     }
 
-    public func access(_ req: Request, _ ino: fuse_ino_t, mask: Int32) throws(Errno) {
+    func access(_ req: Request, _ ino: fuse_ino_t, mask: Int32) throws(Errno) {
         try namespace.withFD(inode(ino)) { fd throws(Errno) in try Sys.access(fd, mask) }
         req.replyOK()
     }
@@ -110,7 +128,7 @@ extension VanishFilesystem {
     /// path (the caller owns the file, or is capable; CAP_LINUX_IMMUTABLE
     /// for immutable and append-only), opening the file for them; any other
     /// command is ENOTTY, as for a file that knows none.
-    public func ioctl(_ req: Request, _ ino: fuse_ino_t, command: UInt32, _ fi: UnsafeMutablePointer<fuse_file_info>,
+    func ioctl(_ req: Request, _ ino: fuse_ino_t, command: UInt32, _ fi: UnsafeMutablePointer<fuse_file_info>,
                       flags: UInt32, input: UnsafeRawBufferPointer, outputSize: Int) throws(Errno) {
         let sets = command == VANISH_FS_IOC_SETFLAGS || command == VANISH_FS_IOC_FSSETXATTR
         guard sets || command == VANISH_FS_IOC_GETFLAGS || command == VANISH_FS_IOC_FSGETXATTR,
@@ -125,175 +143,10 @@ extension VanishFilesystem {
             let r = vanish_fileattr_ioctl(fd, command, input.baseAddress, input.count, output.baseAddress, count)
             if r < 0 { throw Errno(rawValue: -r) }
             // The flags moved the file's ctime, which the kernel does not know.
-            if sets { caches.invalidations.attributes(of: ino) }
+            if sets { invalidations.attributes(of: ino) }
             if sets { changes.flagsChanged(req, inode(ino)) }
             req.reply(ioctl: 0, output: UnsafeRawBufferPointer(rebasing: output[..<count]))
         }
-    }
-
-    public func setxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, value: UnsafePointer<CChar>?,
-                         size: Int, flags: Int32) throws(Errno) {
-        if isDeleteTrigger(name) {
-            try deleteByTrigger(req, ino)
-            req.replyOK()
-            return
-        }
-        // The status name answers reads only; stored, it would shadow nothing and mislead.
-        if isControlName(name) { throw .notPermitted }
-        try namespace.withFD(inode(ino)) { fd throws(Errno) in
-            try Sys.setxattr(pathFD: fd, name, value, size, flags)
-            // Setting an access ACL clears setgid when the caller is not in
-            // the file's group (FUSE_SETXATTR_ACL_KILL_SGID, which libfuse
-            // 3.14 does not pass on); the daemon's own rights would keep it.
-            if actsForOthers, req.caller.uid != 0, strcmp(name, "system.posix_acl_access") == 0,
-               let st = try? Sys.fstat(fd), st.st_mode & S_ISGID != 0, !req.isInGroup(st.st_gid) {
-                try Sys.chmod(pathFD: fd, st.st_mode & 0o7777 & ~S_ISGID)
-            }
-        }
-        caches.absentXattrs.changed(inode(ino))
-        if changesMode(name) { caches.invalidations.attributes(of: ino) }
-        changes.xattrChanged(req, inode(ino), name: name)
-        req.replyOK()
-    }
-
-    /// Whether setting or removing xattr `name` changes the file's mode (an
-    /// access ACL carries the group and other bits): the kernel, which keeps
-    /// the mode it was last told, must drop it.
-    @inline(__always)
-    func changesMode(_ name: UnsafePointer<CChar>) -> Bool {
-        name[0] == 0x73 && strcmp(name, "system.posix_acl_access") == 0
-    }
-
-    public func getxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, size: Int) throws(Errno) {
-        if isStatusQuery(ino, name) {
-            guard var json = statusJSON(for: req.caller.uid) else { throw .noData }
-            let count = json.utf8.count
-            if size == 0 { req.reply(xattrSize: count); return }
-            guard size >= count else { throw .outOfRange }
-            json.withUTF8 { req.reply(bytes: UnsafeRawBufferPointer($0)) }
-            return
-        }
-        let node = inode(ino)
-        if caches.absentXattrs.knownNone(node) { throw .noData }
-        do throws(Errno) {
-            if size == 0 {
-                req.reply(xattrSize: try readXattr(node, name, nil))
-                return
-            }
-            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 1)
-            defer { buffer.deallocate() }
-            let n = try readXattr(node, name, buffer)
-            req.reply(bytes: UnsafeRawBufferPointer(rebasing: buffer[..<n]))
-        } catch .noData {
-            caches.absentXattrs.learn(node) { () throws(Errno) in try listXattrs(node, nil) }
-            throw .noData
-        } catch .notSupported where isACLName(name) && kernel.checksACLs.load(ordering: .relaxed) {
-            // A file system inside the source that keeps no ACLs: for the
-            // kernel's check, no ACL (the mode bits decide, as they do there).
-            throw .noData
-        }
-    }
-
-    @inline(__always)
-    private func isACLName(_ name: UnsafePointer<CChar>) -> Bool {
-        name[0] == 0x73 && (strcmp(name, "system.posix_acl_access") == 0 || strcmp(name, "system.posix_acl_default") == 0)
-    }
-
-    public func listxattr(_ req: Request, _ ino: fuse_ino_t, size: Int) throws(Errno) {
-        let node = inode(ino)
-        if caches.absentXattrs.knownNone(node) {
-            if size == 0 { req.reply(xattrSize: 0) } else { req.reply(bytes: UnsafeRawBufferPointer(start: nil, count: 0)) }
-            return
-        }
-        // The kernel lists trusted.* names only to CAP_SYS_ADMIN; the daemon,
-        // which has it when it runs as root, lists them for root's calls only
-        // (uid 0 stands for it).
-        if req.caller.uid != 0 && actsForOthers {
-            try listXattrsWithoutTrusted(req, node, size: size)
-            return
-        }
-        let n: Int
-        if size == 0 {
-            n = try listXattrs(node, nil)
-            req.reply(xattrSize: n)
-        } else {
-            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 1)
-            defer { buffer.deallocate() }
-            n = try listXattrs(node, buffer)
-            req.reply(bytes: UnsafeRawBufferPointer(rebasing: buffer[..<n]))
-        }
-        caches.absentXattrs.learn(node) { () throws(Errno) in n }
-    }
-
-    /// listxattr without trusted.* names: the whole list is read (the size
-    /// the kernel asks first must be that of what is then given).
-    private func listXattrsWithoutTrusted(_ req: Request, _ node: Inode, size: Int) throws(Errno) {
-        var capacity = max(size, 256)
-        while true {
-            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: capacity, alignment: 1)
-            defer { buffer.deallocate() }
-            let n: Int
-            do throws(Errno) { n = try listXattrs(node, buffer) } catch .outOfRange {
-                capacity = try listXattrs(node, nil) + 256
-                continue
-            }
-            var kept = 0
-            var i = 0
-            while i < n {
-                let start = buffer.baseAddress! + i
-                let length = strlen(start.assumingMemoryBound(to: CChar.self)) + 1
-                if !(length > 8 && memcmp(start, "trusted.", 8) == 0) {
-                    if kept != i { memmove(buffer.baseAddress! + kept, start, length) }
-                    kept += length
-                }
-                i += length
-            }
-            if size == 0 { req.reply(xattrSize: kept); return }
-            guard kept <= size else { throw .outOfRange }
-            req.reply(bytes: UnsafeRawBufferPointer(rebasing: buffer[..<kept]))
-            return
-        }
-    }
-
-    /// getxattr of `node`. `ls -l` asks for an xattr of every entry right
-    /// after readdirplus, which opened none of them: where the kernel has
-    /// getxattrat, read it through the parent's fd and the name (one call)
-    /// instead of opening, verifying and going through /proc (three).
-    private func readXattr(_ node: Inode, _ name: UnsafePointer<CChar>,
-                           _ buffer: UnsafeMutableRawBufferPointer?) throws(Errno) -> Int {
-        if XattrAt.usable, !namespace.isCached(node), let (parent, entry) = table.location(of: node) {
-            do {
-                return try entry.withUnsafeBufferPointer { e throws(Errno) in
-                    try namespace.atName(parent, e.baseAddress!) { pfd throws(Errno) in try Sys.getxattrat(pfd, e.baseAddress!, name, buffer) }
-                }
-            } catch .noFunction {
-                XattrAt.usable = false
-            }
-        }
-        return try namespace.withFD(node) { fd throws(Errno) in try Sys.getxattr(pathFD: fd, name, buffer) }
-    }
-
-    /// listxattr of `node`, by the same route as `readXattr`.
-    private func listXattrs(_ node: Inode, _ buffer: UnsafeMutableRawBufferPointer?) throws(Errno) -> Int {
-        if XattrAt.usable, !namespace.isCached(node), let (parent, entry) = table.location(of: node) {
-            do {
-                return try entry.withUnsafeBufferPointer { e throws(Errno) in
-                    try namespace.atName(parent, e.baseAddress!) { pfd throws(Errno) in try Sys.listxattrat(pfd, e.baseAddress!, buffer) }
-                }
-            } catch .noFunction {
-                XattrAt.usable = false
-            }
-        }
-        return try namespace.withFD(node) { fd throws(Errno) in try Sys.listxattr(pathFD: fd, buffer) }
-    }
-
-    public func removexattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
-        if isControlName(name) { throw .notPermitted }
-        try namespace.withFD(inode(ino)) { fd throws(Errno) in try Sys.removexattr(pathFD: fd, name) }
-        caches.absentXattrs.changed(inode(ino))
-        if changesMode(name) { caches.invalidations.attributes(of: ino) }
-        changes.xattrChanged(req, inode(ino), name: name)
-        req.replyOK()
     }
 }
 

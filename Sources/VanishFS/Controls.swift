@@ -12,29 +12,31 @@ import VanishGraveyard
 ///   whole tree, with one rename into the graveyard (what `vanish rm` does);
 /// - `getxattr(MOUNT_ROOT, "user.vanish.status")` answers JSON about the
 ///   graveyard and the reaper (what `vanish status` reads).
-extension VanishFilesystem {
+/// The mount's own xattr names, compared without allocating.
+enum ControlNames {
     static let deleteAttribute = ControlProtocol.deleteAttribute
     static let statusAttribute = ControlProtocol.statusAttribute
 
-    /// True if `name` is the delete trigger (compared without allocating).
+    /// True if `name` is the delete trigger.
     @inline(__always)
-    func isDeleteTrigger(_ name: UnsafePointer<CChar>) -> Bool {
-        name[0] == 0x75 && strcmp(name, VanishFilesystem.deleteAttribute) == 0
+    static func isDeleteTrigger(_ name: UnsafePointer<CChar>) -> Bool {
+        name[0] == 0x75 && strcmp(name, deleteAttribute) == 0
     }
 
     /// True for either control name (`user.vanish.delete`, `user.vanish.status`):
     /// reserved, never stored in the source.
     @inline(__always)
-    func isControlName(_ name: UnsafePointer<CChar>) -> Bool {
-        name[0] == 0x75 && (strcmp(name, VanishFilesystem.deleteAttribute) == 0
-                            || strcmp(name, VanishFilesystem.statusAttribute) == 0)
+    static func isControlName(_ name: UnsafePointer<CChar>) -> Bool {
+        name[0] == 0x75 && (strcmp(name, deleteAttribute) == 0 || strcmp(name, statusAttribute) == 0)
     }
 
     @inline(__always)
-    func isStatusQuery(_ ino: fuse_ino_t, _ name: UnsafePointer<CChar>) -> Bool {
-        ino == fuse_ino_t(FUSE_ROOT_ID) && name[0] == 0x75 && strcmp(name, VanishFilesystem.statusAttribute) == 0
+    static func isStatusQuery(_ ino: fuse_ino_t, _ name: UnsafePointer<CChar>) -> Bool {
+        ino == fuse_ino_t(FUSE_ROOT_ID) && name[0] == 0x75 && strcmp(name, statusAttribute) == 0
     }
+}
 
+extension VanishFilesystem {
     /// Removes the entry `ino` was last looked up as, a file or a whole
     /// tree, in one step: one rename into the caller's room made with the
     /// caller's credentials, so the kernel decides as it would for `mv` into
@@ -110,6 +112,15 @@ extension VanishFilesystem {
         if openFiles.passthrough.active { return "on" }
         let why = kernel.passthroughReason.withLock { $0 }
         return why == "on" ? "off: the kernel refused backing files" : why
+    }
+
+    /// getxattr of the status name on the root: the status, as JSON, for the caller.
+    func replyStatus(_ req: Request, size: Int) throws(Errno) {
+        guard var json = statusJSON(for: req.caller.uid) else { throw .noData }
+        let count = json.utf8.count
+        if size == 0 { req.reply(xattrSize: count); return }
+        guard size >= count else { throw .outOfRange }
+        json.withUTF8 { req.reply(bytes: UnsafeRawBufferPointer($0)) }
     }
 
     /// The status attribute's value for `uid` (`StatusReport`): nil before INIT.

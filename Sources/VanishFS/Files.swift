@@ -299,9 +299,19 @@ extension FileHandlers {
     /// the mode it keeps for `ino`, which would otherwise still show the
     /// bits for the attribute timeout (for ever with cache=always).
     func clearPrivileges(_ file: FileRef, _ kills: PrivilegeKill, _ ino: fuse_ino_t?) {
-        if let st = try? Sys.fstat(file.fd), case let mode = kills.cleared(st.st_mode & 0o7777), mode != st.st_mode & 0o7777 {
+        if kills.clear(file), let ino { invalidations.attributes(of: ino) }
+    }
+}
+
+extension PrivilegeKill {
+    /// Clears what this says of `file`, and security.capability; true if
+    /// the mode changed.
+    @discardableResult
+    func clear(_ file: FileRef) -> Bool {
+        var changed = false
+        if let st = try? Sys.fstat(file.fd), case let mode = cleared(st.st_mode & 0o7777), mode != st.st_mode & 0o7777 {
             try? Sys.chmod(file, mode)
-            if let ino { invalidations.attributes(of: ino) }
+            changed = true
         }
         switch file {
         case .path(let fd):
@@ -310,6 +320,7 @@ extension FileHandlers {
         case .open(let fd):
             _ = fremovexattr(fd, "security.capability")
         }
+        return changed
     }
 }
 

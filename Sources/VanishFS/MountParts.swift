@@ -23,8 +23,12 @@ package struct MountParts {
     let control: MountControl
     let replies: EntryReplies
     let reserved: ReservedNames
+    /// What the kernel agreed to at INIT, filled in then.
+    let kernel: KernelTerms
     let files: FileHandlers
     let directories: DirectoryHandlers
+    let attributes: AttributeHandlers
+    let xattrs: XattrHandlers
 
     /// Opens `source` (a directory) as the backing root and its graveyard,
     /// and builds the mount's parts, each from those before it; answered
@@ -99,6 +103,7 @@ package struct MountParts {
             deleter.isStateDirectory(dir, name)
         }
         // The handlers, each given what it uses.
+        let kernel = KernelTerms()
         let replies = EntryReplies(table: table, devices: source.devices, watched: watch != nil,
                                    attrTimeout: options.attrTimeout)
         let reserved = ReservedNames(deleter: deleter, trashFolders: control.trashFolders, table: table,
@@ -110,12 +115,17 @@ package struct MountParts {
         let directories = DirectoryHandlers(namespace: namespace, shares: openFiles.shares, replies: replies,
                                             reserved: reserved, changes: changes, statahead: statahead,
                                             options: options, source: source)
+        let attributes = AttributeHandlers(namespace: namespace, replies: replies, changes: changes,
+                                           invalidations: invalidations)
+        let xattrs = XattrHandlers(namespace: namespace, changes: changes, invalidations: invalidations,
+                                   absentXattrs: absentXattrs, kernel: kernel)
         return MountParts(source: source, options: options, log: logger, namespace: namespace, deleter: deleter,
                           oneStep: oneStep,
                           caches: Caches(watch: watch, invalidations: invalidations, absentXattrs: absentXattrs,
                                          statahead: statahead),
                           handles: handles, changes: changes, control: control, replies: replies,
-                          reserved: reserved, files: files, directories: directories)
+                          reserved: reserved, kernel: kernel, files: files, directories: directories,
+                          attributes: attributes, xattrs: xattrs)
     }
 
     /// `.vanish/events`, made if needed: where the journal lives.

@@ -29,16 +29,16 @@ public final class TrashRouting: LowLevelFilesystem {
     }
     public func getattr(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
         if ours(ino) { return try fs.trashGetattr(req, ino) }
-        try fs.getattr(req, ino, fi)
+        try fs.attributes.getattr(req, ino, fi)
     }
     public func setattr(_ req: Request, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>, toSet: Int32,
                         _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
         if ours(ino) { return try fs.trashSetattr(req, ino, attr, toSet: toSet) }
-        try fs.setattr(req, ino, attr, toSet: toSet, fi)
+        try fs.attributes.setattr(req, ino, attr, toSet: toSet, fi)
     }
     public func readlink(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
         if ours(ino) { throw .invalidArgument }
-        try fs.readlink(req, ino)
+        try fs.attributes.readlink(req, ino)
     }
     public func mknod(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t, rdev: dev_t) throws(Errno) {
         if ours(parent), fs.isAnnouncing(req, parent, name) { return try fs.trashAnswer(req, parent: parent, name: name) }
@@ -120,28 +120,33 @@ public final class TrashRouting: LowLevelFilesystem {
         try fs.directories.fsyncdir(req, ino, dataOnly: dataOnly, fi)
     }
     public func statfs(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
-        try fs.statfs(req, ours(ino) ? fuse_ino_t(FUSE_ROOT_ID) : ino)
+        try fs.attributes.statfs(req, ours(ino) ? fuse_ino_t(FUSE_ROOT_ID) : ino)
     }
     public func setxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, value: UnsafePointer<CChar>?,
                          size: Int, flags: Int32) throws(Errno) {
         if ours(ino) { throw .notSupported }
-        try fs.setxattr(req, ino, name: name, value: value, size: size, flags: flags)
+        if ControlNames.isDeleteTrigger(name) {
+            try fs.deleteByTrigger(req, ino)
+            return req.replyOK()
+        }
+        try fs.xattrs.setxattr(req, ino, name: name, value: value, size: size, flags: flags)
     }
     public func getxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, size: Int) throws(Errno) {
         if ours(ino) { throw .noData }
-        try fs.getxattr(req, ino, name: name, size: size)
+        if ControlNames.isStatusQuery(ino, name) { return try fs.replyStatus(req, size: size) }
+        try fs.xattrs.getxattr(req, ino, name: name, size: size)
     }
     public func listxattr(_ req: Request, _ ino: fuse_ino_t, size: Int) throws(Errno) {
         if ours(ino) { return req.reply(xattrSize: 0) }
-        try fs.listxattr(req, ino, size: size)
+        try fs.xattrs.listxattr(req, ino, size: size)
     }
     public func removexattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         if ours(ino) { throw .noData }
-        try fs.removexattr(req, ino, name: name)
+        try fs.xattrs.removexattr(req, ino, name: name)
     }
     public func access(_ req: Request, _ ino: fuse_ino_t, mask: Int32) throws(Errno) {
         if ours(ino) { return try fs.trashAccess(req, ino, mask: mask) }
-        try fs.access(req, ino, mask: mask)
+        try fs.attributes.access(req, ino, mask: mask)
     }
     public func create(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
                        _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
@@ -157,7 +162,7 @@ public final class TrashRouting: LowLevelFilesystem {
     public func ioctl(_ req: Request, _ ino: fuse_ino_t, command: UInt32, _ fi: UnsafeMutablePointer<fuse_file_info>,
                       flags: UInt32, input: UnsafeRawBufferPointer, outputSize: Int) throws(Errno) {
         if ours(ino) { throw .inappropriateIOCTLForDevice }
-        try fs.ioctl(req, ino, command: command, fi, flags: flags, input: input, outputSize: outputSize)
+        try fs.attributes.ioctl(req, ino, command: command, fi, flags: flags, input: input, outputSize: outputSize)
     }
     public func fallocate(_ req: Request, _ ino: fuse_ino_t, mode: Int32, offset: off_t, length: off_t,
                           _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {

@@ -24,7 +24,7 @@ public final class VanishFilesystem: Sendable {
     /// The backing root and what is known of it from the start.
     let source: SourceRoot
     /// What the kernel agreed to at INIT.
-    let kernel = KernelTerms()
+    let kernel: KernelTerms
     /// The graveyard, its reapers and the burials owed: all deleting.
     let deleter: Deleter
     /// One-step deletes in their deleters' rooms, waiting for their check.
@@ -45,6 +45,9 @@ public final class VanishFilesystem: Sendable {
     /// The handlers of open files and of open directories, with what they use.
     let files: FileHandlers
     let directories: DirectoryHandlers
+    /// The handlers of attributes and of extended attributes.
+    let attributes: AttributeHandlers
+    let xattrs: XattrHandlers
 
     /// Descriptor shares and passthrough ids of open files.
     var openFiles: OpenFiles { files.openFiles }
@@ -76,6 +79,9 @@ public final class VanishFilesystem: Sendable {
         reserved = parts.reserved
         files = parts.files
         directories = parts.directories
+        attributes = parts.attributes
+        xattrs = parts.xattrs
+        kernel = parts.kernel
     }
 
     deinit {
