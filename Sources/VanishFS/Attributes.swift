@@ -8,20 +8,12 @@ import SystemPackage
 
 /// The handlers of attributes: getattr and setattr, readlink, statfs,
 /// access, and the inode-flag ioctls. Extended attributes are `XattrHandlers`.
-final class AttributeHandlers: Sendable {
+struct AttributeHandlers: Sendable {
     let namespace: BackingNamespace
     let replies: EntryReplies
     let changes: any ChangeObserver
     /// Where the kernel is told to drop a file's attributes.
     let invalidations: EntryInvalidations
-
-    init(namespace: BackingNamespace, replies: EntryReplies, changes: any ChangeObserver,
-         invalidations: EntryInvalidations) {
-        self.namespace = namespace
-        self.replies = replies
-        self.changes = changes
-        self.invalidations = invalidations
-    }
 
     @inline(__always)
     private func inode(_ id: fuse_ino_t) -> Inode { namespace.table.inode(id) }

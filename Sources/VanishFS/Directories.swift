@@ -31,7 +31,7 @@ final class DirectoryHandle {
 /// releasedir and fsyncdir. Listings come from the backing directory, less
 /// the names the mount keeps (`ReservedNames`), with attributes where a
 /// walk wants them (`readdirplus=`), warming `Statahead` as they go.
-final class DirectoryHandlers: Sendable {
+struct DirectoryHandlers: Sendable {
     let namespace: BackingNamespace
     /// Each user's share of the daemon's descriptors.
     let shares: HandleShares

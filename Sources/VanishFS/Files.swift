@@ -11,7 +11,7 @@ import SystemPackage
 /// copy_file_range, lseek and release come here. It holds only what these
 /// handlers use; `VanishFilesystem` forwards to it, and create hands it the
 /// handles it makes (`opened`).
-final class FileHandlers: Sendable {
+struct FileHandlers: Sendable {
     let namespace: BackingNamespace
     /// Descriptor shares and passthrough ids of open files.
     let openFiles: OpenFiles
@@ -25,19 +25,6 @@ final class FileHandlers: Sendable {
     let openFlags: OpenFlagPolicy
     /// Whether requests are served in microseconds (see `SourceRoot.isLocalDisk`).
     let sourceIsLocalDisk: Bool
-
-    init(namespace: BackingNamespace, openFiles: OpenFiles, changes: any ChangeObserver,
-         invalidations: EntryInvalidations, deleter: Deleter, cache: CacheMode, openFlags: OpenFlagPolicy,
-         sourceIsLocalDisk: Bool) {
-        self.namespace = namespace
-        self.openFiles = openFiles
-        self.changes = changes
-        self.invalidations = invalidations
-        self.deleter = deleter
-        self.cache = cache
-        self.openFlags = openFlags
-        self.sourceIsLocalDisk = sourceIsLocalDisk
-    }
 
     private var table: InodeTable { namespace.table }
 

@@ -8,7 +8,7 @@ import SystemPackage
 /// The handlers of extended attributes. The mount's own names
 /// (`ControlNames`: the delete trigger, the status) never reach the source:
 /// the router answers them, and these refuse to store them.
-final class XattrHandlers: Sendable {
+struct XattrHandlers: Sendable {
     let namespace: BackingNamespace
     let changes: any ChangeObserver
     /// Where the kernel is told to drop a file's attributes (an ACL moves the mode).
@@ -17,15 +17,6 @@ final class XattrHandlers: Sendable {
     let absentXattrs: AbsentXattrs
     /// What the kernel agreed to at INIT (whether it checks ACLs).
     let kernel: KernelTerms
-
-    init(namespace: BackingNamespace, changes: any ChangeObserver, invalidations: EntryInvalidations,
-         absentXattrs: AbsentXattrs, kernel: KernelTerms) {
-        self.namespace = namespace
-        self.changes = changes
-        self.invalidations = invalidations
-        self.absentXattrs = absentXattrs
-        self.kernel = kernel
-    }
 
     private var table: InodeTable { namespace.table }
 
