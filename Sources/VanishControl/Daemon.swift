@@ -99,7 +99,7 @@ public final class Daemon {
             control = nil
         }
         do {
-            session = try Session(filesystem: TrashRouting(filesystem), options: configuration.fuseOptions, debug: configuration.debug)
+            session = try Session(filesystem: RequestRouter(filesystem), options: configuration.fuseOptions, debug: configuration.debug)
         } catch {
             // (The journal's writer has not started: there is nothing to close.)
             control?.stop()

@@ -3,15 +3,38 @@ import CLinux
 import FUSEKit
 import Glibc
 import LinuxSyscalls
+import Logging
 import SystemPackage
 
-// Name-space operations: finding, making, linking, renaming entries.
-extension VanishFilesystem {
-    public func lookup(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
-        // "." and "..": only for file handles (path walks resolve them in the kernel).
-        if name[0] == 0x2E && (name[1] == 0 || (name[1] == 0x2E && name[2] == 0)) {
-            return try lookupByHandle(req, parent, dotDot: name[1] != 0)
-        }
+
+/// The handlers of names: finding, making, linking, renaming and removing
+/// entries. New entries are made as their caller (`asCaller`), removed
+/// ones go to the graveyard (`Deleter`), and every change is told to
+/// `changes` with its request.
+struct EntryHandlers: Sendable {
+    let namespace: BackingNamespace
+    let replies: EntryReplies
+    let changes: any ChangeObserver
+    let deleter: Deleter
+    /// For create and O_TMPFILE, which make open handles.
+    let files: FileHandlers
+    let statahead: Statahead
+    /// What the kernel agreed to at INIT (whether it leaves the umask to us).
+    let kernel: KernelTerms
+    /// How long the kernel may remember that a name is absent (0: not at all).
+    let negativeTimeout: Double
+    /// `readdirplus=walk`: lookups tell which listings want attributes.
+    let lookupsTellWalks: Bool
+    let log: Logger
+
+    var table: InodeTable { namespace.table }
+
+    @inline(__always)
+    private func inode(_ id: fuse_ino_t) -> Inode { table.inode(id) }
+
+    /// LOOKUP of a name ("." and ".." come only for file handles, and go to
+    /// `VanishFilesystem.lookupByHandle`).
+    func lookup(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let p = inode(parent)
         let (st, birth, generation): (stat, UInt64, UInt32?)
         do throws(Errno) {
@@ -19,41 +42,41 @@ extension VanishFilesystem {
             if deleter.isStateDirectory(p, name) { throw Errno.noSuchFileOrDirectory }
             (st, birth, generation) = try namespace.atName(p, name) { pfd throws(Errno) in
                 let (st, birth) = try Sys.lstatatWithBirth(pfd, name)
-                return (st, birth, generationForID(pfd, name, st, birth: birth))
+                return (st, birth, replies.generationForID(pfd, name, st, birth: birth))
             }
-        } catch .noSuchFileOrDirectory where options.negativeTimeout > 0 {
+        } catch .noSuchFileOrDirectory where negativeTimeout > 0 {
             // A negative entry: the kernel remembers the name is absent, which
             // spares compilers and shells a round trip per failed probe.
             var e = fuse_entry_param()
-            e.entry_timeout = cacheTimeout(p)
+            e.entry_timeout = replies.cacheTimeout(p)
             req.reply(entry: &e)
             return
         }
         if st.st_dev != p.key.dev { noteCrossing(into: st, at: name) }
-        let node = table.remember(st, birth: birth, parent: p, name: name, lookedUp: options.readdirPlus == .walk,
+        let node = table.remember(st, birth: birth, parent: p, name: name, lookedUp: lookupsTellWalks,
                                   generation: generation)
         changes.sawDirectory(node, st)
-        var e = entry(node, st)
+        var e = replies.entry(node, st)
         req.reply(entry: &e)
         // Files only: a names-only walk looks up directories, never files.
-        if st.st_mode & S_IFMT != S_IFDIR { caches.statahead.lookedUp(name, in: p) }
+        if st.st_mode & S_IFMT != S_IFDIR { statahead.lookedUp(name, in: p) }
     }
 
-    public func forget(_ ino: fuse_ino_t, count: UInt64) {
+    func forget(_ ino: fuse_ino_t, count: UInt64) {
         let node = inode(ino)
         if table.forget(node, count: count) { namespace.drop(node) }
     }
 
-    public func mkdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t) throws(Errno) {
+    func mkdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t) throws(Errno) {
         try makeEntry(req, parent: parent, name: name) { pfd throws(Errno) in try Sys.mkdirat(pfd, name, mode) }
     }
 
-    public func mknod(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
+    func mknod(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
                       rdev: dev_t) throws(Errno) {
         try makeEntry(req, parent: parent, name: name) { pfd throws(Errno) in try Sys.mknodat(pfd, name, mode, rdev) }
     }
 
-    public func symlink(_ req: Request, target: UnsafePointer<CChar>, parent: fuse_ino_t,
+    func symlink(_ req: Request, target: UnsafePointer<CChar>, parent: fuse_ino_t,
                         name: UnsafePointer<CChar>) throws(Errno) {
         try makeEntry(req, parent: parent, name: name) { pfd throws(Errno) in try Sys.symlinkat(target, pfd, name) }
     }
@@ -85,12 +108,12 @@ extension VanishFilesystem {
                 throw error
             }
         } answer: { (node, st) in
-            var e = entry(node, st)
+            var e = replies.entry(node, st)
             req.reply(entry: &e)
         }
     }
 
-    public func link(_ req: Request, _ ino: fuse_ino_t, newParent: fuse_ino_t,
+    func link(_ req: Request, _ ino: fuse_ino_t, newParent: fuse_ino_t,
                      newName: UnsafePointer<CChar>) throws(Errno) {
         let node = inode(ino)
         let np = inode(newParent)
@@ -105,17 +128,17 @@ extension VanishFilesystem {
             }
             let (st, birth) = try Sys.lstatatWithBirth(npfd, newName)
             let linked = table.remember(st, birth: birth, parent: np, name: newName,
-                                        generation: generationForID(npfd, newName, st, birth: birth))
+                                        generation: replies.generationForID(npfd, newName, st, birth: birth))
             changes.linked(req, parent: np, name: newName, parentFD: npfd, node: linked, st: st,
                            target: target, unnamed: unnamed)
             return (linked, st)
         } answer: { (linked, st) in
-            var e = entry(linked, st)
+            var e = replies.entry(linked, st)
             req.reply(entry: &e)
         }
     }
 
-    public func unlink(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+    func unlink(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let p = inode(parent)
         if table.isInTrash(p) { return try removeInTrash(req, p, name, directory: false) }
         let caller = req.caller
@@ -129,7 +152,7 @@ extension VanishFilesystem {
         }
     }
 
-    public func rmdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+    func rmdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let p = inode(parent)
         if table.isInTrash(p) { return try removeInTrash(req, p, name, directory: true) }
         try checkChangeable(p, name)
@@ -144,7 +167,7 @@ extension VanishFilesystem {
         req.replyOK()
     }
 
-    public func rename(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, newParent: fuse_ino_t,
+    func rename(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, newParent: fuse_ino_t,
                        newName: UnsafePointer<CChar>, flags: UInt32) throws(Errno) {
         let p = inode(parent)
         let np = inode(newParent)
@@ -182,7 +205,7 @@ extension VanishFilesystem {
         }
     }
 
-    public func create(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
+    func create(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
                        _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let p = inode(parent)
         try checkChangeable(p, name)
@@ -226,7 +249,7 @@ extension VanishFilesystem {
         } answer: { (fd, node, st) in
             handed = true
             let backing = files.opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi, req)
-            var e = entry(node, st)
+            var e = replies.entry(node, st)
             if req.reply(created: &e, fi, backing: backing) == -ENOENT { files.abandonHandle(node, fi) }
         }
     }
@@ -237,7 +260,7 @@ extension VanishFilesystem {
     /// is open (as for an open file whose last name was removed); `linkat`
     /// gives it one (`link`), and unlinked it goes with its last close, as
     /// natively. No event until then: nothing in the tree changed.
-    public func tmpfile(_ req: Request, parent: fuse_ino_t, mode: mode_t,
+    func tmpfile(_ req: Request, parent: fuse_ino_t, mode: mode_t,
                         _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let p = inode(parent)
         if table.isBuried(p) { throw .noSuchFileOrDirectory }
@@ -255,7 +278,7 @@ extension VanishFilesystem {
                 let pathFD = try Sys.withProcPath(fd) { path throws(Errno) in try Sys.open(path, VANISH_O_PATH) }
                 // No name: a reopen by name finds nothing (ENOENT), never another file.
                 let node = table.remember(st, birth: birth, parent: p, name: "",
-                                          generation: generationForID(fd, nil, st, birth: birth))
+                                          generation: replies.generationForID(fd, nil, st, birth: birth))
                 namespace.adopt(node, fd: pathFD)
                 return (fd, node, st)
             } catch {
@@ -266,20 +289,33 @@ extension VanishFilesystem {
         handed = true
         let backing = files.opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi, req)
         _ = namespace.holdIfOpen(node)
-        var e = entry(node, st)
+        var e = replies.entry(node, st)
         if req.reply(created: &e, fi, backing: backing) == -ENOENT { files.abandonHandle(node, fi) }
     }
 
     /// Logs the first crossing into each filesystem mounted inside the source.
     private func noteCrossing(into st: stat, at name: UnsafePointer<CChar>) {
-        guard source.devices.index(of: st.st_dev).new else { return }
+        guard replies.devices.index(of: st.st_dev).new else { return }
         log.info("serving a filesystem mounted inside the source (inode numbers remapped, renames across give EXDEV)",
                  metadata: ["at": "\(String(cString: name))", "dev": "\(st.st_dev)"])
     }
 }
 
 // Where new entries get their owner, and what may be changed at all.
-extension VanishFilesystem {
+extension EntryHandlers {
+    /// A file just made through the mount (`fd` opens it): the generation
+    /// its new node carries (as `generationForID`) and, when events carry
+    /// ids, its event id, from one name_to_handle_at rather than one each.
+    func madeIdentity(_ fd: Int32, _ st: stat, birth: UInt64) -> (generation: UInt32?, id: String?) {
+        let codec = table.codec.flatMap { table.wantsGeneration(st, birth: birth) ? $0 : nil }
+        let ids = changes.recordsIDs
+        guard codec != nil || ids else { return (nil, nil) }
+        return FileID.withHandle(fd, nil) { handle in
+            guard let handle else { return (nil, nil) }
+            return (codec?.generation(of: handle, ino: UInt64(st.st_ino)), ids ? FileID.hex(handle) : nil)
+        }
+    }
+
     /// A plain rename done as renameat2(RENAME_NOREPLACE): true if it
     /// happened; false if the new name exists, or the filesystem lacks the
     /// flag (EINVAL, as for an invalid rename), and the caller must look at
@@ -372,7 +408,7 @@ extension VanishFilesystem {
     /// The caller's identity for `Credentials.acting`; nil where the daemon
     /// acts as itself (it serves only its own user, or the caller is root).
     func callerCredentials(_ req: Request, _ caller: Caller) -> Credentials? {
-        guard actsForOthers, caller.uid != 0 || caller.gid != 0 else { return nil }
+        guard SourceRoot.actsForOthers, caller.uid != 0 || caller.gid != 0 else { return nil }
         // Root's capabilities pass every check its groups could change.
         return Credentials(uid: caller.uid, gid: caller.gid, groups: caller.uid == 0 ? [] : req.groups())
     }

@@ -33,19 +33,6 @@ extension VanishFilesystem {
         replies.generationForID(dirFD, name, st, birth: birth)
     }
 
-    /// A file just made through the mount (`fd` opens it): the generation
-    /// its new node carries (as `generationForID`) and, when events carry
-    /// ids, its event id, from one name_to_handle_at rather than one each.
-    func madeIdentity(_ fd: Int32, _ st: stat, birth: UInt64) -> (generation: UInt32?, id: String?) {
-        let codec = table.codec.flatMap { table.wantsGeneration(st, birth: birth) ? $0 : nil }
-        let ids = changes.recordsIDs
-        guard codec != nil || ids else { return (nil, nil) }
-        return FileID.withHandle(fd, nil) { handle in
-            guard let handle else { return (nil, nil) }
-            return (codec?.generation(of: handle, ino: UInt64(st.st_ino)), ids ? FileID.hex(handle) : nil)
-        }
-    }
-
     private static func generation(_ codec: HandleCodec, _ dirFD: Int32, _ name: UnsafePointer<CChar>?,
                                    ino: UInt64) -> UInt32? {
         FileID.withHandle(dirFD, name) { handle in handle.flatMap { codec.generation(of: $0, ino: ino) } }

@@ -21,14 +21,9 @@ package struct MountParts {
     let handles: HandleLimits
     let changes: any ChangeObserver
     let control: MountControl
-    let replies: EntryReplies
-    let reserved: ReservedNames
     /// What the kernel agreed to at INIT, filled in then.
     let kernel: KernelTerms
-    let files: FileHandlers
-    let directories: DirectoryHandlers
-    let attributes: AttributeHandlers
-    let xattrs: XattrHandlers
+    let handlers: RequestHandlers
 
     /// Opens `source` (a directory) as the backing root and its graveyard,
     /// and builds the mount's parts, each from those before it; answered
@@ -119,13 +114,18 @@ package struct MountParts {
                                            invalidations: invalidations)
         let xattrs = XattrHandlers(namespace: namespace, changes: changes, invalidations: invalidations,
                                    absentXattrs: absentXattrs, kernel: kernel)
+        let entries = EntryHandlers(namespace: namespace, replies: replies, changes: changes, deleter: deleter,
+                                    files: files, statahead: statahead, kernel: kernel,
+                                    negativeTimeout: options.negativeTimeout,
+                                    lookupsTellWalks: options.readdirPlus == .walk, log: logger)
         return MountParts(source: source, options: options, log: logger, namespace: namespace, deleter: deleter,
                           oneStep: oneStep,
                           caches: Caches(watch: watch, invalidations: invalidations, absentXattrs: absentXattrs,
                                          statahead: statahead),
-                          handles: handles, changes: changes, control: control, replies: replies,
-                          reserved: reserved, kernel: kernel, files: files, directories: directories,
-                          attributes: attributes, xattrs: xattrs)
+                          handles: handles, changes: changes, control: control, kernel: kernel,
+                          handlers: RequestHandlers(replies: replies, reserved: reserved, files: files,
+                                                    directories: directories, attributes: attributes,
+                                                    xattrs: xattrs, entries: entries))
     }
 
     /// `.vanish/events`, made if needed: where the journal lives.

@@ -288,7 +288,7 @@ extension VanishFilesystem {
     private func trashRestore(_ req: Request, _ folders: TrashFolders, _ uid: UInt32, _ name: [UInt8],
                               to np: Inode, _ newName: UnsafePointer<CChar>, replacing: Bool) throws(Errno) {
         guard let e = folders.entry(uid, named: name) else { throw .noSuchFileOrDirectory }
-        try checkChangeable(np, newName)
+        try entries.checkChangeable(np, newName)
         changes.awaitEarlierChanges(req)
         let caller = req.caller
         let who = Credentials(uid: caller.uid, gid: caller.gid, groups: caller.uid == 0 ? [] : req.groups())
@@ -344,7 +344,7 @@ extension VanishFilesystem {
     private func trashPut(_ req: Request, _ folders: TrashFolders, _ p: Inode, _ name: UnsafePointer<CChar>,
                           into uid: UInt32, as newName: [UInt8]) throws(Errno) {
         let caller = req.caller
-        try removingEntry(req, p, name) { pfd, st throws(Errno) in
+        try entries.removingEntry(req, p, name) { pfd, st throws(Errno) in
             let directory = st.st_mode & S_IFMT == S_IFDIR
             let id = directory ? (try changes.removingDirectory(pfd, name)).id : changes.removing(pfd, name, st)
             let record = TrashRecord(path: table.path(of: p, appending: name), uid: uid, gid: caller.gid,

@@ -39,18 +39,14 @@ public final class VanishFilesystem: Sendable {
     /// What users may do to the mount and its undo window besides its files: the
     /// control requests, the status attribute, the desktop trash folders.
     package let control: MountControl
-    /// What replies naming a file carry, and the names the mount keeps.
-    let replies: EntryReplies
-    let reserved: ReservedNames
-    /// The handlers of open files and of open directories, with what they use.
-    let files: FileHandlers
-    let directories: DirectoryHandlers
-    /// The handlers of attributes and of extended attributes.
-    let attributes: AttributeHandlers
-    let xattrs: XattrHandlers
+    /// The handler types the router sends each operation to.
+    let handlers: RequestHandlers
 
+    var replies: EntryReplies { handlers.replies }
+    var reserved: ReservedNames { handlers.reserved }
+    var entries: EntryHandlers { handlers.entries }
     /// Descriptor shares and passthrough ids of open files.
-    var openFiles: OpenFiles { files.openFiles }
+    var openFiles: OpenFiles { handlers.files.openFiles }
     /// The inodes the kernel knows (the namespace's table).
     var table: InodeTable { namespace.table }
     /// The undo window as desktop trash folders (nil without one).
@@ -75,12 +71,7 @@ public final class VanishFilesystem: Sendable {
         handles = parts.handles
         changes = parts.changes
         control = parts.control
-        replies = parts.replies
-        reserved = parts.reserved
-        files = parts.files
-        directories = parts.directories
-        attributes = parts.attributes
-        xattrs = parts.xattrs
+        handlers = parts.handlers
         kernel = parts.kernel
     }
 

@@ -3,14 +3,33 @@ import FUSEKit
 import Glibc
 import SystemPackage
 
-/// The filesystem the session serves: requests on the desktop trash
-/// folders (`TrashFolders`: their node ids, and `.Trash-$uid` in the root)
-/// go to their handlers, every other request to the mount's, after one
-/// bit test of its node id.
-public final class TrashRouting: LowLevelFilesystem {
-    let fs: VanishFilesystem
+/// The handler types, one per group of operations, each holding only what
+/// it uses; `MountParts` builds them, the router sends each request to one.
+struct RequestHandlers: Sendable {
+    /// What replies naming a file carry, and the names the mount keeps.
+    let replies: EntryReplies
+    let reserved: ReservedNames
+    let files: FileHandlers
+    let directories: DirectoryHandlers
+    let attributes: AttributeHandlers
+    let xattrs: XattrHandlers
+    let entries: EntryHandlers
+}
 
-    public init(_ fs: VanishFilesystem) { self.fs = fs }
+/// The filesystem the session serves: each operation goes to its handler
+/// type (`RequestHandlers`), after one bit test of its node id sends
+/// requests on the desktop trash folders (`TrashFolders`: their node ids,
+/// and `.Trash-$uid` in the root) to theirs; the mount's own xattr names
+/// and lookups by file handle go to the mount (`VanishFilesystem`), which
+/// also starts and ends the session.
+public final class RequestRouter: LowLevelFilesystem {
+    let fs: VanishFilesystem
+    private let h: RequestHandlers
+
+    public init(_ fs: VanishFilesystem) {
+        self.fs = fs
+        h = fs.handlers
+    }
 
     @inline(__always) private func ours(_ ino: fuse_ino_t) -> Bool { TrashFolders.owns(ino) }
 
@@ -21,106 +40,110 @@ public final class TrashRouting: LowLevelFilesystem {
 
     public func lookup(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         if ours(parent) { return try fs.trashLookup(req, parent: parent, name: name) }
-        if let uid = fs.trashFolderUID(parent, name) { return try fs.trashLookupFolder(req, uid) }
-        try fs.lookup(req, parent: parent, name: name)
+        if let uid = h.reserved.trashFolderUID(parent, name) { return try fs.trashLookupFolder(req, uid) }
+        // "." and "..": only for file handles (path walks resolve them in the kernel).
+        if name[0] == 0x2E && (name[1] == 0 || (name[1] == 0x2E && name[2] == 0)) {
+            return try fs.lookupByHandle(req, parent, dotDot: name[1] != 0)
+        }
+        try h.entries.lookup(req, parent: parent, name: name)
     }
     public func forget(_ ino: fuse_ino_t, count: UInt64) {
-        if ours(ino) { fs.trashFolders?.forget(ino, count: count) } else { fs.forget(ino, count: count) }
+        if ours(ino) { fs.trashFolders?.forget(ino, count: count) } else { h.entries.forget(ino, count: count) }
     }
     public func getattr(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
         if ours(ino) { return try fs.trashGetattr(req, ino) }
-        try fs.attributes.getattr(req, ino, fi)
+        try h.attributes.getattr(req, ino, fi)
     }
     public func setattr(_ req: Request, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>, toSet: Int32,
                         _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
         if ours(ino) { return try fs.trashSetattr(req, ino, attr, toSet: toSet) }
-        try fs.attributes.setattr(req, ino, attr, toSet: toSet, fi)
+        try h.attributes.setattr(req, ino, attr, toSet: toSet, fi)
     }
     public func readlink(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
         if ours(ino) { throw .invalidArgument }
-        try fs.attributes.readlink(req, ino)
+        try h.attributes.readlink(req, ino)
     }
     public func mknod(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t, rdev: dev_t) throws(Errno) {
         if ours(parent), fs.isAnnouncing(req, parent, name) { return try fs.trashAnswer(req, parent: parent, name: name) }
-        if ours(parent) || fs.trashFolderUID(parent, name) != nil { throw .notPermitted }
-        try fs.mknod(req, parent: parent, name: name, mode: mode, rdev: rdev)
+        if ours(parent) || h.reserved.trashFolderUID(parent, name) != nil { throw .notPermitted }
+        try h.entries.mknod(req, parent: parent, name: name, mode: mode, rdev: rdev)
     }
     public func mkdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t) throws(Errno) {
         if ours(parent), fs.isAnnouncing(req, parent, name) { return try fs.trashAnswer(req, parent: parent, name: name) }
-        if ours(parent) || fs.trashFolderUID(parent, name) != nil { return try fs.trashMkdir(req, parent: parent, name: name) }
-        try fs.mkdir(req, parent: parent, name: name, mode: mode)
+        if ours(parent) || h.reserved.trashFolderUID(parent, name) != nil { return try fs.trashMkdir(req, parent: parent, name: name) }
+        try h.entries.mkdir(req, parent: parent, name: name, mode: mode)
     }
     public func unlink(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         if ours(parent) { return try fs.trashUnlink(req, parent: parent, name: name) }
-        if fs.trashFolderUID(parent, name) != nil { throw .isDirectory }
-        try fs.unlink(req, parent: parent, name: name)
+        if h.reserved.trashFolderUID(parent, name) != nil { throw .isDirectory }
+        try h.entries.unlink(req, parent: parent, name: name)
     }
     public func rmdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
-        if ours(parent) || fs.trashFolderUID(parent, name) != nil { return try fs.trashRmdir(req, parent: parent, name: name) }
-        try fs.rmdir(req, parent: parent, name: name)
+        if ours(parent) || h.reserved.trashFolderUID(parent, name) != nil { return try fs.trashRmdir(req, parent: parent, name: name) }
+        try h.entries.rmdir(req, parent: parent, name: name)
     }
     public func symlink(_ req: Request, target: UnsafePointer<CChar>, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         if ours(parent), fs.isAnnouncing(req, parent, name) { return try fs.trashAnswer(req, parent: parent, name: name) }
-        if ours(parent) || fs.trashFolderUID(parent, name) != nil { throw .notPermitted }
-        try fs.symlink(req, target: target, parent: parent, name: name)
+        if ours(parent) || h.reserved.trashFolderUID(parent, name) != nil { throw .notPermitted }
+        try h.entries.symlink(req, target: target, parent: parent, name: name)
     }
     public func rename(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, newParent: fuse_ino_t,
                        newName: UnsafePointer<CChar>, flags: UInt32) throws(Errno) {
         if ours(parent) || ours(newParent) {
             return try fs.trashRename(req, parent: parent, name: name, newParent: newParent, newName: newName, flags: flags)
         }
-        if fs.trashFolderUID(parent, name) != nil || fs.trashFolderUID(newParent, newName) != nil { throw .notPermitted }
-        try fs.rename(req, parent: parent, name: name, newParent: newParent, newName: newName, flags: flags)
+        if h.reserved.trashFolderUID(parent, name) != nil || h.reserved.trashFolderUID(newParent, newName) != nil { throw .notPermitted }
+        try h.entries.rename(req, parent: parent, name: name, newParent: newParent, newName: newName, flags: flags)
     }
     public func link(_ req: Request, _ ino: fuse_ino_t, newParent: fuse_ino_t, newName: UnsafePointer<CChar>) throws(Errno) {
-        if ours(ino) || ours(newParent) || fs.trashFolderUID(newParent, newName) != nil { throw .notPermitted }
-        try fs.link(req, ino, newParent: newParent, newName: newName)
+        if ours(ino) || ours(newParent) || h.reserved.trashFolderUID(newParent, newName) != nil { throw .notPermitted }
+        try h.entries.link(req, ino, newParent: newParent, newName: newName)
     }
     public func open(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return try fs.trashOpen(req, ino, fi) }
-        try fs.files.open(req, ino, fi)
+        try h.files.open(req, ino, fi)
     }
     public func read(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
                      _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return try fs.trashRead(req, ino, size: size, offset: offset) }
-        try fs.files.read(req, ino, size: size, offset: offset, fi)
+        try h.files.read(req, ino, size: size, offset: offset, fi)
     }
     public func write(_ req: Request, _ ino: fuse_ino_t, _ buf: UnsafeMutablePointer<fuse_bufvec>, offset: off_t,
                       _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return try fs.trashWrite(req, ino, buf, offset: offset) }
-        try fs.files.write(req, ino, buf, offset: offset, fi)
+        try h.files.write(req, ino, buf, offset: offset, fi)
     }
     public func flush(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return req.replyOK() }
-        try fs.files.flush(req, ino, fi)
+        try h.files.flush(req, ino, fi)
     }
     public func release(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return req.replyOK() }
-        try fs.files.release(req, ino, fi)
+        try h.files.release(req, ino, fi)
     }
     public func fsync(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return req.replyOK() }
-        try fs.files.fsync(req, ino, dataOnly: dataOnly, fi)
+        try h.files.fsync(req, ino, dataOnly: dataOnly, fi)
     }
     public func opendir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return try fs.trashOpendir(req, ino, fi) }
-        try fs.directories.opendir(req, ino, fi)
+        try h.directories.opendir(req, ino, fi)
     }
     public func readdir(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
                         _ fi: UnsafeMutablePointer<fuse_file_info>, plus: Bool) throws(Errno) {
         if ours(ino) { return try fs.trashReaddir(req, size: size, offset: offset, fi, plus: plus) }
-        try fs.directories.readdir(req, ino, size: size, offset: offset, fi, plus: plus)
+        try h.directories.readdir(req, ino, size: size, offset: offset, fi, plus: plus)
     }
     public func releasedir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return fs.trashReleasedir(req, fi) }
-        try fs.directories.releasedir(req, ino, fi)
+        try h.directories.releasedir(req, ino, fi)
     }
     public func fsyncdir(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return req.replyOK() }
-        try fs.directories.fsyncdir(req, ino, dataOnly: dataOnly, fi)
+        try h.directories.fsyncdir(req, ino, dataOnly: dataOnly, fi)
     }
     public func statfs(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
-        try fs.attributes.statfs(req, ours(ino) ? fuse_ino_t(FUSE_ROOT_ID) : ino)
+        try h.attributes.statfs(req, ours(ino) ? fuse_ino_t(FUSE_ROOT_ID) : ino)
     }
     public func setxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, value: UnsafePointer<CChar>?,
                          size: Int, flags: Int32) throws(Errno) {
@@ -129,57 +152,57 @@ public final class TrashRouting: LowLevelFilesystem {
             try fs.deleteByTrigger(req, ino)
             return req.replyOK()
         }
-        try fs.xattrs.setxattr(req, ino, name: name, value: value, size: size, flags: flags)
+        try h.xattrs.setxattr(req, ino, name: name, value: value, size: size, flags: flags)
     }
     public func getxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, size: Int) throws(Errno) {
         if ours(ino) { throw .noData }
         if ControlNames.isStatusQuery(ino, name) { return try fs.replyStatus(req, size: size) }
-        try fs.xattrs.getxattr(req, ino, name: name, size: size)
+        try h.xattrs.getxattr(req, ino, name: name, size: size)
     }
     public func listxattr(_ req: Request, _ ino: fuse_ino_t, size: Int) throws(Errno) {
         if ours(ino) { return req.reply(xattrSize: 0) }
-        try fs.xattrs.listxattr(req, ino, size: size)
+        try h.xattrs.listxattr(req, ino, size: size)
     }
     public func removexattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         if ours(ino) { throw .noData }
-        try fs.xattrs.removexattr(req, ino, name: name)
+        try h.xattrs.removexattr(req, ino, name: name)
     }
     public func access(_ req: Request, _ ino: fuse_ino_t, mask: Int32) throws(Errno) {
         if ours(ino) { return try fs.trashAccess(req, ino, mask: mask) }
-        try fs.attributes.access(req, ino, mask: mask)
+        try h.attributes.access(req, ino, mask: mask)
     }
     public func create(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
                        _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(parent) { return try fs.trashCreate(req, parent: parent, name: name, fi) }
-        if fs.trashFolderUID(parent, name) != nil { throw .isDirectory }
-        try fs.create(req, parent: parent, name: name, mode: mode, fi)
+        if h.reserved.trashFolderUID(parent, name) != nil { throw .isDirectory }
+        try h.entries.create(req, parent: parent, name: name, mode: mode, fi)
     }
     public func tmpfile(_ req: Request, parent: fuse_ino_t, mode: mode_t,
                         _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(parent) { throw .notSupported }
-        try fs.tmpfile(req, parent: parent, mode: mode, fi)
+        try h.entries.tmpfile(req, parent: parent, mode: mode, fi)
     }
     public func ioctl(_ req: Request, _ ino: fuse_ino_t, command: UInt32, _ fi: UnsafeMutablePointer<fuse_file_info>,
                       flags: UInt32, input: UnsafeRawBufferPointer, outputSize: Int) throws(Errno) {
         if ours(ino) { throw .inappropriateIOCTLForDevice }
-        try fs.attributes.ioctl(req, ino, command: command, fi, flags: flags, input: input, outputSize: outputSize)
+        try h.attributes.ioctl(req, ino, command: command, fi, flags: flags, input: input, outputSize: outputSize)
     }
     public func fallocate(_ req: Request, _ ino: fuse_ino_t, mode: Int32, offset: off_t, length: off_t,
                           _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { throw .notSupported }
-        try fs.files.fallocate(req, ino, mode: mode, offset: offset, length: length, fi)
+        try h.files.fallocate(req, ino, mode: mode, offset: offset, length: length, fi)
     }
     public func copyFileRange(_ req: Request, input: fuse_ino_t, inputOffset: off_t, _ fiIn: UnsafeMutablePointer<fuse_file_info>,
                               output: fuse_ino_t, outputOffset: off_t, _ fiOut: UnsafeMutablePointer<fuse_file_info>,
                               length: Int, flags: Int32) throws(Errno) {
         // The kernel copies through read and write instead.
         if ours(input) || ours(output) { throw .notSupported }
-        try fs.files.copyFileRange(req, input: input, inputOffset: inputOffset, fiIn, output: output, outputOffset: outputOffset,
+        try h.files.copyFileRange(req, input: input, inputOffset: inputOffset, fiIn, output: output, outputOffset: outputOffset,
                              fiOut, length: length, flags: flags)
     }
     public func lseek(_ req: Request, _ ino: fuse_ino_t, offset: off_t, whence: Int32,
                       _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { throw .invalidArgument }
-        try fs.files.lseek(req, ino, offset: offset, whence: whence, fi)
+        try h.files.lseek(req, ino, offset: offset, whence: whence, fi)
     }
 }
