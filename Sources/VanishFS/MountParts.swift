@@ -125,7 +125,12 @@ package struct MountParts {
                           handles: handles, changes: changes, control: control, kernel: kernel,
                           handlers: RequestHandlers(replies: replies, reserved: reserved, files: files,
                                                     directories: directories, attributes: attributes,
-                                                    xattrs: xattrs, entries: entries))
+                                                    xattrs: xattrs, entries: entries,
+                                                    trash: TrashRequests(trashFolders: control.trashFolders,
+                                                                         namespace: namespace, replies: replies,
+                                                                         reserved: reserved, entries: entries,
+                                                                         changes: changes, deleter: deleter,
+                                                                         control: control)))
     }
 
     /// `.vanish/events`, made if needed: where the journal lives.

@@ -14,6 +14,7 @@ struct RequestHandlers: Sendable {
     let attributes: AttributeHandlers
     let xattrs: XattrHandlers
     let entries: EntryHandlers
+    let trash: TrashRequests
 }
 
 /// The filesystem the session serves: each operation goes to its handler
@@ -39,8 +40,8 @@ public final class RequestRouter: LowLevelFilesystem {
     public func destroy() { fs.destroy() }
 
     public func lookup(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
-        if ours(parent) { return try fs.trashLookup(req, parent: parent, name: name) }
-        if let uid = h.reserved.trashFolderUID(parent, name) { return try fs.trashLookupFolder(req, uid) }
+        if ours(parent) { return try h.trash.lookup(req, parent: parent, name: name) }
+        if let uid = h.reserved.trashFolderUID(parent, name) { return try h.trash.lookupFolder(req, uid) }
         // "." and "..": only for file handles (path walks resolve them in the kernel).
         if name[0] == 0x2E && (name[1] == 0 || (name[1] == 0x2E && name[2] == 0)) {
             return try fs.lookupByHandle(req, parent, dotDot: name[1] != 0)
@@ -48,15 +49,15 @@ public final class RequestRouter: LowLevelFilesystem {
         try h.entries.lookup(req, parent: parent, name: name)
     }
     public func forget(_ ino: fuse_ino_t, count: UInt64) {
-        if ours(ino) { fs.trashFolders?.forget(ino, count: count) } else { h.entries.forget(ino, count: count) }
+        if ours(ino) { h.trash.trashFolders?.forget(ino, count: count) } else { h.entries.forget(ino, count: count) }
     }
     public func getattr(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
-        if ours(ino) { return try fs.trashGetattr(req, ino) }
+        if ours(ino) { return try h.trash.getattr(req, ino) }
         try h.attributes.getattr(req, ino, fi)
     }
     public func setattr(_ req: Request, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>, toSet: Int32,
                         _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
-        if ours(ino) { return try fs.trashSetattr(req, ino, attr, toSet: toSet) }
+        if ours(ino) { return try h.trash.setattr(req, ino, attr, toSet: toSet) }
         try h.attributes.setattr(req, ino, attr, toSet: toSet, fi)
     }
     public func readlink(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
@@ -64,33 +65,33 @@ public final class RequestRouter: LowLevelFilesystem {
         try h.attributes.readlink(req, ino)
     }
     public func mknod(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t, rdev: dev_t) throws(Errno) {
-        if ours(parent), fs.isAnnouncing(req, parent, name) { return try fs.trashAnswer(req, parent: parent, name: name) }
+        if ours(parent), h.trash.isAnnouncing(req, parent, name) { return try h.trash.answer(req, parent: parent, name: name) }
         if ours(parent) || h.reserved.trashFolderUID(parent, name) != nil { throw .notPermitted }
         try h.entries.mknod(req, parent: parent, name: name, mode: mode, rdev: rdev)
     }
     public func mkdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t) throws(Errno) {
-        if ours(parent), fs.isAnnouncing(req, parent, name) { return try fs.trashAnswer(req, parent: parent, name: name) }
-        if ours(parent) || h.reserved.trashFolderUID(parent, name) != nil { return try fs.trashMkdir(req, parent: parent, name: name) }
+        if ours(parent), h.trash.isAnnouncing(req, parent, name) { return try h.trash.answer(req, parent: parent, name: name) }
+        if ours(parent) || h.reserved.trashFolderUID(parent, name) != nil { return try h.trash.mkdir(req, parent: parent, name: name) }
         try h.entries.mkdir(req, parent: parent, name: name, mode: mode)
     }
     public func unlink(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
-        if ours(parent) { return try fs.trashUnlink(req, parent: parent, name: name) }
+        if ours(parent) { return try h.trash.unlink(req, parent: parent, name: name) }
         if h.reserved.trashFolderUID(parent, name) != nil { throw .isDirectory }
         try h.entries.unlink(req, parent: parent, name: name)
     }
     public func rmdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
-        if ours(parent) || h.reserved.trashFolderUID(parent, name) != nil { return try fs.trashRmdir(req, parent: parent, name: name) }
+        if ours(parent) || h.reserved.trashFolderUID(parent, name) != nil { return try h.trash.rmdir(req, parent: parent, name: name) }
         try h.entries.rmdir(req, parent: parent, name: name)
     }
     public func symlink(_ req: Request, target: UnsafePointer<CChar>, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
-        if ours(parent), fs.isAnnouncing(req, parent, name) { return try fs.trashAnswer(req, parent: parent, name: name) }
+        if ours(parent), h.trash.isAnnouncing(req, parent, name) { return try h.trash.answer(req, parent: parent, name: name) }
         if ours(parent) || h.reserved.trashFolderUID(parent, name) != nil { throw .notPermitted }
         try h.entries.symlink(req, target: target, parent: parent, name: name)
     }
     public func rename(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, newParent: fuse_ino_t,
                        newName: UnsafePointer<CChar>, flags: UInt32) throws(Errno) {
         if ours(parent) || ours(newParent) {
-            return try fs.trashRename(req, parent: parent, name: name, newParent: newParent, newName: newName, flags: flags)
+            return try h.trash.rename(req, parent: parent, name: name, newParent: newParent, newName: newName, flags: flags)
         }
         if h.reserved.trashFolderUID(parent, name) != nil || h.reserved.trashFolderUID(newParent, newName) != nil { throw .notPermitted }
         try h.entries.rename(req, parent: parent, name: name, newParent: newParent, newName: newName, flags: flags)
@@ -100,17 +101,17 @@ public final class RequestRouter: LowLevelFilesystem {
         try h.entries.link(req, ino, newParent: newParent, newName: newName)
     }
     public func open(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        if ours(ino) { return try fs.trashOpen(req, ino, fi) }
+        if ours(ino) { return try h.trash.open(req, ino, fi) }
         try h.files.open(req, ino, fi)
     }
     public func read(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
                      _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        if ours(ino) { return try fs.trashRead(req, ino, size: size, offset: offset) }
+        if ours(ino) { return try h.trash.read(req, ino, size: size, offset: offset) }
         try h.files.read(req, ino, size: size, offset: offset, fi)
     }
     public func write(_ req: Request, _ ino: fuse_ino_t, _ buf: UnsafeMutablePointer<fuse_bufvec>, offset: off_t,
                       _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        if ours(ino) { return try fs.trashWrite(req, ino, buf, offset: offset) }
+        if ours(ino) { return try h.trash.write(req, ino, buf, offset: offset) }
         try h.files.write(req, ino, buf, offset: offset, fi)
     }
     public func flush(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
@@ -126,16 +127,16 @@ public final class RequestRouter: LowLevelFilesystem {
         try h.files.fsync(req, ino, dataOnly: dataOnly, fi)
     }
     public func opendir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        if ours(ino) { return try fs.trashOpendir(req, ino, fi) }
+        if ours(ino) { return try h.trash.opendir(req, ino, fi) }
         try h.directories.opendir(req, ino, fi)
     }
     public func readdir(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t,
                         _ fi: UnsafeMutablePointer<fuse_file_info>, plus: Bool) throws(Errno) {
-        if ours(ino) { return try fs.trashReaddir(req, size: size, offset: offset, fi, plus: plus) }
+        if ours(ino) { return try h.trash.readdir(req, size: size, offset: offset, fi, plus: plus) }
         try h.directories.readdir(req, ino, size: size, offset: offset, fi, plus: plus)
     }
     public func releasedir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        if ours(ino) { return fs.trashReleasedir(req, fi) }
+        if ours(ino) { return h.trash.releasedir(req, fi) }
         try h.directories.releasedir(req, ino, fi)
     }
     public func fsyncdir(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
@@ -168,12 +169,12 @@ public final class RequestRouter: LowLevelFilesystem {
         try h.xattrs.removexattr(req, ino, name: name)
     }
     public func access(_ req: Request, _ ino: fuse_ino_t, mask: Int32) throws(Errno) {
-        if ours(ino) { return try fs.trashAccess(req, ino, mask: mask) }
+        if ours(ino) { return try h.trash.access(req, ino, mask: mask) }
         try h.attributes.access(req, ino, mask: mask)
     }
     public func create(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, mode: mode_t,
                        _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        if ours(parent) { return try fs.trashCreate(req, parent: parent, name: name, fi) }
+        if ours(parent) { return try h.trash.create(req, parent: parent, name: name, fi) }
         if h.reserved.trashFolderUID(parent, name) != nil { throw .isDirectory }
         try h.entries.create(req, parent: parent, name: name, mode: mode, fi)
     }

@@ -16,18 +16,30 @@ final class TrashListing {
     }
 }
 
-// Requests on the desktop trash folders (see `TrashFolders`). The daemon
-// answers for what it makes up, so it checks the caller itself: a folder is
-// its user's (and root's) alone, as its mode 0700 says. What leaves or
-// enters the trash moves as for `vanish restore` and unlink: as the caller,
-// checked by the kernel.
-extension VanishFilesystem {
-    @inline(__always)
-    func trashFolderUID(_ parent: fuse_ino_t, _ name: UnsafePointer<CChar>) -> UInt32? {
-        reserved.trashFolderUID(parent, name)
-    }
+/// The handlers of requests on the desktop trash folders (see
+/// `TrashFolders`). The daemon answers for what it makes up, so it checks
+/// the caller itself: a folder is its user's (and root's) alone, as its
+/// mode 0700 says. What leaves or enters the trash moves as for `vanish
+/// restore` and unlink: as the caller, checked by the kernel.
+struct TrashRequests: Sendable {
+    /// The folders (nil without an undo window: no request reaches here then).
+    let trashFolders: TrashFolders?
+    let namespace: BackingNamespace
+    let replies: EntryReplies
+    let reserved: ReservedNames
+    /// For what the trash takes in or lets go as an unlink or a rename would.
+    let entries: EntryHandlers
+    let changes: any ChangeObserver
+    let deleter: Deleter
+    /// Restores and emptying, as the control requests do them.
+    let control: MountControl
 
-    private func trashNode(_ id: fuse_ino_t) throws(Errno) -> (TrashFolders, TrashFolders.Node) {
+    private var table: InodeTable { namespace.table }
+
+    @inline(__always)
+    private func inode(_ id: fuse_ino_t) -> Inode { table.inode(id) }
+
+    private func folderNode(_ id: fuse_ino_t) throws(Errno) -> (TrashFolders, TrashFolders.Node) {
         guard let folders = trashFolders, let node = folders.node(id) else { throw .staleNFSFileHandle }
         return (folders, node)
     }
@@ -35,7 +47,7 @@ extension VanishFilesystem {
     /// The caller may look inside `uid`'s folder: theirs, or root.
     private func checkOwner(_ req: Request, _ uid: UInt32) throws(Errno) {
         let caller = req.caller.uid
-        guard caller == uid || caller == 0 || !actsForOthers && caller == geteuid() else { throw .permissionDenied }
+        guard caller == uid || caller == 0 || !SourceRoot.actsForOthers && caller == geteuid() else { throw .permissionDenied }
     }
 
     private func replyEntry(_ req: Request, _ folders: TrashFolders, _ uid: UInt32, _ kind: TrashFolders.Kind) {
@@ -59,7 +71,7 @@ extension VanishFilesystem {
         Array(UnsafeRawBufferPointer(start: name, count: strlen(name)))
     }
 
-    func trashLookupFolder(_ req: Request, _ uid: UInt32) throws(Errno) {
+    func lookupFolder(_ req: Request, _ uid: UInt32) throws(Errno) {
         guard let folders = trashFolders, folders.exists(uid) else { throw .noSuchFileOrDirectory }
         replyEntry(req, folders, uid, .folder)
     }
@@ -70,15 +82,15 @@ extension VanishFilesystem {
         trashFolders?.announcer?.isAnnouncing(req.caller.pid, parent, name) == true
     }
 
-    func trashLookup(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+    func lookup(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         // Absent to the announcer, which then makes the kernel create it.
         if isAnnouncing(req, parent, name) { throw .noSuchFileOrDirectory }
-        try trashAnswer(req, parent: parent, name: name)
+        try answer(req, parent: parent, name: name)
     }
 
     /// The entry `name` in `parent`, as a lookup finds it (or the `TrashAnnouncer`'s create).
-    func trashAnswer(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
-        let (folders, dir) = try trashNode(parent)
+    func answer(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+        let (folders, dir) = try folderNode(parent)
         try checkOwner(req, dir.uid)
         let n = Self.bytes(name)
         switch dir.kind {
@@ -91,7 +103,7 @@ extension VanishFilesystem {
             let anchor = folders.anchor(e.shard)
             let (st, birth) = try namespace.withFD(anchor) { sfd throws(Errno) in try Sys.lstatatWithBirth(sfd, e.id) }
             let node = table.remember(st, birth: birth, parent: anchor, name: e.id)
-            var reply = entry(node, st)
+            var reply = replies.entry(node, st)
             // Names here change as entries come and go: the kernel asks each time.
             reply.entry_timeout = 0
             req.reply(entry: &reply)
@@ -104,14 +116,14 @@ extension VanishFilesystem {
         throw .noSuchFileOrDirectory
     }
 
-    func trashGetattr(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
-        let (folders, node) = try trashNode(ino)
+    func getattr(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
+        let (folders, node) = try folderNode(ino)
         var st = folders.attributes(ino, node)
         req.reply(attr: &st, timeout: 0)
     }
 
-    func trashSetattr(_ req: Request, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>, toSet: Int32) throws(Errno) {
-        let (folders, node) = try trashNode(ino)
+    func setattr(_ req: Request, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>, toSet: Int32) throws(Errno) {
+        let (folders, node) = try folderNode(ino)
         try checkOwner(req, node.uid)
         let mode = Int32(FUSE_SET_ATTR_MODE), size = Int32(FUSE_SET_ATTR_SIZE)
         if case .infoFile(let name) = node.kind, toSet & ~(size | mode) == 0, toSet & size != 0 {
@@ -124,14 +136,14 @@ extension VanishFilesystem {
         req.reply(attr: &st, timeout: 0)
     }
 
-    func trashAccess(_ req: Request, _ ino: fuse_ino_t, mask: Int32) throws(Errno) {
-        let (_, node) = try trashNode(ino)
+    func access(_ req: Request, _ ino: fuse_ino_t, mask: Int32) throws(Errno) {
+        let (_, node) = try folderNode(ino)
         if mask != F_OK { try checkOwner(req, node.uid) }
         req.replyOK()
     }
 
-    func trashOpendir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        let (folders, node) = try trashNode(ino)
+    func opendir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        let (folders, node) = try folderNode(ino)
         try checkOwner(req, node.uid)
         var names: [(name: [UInt8], type: UInt8)] = [([0x2E], Self.dir), ([0x2E, 0x2E], Self.dir)]
         switch node.kind {
@@ -161,7 +173,7 @@ extension VanishFilesystem {
         req.reply(open: fi)
     }
 
-    func trashReaddir(_ req: Request, size: Int, offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>,
+    func readdir(_ req: Request, size: Int, offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>,
                       plus: Bool) throws(Errno) {
         let listing = TrashListing.from(fi)
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 8)
@@ -193,45 +205,45 @@ extension VanishFilesystem {
         req.reply(bytes: UnsafeRawBufferPointer(start: buffer.baseAddress, count: used))
     }
 
-    func trashReleasedir(_ req: Request, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+    func releasedir(_ req: Request, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         Unmanaged<TrashListing>.fromOpaque(UnsafeRawPointer(bitPattern: UInt(fi.pointee.fh))!).release()
         req.replyOK()
     }
 
     /// mkdir of `.Trash-$uid` (the root's) or of its `files` and `info`, which always exist.
-    func trashMkdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+    func mkdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         guard let folders = trashFolders else { throw .notPermitted }
-        if let uid = trashFolderUID(parent, name) {
+        if let uid = reserved.trashFolderUID(parent, name) {
             try checkOwner(req, uid)
             guard folders.make(uid, gid: req.caller.gid) else { throw .fileExists }
             return replyEntry(req, folders, uid, .folder)
         }
-        let (_, dir) = try trashNode(parent)
+        let (_, dir) = try folderNode(parent)
         try checkOwner(req, dir.uid)
         guard dir.kind == .folder, let part = Self.part(Self.bytes(name)) else { throw .notPermitted }
         guard folders.make(dir.uid, part, gid: req.caller.gid) else { throw .fileExists }
         replyEntry(req, folders, dir.uid, part)
     }
 
-    func trashRmdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+    func rmdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         guard let folders = trashFolders else { throw .notPermitted }
-        if let uid = trashFolderUID(parent, name) {
+        if let uid = reserved.trashFolderUID(parent, name) {
             try checkOwner(req, uid)
             try folders.remove(uid)
             return req.replyOK()
         }
-        let (_, dir) = try trashNode(parent)
+        let (_, dir) = try folderNode(parent)
         try checkOwner(req, dir.uid)
         guard dir.kind == .files else { throw dir.kind == .folder ? .notPermitted : .notDirectory }
-        try trashEmpty(req, dir.uid, Self.bytes(name), directory: true)
+        try empty(req, dir.uid, Self.bytes(name), directory: true)
     }
 
-    func trashUnlink(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
-        let (folders, dir) = try trashNode(parent)
+    func unlink(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
+        let (folders, dir) = try folderNode(parent)
         try checkOwner(req, dir.uid)
         let n = Self.bytes(name)
         switch dir.kind {
-        case .files: try trashEmpty(req, dir.uid, n, directory: false)
+        case .files: try empty(req, dir.uid, n, directory: false)
         case .info:
             if folders.removeLoose(dir.uid, n) { return req.replyOK() }
             // Removing an entry's info file gives the entry up with it.
@@ -250,7 +262,7 @@ extension VanishFilesystem {
     /// Deleting `files/name`: the entry leaves the window and the reaper
     /// frees it at once. Its info file stays (loose) for the client to remove.
     /// `directory`: whether rmdir (true) or unlink (false) asked; nil for a move into `expunged`.
-    private func trashEmpty(_ req: Request, _ uid: UInt32, _ name: [UInt8], directory: Bool?) throws(Errno) {
+    private func empty(_ req: Request, _ uid: UInt32, _ name: [UInt8], directory: Bool?) throws(Errno) {
         guard let folders = trashFolders, let e = folders.entry(uid, named: name) else { throw .noSuchFileOrDirectory }
         if let directory, directory != (e.record.kind == .directory) { throw directory ? .notDirectory : .isDirectory }
         guard control.letGo([e]).count == 1 else { throw .noSuchFileOrDirectory }
@@ -260,7 +272,7 @@ extension VanishFilesystem {
 
     /// rename into, out of, or inside the trash folders: `files/NAME` out
     /// restores it; a file into `files/` deletes it into the window.
-    func trashRename(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, newParent: fuse_ino_t,
+    func rename(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>, newParent: fuse_ino_t,
                      newName: UnsafePointer<CChar>, flags: UInt32) throws(Errno) {
         guard let folders = trashFolders else { throw .notPermitted }
         if flags & ~VANISH_RENAME_NOREPLACE != 0 { throw .invalidArgument }
@@ -268,16 +280,16 @@ extension VanishFilesystem {
         let to = TrashFolders.owns(newParent) ? folders.node(newParent) : nil
         if let from, let to, from.kind == .files, to.kind == .expunged, from.uid == to.uid {
             try checkOwner(req, from.uid)
-            return try trashEmpty(req, from.uid, Self.bytes(name), directory: nil)
+            return try empty(req, from.uid, Self.bytes(name), directory: nil)
         }
         if let from, to == nil, from.kind == .files {
             try checkOwner(req, from.uid)
-            return try trashRestore(req, folders, from.uid, Self.bytes(name), to: inode(newParent), newName,
+            return try restore(req, folders, from.uid, Self.bytes(name), to: inode(newParent), newName,
                                     replacing: flags & VANISH_RENAME_NOREPLACE == 0)
         }
         if let to, from == nil, !TrashFolders.owns(parent), to.kind == .files {
             try checkOwner(req, to.uid)
-            return try trashPut(req, folders, inode(parent), name, into: to.uid, as: Self.bytes(newName))
+            return try put(req, folders, inode(parent), name, into: to.uid, as: Self.bytes(newName))
         }
         throw .notPermitted
     }
@@ -285,7 +297,7 @@ extension VanishFilesystem {
     /// `replacing`: a plain rename, which replaces what the new name holds
     /// (that goes to the graveyard as the caller's deletion, as a rename
     /// over it through the mount does); with RENAME_NOREPLACE, EEXIST.
-    private func trashRestore(_ req: Request, _ folders: TrashFolders, _ uid: UInt32, _ name: [UInt8],
+    private func restore(_ req: Request, _ folders: TrashFolders, _ uid: UInt32, _ name: [UInt8],
                               to np: Inode, _ newName: UnsafePointer<CChar>, replacing: Bool) throws(Errno) {
         guard let e = folders.entry(uid, named: name) else { throw .noSuchFileOrDirectory }
         try entries.checkChangeable(np, newName)
@@ -341,7 +353,7 @@ extension VanishFilesystem {
     /// `name` in `p` into the trash as `files/newName`: deleted as by unlink
     /// (a directory as by `vanish rm -r`, whole), and kept whatever the
     /// window's exclusions, since its user asked for the trash.
-    private func trashPut(_ req: Request, _ folders: TrashFolders, _ p: Inode, _ name: UnsafePointer<CChar>,
+    private func put(_ req: Request, _ folders: TrashFolders, _ p: Inode, _ name: UnsafePointer<CChar>,
                           into uid: UInt32, as newName: [UInt8]) throws(Errno) {
         let caller = req.caller
         try entries.removingEntry(req, p, name) { pfd, st throws(Errno) in
@@ -362,21 +374,21 @@ extension VanishFilesystem {
     }
 
     /// create of an info file (`info/NAME.trashinfo`), as clients write one before moving its file in.
-    func trashCreate(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>,
+    func create(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>,
                      _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        let (folders, dir) = try trashNode(parent)
+        let (folders, dir) = try folderNode(parent)
         try checkOwner(req, dir.uid)
         let n = Self.bytes(name)
         guard dir.kind == .info, n.count > TrashFolders.suffix.count,
               n.suffix(TrashFolders.suffix.count).elementsEqual(TrashFolders.suffix) else { throw .notPermitted }
         guard try folders.makeLoose(dir.uid, n) else {
             if fi.pointee.flags & O_EXCL != 0 || !folders.isLoose(dir.uid, n) { throw .fileExists }
-            return try trashOpenCreated(req, folders, dir.uid, n, fi)
+            return try openCreated(req, folders, dir.uid, n, fi)
         }
-        try trashOpenCreated(req, folders, dir.uid, n, fi)
+        try openCreated(req, folders, dir.uid, n, fi)
     }
 
-    private func trashOpenCreated(_ req: Request, _ folders: TrashFolders, _ uid: UInt32, _ name: [UInt8],
+    private func openCreated(_ req: Request, _ folders: TrashFolders, _ uid: UInt32, _ name: [UInt8],
                                   _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if fi.pointee.flags & O_TRUNC != 0 { try folders.truncateLoose(uid, name, to: 0) }
         let id = folders.node(uid, .infoFile(name))
@@ -389,8 +401,8 @@ extension VanishFilesystem {
         req.reply(created: &e, fi)
     }
 
-    func trashOpen(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        let (folders, node) = try trashNode(ino)
+    func open(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
+        let (folders, node) = try folderNode(ino)
         try checkOwner(req, node.uid)
         guard case .infoFile(let name) = node.kind else { throw .isDirectory }
         if fi.pointee.flags & O_ACCMODE != O_RDONLY || fi.pointee.flags & O_TRUNC != 0 {
@@ -402,16 +414,16 @@ extension VanishFilesystem {
         req.reply(open: fi)
     }
 
-    func trashRead(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t) throws(Errno) {
-        let (folders, node) = try trashNode(ino)
+    func read(_ req: Request, _ ino: fuse_ino_t, size: Int, offset: off_t) throws(Errno) {
+        let (folders, node) = try folderNode(ino)
         guard case .infoFile(let name) = node.kind else { throw .isDirectory }
         guard let bytes = folders.infoContents(node.uid, name) else { throw .staleNFSFileHandle }
         let start = min(Int(max(offset, 0)), bytes.count), end = min(start + size, bytes.count)
         bytes[start..<end].withUnsafeBytes { req.reply(bytes: $0) }
     }
 
-    func trashWrite(_ req: Request, _ ino: fuse_ino_t, _ buf: UnsafeMutablePointer<fuse_bufvec>, offset: off_t) throws(Errno) {
-        let (folders, node) = try trashNode(ino)
+    func write(_ req: Request, _ ino: fuse_ino_t, _ buf: UnsafeMutablePointer<fuse_bufvec>, offset: off_t) throws(Errno) {
+        let (folders, node) = try folderNode(ino)
         guard case .infoFile(let name) = node.kind else { throw .isDirectory }
         let size = fuse_buf_size(buf)
         guard size <= TrashFolders.looseLimit else { throw .fileTooLarge }
