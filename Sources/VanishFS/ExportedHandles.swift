@@ -27,11 +27,17 @@ extension VanishFilesystem {
             return codec
         }
     }
+}
 
-    @inline(__always)
-    func generationForID(_ dirFD: Int32, _ name: UnsafePointer<CChar>?, _ st: stat, birth: UInt64) -> UInt32? {
-        replies.generationForID(dirFD, name, st, birth: birth)
-    }
+/// LOOKUPs of "." and "..", which the kernel sends only with export
+/// support, answered from the file handles node ids carry (see `NodeID`).
+struct ExportedHandles: Sendable {
+    let namespace: BackingNamespace
+    let replies: EntryReplies
+    /// What such a handle may not reach.
+    let limits: HandleLimits
+
+    private var table: InodeTable { namespace.table }
 
     private static func generation(_ codec: HandleCodec, _ dirFD: Int32, _ name: UnsafePointer<CChar>?,
                                    ino: UInt64) -> UInt32? {
@@ -42,10 +48,10 @@ extension VanishFilesystem {
     /// with export support, for a handle of a file it no longer holds
     /// (node id `id`) or for the parent of the directory `id` (reconnecting
     /// a directory found by handle to the tree).
-    func lookupByHandle(_ req: Request, _ id: fuse_ino_t, dotDot: Bool) throws(Errno) {
+    func lookup(_ req: Request, _ id: fuse_ino_t, dotDot: Bool) throws(Errno) {
         guard table.codec != nil else { throw .noSuchFileOrDirectory }
-        let (node, st) = try dotDot ? parent(of: inode(id)) : found(UInt64(id))
-        var e = entry(node, st)
+        let (node, st) = try dotDot ? parent(of: table.inode(id)) : found(UInt64(id))
+        var e = replies.entry(node, st)
         req.reply(entry: &e)
     }
 
@@ -102,7 +108,7 @@ extension VanishFilesystem {
     /// open, it stays reachable by a handle made before, until it is freed.
     private func reachable(_ fd: Int32, _ st: stat) -> Bool {
         guard st.st_mode & S_IFMT == S_IFDIR else {
-            return st.st_nlink > 0 && !(handles.buried?.contains(UInt64(st.st_ino)) ?? false)
+            return st.st_nlink > 0 && !(limits.buried?.contains(UInt64(st.st_ino)) ?? false)
         }
         var at = fd
         var owned: Int32 = -1
@@ -112,7 +118,7 @@ extension VanishFilesystem {
         for _ in 0..<2048 {
             let key = InodeKey(dev: here.st_dev, ino: here.st_ino)
             if key == table.root.key { return true }
-            if key == handles.stateDirectory { return false }
+            if key == limits.stateDirectory { return false }
             guard let up = try? Sys.openat(at, "..", VANISH_O_PATH | O_DIRECTORY) else { return false }
             if owned >= 0 { Sys.close(owned) }
             owned = up

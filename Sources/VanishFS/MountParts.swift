@@ -18,7 +18,6 @@ package struct MountParts {
     let deleter: Deleter
     let oneStep: OneStepBurials
     let caches: Caches
-    let handles: HandleLimits
     let changes: any ChangeObserver
     let control: MountControl
     /// What the kernel agreed to at INIT, filled in then.
@@ -118,19 +117,21 @@ package struct MountParts {
                                     files: files, statahead: statahead, kernel: kernel,
                                     negativeTimeout: options.negativeTimeout,
                                     lookupsTellWalks: options.readdirPlus == .walk, log: logger)
+        let trash = TrashRequests(trashFolders: control.trashFolders, namespace: namespace, replies: replies,
+                                  reserved: reserved, entries: entries, changes: changes, deleter: deleter,
+                                  control: control)
+        let exported = ExportedHandles(namespace: namespace, replies: replies, limits: handles)
+        let deleteTrigger = DeleteTrigger(namespace: namespace, changes: changes, deleter: deleter, oneStep: oneStep,
+                                          invalidations: invalidations, source: source,
+                                          mountpoint: options.mountpoint, log: logger)
+        let handlers = RequestHandlers(replies: replies, reserved: reserved, files: files, directories: directories,
+                                       attributes: attributes, xattrs: xattrs, entries: entries, trash: trash,
+                                       exported: exported, deleteTrigger: deleteTrigger)
         return MountParts(source: source, options: options, log: logger, namespace: namespace, deleter: deleter,
                           oneStep: oneStep,
                           caches: Caches(watch: watch, invalidations: invalidations, absentXattrs: absentXattrs,
                                          statahead: statahead),
-                          handles: handles, changes: changes, control: control, kernel: kernel,
-                          handlers: RequestHandlers(replies: replies, reserved: reserved, files: files,
-                                                    directories: directories, attributes: attributes,
-                                                    xattrs: xattrs, entries: entries,
-                                                    trash: TrashRequests(trashFolders: control.trashFolders,
-                                                                         namespace: namespace, replies: replies,
-                                                                         reserved: reserved, entries: entries,
-                                                                         changes: changes, deleter: deleter,
-                                                                         control: control)))
+                          changes: changes, control: control, kernel: kernel, handlers: handlers)
     }
 
     /// `.vanish/events`, made if needed: where the journal lives.

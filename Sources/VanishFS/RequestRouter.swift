@@ -15,6 +15,8 @@ struct RequestHandlers: Sendable {
     let xattrs: XattrHandlers
     let entries: EntryHandlers
     let trash: TrashRequests
+    let exported: ExportedHandles
+    let deleteTrigger: DeleteTrigger
 }
 
 /// The filesystem the session serves: each operation goes to its handler
@@ -44,7 +46,7 @@ public final class RequestRouter: LowLevelFilesystem {
         if let uid = h.reserved.trashFolderUID(parent, name) { return try h.trash.lookupFolder(req, uid) }
         // "." and "..": only for file handles (path walks resolve them in the kernel).
         if name[0] == 0x2E && (name[1] == 0 || (name[1] == 0x2E && name[2] == 0)) {
-            return try fs.lookupByHandle(req, parent, dotDot: name[1] != 0)
+            return try h.exported.lookup(req, parent, dotDot: name[1] != 0)
         }
         try h.entries.lookup(req, parent: parent, name: name)
     }
@@ -150,7 +152,7 @@ public final class RequestRouter: LowLevelFilesystem {
                          size: Int, flags: Int32) throws(Errno) {
         if ours(ino) { throw .notSupported }
         if ControlNames.isDeleteTrigger(name) {
-            try fs.deleteByTrigger(req, ino)
+            try h.deleteTrigger.delete(req, ino)
             return req.replyOK()
         }
         try h.xattrs.setxattr(req, ino, name: name, value: value, size: size, flags: flags)

@@ -9,12 +9,12 @@ import SystemPackage
 import VanishEvents
 import VanishGraveyard
 
-/// Vanish's filesystem: every operation on the mount is done on the backing
-/// directory, through fds relative to it, with its errno passed back unchanged.
-///
-/// Stored properties, each a part the handlers share; what only one group of
-/// handlers uses belongs to that group's part (`caches`, `control`), or is
-/// that group's handler type (`files`), to which the operations forward.
+/// One Vanish mount: its parts, as `MountParts` built them, and what it
+/// does besides answering requests: starting and ending the session (INIT,
+/// the reapers, the watch), and its status. Requests go through
+/// `RequestRouter` to the handler types (`handlers`), which do every
+/// operation on the backing directory, through fds relative to it, with
+/// its errno passed back unchanged.
 public final class VanishFilesystem: Sendable {
     /// The inodes, their fds and the pending burials: every handler reaches
     /// the backing directory through it (see `BackingNamespace`).
@@ -31,8 +31,6 @@ public final class VanishFilesystem: Sendable {
     let oneStep: OneStepBurials
     /// The source's names and attributes kept between requests, and what keeps them fresh.
     let caches: Caches
-    /// What a handle of a file the kernel no longer holds may reach (see ExportedHandles).
-    let handles: HandleLimits
     /// Where each change made through the mount is told: the event journal's
     /// recorder, or `NoEvents`.
     let changes: any ChangeObserver
@@ -42,22 +40,15 @@ public final class VanishFilesystem: Sendable {
     /// The handler types the router sends each operation to.
     let handlers: RequestHandlers
 
-    var replies: EntryReplies { handlers.replies }
-    var reserved: ReservedNames { handlers.reserved }
-    var entries: EntryHandlers { handlers.entries }
     /// Descriptor shares and passthrough ids of open files.
     var openFiles: OpenFiles { handlers.files.openFiles }
     /// The inodes the kernel knows (the namespace's table).
     var table: InodeTable { namespace.table }
-    /// The undo window as desktop trash folders (nil without one).
-    var trashFolders: TrashFolders? { control.trashFolders }
 
     /// The event journal (nil with events off, or without a state directory).
     public var journal: Journal? { control.journal }
     /// Whether requests are served in microseconds (see `SourceRoot.isLocalDisk`).
     public var sourceIsLocalDisk: Bool { source.isLocalDisk }
-    /// Whether the daemon acts for other users (see `SourceRoot.actsForOthers`).
-    var actsForOthers: Bool { SourceRoot.actsForOthers }
 
     /// The filesystem over `parts` (see `MountParts.assemble`, which opens and builds them).
     package init(_ parts: MountParts) {
@@ -68,7 +59,6 @@ public final class VanishFilesystem: Sendable {
         deleter = parts.deleter
         oneStep = parts.oneStep
         caches = parts.caches
-        handles = parts.handles
         changes = parts.changes
         control = parts.control
         handlers = parts.handlers
@@ -212,17 +202,6 @@ public final class VanishFilesystem: Sendable {
     public func destroy() {
         log.info("session ending", metadata: ["inodes": "\(table.count)"])
     }
-
-    // MARK: Shared helpers
-
-    @inline(__always)
-    func inode(_ id: fuse_ino_t) -> Inode { table.inode(id) }
-
-    @inline(__always)
-    func entry(_ node: Inode, _ st: stat) -> fuse_entry_param { replies.entry(node, st) }
-
-    @inline(__always)
-    func cacheTimeout(_ node: Inode) -> Double { replies.cacheTimeout(node) }
 }
 
 /// The status attribute (`user.vanish.status` on the mount's root): what

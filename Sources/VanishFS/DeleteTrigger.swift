@@ -1,0 +1,143 @@
+import CFuse
+import FUSEKit
+import Glibc
+import LinuxSyscalls
+import Logging
+import SystemPackage
+import VanishGraveyard
+
+/// The delete trigger: `setxattr(PATH, "user.vanish.delete", …)` removes
+/// PATH, a file or a whole tree, with one rename into the graveyard (what
+/// `vanish rm` does), from any program, no socket needed.
+struct DeleteTrigger: Sendable {
+    let namespace: BackingNamespace
+    let changes: any ChangeObserver
+    let deleter: Deleter
+    /// Trees gone in one step, waiting for their check.
+    let oneStep: OneStepBurials
+    /// Where the kernel is told to drop the removed name.
+    let invalidations: EntryInvalidations
+    /// What is mounted inside the source (a tree holding a mount is refused).
+    let source: SourceRoot
+    /// The mount's own path, where programs may mount on top of its paths too.
+    let mountpoint: String?
+    let log: Logger
+
+    private var table: InodeTable { namespace.table }
+
+    /// Removes the entry `ino` was last looked up as, a file or a whole
+    /// tree, in one step: one rename into the caller's room made with the
+    /// caller's credentials, so the kernel decides as it would for `mv` into
+    /// another directory, and the request walks nothing (`OneStepBurials`
+    /// then checks, in the background, that `rm -r` by the caller would
+    /// have emptied it, or puts it back). A file with other hard links is
+    /// refused (EMLINK): the request names the inode, not which of its names
+    /// the caller meant; a tree with a filesystem mounted inside, EBUSY.
+    func delete(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
+        let node = table.inode(ino)
+        guard node !== table.root else { throw .resourceBusy }
+        guard let (parent, name) = table.location(of: node) else { throw .noSuchFileOrDirectory }
+        let caller = req.caller
+        changes.awaitEarlierChanges(req)
+        let permissions = try RemovalCheck(req, caller)
+        try name.withUnsafeBufferPointer { n throws(Errno) in
+            try namespace.removing(parent, n.baseAddress!) { pfd throws(Errno) in
+                let entry = try Sys.lstatat(pfd, n.baseAddress!)
+                guard entry.st_dev == node.key.dev, entry.st_ino == node.key.ino else { throw .noSuchFileOrDirectory }
+                let isDirectory = entry.st_mode & S_IFMT == S_IFDIR
+                if !isDirectory && entry.st_nlink > 1 { throw .tooManyLinks }
+                // As rm -r would stop at it: the caller unmounts it first.
+                if isDirectory, hasMounts(below: pfd, n.baseAddress!, in: parent) { throw .resourceBusy }
+                let id = changes.removing(pfd, n.baseAddress!, entry)
+                var grave: String?
+                // What the tree holds when the reaper comes is freed with the caller's rights.
+                let deletedBy = try deleter.graveyard?.identify(permissions.credentials)
+                if let graveyard = deleter.graveyard, let rooms = deleter.rooms, entry.st_dev == graveyard.device {
+                    let room = try rooms.room(for: caller.uid, gid: caller.gid)
+                    let reservation = graveyard.reserve(by: deletedBy)
+                    do throws(Errno) {
+                        try graveyard.withName(reservation) { g throws(Errno) in
+                            try permissions.acting { () throws(Errno) in try Sys.renameNoReplace(pfd, n.baseAddress!, room, g) }
+                        }
+                        grave = try graveyard.withName(reservation) { String(cString: $0) }
+                        oneStep.add(.init(room: room, reservation: reservation, permissions: permissions, caller: caller,
+                                          st: entry, parent: parent, name: name,
+                                          record: deleter.trashRecord(entry, parent: parent, name: n.baseAddress!,
+                                                                      caller: caller)))
+                    } catch .improperLink {
+                        // The source's filesystem refuses this move (overlayfs, for a
+                        // directory of a lower layer): checked and removed in place below.
+                    }
+                }
+                if grave == nil {
+                    // On a filesystem mounted inside the source, without a graveyard,
+                    // or where the move was refused with EXDEV: checked here, then
+                    // buried, or deleted with the caller's rights.
+                    let extent = try permissions.check(pfd, n.baseAddress!, recursive: isDirectory)
+                    grave = try deleter.buryTree(pfd, n.baseAddress!, st: entry, from: parent, caller: caller,
+                                                 counted: extent, by: deletedBy, as: permissions.credentials)
+                }
+                if isDirectory { table.markBuried(node) }
+                changes.deleted(req, parent: parent, name: n.baseAddress!, mode: entry.st_mode, id: id, tree: true,
+                                entry: grave)
+            }
+        }
+        // The path must be gone for everyone once the caller has our answer
+        // (a program may make it again next), so the kernel drops it first.
+        // That needs the parent's lock, which a later create in it may hold
+        // while it waits for this request's event: it need not any more.
+        req.doneRecordingChanges()
+        // Up to 5 s: under load the parent's lock can be held a second and
+        // more by requests queued in it, and answering before the entry is
+        // gone would let the caller still find the tree (the model check did).
+        if !invalidations.expire(parent: table.nodeID(parent), name: name, deleted: table.nodeID(node), timeout: .seconds(5)) {
+            log.warning("answering a delete trigger before the kernel dropped the entry (its parent stayed locked 5 s)")
+        }
+    }
+
+    /// Whether a filesystem is mounted anywhere below the directory `name`
+    /// in `parentFD` (the inode `parent`): on the source, or on top of the
+    /// mount's own paths, which a program can mount on as well. A rename
+    /// takes mounts on the source along, so a tree buried whole would carry
+    /// one into the graveyard, where the reaper must not cross into it; one
+    /// on the mount's path would be detached when the kernel forgets the
+    /// name. `rm -r` stops at either (EBUSY).
+    private func hasMounts(below parentFD: Int32, _ name: UnsafePointer<CChar>, in parent: Inode) -> Bool {
+        if let mountpoint {
+            var prefix = Self.mountinfoEscaped(Array(mountpoint.utf8))
+            if prefix.last != 0x2F { prefix.append(0x2F) }
+            prefix += Self.mountinfoEscaped(table.path(of: parent, appending: name))
+            prefix.append(0x2F)
+            if source.mounts.any(startingWith: prefix) { return true }
+        }
+        // A private copy of the source's mount holds no other mount, and its
+        // fds' paths are not the namespace's.
+        if source.isPrivateMount { return false }
+        // The directory's path as mountinfo prints it, with a slash after.
+        var link = [UInt8](repeating: 0, count: Int(PATH_MAX) + 1)
+        let n = (try? Sys.withProcPath(parentFD) { path throws(Errno) in
+            let r = link.withUnsafeMutableBytes { Glibc.readlink(path, $0.baseAddress!, $0.count - 1) }
+            if r < 0 { throw Errno(rawValue: errno) }
+            return r
+        }) ?? -1
+        guard n > 0 else { return false }
+        var prefix = Self.mountinfoEscaped(link[..<n])
+        if prefix.last != 0x2F { prefix.append(0x2F) }
+        prefix += Self.mountinfoEscaped(UnsafeRawBufferPointer(start: name, count: strlen(name)))
+        prefix.append(0x2F)
+        return source.mounts.any(startingWith: prefix)
+    }
+
+    /// `bytes` as /proc/self/mountinfo prints a path: space, tab, newline
+    /// and backslash as octal escapes.
+    private static func mountinfoEscaped(_ bytes: some Sequence<UInt8>) -> [UInt8] {
+        var out: [UInt8] = []
+        for b in bytes {
+            switch b {
+            case 0x20, 0x09, 0x0A, 0x5C: out += [0x5C, 0x30 + (b >> 6), 0x30 + ((b >> 3) & 7), 0x30 + (b & 7)]
+            default: out.append(b)
+            }
+        }
+        return out
+    }
+}
