@@ -76,9 +76,8 @@ struct RemovalCheck: Sendable {
         var extent = Extent()
         extent.add(entry)
         guard recursive, entry.st_mode & S_IFMT == S_IFDIR else { return extent }
-        let fd = try Sys.openat(parentFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-        defer { Sys.close(fd) }
-        try checkDirectory(fd, entry, depth: 1, into: &extent)
+        let fd = try Sys.opened(parentFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        try checkDirectory(fd.raw, entry, depth: 1, into: &extent)
         return extent
     }
 
@@ -156,10 +155,9 @@ struct RemovalCheck: Sendable {
                 sifted.extent.add(entry)
                 return sifted
             }
-            let fd = try Sys.openat(parentFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-            defer { Sys.close(fd) }
+            let fd = try Sys.opened(parentFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
             var extent = Extent()
-            sifted.whole = siftDirectory(fd, entry, goes: true, path: [], depth: 1, into: &sifted, extent: &extent)
+            sifted.whole = siftDirectory(fd.raw, entry, goes: true, path: [], depth: 1, into: &sifted, extent: &extent)
             if sifted.whole { sifted.extent = extent; sifted.extent.add(entry) }
             return sifted
         }

@@ -50,10 +50,9 @@ public struct ClientID: Sendable, Hashable, CustomStringConvertible {
     /// /etc/machine-id (systemd, or dbus's copy); the host name where neither exists.
     private static func machineID() -> [UInt8] {
         for path in ["/etc/machine-id", "/var/lib/dbus/machine-id"] {
-            guard let fd = try? Sys.open(path, O_RDONLY) else { continue }
-            defer { Sys.close(fd) }
+            guard let fd = try? Sys.opened(path, O_RDONLY) else { continue }
             var buffer = [UInt8](repeating: 0, count: 64)
-            let n = read(fd, &buffer, buffer.count)
+            let n = read(fd.raw, &buffer, buffer.count)
             if n > 0 { return Array(buffer[..<n]) }
         }
         return []

@@ -160,10 +160,9 @@ public final class ClientLeases: @unchecked Sendable {
             return []
         }
         defer { Sys.close(dir) }
-        guard let fd = try? Sys.openat(dir, ClientLeases.fileName, O_RDONLY | O_NOFOLLOW) else { return [] }
-        defer { Sys.close(fd) }
+        guard let fd = try? Sys.opened(dir, ClientLeases.fileName, O_RDONLY | O_NOFOLLOW) else { return [] }
         var buffer = [UInt8](repeating: 0, count: 512)
-        let n = read(fd, &buffer, buffer.count)
+        let n = read(fd.raw, &buffer, buffer.count)
         return n > 0 ? Array(buffer[..<n]) : []
     }
 }

@@ -136,10 +136,9 @@ final class DeleterRecords: Sendable {
     }
 
     private func read(_ name: String) -> String? {
-        guard let fd = try? Sys.openat(dirFD, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) else { return nil }
-        defer { Sys.close(fd) }
+        guard let fd = try? Sys.opened(dirFD, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) else { return nil }
         var buffer = [UInt8](repeating: 0, count: 65536)
-        let n = Glibc.read(fd, &buffer, buffer.count)
+        let n = Glibc.read(fd.raw, &buffer, buffer.count)
         guard n > 0 else { return nil }
         return String(decoding: buffer[..<n], as: UTF8.self)
     }

@@ -190,9 +190,8 @@ public final class Graveyard: @unchecked Sendable {
     private static func makeStateDirectory(in rootFD: Int32) throws(GraveyardError) {
         do throws(Errno) {
             try Sys.mkdirat(rootFD, stateDirectoryName, 0o700)
-            let fd = try Sys.openat(rootFD, stateDirectoryName, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
-            defer { Sys.close(fd) }
-            let marker = try Sys.openat(fd, markerName, O_WRONLY | O_CREAT | O_EXCL, 0o600)
+            let fd = try Sys.opened(rootFD, stateDirectoryName, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+            let marker = try Sys.openat(fd.raw, markerName, O_WRONLY | O_CREAT | O_EXCL, 0o600)
             let text = "This directory holds Vanish's graveyard: deleted entries waiting to be freed.\n"
             _ = text.withCString { write(marker, $0, strlen($0)) }
             Sys.close(marker)

@@ -106,9 +106,8 @@ public enum StateLocation {
     /// A line saying which source the directory belongs to, for people
     /// looking in the base.
     private static func writeNote(_ fd: Int32, _ sourcePath: String) {
-        guard let note = try? Sys.openat(fd, "SOURCE", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0o600) else { return }
-        defer { Sys.close(note) }
+        guard let note = try? Sys.opened(fd, "SOURCE", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0o600) else { return }
         let text = Array((sourcePath + "\n").utf8)
-        _ = text.withUnsafeBytes { write(note, $0.baseAddress, $0.count) }
+        _ = text.withUnsafeBytes { write(note.raw, $0.baseAddress, $0.count) }
     }
 }

@@ -477,9 +477,8 @@ extension Graveyard {
     func readSidecar(_ shardFD: Int32, _ id: String) -> TrashRecord? { Self.readSidecar(shardFD, id) }
 
     static func readSidecar(_ shardFD: Int32, _ id: String) -> TrashRecord? {
-        guard let fd = try? Sys.openat(shardFD, "." + id, O_RDONLY | O_NOFOLLOW) else { return nil }
-        defer { Sys.close(fd) }
-        return TrashRecord(decoding: Sys.readAll(fd))
+        guard let fd = try? Sys.opened(shardFD, "." + id, O_RDONLY | O_NOFOLLOW) else { return nil }
+        return TrashRecord(decoding: Sys.readAll(fd.raw))
     }
 
     /// Writes the sidecar for `id` before the entry moves in, so every kept
@@ -700,13 +699,12 @@ extension Graveyard {
         let staged = "back-" + String(cString: name)
         do throws(Errno) {
             let room = try rooms.room(for: who.uid, gid: who.gid)
-            let parent = try Sys.openat(origin.shardFD, origin.parent, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
-            defer { Sys.close(parent) }
+            let parent = try Sys.opened(origin.shardFD, origin.parent, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
             let entry = try Sys.lstatat(shardFD, name)
             try Sys.renameNoReplace(shardFD, name, room, staged)
             do throws(Errno) {
                 try (origin.name + [0]).withUnsafeBufferPointer { b throws(Errno) in
-                    try Self.moveOut(room, staged, to: parent, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
+                    try Self.moveOut(room, staged, to: parent.raw, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
                                      as: who, inPlace: false)
                 }
             } catch {
@@ -743,10 +741,9 @@ extension Graveyard {
                 return
             }
             try who.acting { () throws(Errno) in
-                let fd = try Sys.openat(from, fromName, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
-                defer { Sys.close(fd) }
-                do throws(Errno) { try Sys.chmod(pathFD: fd, (st.st_mode & 0o7777) | 0o200) } catch { throw .permissionDenied }
-                defer { _ = try? Sys.chmod(pathFD: fd, st.st_mode & 0o7777) }
+                let fd = try Sys.opened(from, fromName, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+                do throws(Errno) { try Sys.chmod(pathFD: fd.raw, (st.st_mode & 0o7777) | 0o200) } catch { throw .permissionDenied }
+                defer { _ = try? Sys.chmod(pathFD: fd.raw, st.st_mode & 0o7777) }
                 try Sys.renameNoReplace(from, fromName, to, toName)
             }
         }

@@ -63,13 +63,12 @@ struct ReapCommand: ParsableCommand {
         let roots = [src] + MountPaths.mounts().map(\.point).filter { MountPaths.isBelow($0, src) }
         var found: [Reaper] = []
         for root in roots {
-            guard let fd = try? Sys.open(root, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else { continue }
-            defer { Sys.close(fd) }
+            guard let fd = try? Sys.opened(root, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else { continue }
             // The source's state may be outside it (an in-place mount's), in it, or both.
             let outside = root == src
-                ? StateLocation.directory(for: src, sourceFD: fd, bases: MountPaths.stateBases(for: src), create: false) : nil
+                ? StateLocation.directory(for: src, sourceFD: fd.raw, bases: MountPaths.stateBases(for: src), create: false) : nil
             defer { if let outside { Sys.close(outside.fd) } }
-            for stateRoot in [outside?.fd, fd].compactMap({ $0 }) where Graveyard.isStateDirectory(in: stateRoot) {
+            for stateRoot in [outside?.fd, fd.raw].compactMap({ $0 }) where Graveyard.isStateDirectory(in: stateRoot) {
                 do {
                     let graveyard = try Graveyard(rootFD: stateRoot, client: me, create: false)
                     graveyard.absorbAdopted { _ in }
@@ -77,7 +76,7 @@ struct ReapCommand: ParsableCommand {
                         // Unlinks a killed daemon answered but had not done yet: done now, as a mount would
                         // (with no record: reaping without a mount ends the window anyway).
                         let (finished, _) = UnlinkIntents.finishInterrupted(
-                            intents, leftover: leftover, graveyard: graveyard, rootFD: fd, keepingRecords: false,
+                            intents, leftover: leftover, graveyard: graveyard, rootFD: fd.raw, keepingRecords: false,
                             buried: { _ in }, failed: { _ in })
                         if finished > 0 { print("finished \(finished) unlinks the last mount had answered but not done") }
                     }
@@ -143,10 +142,9 @@ struct ReapCommand: ParsableCommand {
 
     /// Claims each client's graveyard into this client's, by one rename each.
     private func claim(_ others: [ClientID], in src: String, as me: ClientID) throws {
-        let fd = try Sys.open(src, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
-        defer { Sys.close(fd) }
+        let fd = try Sys.opened(src, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
         let graveyard: Graveyard
-        do { graveyard = try Graveyard(rootFD: fd, client: me, create: false) } catch {
+        do { graveyard = try Graveyard(rootFD: fd.raw, client: me, create: false) } catch {
             throw RuntimeError("cannot adopt in \(src): \(error)")
         }
         let known = graveyard.clients()
