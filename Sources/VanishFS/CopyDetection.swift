@@ -100,10 +100,9 @@ extension EventRecorder {
     /// next to nothing.
     func sameContent(_ node: Inode, size: off_t, as candidate: Inode, uid: uid_t) -> Bool {
         guard size > 0, size <= ReadingHandles.compareLimit, node !== candidate,
-              let a = openForComparing(node) else { return false }
-        defer { Sys.close(a) }
-        guard let b = openForComparing(candidate) else { return false }
-        defer { Sys.close(b) }
+              let ownedA = openForComparing(node) else { return false }
+        guard let ownedB = openForComparing(candidate) else { return false }
+        let a = ownedA.raw, b = ownedB.raw
         guard (try? Sys.fstat(b))?.st_size == size else { return false }
         let chunk = 1 << 20
         let buffer = UnsafeMutableRawPointer.allocate(byteCount: 2 * chunk, alignment: 4096)
@@ -145,13 +144,14 @@ extension EventRecorder {
         }
         return true
     }
-    private func openForComparing(_ node: Inode) -> Int32? {
-        try? namespace.withFD(node) { pathFD throws(Errno) in
+    private func openForComparing(_ node: Inode) -> OwnedDescriptor? {
+        guard let fd = try? namespace.withFD(node, { pathFD throws(Errno) in
             // The daemon's own reading touches no access time where it may say so.
             try Sys.withProcPath(pathFD) { path throws(Errno) in
                 try Sys.open(path, O_RDONLY | (readsWithoutAtime ? VANISH_O_NOATIME : 0))
             }
-        }
+        }) else { return nil }
+        return OwnedDescriptor(fd)
     }
 
     private func readFully(_ fd: Int32, _ into: UnsafeMutableRawPointer, _ count: Int, at offset: off_t) -> Bool {

@@ -91,22 +91,17 @@ struct EntryHandlers: Sendable {
         let caller = req.caller
         try namespace.making(p, name) { pfd throws(Errno) -> (Inode, stat) in
             try deleter.makingRoom { () throws(Errno) in try asCaller(req, caller) { () throws(Errno) in try make(pfd) } }
-            let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in
+            let fd = OwnedDescriptor(try namespace.retryingOnFDExhaustion { () throws(Errno) in
                 try Sys.openat(pfd, name, VANISH_O_PATH | O_NOFOLLOW)
-            }
-            do throws(Errno) {
-                let (st, birth) = try Sys.fstatWithBirth(fd)
-                let made = madeIdentity(fd, st, birth: birth)
-                let node = table.remember(st, birth: birth, parent: p, name: name, generation: made.generation)
-                if let id = made.id { _ = table.fileID(of: node) { id } }
-                changes.sawDirectory(node, st)
-                changes.created(req, parent: p, name: name, node: node, st: st, fd: fd)
-                namespace.adopt(node, fd: fd)
-                return (node, st)
-            } catch {
-                Sys.close(fd)
-                throw error
-            }
+            })
+            let (st, birth) = try Sys.fstatWithBirth(fd.raw)
+            let made = madeIdentity(fd.raw, st, birth: birth)
+            let node = table.remember(st, birth: birth, parent: p, name: name, generation: made.generation)
+            if let id = made.id { _ = table.fileID(of: node) { id } }
+            changes.sawDirectory(node, st)
+            changes.created(req, parent: p, name: name, node: node, st: st, fd: fd.raw)
+            namespace.adopt(node, fd: fd.take())
+            return (node, st)
         } answer: { (node, st) in
             var e = replies.entry(node, st)
             req.reply(entry: &e)
@@ -234,18 +229,14 @@ struct EntryHandlers: Sendable {
                 // checked with the caller's rights, as natively.
                 throw .staleNFSFileHandle
             }
-            do throws(Errno) {
-                let (st, birth) = try Sys.fstatWithBirth(fd)
-                let made = madeIdentity(fd, st, birth: birth)
-                let node = table.remember(st, birth: birth, parent: p, name: name, generation: made.generation)
-                node.madeBy.store(caller.pid, ordering: .relaxed)
-                if let id = made.id { _ = table.fileID(of: node) { id } }
-                changes.created(req, parent: p, name: name, node: node, st: st, fd: fd)
-                return (fd, node, st)
-            } catch {
-                Sys.close(fd)
-                throw error
-            }
+            let owned = OwnedDescriptor(fd)
+            let (st, birth) = try Sys.fstatWithBirth(fd)
+            let made = madeIdentity(fd, st, birth: birth)
+            let node = table.remember(st, birth: birth, parent: p, name: name, generation: made.generation)
+            node.madeBy.store(caller.pid, ordering: .relaxed)
+            if let id = made.id { _ = table.fileID(of: node) { id } }
+            changes.created(req, parent: p, name: name, node: node, st: st, fd: fd)
+            return (owned.take(), node, st)
         } answer: { (fd, node, st) in
             handed = true
             let backing = files.opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi, req)
@@ -270,21 +261,16 @@ struct EntryHandlers: Sendable {
         var handed = false
         defer { if !handed { files.openFiles.shares.giveBack(caller.uid) } }
         let (fd, node, st) = try namespace.withFD(p) { pfd throws(Errno) -> (Int32, Inode, stat) in
-            let fd = try namespace.retryingOnFDExhaustion { () throws(Errno) in
+            let fd = OwnedDescriptor(try namespace.retryingOnFDExhaustion { () throws(Errno) in
                 try asCaller(req, caller) { () throws(Errno) in try Sys.openat(pfd, ".", flags, mode) }
-            }
-            do throws(Errno) {
-                let (st, birth) = try Sys.fstatWithBirth(fd)
-                let pathFD = try Sys.withProcPath(fd) { path throws(Errno) in try Sys.open(path, VANISH_O_PATH) }
-                // No name: a reopen by name finds nothing (ENOENT), never another file.
-                let node = table.remember(st, birth: birth, parent: p, name: "",
-                                          generation: replies.generationForID(fd, nil, st, birth: birth))
-                namespace.adopt(node, fd: pathFD)
-                return (fd, node, st)
-            } catch {
-                Sys.close(fd)
-                throw error
-            }
+            })
+            let (st, birth) = try Sys.fstatWithBirth(fd.raw)
+            let pathFD = try Sys.withProcPath(fd.raw) { path throws(Errno) in try Sys.open(path, VANISH_O_PATH) }
+            // No name: a reopen by name finds nothing (ENOENT), never another file.
+            let node = table.remember(st, birth: birth, parent: p, name: "",
+                                      generation: replies.generationForID(fd.raw, nil, st, birth: birth))
+            namespace.adopt(node, fd: pathFD)
+            return (fd.take(), node, st)
         }
         handed = true
         let backing = files.opened(node, fd: fd, flags: flags, caller: caller, stat: st, fi, req)

@@ -69,7 +69,7 @@ struct ExportedHandles: Sendable {
         namespace.settle()
         let fd = codec.open(ino: ino, generation: generation, flags: VANISH_O_PATH)
         guard fd >= 0 else { throw .staleNFSFileHandle }
-        return try adopting(fd, generation: generation) { st in st.st_ino == ino }
+        return try adopting(OwnedDescriptor(fd), generation: generation) { st in st.st_ino == ino }
     }
 
     /// The parent directory of the directory `dir`.
@@ -79,23 +79,18 @@ struct ExportedHandles: Sendable {
         let generation = table.codec.flatMap { codec in
             (try? Sys.fstat(fd)).flatMap { Self.generation(codec, fd, nil, ino: UInt64($0.st_ino)) }
         }
-        return try adopting(fd, generation: generation) { _ in true }
+        return try adopting(OwnedDescriptor(fd), generation: generation) { _ in true }
     }
 
     /// Makes (or counts) the node for the backing file open as the O_PATH
     /// `fd`, which it takes, after checking it is the file wanted (`expected`)
     /// and may be reached through the mount.
-    private func adopting(_ fd: Int32, generation: UInt32?, _ expected: (stat) -> Bool) throws(Errno) -> (Inode, stat) {
-        let (st, birth): (stat, UInt64)
-        do throws(Errno) {
-            (st, birth) = try Sys.fstatWithBirth(fd)
-            guard st.st_dev == table.root.key.dev, expected(st), reachable(fd, st) else { throw .staleNFSFileHandle }
-        } catch {
-            Sys.close(fd)
-            throw error
-        }
+    private func adopting(_ fd: consuming OwnedDescriptor, generation: UInt32?,
+                          _ expected: (stat) -> Bool) throws(Errno) -> (Inode, stat) {
+        let (st, birth) = try Sys.fstatWithBirth(fd.raw)
+        guard st.st_dev == table.root.key.dev, expected(st), reachable(fd.raw, st) else { throw .staleNFSFileHandle }
         let node = table.foundByHandle(st, birth: birth, generation: generation)
-        if node === table.root { Sys.close(fd) } else { namespace.adopt(node, fd: fd) }
+        if node !== table.root { namespace.adopt(node, fd: fd.take()) }
         return (node, st)
     }
 

@@ -192,13 +192,10 @@ final class FDCache: @unchecked Sendable {
         } catch .noSuchFileOrDirectory {
             throw Errno(rawValue: ESTALE)
         }
-        let st: stat
-        do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
-        guard st.st_dev == inode.key.dev, st.st_ino == inode.key.ino else {
-            Sys.close(fd)
-            throw Errno(rawValue: ESTALE)
-        }
-        return fd
+        let owned = OwnedDescriptor(fd)
+        let st = try Sys.fstat(fd)
+        guard st.st_dev == inode.key.dev, st.st_ino == inode.key.ino else { throw Errno(rawValue: ESTALE) }
+        return owned.take()
     }
 
     /// Opens `inode`, which has no known name (the kernel asked for it by
@@ -212,11 +209,11 @@ final class FDCache: @unchecked Sendable {
             guard fd >= 0 else { throw errno == EMFILE || errno == ENFILE ? Errno(rawValue: errno) : Errno(rawValue: ESTALE) }
             return fd
         }
+        let owned = OwnedDescriptor(fd)
         guard let st = try? Sys.fstat(fd), st.st_dev == inode.key.dev, st.st_ino == inode.key.ino else {
-            Sys.close(fd)
             throw Errno(rawValue: ESTALE)
         }
-        return fd
+        return owned.take()
     }
 
     /// Runs an open; on EMFILE/ENFILE frees half the cache and tries once more.

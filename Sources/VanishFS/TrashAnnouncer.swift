@@ -100,10 +100,8 @@ final class TrashAnnouncer: Sendable {
         // As the folder's user, so the kernel checks every step as theirs.
         let who = Credentials.canSwitch ? Credentials.ofUser(uid, fallbackGID: gid_t(uid)) : nil
         _ = try? Credentials.acting(who) { () throws(Errno) in
-            guard let files = folder(uid, "files", filesNode) else { return }
-            defer { Sys.close(files) }
-            guard let info = folder(uid, "info", infoNode) else { return }
-            defer { Sys.close(info) }
+            guard let filesFD = folder(uid, "files", filesNode), let infoFD = folder(uid, "info", infoNode) else { return }
+            let files = filesFD.raw, info = infoFD.raw
             for name in new {
                 guard let kind = listing.entries[name]?.record.kind else { continue }
                 make(name, in: filesNode) { path in
@@ -124,16 +122,13 @@ final class TrashAnnouncer: Sendable {
     /// up in it must reach these handlers. Anyone who may write a directory
     /// on the path could otherwise lead it to a directory, or a FUSE
     /// filesystem, of their own, and learn the names or have them made there.
-    private func folder(_ uid: UInt32, _ part: String, _ node: fuse_ino_t) -> Int32? {
-        let root = open(mountpoint, VANISH_O_PATH | O_DIRECTORY | O_CLOEXEC)
-        guard root >= 0 else { return nil }
-        defer { Sys.close(root) }
-        guard let fd = try? Sys.openat(root, ".Trash-\(uid)/" + part, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+    private func folder(_ uid: UInt32, _ part: String, _ node: fuse_ino_t) -> OwnedDescriptor? {
+        guard let root = try? Sys.opened(mountpoint, VANISH_O_PATH | O_DIRECTORY),
+              let fd = try? Sys.opened(root.raw, ".Trash-\(uid)/" + part, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
         else { return nil }
         let probe = Array(".vanish-probe-\(UInt64.random(in: 1...UInt64.max))".utf8)
-        let reached = make(probe, in: node) { _ = try? Sys.lstatat(fd, $0); return 0 }
+        let reached = make(probe, in: node) { _ = try? Sys.lstatat(fd.raw, $0); return 0 }
         if reached { return fd }
-        Sys.close(fd)
         if state.withLock({ $0.misled.insert(uid).inserted }) {
             log?.warning("the mountpoint's path leads elsewhere (a directory on it replaced?): new trash entries are not announced there",
                          metadata: ["mountpoint": "\(mountpoint)", "uid": "\(uid)"])
