@@ -20,18 +20,16 @@ extension Graveyard {
     @discardableResult
     public func claim(_ other: ClientID) throws(Errno) -> Bool {
         guard other != client else { return false }
-        let from: Int32
+        let from: OwnedDescriptor
         do throws(Errno) {
             from = try Graveyard.openDirectory(sharedFD, [Graveyard.clientsDirectoryName, other.name])
         } catch .noSuchFileOrDirectory {
             return false
         }
-        defer { Sys.close(from) }
-        let incoming = try Graveyard.makeDirectory(graveyardFD, [Graveyard.incomingName])
-        defer { Sys.close(incoming) }
+        let incoming = OwnedDescriptor(try Graveyard.makeDirectory(graveyardFD, [Graveyard.incomingName]))
         let name = other.name + "." + Graveyard.hex(Sys.wallClockNow(), digits: 16)
         do throws(Errno) {
-            try Sys.renameNoReplace(from, Graveyard.graveyardName, incoming, name)
+            try Sys.renameNoReplace(from.raw, Graveyard.graveyardName, incoming.raw, name)
         } catch .noSuchFileOrDirectory {
             return false
         }
@@ -58,11 +56,10 @@ extension Graveyard {
         while let adopted = pending.popLast() {
             guard let g = try? Sys.openat(incoming, adopted, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else { continue }
             if let inner = try? Graveyard.openDirectory(g, [Graveyard.incomingName]) {
-                for nested in Graveyard.names(in: inner, ".") {
+                for nested in Graveyard.names(in: inner.raw, ".") {
                     let lifted = adopted + "+" + nested
-                    if (try? Sys.renameNoReplace(inner, nested, incoming, lifted)) != nil { pending.append(lifted) }
+                    if (try? Sys.renameNoReplace(inner.raw, nested, incoming, lifted)) != nil { pending.append(lifted) }
                 }
-                Sys.close(inner)
             }
             _ = try? Sys.unlinkat(g, Graveyard.incomingName, AT_REMOVEDIR)
             for shard in Graveyard.names(in: g, ".") where shard != Graveyard.incomingName {
@@ -144,27 +141,19 @@ extension Graveyard {
     public func pendingEntries(of other: ClientID) -> Int {
         guard let g = try? Graveyard.openDirectory(sharedFD, [Graveyard.clientsDirectoryName, other.name, Graveyard.graveyardName])
         else { return 0 }
-        defer { Sys.close(g) }
         var n = 0
-        for shard in Graveyard.names(in: g, ".") {
-            n += Graveyard.names(in: g, shard).filter { !$0.hasPrefix(".") }.count
+        for shard in Graveyard.names(in: g.raw, ".") {
+            n += Graveyard.names(in: g.raw, shard).filter { !$0.hasPrefix(".") }.count
         }
         return n
     }
 
     /// Opens (O_PATH) each name of `path` in turn from `dirFD`, never following a symlink.
-    static func openDirectory(_ dirFD: Int32, _ path: [String]) throws(Errno) -> Int32 {
-        var at = dirFD
-        for name in path {
-            let next: Int32
-            do throws(Errno) {
-                next = try Sys.openat(at, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
-            } catch {
-                if at != dirFD { Sys.close(at) }
-                throw error
-            }
-            if at != dirFD { Sys.close(at) }
-            at = next
+    static func openDirectory(_ dirFD: Int32, _ path: [String]) throws(Errno) -> OwnedDescriptor {
+        precondition(!path.isEmpty, "a path of at least one name")
+        var at = try Sys.opened(dirFD, path[0], VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+        for name in path.dropFirst() {
+            at = try Sys.opened(at.raw, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
         }
         return at
     }

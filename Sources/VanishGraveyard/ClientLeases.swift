@@ -159,8 +159,7 @@ public final class ClientLeases: @unchecked Sendable {
         guard let dir = try? Graveyard.openDirectory(graveyard.sharedFD, [Graveyard.clientsDirectoryName, other.name]) else {
             return []
         }
-        defer { Sys.close(dir) }
-        guard let fd = try? Sys.opened(dir, ClientLeases.fileName, O_RDONLY | O_NOFOLLOW) else { return [] }
+        guard let fd = try? Sys.opened(dir.raw, ClientLeases.fileName, O_RDONLY | O_NOFOLLOW) else { return [] }
         var buffer = [UInt8](repeating: 0, count: 512)
         let n = read(fd.raw, &buffer, buffer.count)
         return n > 0 ? Array(buffer[..<n]) : []
