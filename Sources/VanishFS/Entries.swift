@@ -33,7 +33,7 @@ struct EntryHandlers: Sendable {
     private func inode(_ id: fuse_ino_t) -> Inode { table.inode(id) }
 
     /// LOOKUP of a name ("." and ".." come only for file handles, and go to
-    /// `VanishFilesystem.lookupByHandle`).
+    /// `ExportedHandles.lookup`).
     func lookup(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let p = inode(parent)
         let (st, birth, generation): (stat, UInt64, UInt32?)

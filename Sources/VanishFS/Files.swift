@@ -9,8 +9,8 @@ import SystemPackage
 /// (see `FileHandle`). With passthrough the kernel reads and writes the
 /// backing file itself, and only open, flush, fsync, fallocate,
 /// copy_file_range, lseek and release come here. It holds only what these
-/// handlers use; `VanishFilesystem` forwards to it, and create hands it the
-/// handles it makes (`opened`).
+/// handlers use; the router calls it, and create hands it the handles it
+/// makes (`opened`).
 struct FileHandlers: Sendable {
     let namespace: BackingNamespace
     /// Descriptor shares and passthrough ids of open files.

@@ -51,7 +51,7 @@ package final class MountControl: Sendable {
     package var clientName: String? { graveyard?.client.name }
 
     /// Whether `name` in the mount root is a desktop trash folder the mount
-    /// shows (see `VanishFilesystem.trashFolderUID`): nothing is restored there.
+    /// shows (see `ReservedNames.trashFolderUID`): nothing is restored there.
     package func showsTrashFolder(named name: [UInt8]) -> Bool {
         guard graveyard != nil, (reaper?.policy.keep ?? 0) > 0 else { return false }
         return (name + [0]).withUnsafeBufferPointer { b in

@@ -7,9 +7,10 @@ import VanishEvents
 import VanishGraveyard
 
 /// The parts of one mount, built from its source in order, each from those
-/// before it: the filesystem's share of the composition root. `Daemon`
-/// assembles them and hands them to `VanishFilesystem`, whose handlers only
-/// use them; nothing is opened or replayed in an initializer.
+/// before it, the handler types (`RequestHandlers`) last, each given only
+/// what it uses: the filesystem's share of the composition root. `Daemon`
+/// assembles them and hands them to `VanishFilesystem`; nothing is opened
+/// or replayed in an initializer.
 package struct MountParts {
     let source: SourceRoot
     let options: FilesystemOptions

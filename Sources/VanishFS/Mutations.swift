@@ -489,7 +489,7 @@ extension Deleter {
         return namespace.holdIfOpen(node)
     }
 
-    /// A rename that may replace a file (see `VanishFilesystem.rename`),
+    /// A rename that may replace a file (see `EntryHandlers.rename`),
     /// with renameat2 semantics (NOREPLACE, EXCHANGE passed through).
     /// `target`: what `newName` held just before (nil: nothing, or an exchange).
     /// The renames run with `credentials` (the caller's; nil: the daemon's own).

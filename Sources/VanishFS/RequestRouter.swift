@@ -22,9 +22,10 @@ struct RequestHandlers: Sendable {
 /// The filesystem the session serves: each operation goes to its handler
 /// type (`RequestHandlers`), after one bit test of its node id sends
 /// requests on the desktop trash folders (`TrashFolders`: their node ids,
-/// and `.Trash-$uid` in the root) to theirs; the mount's own xattr names
-/// and lookups by file handle go to the mount (`VanishFilesystem`), which
-/// also starts and ends the session.
+/// and `.Trash-$uid` in the root) to theirs; "." and ".." to
+/// `ExportedHandles`, the delete trigger to `DeleteTrigger`, the status
+/// query to the mount (`VanishFilesystem`), which also starts and ends the
+/// session.
 public final class RequestRouter: LowLevelFilesystem {
     let fs: VanishFilesystem
     private let h: RequestHandlers

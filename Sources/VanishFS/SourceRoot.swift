@@ -15,7 +15,7 @@ struct SourceRoot: Sendable {
     let isPrivateMount: Bool
     /// A local disk filesystem (ext4, XFS, btrfs, tmpfs): requests are served
     /// in microseconds, so workers may spin for the next, and close(2) of its
-    /// files never reports an error (see `VanishFilesystem.configure`).
+    /// files never reports an error (see `FileHandlers.configure`).
     let isLocalDisk: Bool
     /// Whether the kernel may keep listings of its own directories between opens (see `opendir`).
     let cachesListings: Bool

@@ -63,25 +63,17 @@ public final class Graveyard: @unchecked Sendable {
     public init(rootFD: Int32, client: ClientID, create: Bool = true) throws(GraveyardError) {
         let name = Graveyard.stateDirectoryName
         if create { try Graveyard.makeStateDirectory(in: rootFD) }
-        let shared: Int32
+        let owned: OwnedDescriptor
         do throws(Errno) {
-            shared = try Sys.openat(rootFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+            owned = try Sys.opened(rootFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
         } catch .noSuchFileOrDirectory where !create {
             throw .absent
         } catch {
             throw .notOurs
         }
-        guard (try? Sys.lstatat(shared, Graveyard.markerName)) != nil else {
-            Sys.close(shared)
-            throw .notOurs
-        }
-        do throws(GraveyardError) {
-            try Graveyard.checkPrivate(shared, Graveyard.stateDirectoryName)
-        } catch {
-            Sys.close(shared)
-            throw error
-        }
-        sharedFD = shared
+        let shared = owned.raw
+        guard (try? Sys.lstatat(shared, Graveyard.markerName)) != nil else { throw .notOurs }
+        try Graveyard.checkPrivate(shared, Graveyard.stateDirectoryName)
         self.client = client
         var shards: [Int32] = []
         var state: Int32 = -1, grave: Int32 = -1
@@ -99,9 +91,9 @@ public final class Graveyard: @unchecked Sendable {
             shards.forEach(Sys.close)
             if grave >= 0 { Sys.close(grave) }
             if state >= 0 { Sys.close(state) }
-            Sys.close(shared)
             throw error
         }
+        sharedFD = owned.take()
         stateFD = state
         graveyardFD = grave
         shardFDs = shards

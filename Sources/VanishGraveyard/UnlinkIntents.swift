@@ -103,14 +103,13 @@ public final class UnlinkIntents: Sendable {
     /// Opens (or makes) the log in the state directory `stateFD`. Its
     /// records stay for `intents()` until `clear()`.
     public init(stateFD: Int32, name: String = UnlinkIntents.fileName) throws(Errno) {
-        fd = try Sys.openat(stateFD, name, O_RDWR | O_CREAT | O_NOFOLLOW, 0o600)
-        let st: stat
-        do { st = try Sys.fstat(fd) } catch { Sys.close(fd); throw error }
+        let owned = try Sys.opened(stateFD, name, O_RDWR | O_CREAT | O_NOFOLLOW, 0o600)
+        let st = try Sys.fstat(owned.raw)
         // Replaying a log someone else wrote would delete what they name.
         guard st.st_uid == geteuid(), st.st_mode & S_IFMT == S_IFREG, st.st_mode & 0o022 == 0 else {
-            Sys.close(fd)
             throw .notPermitted
         }
+        fd = owned.take()
         allocated.store(Int(st.st_size), ordering: .relaxed)
         let (gen, _) = Self.readHeader(fd)
         generation.store(gen, ordering: .relaxed)
@@ -254,16 +253,15 @@ public final class UnlinkIntents: Sendable {
         func withName<R>(_ bytes: ArraySlice<UInt8>, _ body: (UnsafePointer<CChar>) -> R) -> R {
             (Array(bytes) + [0]).withUnsafeBufferPointer { $0.withMemoryRebound(to: CChar.self) { body($0.baseAddress!) } }
         }
-        guard var dirFD = try? Sys.dup(rootFD) else { return .failure(.noSuchFileOrDirectory) }
-        defer { Sys.close(dirFD) }
+        guard let dup = try? Sys.dup(rootFD) else { return .failure(.noSuchFileOrDirectory) }
+        var dir = OwnedDescriptor(dup)
         for component in components {
-            let fd = dirFD
+            let fd = dir.raw
             guard let next = withName(component, { try? Sys.openat(fd, $0, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) })
             else { return .failure(.noSuchFileOrDirectory) }
-            Sys.close(dirFD)
-            dirFD = next
+            dir = OwnedDescriptor(next)
         }
-        let fd = dirFD
+        let fd = dir.raw
         return withName(leaf) { name -> Result<Int?, Errno> in
             guard let st = try? Sys.lstatat(fd, name), intent.matches(st), st.st_dev == graveyard.device else {
                 return .failure(.noSuchFileOrDirectory)
@@ -371,15 +369,12 @@ extension UnlinkIntents {
         guard let base = StateLocation.localBase else { throw .noSuchFileOrDirectory }
         // The directories above are the system's or the user's own: made if
         // missing, as mkdir -p would; only the last one must be private.
-        var parent = try Sys.open("/", VANISH_O_PATH | O_DIRECTORY)
-        defer { Sys.close(parent) }
+        var parent = try Sys.opened("/", VANISH_O_PATH | O_DIRECTORY)
         let names = base.split(separator: "/").map(String.init)
         for name in names.dropLast() {
-            do throws(Errno) { try Sys.mkdirat(parent, name, 0o755) } catch .fileExists {}
-            let next = try Sys.openat(parent, name, VANISH_O_PATH | O_DIRECTORY)
-            Sys.close(parent)
-            parent = next
+            do throws(Errno) { try Sys.mkdirat(parent.raw, name, 0o755) } catch .fileExists {}
+            parent = try Sys.opened(parent.raw, name, VANISH_O_PATH | O_DIRECTORY)
         }
-        return (try Graveyard.makeDirectory(parent, [names.last!]), base)
+        return (try Graveyard.makeDirectory(parent.raw, [names.last!]), base)
     }
 }
