@@ -22,43 +22,34 @@ enum TreeWalk {
         mount.settle(for: peer?.uid ?? 0)
         let graveyards = mount.hasGraveyard
         guard let rootStat = try? Sys.fstat(mount.backingRoot), peer?.permits(mount.backingRoot, 5) ?? true,
-              var current = try? Sys.openat(mount.backingRoot, ".", VANISH_O_PATH | O_DIRECTORY | O_CLOEXEC),
-              let rootNames = names(in: current, skippingState: graveyards) else { return }
-        defer { Sys.close(current) }
+              var current = try? Sys.opened(mount.backingRoot, ".", VANISH_O_PATH | O_DIRECTORY),
+              let rootNames = names(in: current.raw, skippingState: graveyards) else { return }
         var stack = [Frame(dev: rootStat.st_dev, ino: rootStat.st_ino, prefix: [], names: rootNames)]
         while let frame = stack.last {
             guard frame.next < frame.names.count else {
                 stack.removeLast()
                 guard let up = stack.last else { return }
-                guard let parent = try? Sys.openat(current, "..", VANISH_O_PATH | O_DIRECTORY | O_CLOEXEC) else { return }
-                Sys.close(current)
+                guard let parent = try? Sys.opened(current.raw, "..", VANISH_O_PATH | O_DIRECTORY) else { return }
                 current = parent
-                guard let st = try? Sys.fstat(parent), st.st_dev == up.dev, st.st_ino == up.ino else { return }
+                guard let st = try? Sys.fstat(current.raw), st.st_dev == up.dev, st.st_ino == up.ino else { return }
                 continue
             }
             stack[stack.count - 1].next += 1
             let done = frame.names[frame.next].withUnsafeBufferPointer { n -> Bool in
                 let name = n.baseAddress!
-                guard let st = try? Sys.lstatat(current, name) else { return false }
+                guard let st = try? Sys.lstatat(current.raw, name) else { return false }
                 var path = frame.prefix
                 if !path.isEmpty { path.append(0x2F) }
                 path.append(contentsOf: UnsafeRawBufferPointer(start: name, count: n.count - 1))
-                if !visit(path, st, FileID.read(current, name)) { return true }
+                if !visit(path, st, FileID.read(current.raw, name)) { return true }
                 guard st.st_mode & S_IFMT == S_IFDIR,
-                      let sub = try? Sys.openat(current, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                      let sub = try? Sys.opened(current.raw, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW),
+                      peer?.permits(sub.raw, 5) ?? true
                 else { return false }
-                guard peer?.permits(sub, 5) ?? true else {
-                    Sys.close(sub)
-                    return false
-                }
-                let top = graveyards && st.st_dev != frame.dev && Graveyard.isStateDirectory(in: sub)
-                guard let opened = try? Sys.fstat(sub), opened.st_dev == st.st_dev, opened.st_ino == st.st_ino,
-                      let subNames = names(in: sub, skippingState: top) else {
-                    Sys.close(sub)
-                    return false
-                }
+                let top = graveyards && st.st_dev != frame.dev && Graveyard.isStateDirectory(in: sub.raw)
+                guard let opened = try? Sys.fstat(sub.raw), opened.st_dev == st.st_dev, opened.st_ino == st.st_ino,
+                      let subNames = names(in: sub.raw, skippingState: top) else { return false }
                 stack.append(Frame(dev: st.st_dev, ino: st.st_ino, prefix: path, names: subNames))
-                Sys.close(current)
                 current = sub
                 return false
             }

@@ -255,21 +255,19 @@ package final class MountControl: Sendable {
         parent?.willChangeEntries()
         let moved: stat
         do throws(Errno) {
-            var from = try Sys.openat(graveyard.shardFDs[claimed.shard], claimed.id, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
-            defer { Sys.close(from) }
+            var from = try Sys.opened(graveyard.shardFDs[claimed.shard], claimed.id, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
             moved = try who.acting { () throws(Errno) -> stat in
                 for component in part.dropLast() {
                     let next = try (component + [0]).withUnsafeBufferPointer { b throws(Errno) in
-                        try Sys.openat(from, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
+                        try Sys.openat(from.raw, UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self),
                                        VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
                     }
-                    Sys.close(from)
-                    from = next
+                    from = OwnedDescriptor(next)
                 }
                 return try (name + [0]).withUnsafeBufferPointer { b throws(Errno) -> stat in
                     let n = UnsafeRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self)
-                    let st = try Sys.lstatat(from, n)
-                    try Sys.renameNoReplace(from, n, dirFD, leaf)
+                    let st = try Sys.lstatat(from.raw, n)
+                    try Sys.renameNoReplace(from.raw, n, dirFD, leaf)
                     return st
                 }
             }

@@ -109,8 +109,8 @@ public final class DeleterRooms: Sendable {
     func returnStaged(to shardFDs: [Int32], isKept: (_ shard: Int, _ id: String, _ uid: uid_t) -> Bool) {
         for user in (try? Sys.names(in: usersFD, ".")) ?? [] {
             guard let uid = uid_t(user),
-                  let room = try? Sys.openat(usersFD, user, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else { continue }
-            defer { Sys.close(room) }
+                  let roomFD = try? Sys.opened(usersFD, user, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else { continue }
+            let room = roomFD.raw
             for name in (try? Sys.names(in: room, ".")) ?? [] where Self.isStaged(name) {
                 let parts = name.split(separator: "-", maxSplits: 2)
                 if parts.count == 3, let shard = Int(parts[1], radix: 16), shardFDs.indices.contains(shard),

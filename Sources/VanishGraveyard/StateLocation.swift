@@ -36,8 +36,8 @@ public enum StateLocation {
         guard vanish_mount_id(sourceFD, "", &sourceMount) == 0 else { return nil }
         let name = keyName(sourcePath)
         for base in bases {
-            guard let baseFD = openBase(base, create: create) else { continue }
-            defer { Sys.close(baseFD) }
+            guard let baseDir = openBase(base, create: create) else { continue }
+            let baseFD = baseDir.raw
             var mount: UInt64 = 0
             guard vanish_mount_id(baseFD, "", &mount) == 0, mount == sourceMount else { continue }
             if create {
@@ -45,9 +45,8 @@ public enum StateLocation {
                 writeNote(fd, sourcePath)
                 return (fd, base + "/" + name)
             }
-            guard let fd = try? Sys.openat(baseFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else { continue }
-            if (try? Graveyard.checkPrivate(fd, name)) != nil { return (fd, base + "/" + name) }
-            Sys.close(fd)
+            guard let fd = try? Sys.opened(baseFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else { continue }
+            if (try? Graveyard.checkPrivate(fd.raw, name)) != nil { return (fd.take(), base + "/" + name) }
         }
         return nil
     }
@@ -61,14 +60,13 @@ public enum StateLocation {
     @discardableResult
     public static func moveIn(from sourceFD: Int32, to directory: Int32) throws(GraveyardError) -> Bool {
         guard Graveyard.isStateDirectory(in: sourceFD) else { return true }
-        let fd: Int32
+        let fd: OwnedDescriptor
         do throws(Errno) {
-            fd = try Sys.openat(sourceFD, Graveyard.stateDirectoryName, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+            fd = try Sys.opened(sourceFD, Graveyard.stateDirectoryName, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
         } catch {
             throw .cannotCreate(error)
         }
-        defer { Sys.close(fd) }
-        try Graveyard.checkPrivate(fd, Graveyard.stateDirectoryName)
+        try Graveyard.checkPrivate(fd.raw, Graveyard.stateDirectoryName)
         guard !Graveyard.isStateDirectory(in: directory) else { return false }
         return (try? Sys.renameNoReplace(sourceFD, Graveyard.stateDirectoryName, directory, Graveyard.stateDirectoryName)) != nil
     }
@@ -87,7 +85,7 @@ public enum StateLocation {
 
     /// Opens `base`, making it and its missing parents (mode 700) with `create`.
     /// A base another user owns, or could write, is refused.
-    private static func openBase(_ base: String, create: Bool) -> Int32? {
+    private static func openBase(_ base: String, create: Bool) -> OwnedDescriptor? {
         if create {
             var path = ""
             for part in base.split(separator: "/") {
@@ -95,11 +93,8 @@ public enum StateLocation {
                 if mkdir(path, 0o700) != 0 && errno != EEXIST { return nil }
             }
         }
-        guard let fd = try? Sys.open(base, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) else { return nil }
-        guard (try? Graveyard.checkPrivate(fd, base)) != nil else {
-            Sys.close(fd)
-            return nil
-        }
+        guard let fd = try? Sys.opened(base, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW),
+              (try? Graveyard.checkPrivate(fd.raw, base)) != nil else { return nil }
         return fd
     }
 
