@@ -206,8 +206,14 @@ struct SubmountTests {
             #expect(rm.ok, "\(rm)")
             // Where a descriptor held inside the tree could have mounted it
             // (with user_allow_other), then its server stops.
-            let sub = try sh("find .vanish -type d -name sub", cwd: m.source).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
-            try #require(!sub.isEmpty)
+            // Once the one-step check has moved it from the deleter's room
+            // into the graveyard, where it stays for the undo window.
+            var sub = ""
+            try waitFor("the checked tree in the graveyard") {
+                sub = try sh("find .vanish/clients/*/graveyard -type d -name sub", cwd: m.source).stdout
+                    .trimmingCharacters(in: .whitespacesAndNewlines)
+                return !sub.isEmpty
+            }
             let mounted = try run([vanishBinary, "mount", other, m.source + "/" + sub])
             try #require(mounted.ok, "\(mounted)")
             innerPID = pid_t(try statusJSON(path: m.source + "/" + sub)["pid"] as? Int ?? 0)
