@@ -114,6 +114,7 @@ struct vanish_ring {
     int stop_fd;  // an eventfd every worker's io_uring polls: written to stop them
     _Atomic int stopping;
     _Atomic int active;
+    _Atomic int served;        // a request came over the ring
     _Atomic int thread_count;
     _Atomic uint64_t last_request;
     _Atomic int busy;  // handlers running now
@@ -329,6 +330,7 @@ static void *worker_thread(void *arg) {
             break;
         }
         w->registered = 1;
+        if (!atomic_load_explicit(&rg->served, memory_order_relaxed)) atomic_store(&rg->served, 1);
         pthread_mutex_lock(&q->lock);
         q->idle--;
         w->busy_since = now_ns();
@@ -487,6 +489,11 @@ int ring_may_block(void) {
     if (q->idle == 0) add_worker_locked(q);
     pthread_mutex_unlock(&q->lock);
     return 1;
+}
+
+int ring_serves(const struct vanish_ring *rg) {
+    return atomic_load_explicit(&rg->active, memory_order_relaxed) &&
+           atomic_load_explicit(&rg->served, memory_order_relaxed);
 }
 
 void ring_stop(struct vanish_ring *rg) {

@@ -36,6 +36,10 @@ int ring_reply(struct vanish_ring *ring, uint64_t unique, const struct iovec *io
 /// its queue takes new requests meanwhile. 0 if not on a ring thread.
 int ring_may_block(void);
 
+/// Whether the ring has brought a request and is not stopping: the kernel
+/// then sends every request there but forgets and interrupts.
+int ring_serves(const struct vanish_ring *ring);
+
 /// Stops the threads and frees the ring (after the /dev/fuse loop ended,
 /// or when the INIT reply could not be sent).
 void ring_stop(struct vanish_ring *ring);

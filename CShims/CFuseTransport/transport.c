@@ -161,7 +161,10 @@ static void transport_received(struct vanish_transport *t, void *request, size_t
 static ssize_t read_request(struct vanish_transport *t, int fd, void *buf, size_t len) {
     order_idle();
     ssize_t n = read(fd, buf, len);
-    if (n >= (ssize_t)sizeof(struct fuse_in_header)) transport_received(t, buf, (size_t)n);
+    if (n >= (ssize_t)sizeof(struct fuse_in_header)) {
+        transport_received(t, buf, (size_t)n);
+        receivers_received(&t->receivers, ((const struct fuse_in_header *)buf)->opcode, t->ring && ring_serves(t->ring));
+    }
     if (n >= (ssize_t)(sizeof(struct fuse_in_header) + offsetof(struct fuse_init_in, unused)) &&
         !atomic_load_explicit(&t->init_done, memory_order_relaxed)) {
         const struct fuse_in_header *in = buf;

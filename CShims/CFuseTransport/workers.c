@@ -36,6 +36,15 @@
 //   than `stall_ns` (a cold disk), so no request waits behind a slow one
 //   for long.
 //
+// Over io_uring the device carries only forgets and interrupts, and the
+// one worker left there sleeps in read(2). Every `rm` of a file evicts its
+// inode, and the kernel's FORGET woke that worker from inside the unlink:
+// a wake-up on the other CPU that was a third of `rm -rf`'s own time. Once
+// the ring has served a request, a worker that read forgets reads again at
+// most `forget_pace_ns` later: the forgets queue in the
+// kernel meanwhile, come as one BATCH_FORGET, and find nobody to wake. An
+// interrupt read then waits up to that long too.
+//
 // Lock order: `lock` is a leaf; nothing blocks while it is held.
 
 // A worker waiting to become the receiver.
@@ -55,6 +64,7 @@ static const uint64_t polite_after_ns = 10 * 1000;
 static const uint64_t stall_ns = 500 * 1000;
 static const uint64_t watchdog_tick_ns = 1000 * 1000;
 static const uint64_t watchdog_idle_ns = 1000 * 1000 * 1000;
+static const uint64_t forget_pace_ns = 1000 * 1000;
 
 static uint64_t now_ns(void) {
     struct timespec t;
@@ -198,12 +208,39 @@ void receivers_may_block(struct vanish_receivers *r) {
     pthread_mutex_unlock(&r->lock);
 }
 
+void receivers_received(struct vanish_receivers *r, uint32_t opcode, int ring_serves) {
+    int pace = ring_serves && (opcode == FUSE_FORGET || opcode == FUSE_BATCH_FORGET);
+    atomic_store_explicit(&r->forget_read_at, pace ? now_ns() : 0, memory_order_relaxed);
+}
+
+// After a forget read less than `forget_pace_ns` ago, waits out the rest
+// (as the receiver: the watchdog hands over only from a slow handler).
+static void pace_after_forget(struct vanish_receivers *r) {
+    uint64_t at = atomic_load_explicit(&r->forget_read_at, memory_order_relaxed);
+    if (!at) return;
+    uint64_t since = now_ns() - at;
+    if (since >= forget_pace_ns) return;
+    struct timespec wait = { 0, (long)(forget_pace_ns - since) };
+    nanosleep(&wait, NULL);
+}
+
 ssize_t receivers_receive(struct vanish_receivers *r, int fd, int initialized,
                           ssize_t (*call)(int from, void *context), void *context) {
     uint64_t budget = atomic_load_explicit(&r->spin_ns, memory_order_relaxed);
     served_from_clone = 0;
     r->hooks->thread_serves(r->hooks->transport);
-    if (!budget || !initialized) return call(fd, context);
+    if (!budget || !initialized) {
+        if (!atomic_load_explicit(&r->forget_read_at, memory_order_relaxed)) return call(fd, context);
+        // Forgets stream in: one worker at a time reads, paced, so no
+        // other waits in read(2) for a forget to wake it.
+        become_receiver(r);
+        pace_after_forget(r);
+        ssize_t n = call(fd, context);
+        int saved = errno;
+        stop_receiving(r);
+        errno = saved;
+        return n;
+    }
     int untried = 0;
     if (atomic_compare_exchange_strong(&r->clone_tried, &untried, 1)) open_spin_fd(r);
     int from = atomic_load_explicit(&r->spin_fd, memory_order_relaxed);

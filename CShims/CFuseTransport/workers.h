@@ -36,6 +36,9 @@ struct vanish_receivers {
     // one call after another.
     _Atomic pid_t last_caller;
     _Atomic int one_caller;
+    // When the last read brought forgets while the ring serves every other
+    // request (0: it brought anything else): see `receivers_received`.
+    _Atomic uint64_t forget_read_at;
 };
 
 void receivers_init(struct vanish_receivers *r, const struct vanish_channel_hooks *hooks);
@@ -46,6 +49,10 @@ void receivers_destroy(struct vanish_receivers *r);
 /// `initialized` (INIT answered), or with spinning off, just `call(fd)`.
 ssize_t receivers_receive(struct vanish_receivers *r, int fd, int initialized,
                           ssize_t (*call)(int from, void *context), void *context);
+
+/// What a worker read from the device (its opcode), and whether the ring
+/// serves the session's requests: paces the next read after a forget.
+void receivers_received(struct vanish_receivers *r, uint32_t opcode, int ring_serves);
 
 /// Writes a reply to the fd its request came from.
 ssize_t receivers_write_reply(struct vanish_receivers *r, int fd, const struct iovec *iov, int count);
