@@ -376,9 +376,13 @@ public final class ControlServer: Sendable {
     private func answer(_ operation: ControlProtocol.Operation?, _ request: JSON, _ peer: Credentials) -> JSON {
         switch operation {
         case .trashList:
-            let entries = UndoWindow(mount: mount).trash(for: peer).map { e -> JSON in
+            let kept = UndoWindow(mount: mount).trash(for: peer)
+            let shadowed = mount.shadowed(kept)
+            let entries = kept.map { e -> JSON in
                 var o: [String: JSON] = ["id": JSON(e.id), "deleted_ns": JSON(e.deleted), "uid": JSON(e.record.uid),
                                          "gid": JSON(e.record.gid), "kind": JSON(e.record.kind.name)]
+                // Its path is in a directory deleted after it: restoring that one brings back its own.
+                if shadowed.contains(e.id) { o["shadowed"] = JSON(true) }
                 if let held = e.record.held { o["held"] = JSON(held.explanation) }
                 // A held entry holds what its deleter could not remove, and a
                 // directory not theirs may be one they cannot list: its measure

@@ -84,6 +84,8 @@ final class DeferredBurials: @unchecked Sendable {
         let directory: Inode
         let name: ContiguousArray<CChar>
         let caller: Caller
+        /// Its trash record, made when the unlink came (an undo window keeps it).
+        let record: TrashRecord?
         /// `Condition.now()` when it was queued.
         let since: UInt64
     }
@@ -151,7 +153,7 @@ final class DeferredBurials: @unchecked Sendable {
     /// ends its ticket. The ticket comes back when it should land now instead
     /// (no flusher, or the queue is full).
     func queue(_ ticket: consuming Ticket, _ file: File, in dir: Inode, name: UnsafePointer<CChar>,
-               caller: Caller) -> Ticket? {
+               caller: Caller, record: TrashRecord?) -> Ticket? {
         let copy = Inode.copyName(name)
         cond.lock()
         guard flusherStarted, !stopping, queuedCount < Self.queueLimit else {
@@ -159,7 +161,7 @@ final class DeferredBurials: @unchecked Sendable {
             return ticket
         }
         let item = Queued(key: ticket.handOver(), file: file, directory: dir, name: copy, caller: caller,
-                          since: Condition.now())
+                          record: record, since: Condition.now())
         defer { cond.unlock() }
         queues[dir.key, default: []].append(item)
         queuedCount += 1
@@ -237,6 +239,15 @@ final class DeferredBurials: @unchecked Sendable {
         consuming func land() {
             over = true
             if !items.isEmpty { owner.takeUnretainedValue().land(items) }
+        }
+
+        /// Lands those `alone` picks, one by one; the rest stay taken.
+        consuming func landing(where alone: (Queued) -> Bool) -> Taken {
+            over = true
+            var rest: [Queued] = [], now: [Queued] = []
+            for q in items { if alone(q) { now.append(q) } else { rest.append(q) } }
+            if !now.isEmpty { owner.takeUnretainedValue().land(now) }
+            return Taken(rest, owner: owner.takeUnretainedValue())
         }
 
         /// They went into the graveyard with their directory: their burials are over.

@@ -99,12 +99,60 @@ package final class MountControl: Sendable {
         return (try? e.id.withCString { id throws(Errno) in try Sys.lstatat(graveyard.shardFDs[e.shard], id) })?.st_uid
     }
 
-    /// What the kept directory `e` holds (a tree `vanish rm` took whole;
-    /// nothing for one `rm -rf` emptied, whose children are entries of their
-    /// own), walked once per mount; nil for a file.
+    /// What the kept directory `e` holds (a tree `vanish rm` took whole, or
+    /// one `rm -rf` emptied and removed, which goes with its files), walked
+    /// once per mount; nil for a file.
     package func contents(of e: TrashEntry) -> TreeExtent? {
         guard let graveyard, e.record.kind == .directory, graveyard.shardFDs.indices.contains(e.shard) else { return nil }
         return graveyard.extent(of: e, walking: true)
+    }
+
+    /// The ids of those `entries` whose path a kept directory of the same
+    /// user, deleted after them at one of their ancestors' paths, holds now
+    /// (a file deleted, made again and then deleted with its directory).
+    /// Restoring that directory brings its own back, so the earlier
+    /// deletion stays in the trash: a line of its own in `trash list`.
+    package func shadowed(_ entries: [TrashEntry]) -> Set<String> {
+        guard let graveyard else { return [] }
+        struct Key: Hashable { var uid: UInt32; var path: [UInt8] }
+        var directories: [Key: [TrashEntry]] = [:]
+        for e in entries where e.record.kind == .directory {
+            directories[Key(uid: e.record.uid, path: e.record.path), default: []].append(e)
+        }
+        guard !directories.isEmpty else { return [] }
+        var found = Set<String>()
+        for e in entries {
+            let path = e.record.path
+            for cut in path.indices where path[cut] == 0x2F && cut > 0 {
+                guard let later = directories[Key(uid: e.record.uid, path: Array(path[..<cut]))]?
+                    .first(where: { $0.deleted > e.deleted }),
+                      graveyard.shardFDs.indices.contains(later.shard),
+                      Self.holds(graveyard.shardFDs[later.shard], later.id, Array(path[(cut + 1)...]))
+                else { continue }
+                found.insert(e.id)
+                break
+            }
+        }
+        return found
+    }
+
+    /// Whether the entry `id` of the shard `sfd` holds the relative path
+    /// `inside`, walked a component at a time without following a symlink.
+    private static func holds(_ sfd: Int32, _ id: String, _ inside: [UInt8]) -> Bool {
+        let parts = inside.split(separator: 0x2F, omittingEmptySubsequences: true).map { Array($0) + [0] }
+        guard let last = parts.last else { return false }
+        let flags = VANISH_O_PATH | O_NOFOLLOW | O_DIRECTORY | O_CLOEXEC
+        var dir = OwnedDescriptor(id.withCString { Glibc.openat(sfd, $0, flags) })
+        for part in parts.dropLast() {
+            guard dir.raw >= 0 else { return false }
+            dir = OwnedDescriptor(part.withUnsafeBufferPointer { p in
+                Glibc.openat(dir.raw, UnsafeRawPointer(p.baseAddress!).assumingMemoryBound(to: CChar.self), flags)
+            })
+        }
+        guard dir.raw >= 0 else { return false }
+        return last.withUnsafeBufferPointer { p in
+            (try? Sys.lstatat(dir.raw, UnsafeRawPointer(p.baseAddress!).assumingMemoryBound(to: CChar.self))) != nil
+        }
     }
 
     /// Lets `entries` go before their window ends (`vanish trash empty`): the

@@ -92,17 +92,12 @@ extension Deleter {
     }
 
     /// After the unlink's reply: queues the burial on its directory (see
-    /// `DeferredBurials`), or lands it now when it cannot wait (it carries
-    /// a trash record, or the queue is full).
+    /// `DeferredBurials`), or lands it now when the queue is full.
     func afterReply(_ d: consuming DeferredBurial, parent: Inode, parentFD: Int32, name: UnsafePointer<CChar>,
                     caller: Caller) {
         let file = d.file, record = d.record
-        var ticket = d.ticket
-        // A trash record is for one file, restorable on its own: it may not go with its directory.
-        if record == nil {
-            guard let back = burials.queue(ticket, file, in: parent, name: name, caller: caller) else { return }
-            ticket = back
-        }
+        guard let ticket = burials.queue(d.ticket, file, in: parent, name: name, caller: caller, record: record)
+        else { return }
         landBurial(file, record: record, parent: parent, parentFD: parentFD, name: name, caller: caller)
         ticket.end()
     }
@@ -111,7 +106,7 @@ extension Deleter {
     /// `parentFD` is its directory's.
     func landQueued(_ q: DeferredBurials.Queued, parentFD: Int32) {
         q.name.withUnsafeBufferPointer {
-            landBurial(q.file, record: nil, parent: q.directory, parentFD: parentFD, name: $0.baseAddress!, caller: q.caller)
+            landBurial(q.file, record: q.record, parent: q.directory, parentFD: parentFD, name: $0.baseAddress!, caller: q.caller)
         }
     }
 
@@ -150,7 +145,10 @@ extension Deleter {
     /// brings its directories back with their modes and owners.
     /// A directory whose only entries are unlinked files still queued for
     /// the graveyard goes there whole instead, with them: `rm -rf` costs one
-    /// rename per directory rather than one per file.
+    /// rename per directory rather than one per file. Within a window it is
+    /// then kept as one entry with its files, as `vanish rm -r` keeps a tree;
+    /// a file another user deleted, or one the window does not keep, lands
+    /// on its own first.
     /// `known` is the entry's lstat when the caller already made one.
     /// `groups` gives the caller's supplementary groups, asked only when the
     /// directory goes to the graveyard: what it holds then (a descriptor
@@ -174,8 +172,17 @@ extension Deleter {
         }
         let st = try lstatUnlessKnown(known, parentFD, name)
         guard st.st_mode & S_IFMT == S_IFDIR else { throw .notDirectory }
-        // Its files' burials land first, or it is not empty yet.
-        burials.takeDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino)).land()
+        if !burials.isEmpty {
+            let taken = burials.takeDirectory(InodeKey(dev: st.st_dev, ino: st.st_ino))
+                .landing { $0.record == nil || $0.caller.uid != caller.uid }
+            if !taken.isEmpty
+                && buryWhole(parentFD, name, st: st, holding: taken.items, from: parent, caller: caller, groups: groups) {
+                taken.wentWithDirectory()
+                return
+            }
+            // Its files' burials land first, or it is not empty yet.
+            taken.land()
+        }
         let empty = try requireEmptyDirectory(parentFD, name)
         try bury(parentFD, name, st: empty, from: parent, caller: caller, by: identify(caller, groups))
     }

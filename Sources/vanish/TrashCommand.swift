@@ -323,7 +323,11 @@ struct TrashGroup {
         struct Member: Hashable { var top: Int; var path: [UInt8] }
         var latest: [Member: Int] = [:]
         for i in entries.indices where outermost(i) != i { latest[Member(top: outermost(i), path: paths[i])] = i }
-        func folded(_ i: Int) -> Bool { outermost(i) != i && latest[Member(top: outermost(i), path: paths[i])] == i }
+        // So is one whose path a directory deleted after it holds (`shadowed`).
+        func folded(_ i: Int) -> Bool {
+            outermost(i) != i && latest[Member(top: outermost(i), path: paths[i])] == i
+                && entries[i]["shadowed"]?.bool != true
+        }
         var groups: [Int: TrashGroup] = [:]
         var order: [Int] = []
         for i in entries.indices where !folded(i) {

@@ -71,7 +71,8 @@ struct BackingNamespaceTests {
             let st = try Sys.lstatat(AT_FDCWD, base + "/dir/" + name)
             let ticket = burials.begin(dir, name)
             let file = DeferredBurials.File(st: st, inPlace: false, deleted: 0)
-            if let back = burials.queue(ticket, file, in: dir, name: name, caller: Caller(uid: 0, gid: 0, pid: 1, umask: 0)) {
+            if let back = burials.queue(ticket, file, in: dir, name: name, caller: Caller(uid: 0, gid: 0, pid: 1, umask: 0),
+                                      record: nil) {
                 back.end()
                 return false
             }

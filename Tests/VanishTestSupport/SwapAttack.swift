@@ -8,7 +8,7 @@
 /// directory back ("returned after N tries"), or after 3000 tries
 /// ("held after N tries, R refused").
 public let swapBehindUnlinkScript = #"""
-    import ctypes, os, sys, threading
+    import ctypes, os, sys, threading, time
     S, M, LOG = sys.argv[1], sys.argv[2], sys.argv[3]
     libc = ctypes.CDLL(None, use_errno=True)
     def exchange(a, b): libc.syscall(316, -100, a.encode(), -100, b.encode(), 2)
@@ -24,7 +24,13 @@ public let swapBehindUnlinkScript = #"""
         try: os.unlink(M + "/" + x)
         except IsADirectoryError: refused += 1
         except OSError: pass
+        # An entry made in the directory lands its queued burials at once, while the swapping goes on.
+        try: os.close(os.open(M + "/t%d" % i, os.O_CREAT | os.O_WRONLY, 0o600))
+        except OSError: pass
+        time.sleep(0.002)
         stop = True; t.join()
+        try: os.unlink(S + "/t%d" % i)
+        except OSError: pass
         # Put B back under its name if it is here at all.
         if os.path.isdir(S + "/" + x) and not os.path.isdir(S + "/B"):
             if os.path.lexists(S + "/B"): os.unlink(S + "/B")
