@@ -163,7 +163,11 @@ static ssize_t read_request(struct vanish_transport *t, int fd, void *buf, size_
     ssize_t n = read(fd, buf, len);
     if (n >= (ssize_t)sizeof(struct fuse_in_header)) {
         transport_received(t, buf, (size_t)n);
-        receivers_received(&t->receivers, ((const struct fuse_in_header *)buf)->opcode, t->ring && ring_serves(t->ring));
+        const struct fuse_in_header *in = buf;
+        uint32_t nodes = 1;
+        if (in->opcode == FUSE_BATCH_FORGET && n >= (ssize_t)(sizeof *in + sizeof(struct fuse_batch_forget_in)))
+            nodes = ((const struct fuse_batch_forget_in *)(in + 1))->count;
+        receivers_received(&t->receivers, in->opcode, nodes, t->ring && ring_serves(t->ring));
     }
     if (n >= (ssize_t)(sizeof(struct fuse_in_header) + offsetof(struct fuse_init_in, unused)) &&
         !atomic_load_explicit(&t->init_done, memory_order_relaxed)) {
@@ -511,6 +515,8 @@ void vanish_transport_ring_info(const struct vanish_transport *t, struct vanish_
     info->mode = atomic_load(&t->ring_mode);
     info->error = atomic_load(&t->ring_error);
     info->offered = (atomic_load(&t->offered) & VANISH_RING_INIT_FLAG) != 0;
+    info->forgets = atomic_load_explicit(&t->receivers.forgets, memory_order_relaxed);
+    info->forget_reads = atomic_load_explicit(&t->receivers.forget_reads, memory_order_relaxed);
 }
 
 // An open reply as libfuse 3.14 builds it (its fill_open), with what it

@@ -208,8 +208,13 @@ void receivers_may_block(struct vanish_receivers *r) {
     pthread_mutex_unlock(&r->lock);
 }
 
-void receivers_received(struct vanish_receivers *r, uint32_t opcode, int ring_serves) {
-    int pace = ring_serves && (opcode == FUSE_FORGET || opcode == FUSE_BATCH_FORGET);
+void receivers_received(struct vanish_receivers *r, uint32_t opcode, uint32_t nodes, int ring_serves) {
+    int forget = opcode == FUSE_FORGET || opcode == FUSE_BATCH_FORGET;
+    if (forget) {
+        atomic_fetch_add_explicit(&r->forgets, nodes, memory_order_relaxed);
+        atomic_fetch_add_explicit(&r->forget_reads, 1, memory_order_relaxed);
+    }
+    int pace = ring_serves && forget;
     atomic_store_explicit(&r->forget_read_at, pace ? now_ns() : 0, memory_order_relaxed);
 }
 

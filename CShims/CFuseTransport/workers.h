@@ -39,6 +39,9 @@ struct vanish_receivers {
     // When the last read brought forgets while the ring serves every other
     // request (0: it brought anything else): see `receivers_received`.
     _Atomic uint64_t forget_read_at;
+    // Forgets read from the device (the nodes in them), and the reads that brought them.
+    _Atomic uint64_t forgets;
+    _Atomic uint64_t forget_reads;
 };
 
 void receivers_init(struct vanish_receivers *r, const struct vanish_channel_hooks *hooks);
@@ -50,9 +53,10 @@ void receivers_destroy(struct vanish_receivers *r);
 ssize_t receivers_receive(struct vanish_receivers *r, int fd, int initialized,
                           ssize_t (*call)(int from, void *context), void *context);
 
-/// What a worker read from the device (its opcode), and whether the ring
-/// serves the session's requests: paces the next read after a forget.
-void receivers_received(struct vanish_receivers *r, uint32_t opcode, int ring_serves);
+/// What a worker read from the device (its opcode; `nodes` a forget
+/// names), and whether the ring serves the session's requests: paces the
+/// next read after a forget.
+void receivers_received(struct vanish_receivers *r, uint32_t opcode, uint32_t nodes, int ring_serves);
 
 /// Writes a reply to the fd its request came from.
 ssize_t receivers_write_reply(struct vanish_receivers *r, int fd, const struct iovec *iov, int count);

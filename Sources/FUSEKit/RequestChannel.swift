@@ -50,6 +50,10 @@ public enum RequestChannel {
         public var spinMicroseconds: Int
         /// Why requests come over /dev/fuse (nil over io_uring).
         public var reason: String?
+        /// Nodes forgotten in forgets read from /dev/fuse, and the reads that
+        /// brought them (over io_uring, forgets come in batches).
+        public var forgets: UInt64 = 0
+        public var forgetReads: UInt64 = 0
 
         public var name: String { ring ? "io_uring" : "/dev/fuse" }
 
@@ -67,6 +71,7 @@ public enum RequestChannel {
         var s = State(ring: info.active != 0, queues: Int(info.queues), depth: Int(info.depth),
                       threads: Int(info.threads), bufferBytes: info.buffer_bytes,
                       spinMicroseconds: Int(info.spin_microseconds), reason: nil)
+        (s.forgets, s.forgetReads) = (info.forgets, info.forget_reads)
         guard !s.ring else { return s }
         if info.mode == Int32(VANISH_RING_OFF) {
             s.reason = "off by -o io_uring=off"

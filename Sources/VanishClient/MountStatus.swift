@@ -82,6 +82,9 @@ public struct MountStatus: Sendable, Equatable {
         public var threads = 0
         public var bufferBytes = 0
         public var spinMicroseconds = 0
+        /// Nodes forgotten in forgets read from /dev/fuse, and the reads that brought them.
+        public var forgets = 0
+        public var forgetReads = 0
         public init() {}
     }
 
@@ -153,7 +156,8 @@ public struct MountStatus: Sendable, Equatable {
             let r = s.requests
             return ["channel": JSON(r.channel), "why": r.why.map { JSON($0) } ?? .null, "queues": JSON(r.queues),
                     "queue_depth": JSON(r.queueDepth), "threads": JSON(r.threads), "buffer_bytes": JSON(r.bufferBytes),
-                    "spin_microseconds": JSON(r.spinMicroseconds)]
+                    "spin_microseconds": JSON(r.spinMicroseconds), "forgets": JSON(r.forgets),
+                    "forget_reads": JSON(r.forgetReads)]
         }, read: { s, r in
             guard let r else { return }
             s.requests.channel = r["channel"]?.string ?? "?"
@@ -163,6 +167,8 @@ public struct MountStatus: Sendable, Equatable {
             s.requests.threads = r["threads"]?.int ?? 0
             s.requests.bufferBytes = r["buffer_bytes"]?.int ?? 0
             s.requests.spinMicroseconds = r["spin_microseconds"]?.int ?? 0
+            s.requests.forgets = r["forgets"]?.int ?? 0
+            s.requests.forgetReads = r["forget_reads"]?.int ?? 0
         }),
         Field(key: "other_clients", write: { s in
             .array(s.otherClients.map { c -> JSON in

@@ -81,6 +81,8 @@ package enum StatusReport {
         o.requests.threads = f.serving.requests.threads
         o.requests.bufferBytes = Int(f.serving.requests.bufferBytes)
         o.requests.spinMicroseconds = f.serving.requests.spinMicroseconds
+        o.requests.forgets = Int(f.serving.requests.forgets)
+        o.requests.forgetReads = Int(f.serving.requests.forgetReads)
         o.client = f.place.client
         o.leaseSeconds = f.place.leaseSeconds
         o.otherClients = f.place.otherClients.map {

@@ -126,6 +126,24 @@ struct RequestChannelTests {
         }
     }
 
+    @Test("over io_uring the forgets of rm -rf come in batches, not a read (and a wake-up from inside the unlink) each (issue 50)")
+    func forgetsInBatches() throws {
+        try Self.withKernelOffering {
+            try withVanishMount(prepare: { src in
+                let r = try sh("mkdir t && for i in $(seq 1 3000); do : > t/f$i; done", cwd: src)
+                guard r.ok else { throw TestFailure(r.stderr) }
+            }) { m in
+                #expect(try requests(m)["channel"] as? String == "io_uring")
+                #expect(try sh("rm -rf t", cwd: m.mountpoint).ok)
+                // Each unlinked file's inode is evicted and forgotten; the forgets come within a few milliseconds.
+                try waitFor("the files' forgets") { (try requests(m)["forgets"] as? Int ?? 0) >= 3000 }
+                let req = try requests(m)
+                let forgets = req["forgets"] as? Int ?? 0, reads = req["forget_reads"] as? Int ?? 0
+                #expect(reads > 0 && reads * 4 <= forgets, "\(reads) reads for \(forgets) forgets")
+            }
+        }
+    }
+
     @Test("a daemon on io_uring stops cleanly on unmount and on SIGTERM, its threads joined, nothing left mounted")
     func teardown() throws {
         try Self.withKernelOffering { try teardownOffered() }

@@ -115,6 +115,8 @@ struct vanish_ring_info {
     int threads;            // threads serving the queues now
     uint32_t spin_microseconds;  // how long a receiver watches its queue after a reply
     uint64_t buffer_bytes;  // mapped for the entries' buffers (touched as used)
+    uint64_t forgets;       // nodes forgotten in forgets read from /dev/fuse
+    uint64_t forget_reads;  // the reads that brought them
 };
 void vanish_transport_ring_info(const struct vanish_transport *t, struct vanish_ring_info *info);
 
