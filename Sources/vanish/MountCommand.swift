@@ -166,7 +166,10 @@ struct MountCommand: ParsableCommand {
         config.debug = debug
         config.loop = LoopConfig(maxThreads: threads ?? parsed.threads ?? 10, cloneFD: cloneFD || parsed.cloneFD)
         if let spin = parsed.spinMicroseconds { config.loop.spinMicroseconds = spin }
-        if let slice = parsed.sliceMicroseconds, slice > 0 { config.loop.sliceMicroseconds = slice }
+        // A short slice wins the CPU at wake-up beside busy loops in the
+        // daemon's scheduling group, without a larger share (docs/decisions.md).
+        let slice = parsed.sliceMicroseconds ?? 100
+        if slice > 0 { config.loop.sliceMicroseconds = slice }
         config.loop.ring = parsed.ring
         if parsed.ring == .on && RequestChannel.kernelSwitchOn == false {
             // The switch only lets the kernel offer io_uring: mounts that do not ask are unaffected.
