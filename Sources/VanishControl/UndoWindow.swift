@@ -113,6 +113,13 @@ struct UndoWindow {
                 guard !plan.isEmpty, destination == nil else { throw .noSuchEntry(shown) }
                 return try restoreAll(plan, to: nil, as: who, insideOnly: true)
             }
+            // Deleted again later inside a directory kept whole (rm -rf took it with its files):
+            // that is its latest deletion.
+            if let (tree, part) = Self.container(of: path, among: visible), tree.deleted > top.deleted,
+               mount.shadowed([top, tree]).contains(top.id) {
+                try restorePart(part, of: tree, to: destination ?? path, as: who)
+                return [destination ?? path]
+            }
             plan = [top]
             if top.record.kind == .directory && destination == nil {
                 // rm -rf removes children first: they were deleted before the

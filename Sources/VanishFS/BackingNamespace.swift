@@ -171,6 +171,10 @@ final class BackingNamespace: Sendable {
     /// snapshot must see each answered unlink in place.
     func settle() { burials.drain() }
 
+    /// Lands the burials queued now, waiting for none in flight: what a
+    /// desktop trash folder's owner looks at, which others cannot hold up.
+    func landQueued() { burials.landQueued() }
+
     /// `body` with the fd of `dir` without waiting for its burials: for
     /// landing one of them, which is what the others wait for.
     func landing<R>(in dir: Inode, _ body: (Int32) throws(Errno) -> R) throws(Errno) -> R {

@@ -297,6 +297,17 @@ final class DeferredBurials: @unchecked Sendable {
         cond.unlock()
     }
 
+    /// Lands every burial queued now, without waiting for those still in
+    /// their handlers: an answered unlink is then in place.
+    func landQueued() {
+        if isEmpty { return }
+        cond.lock()
+        for key in Array(queues.keys) {
+            if let q = takeQueue(key) { landNow(q) }
+        }
+        cond.unlock()
+    }
+
     /// Returns once every burial begun so far has landed.
     func drain() {
         if isEmpty { return }

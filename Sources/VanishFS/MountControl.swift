@@ -124,10 +124,12 @@ package final class MountControl: Sendable {
         for e in entries {
             let path = e.record.path
             for cut in path.indices where path[cut] == 0x2F && cut > 0 {
-                guard let later = directories[Key(uid: e.record.uid, path: Array(path[..<cut]))]?
-                    .first(where: { $0.deleted > e.deleted }),
-                      graveyard.shardFDs.indices.contains(later.shard),
-                      Self.holds(graveyard.shardFDs[later.shard], later.id, Array(path[(cut + 1)...]))
+                let inside = Array(path[(cut + 1)...])
+                guard let later = directories[Key(uid: e.record.uid, path: Array(path[..<cut]))],
+                      later.contains(where: { d in
+                          d.deleted > e.deleted && graveyard.shardFDs.indices.contains(d.shard)
+                              && Self.holds(graveyard.shardFDs[d.shard], d.id, inside)
+                      })
                 else { continue }
                 found.insert(e.id)
                 break
@@ -140,7 +142,8 @@ package final class MountControl: Sendable {
     /// `inside`, walked a component at a time without following a symlink.
     private static func holds(_ sfd: Int32, _ id: String, _ inside: [UInt8]) -> Bool {
         let parts = inside.split(separator: 0x2F, omittingEmptySubsequences: true).map { Array($0) + [0] }
-        guard let last = parts.last else { return false }
+        // A record's path names entries, never `.` or `..`: one that did could leave the entry.
+        guard let last = parts.last, !parts.contains(where: { $0 == [0x2E, 0] || $0 == [0x2E, 0x2E, 0] }) else { return false }
         let flags = VANISH_O_PATH | O_NOFOLLOW | O_DIRECTORY | O_CLOEXEC
         var dir = OwnedDescriptor(id.withCString { Glibc.openat(sfd, $0, flags) })
         for part in parts.dropLast() {

@@ -72,8 +72,8 @@ struct TrashRequests: Sendable {
     }
 
     func lookupFolder(_ req: Request, _ uid: UInt32) throws(Errno) {
-        // An unlink answered a moment ago is in the folder as soon as it can be looked for.
-        namespace.settle()
+        // An unlink answered a moment ago is in the folder as soon as its owner looks for it.
+        if (try? checkOwner(req, uid)) != nil { namespace.landQueued() }
         guard let folders = trashFolders, folders.exists(uid) else { throw .noSuchFileOrDirectory }
         replyEntry(req, folders, uid, .folder)
     }
@@ -92,9 +92,9 @@ struct TrashRequests: Sendable {
 
     /// The entry `name` in `parent`, as a lookup finds it (or the `TrashAnnouncer`'s create).
     func answer(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
-        namespace.settle()
         let (folders, dir) = try folderNode(parent)
         try checkOwner(req, dir.uid)
+        namespace.landQueued()
         let n = Self.bytes(name)
         switch dir.kind {
         case .folder:
@@ -146,9 +146,9 @@ struct TrashRequests: Sendable {
     }
 
     func opendir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
-        namespace.settle()
         let (folders, node) = try folderNode(ino)
         try checkOwner(req, node.uid)
+        namespace.landQueued()
         var names: [(name: [UInt8], type: UInt8)] = [([0x2E], Self.dir), ([0x2E, 0x2E], Self.dir)]
         switch node.kind {
         case .folder:

@@ -353,6 +353,21 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("restoring a path brings back its latest deletion, also when that went inside a directory kept whole")
+    func restoreLatestFromInsideAKeptDirectory() throws {
+        try withVanishMount(arguments: ["--keep", "1h"]) { m in
+            // d/f is deleted on its own, made again, then deleted with d by rm -rf (d goes whole).
+            let r = try sh("mkdir d && echo old > d/f && rm d/f && echo new > d/f && rm -rf d", cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            let back = try run([vanishBinary, "restore", m.path("d/f"), "--to", m.path("latest")])
+            #expect(back.ok, "\(back.stderr)")
+            #expect(try String(contentsOfFile: m.path("latest"), encoding: .utf8) == "new\n")
+            let earlier = try run([vanishBinary, "restore", m.path("d/f"), "--to", m.path("earlier")])
+            #expect(earlier.ok, "\(earlier.stderr)")
+            #expect(try String(contentsOfFile: m.path("earlier"), encoding: .utf8) == "old\n")
+        }
+    }
+
     @Test("when the filesystem runs short of space the window gives way, oldest first")
     func spacePressure() throws {
         try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
