@@ -278,7 +278,7 @@ public final class Reaper: @unchecked Sendable {
             // Fresh: a worker gets here once per wakeup or pass over its shards.
             let idle = hooks.foregroundRequests != nil && workers.isRunning
                 && !warden.isSpaceShort(fresh: true) && !me.lifted.load(ordering: .relaxed)
-            me.set(idle ? .idle : .background)
+            me.set(idle ? .idle : me.floored.load(ordering: .relaxed) ? .floor : .background)
         }
         me.set(.background)
         reschedule()
@@ -327,6 +327,7 @@ public final class Reaper: @unchecked Sendable {
             // Out of work: the next busy spell starts in the idle class again
             // (set now: the worker may sleep for many seconds).
             me.lifted.store(false, ordering: .relaxed)
+            me.floored.store(false, ordering: .relaxed)
             reschedule()
             // A shard marked since this pass began (a piece done, an entry let
             // go) is looked at now, not when the sleep times out.

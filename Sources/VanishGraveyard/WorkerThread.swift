@@ -15,6 +15,11 @@ enum WorkerPriority {
     /// took 199 s next to four CPU hogs (21.6 s at nice 19), and the daemon,
     /// whose fds keep the backing filesystem busy, lingered as long.
     case background
+    /// Nice 10: a worker nice 19 still starved for `ReaperWorkers.floorAfter`.
+    /// Next to busy loops at normal priority it then frees deleted data with
+    /// about a twentieth of a CPU rather than a hundredth, so a machine kept
+    /// busy for hours does not fill its disk with what users deleted.
+    case floor
 }
 
 /// One reaper worker's thread as the other threads see it. Its class is
@@ -32,6 +37,8 @@ final class WorkerThread: Sendable {
     /// worker clears it once it runs out of work, and its next busy spell
     /// starts in the idle class again.
     let lifted = Atomic<Bool>(false)
+    /// Set by the watchdog when nice 19 starved it too; cleared with `lifted`.
+    let floored = Atomic<Bool>(false)
 
     /// Called by the worker's thread when it starts.
     func attach() { state.withLock { $0.tid = vanish_gettid() } }
@@ -51,7 +58,7 @@ final class WorkerThread: Sendable {
     }
 
     private static func apply(_ priority: WorkerPriority, to tid: pid_t) {
-        let nice = { _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(tid), 19) }
+        let nice = { (n: Int32) in _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(tid), n) }
         var param = sched_param(sched_priority: 0)
         switch priority {
         case .idle:
@@ -61,10 +68,10 @@ final class WorkerThread: Sendable {
             // the scheduler let a running worker finish its slice first (EEVDF
             // runs to parity), and one create in a thousand waited 3-4 ms while
             // the reaper freed a tree (ext4 on a RAM disk).
-            if sched_setscheduler(tid, VANISH_SCHED_IDLE, &param) != 0 { nice() }
-        case .background:
+            if sched_setscheduler(tid, VANISH_SCHED_IDLE, &param) != 0 { nice(19) }
+        case .background, .floor:
             _ = vanish_ioprio_set_thread(tid, VANISH_IOPRIO_CLASS_BE, VANISH_IOPRIO_BE_LOWEST)
-            nice()
+            nice(priority == .floor ? 10 : 19)
             // Leaving SCHED_IDLE needs CAP_SYS_NICE or an RLIMIT_NICE that
             // allows nice 19; without them the worker stays idle, and slower.
             _ = sched_setscheduler(tid, VANISH_SCHED_OTHER, &param)
