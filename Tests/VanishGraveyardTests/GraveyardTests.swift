@@ -14,6 +14,25 @@ func idleReapers(_ m: VanishMount) throws -> () -> [(tid: String, name: String, 
     return reapers
 }
 
+/// Shell busy loops started from the test, so in the session (and
+/// autogroup) of the daemons it starts; `stop` kills and reaps them.
+final class BusyLoops {
+    private var pids: [pid_t] = []
+
+    init(perCore: Int) throws {
+        for _ in 0..<(perCore * sysconf(Int32(_SC_NPROCESSORS_ONLN))) {
+            pids.append(try spawn(["/bin/sh", "-c", "while :; do :; done"]))
+        }
+    }
+
+    func stop() {
+        for p in pids { kill(p, SIGKILL); var status: Int32 = 0; waitpid(p, &status, 0) }
+        pids = []
+    }
+
+    deinit { stop() }
+}
+
 /// Makes `count` files of `size` bytes spread over directories under `dir`.
 func makeTree(_ dir: String, files count: Int, size: Int = 100) throws {
     let r = try run(["python3", "-c", """
@@ -545,15 +564,8 @@ struct GraveyardTests {
         let reapers = try idleReapers(m)
         // Busy loops in the daemon's session (so its autogroup), one per core:
         // an idle-class thread there gets next to no CPU.
-        var hogs: [pid_t] = []
-        func stopHogs() {
-            for h in hogs { kill(h, SIGKILL); var status: Int32 = 0; waitpid(h, &status, 0) }
-            hogs = []
-        }
-        defer { stopHogs() }
-        for _ in 0..<sysconf(Int32(_SC_NPROCESSORS_ONLN)) {
-            hogs.append(try spawn(["/bin/sh", "-c", "while :; do :; done"]))
-        }
+        let hogs = try BusyLoops(perCore: 1)
+        defer { hogs.stop() }
         #expect(try run([vanishBinary, "rm", "-r", m.path("tree")]).ok)
         // 4,000 files at 500 a second: 8 s of work, and the watchdog looks once a second.
         try waitFor("a reaper worker lifted to nice 19, SCHED_OTHER", timeout: 60) {
@@ -561,7 +573,7 @@ struct GraveyardTests {
         }
         #expect(mountType(at: m.mountpoint) == "fuse.vanish")
         #expect(try sh("echo x > f && cat f", cwd: m.mountpoint).stdout == "x\n")
-        stopHogs()
+        hogs.stop()
         try waitForReaper(m)
         #expect(try graveyardCount(m.source) == 0)
         // Out of work, a worker's next busy spell starts in the idle class again.
@@ -574,22 +586,15 @@ struct GraveyardTests {
         defer { m.close() }
         let reapers = try idleReapers(m)
         // Four busy loops per core in the daemon's session: at nice 19 a worker gets about a hundredth of a CPU.
-        var hogs: [pid_t] = []
-        func stopHogs() {
-            for h in hogs { kill(h, SIGKILL); var status: Int32 = 0; waitpid(h, &status, 0) }
-            hogs = []
-        }
-        defer { stopHogs() }
-        for _ in 0..<(4 * sysconf(Int32(_SC_NPROCESSORS_ONLN))) {
-            hogs.append(try spawn(["/bin/sh", "-c", "while :; do :; done"]))
-        }
+        let hogs = try BusyLoops(perCore: 4)
+        defer { hogs.stop() }
         #expect(try run([vanishBinary, "rm", "-r", m.path("tree")]).ok)
         // Lifted to nice 19 after a starved second, then 10 more starved seconds at nice 19.
         try waitFor("a reaper worker at nice 10", timeout: 120) {
             reapers().contains { $0.policy == 0 && $0.nice == 10 }
         }
         #expect(try sh("echo x > f && cat f", cwd: m.mountpoint).stdout == "x\n")
-        stopHogs()
+        hogs.stop()
         try waitForReaper(m)
         #expect(try graveyardCount(m.source) == 0)
         try waitFor("both workers back in SCHED_IDLE") { reapers().filter { $0.policy == 5 }.count == 2 }
