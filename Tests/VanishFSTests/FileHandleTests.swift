@@ -141,8 +141,11 @@ struct FileHandleTests {
             #expect(try sh("rm f && rmdir r", cwd: m.mountpoint).ok)
             #expect(try run([vanishBinary, "rm", "-r", m.path("t")]).ok)
             if !options.isEmpty {
-                // Kept for the undo window: the file is alive in the graveyard, which the handle must not reach.
-                #expect(try sh("find .vanish -inum \(ino)", cwd: src).stdout.contains("graveyard"))
+                // Kept for the undo window: the file is alive in the graveyard, which the handle must not
+                // reach (its burial lands once its directory has been quiet for a moment).
+                try waitFor("the file in the graveyard") {
+                    try sh("find .vanish -inum \(ino)", cwd: src).stdout.contains("graveyard")
+                }
             }
             try forget(m)
             #expect(try h.open(m.mountpoint, file) == "ERR \(ESTALE)")
