@@ -113,6 +113,9 @@ final class DeferredBurials: @unchecked Sendable {
     /// Burials pending, readable without the lock: the fast path of every
     /// check is one load of this.
     private let outstanding = Atomic<Int>(0)
+    /// Disk bytes of the queued burials that carry trash records: space the
+    /// undo window will hold once they land (changed under the lock).
+    private let keptBytesQueued = Atomic<UInt64>(0)
     /// The log of answered unlinks, emptied here when none is pending.
     let intents: UnlinkIntents?
 
@@ -125,6 +128,9 @@ final class DeferredBurials: @unchecked Sendable {
     var isEmpty: Bool { outstanding.load(ordering: .acquiring) == 0 }
 
     var count: Int { outstanding.load(ordering: .acquiring) }
+
+    /// Disk bytes queued burials will keep in the undo window once they land.
+    var keptBytes: UInt64 { keptBytesQueued.load(ordering: .relaxed) }
 
     /// Starts the flusher; `land` renames one queued burial (it must not
     /// end its ticket: that is done here). Without a flusher nothing is queued.
@@ -165,6 +171,7 @@ final class DeferredBurials: @unchecked Sendable {
         defer { cond.unlock() }
         queues[dir.key, default: []].append(item)
         queuedCount += 1
+        if let bytes = record?.bytes { keptBytesQueued.add(bytes, ordering: .relaxed) }
         // An idle flusher needs a deadline; a busy one already wakes before
         // this burial is due (waking it anyway, when creates keep emptying
         // the queue, cost two context switches per unlink). A waiter for
@@ -198,6 +205,7 @@ final class DeferredBurials: @unchecked Sendable {
                 let q = queues[dir.key]!.remove(at: i)
                 if queues[dir.key]!.isEmpty { queues[dir.key] = nil }
                 queuedCount -= 1
+                if let bytes = q.record?.bytes { keptBytesQueued.subtract(bytes, ordering: .relaxed) }
                 landNow([q])
             } else {
                 park()
@@ -332,6 +340,8 @@ final class DeferredBurials: @unchecked Sendable {
     private func takeQueue(_ key: InodeKey) -> [Queued]? {
         guard let q = queues.removeValue(forKey: key) else { return nil }
         queuedCount -= q.count
+        let bytes = q.reduce(UInt64(0)) { $0 &+ ($1.record?.bytes ?? 0) }
+        if bytes > 0 { keptBytesQueued.subtract(bytes, ordering: .relaxed) }
         return q
     }
 

@@ -241,6 +241,8 @@ extension Deleter {
         do throws(Errno) {
             return try body()
         } catch .noSpace {
+            // Files deleted a moment ago may still wait on their directory's queue: into the trash first.
+            burials.landQueued()
             guard let reaper, reaper.makeRoom() else { throw .noSpace }
             return try body()
         }

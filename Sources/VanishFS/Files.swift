@@ -67,7 +67,7 @@ struct FileHandlers: Sendable {
         let kills = node.type == S_IFREG ? privilegesToClear(node, fd: fd, flags: flags, stat: known, req) : nil
         // A writer while the trash holds space it may need writes through
         // the daemon, which frees kept entries for it rather than fail (ENOSPC).
-        let tight = flags & O_ACCMODE != O_RDONLY && deleter.reaper?.spaceIsTight == true
+        let tight = flags & O_ACCMODE != O_RDONLY && deleter.reaper?.spaceIsTight(pending: deleter.burials.keptBytes) == true
         let (kind, backing) = node.type == S_IFREG && openFiles.passthrough.active
             ? openFiles.passthrough.open(node, fd: fd, throughDaemon: kills != nil || tight
                                   || reopenRefused(known, flags: flags, caller: caller, req))

@@ -480,7 +480,8 @@ public final class Reaper: @unchecked Sendable {
     }
 
     /// Whether writers may need the space kept entries hold (`SpaceWarden.spaceIsTight`).
-    public var spaceIsTight: Bool { warden.spaceIsTight }
+    /// `pending`: bytes of deletions answered but not yet in the trash, which the window will keep.
+    public func spaceIsTight(pending: UInt64) -> Bool { warden.spaceIsTight(pending: pending) }
 
     /// For a request the backing filesystem answered ENOSPC while entries
     /// are kept: has the warden free the oldest now, and waits (up to

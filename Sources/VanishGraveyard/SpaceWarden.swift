@@ -96,8 +96,9 @@ final class SpaceWarden: Sendable {
     /// kept plus the floor. A writer the daemon does not see (passthrough)
     /// would meet ENOSPC before the warden could free anything; one whose
     /// writes come through the daemon is given room first (`makeRoom`).
-    var spaceIsTight: Bool {
-        guard !graveyard.trash.isEmpty else { return false }
+    /// `pending`: bytes deletions answered but not yet in the trash will keep.
+    func spaceIsTight(pending: UInt64) -> Bool {
+        guard !graveyard.trash.isEmpty || pending > 0 else { return false }
         var free = lastFree.load(ordering: .relaxed)
         var floor = floorBytes.load(ordering: .relaxed)
         // The warden's look may be older than the deletion that filled the
@@ -107,7 +108,7 @@ final class SpaceWarden: Sendable {
             free = UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
             floor = UInt64(Double(fs.f_blocks) * Double(fs.f_frsize) * minFreePercent / 100)
         }
-        return free < graveyard.trash.bytes &+ floor
+        return free < graveyard.trash.bytes &+ pending &+ floor
     }
 
     /// For a request the backing filesystem answered ENOSPC while entries
@@ -159,7 +160,7 @@ final class SpaceWarden: Sendable {
             let kept = !graveyard.trash.isEmpty
             resting.store(!kept, ordering: .relaxed)
             let interval: DispatchTimeInterval = !kept ? .seconds(1)
-                : spaceIsTight || trend.wasFalling || isShort ? .milliseconds(5) : .milliseconds(50)
+                : spaceIsTight(pending: 0) || trend.wasFalling || isShort ? .milliseconds(5) : .milliseconds(50)
             woken = wakeup.wait(timeout: .now() + interval) == .success
         }
     }
