@@ -176,10 +176,7 @@ final class ReaperWorkers: Sendable {
                     starved[w] = 0
                 } else {
                     starved[w] += 1
-                    if starved[w] >= Self.floorAfter {
-                        thread.floored.store(true, ordering: .relaxed)
-                        thread.set(.floor)
-                    }
+                    if starved[w] >= Self.floorAfter { thread.floor() }
                 }
             }
         }

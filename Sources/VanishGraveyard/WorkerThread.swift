@@ -31,14 +31,15 @@ final class WorkerThread: Sendable {
     private struct State {
         var tid: pid_t = 0
         var priority: WorkerPriority?
+        /// The watchdog found it starving at nice 19 too (`floor`); cleared
+        /// when the worker runs out of work or goes back to the idle class.
+        var floored = false
     }
     private let state = Mutex(State())
     /// Set by the watchdog when the idle class starved the worker; the
     /// worker clears it once it runs out of work, and its next busy spell
     /// starts in the idle class again.
     let lifted = Atomic<Bool>(false)
-    /// Set by the watchdog when nice 19 starved it too; cleared with `lifted`.
-    let floored = Atomic<Bool>(false)
 
     /// Called by the worker's thread when it starts.
     func attach() { state.withLock { $0.tid = vanish_gettid() } }
@@ -50,11 +51,34 @@ final class WorkerThread: Sendable {
 
     /// Puts the thread in `priority`'s classes unless it is there already.
     func set(_ priority: WorkerPriority) {
+        state.withLock { s in Self.set(priority, &s) }
+    }
+
+    /// The worker's own choice: the idle class (which ends a floor), or
+    /// out of it at nice 19, or at nice 10 if the watchdog floored it;
+    /// `outOfWork` ends the floor too. One step under the lock, so the
+    /// watchdog's `floor` cannot land between clearing and choosing.
+    func reschedule(idle: Bool, outOfWork: Bool = false) {
         state.withLock { s in
-            guard s.tid != 0, s.priority != priority else { return }
-            Self.apply(priority, to: s.tid)
-            s.priority = priority
+            if idle || outOfWork { s.floored = false }
+            Self.set(idle ? .idle : s.floored ? .floor : .background, &s)
         }
+    }
+
+    /// The watchdog's step for a worker nice 19 still starves: nice 10,
+    /// unless it has left nice 19 meanwhile.
+    func floor() {
+        state.withLock { s in
+            guard s.priority == .background else { return }
+            s.floored = true
+            Self.set(.floor, &s)
+        }
+    }
+
+    private static func set(_ priority: WorkerPriority, _ s: inout State) {
+        guard s.tid != 0, s.priority != priority else { return }
+        apply(priority, to: s.tid)
+        s.priority = priority
     }
 
     private static func apply(_ priority: WorkerPriority, to tid: pid_t) {
