@@ -274,11 +274,11 @@ public final class Reaper: @unchecked Sendable {
     /// or inside an undo window, else those marked dirty), sleeping between.
     private func work(_ index: Int) {
         let me = workers.threads[index]
-        func reschedule(outOfWork: Bool = false) {
+        func reschedule() {
             // Fresh: a worker gets here once per wakeup or pass over its shards.
             let idle = hooks.foregroundRequests != nil && workers.isRunning
                 && !warden.isSpaceShort(fresh: true) && !me.lifted.load(ordering: .relaxed)
-            me.reschedule(idle: idle, outOfWork: outOfWork)
+            me.set(idle ? .idle : .background)
         }
         me.set(.background)
         reschedule()
@@ -327,7 +327,7 @@ public final class Reaper: @unchecked Sendable {
             // Out of work: the next busy spell starts in the idle class again
             // (set now: the worker may sleep for many seconds).
             me.lifted.store(false, ordering: .relaxed)
-            reschedule(outOfWork: true)
+            reschedule()
             // A shard marked since this pass began (a piece done, an entry let
             // go) is looked at now, not when the sleep times out.
             let woken = workers.sleep(index, until: sleepUntil(keeps ? nextDue : nextFullScan)) {

@@ -133,16 +133,9 @@ final class ReaperWorkers: Sendable {
     /// everything at normal priority, and the foreground gate still spaces
     /// its deletions while the mount is busy. When space runs short
     /// (`isSpaceShort`) or the mount stops serving, every worker leaves the
-    /// idle class at once, not when it next finishes an entry. A worker
-    /// that nice 19 still starves for `floorAfter` seconds goes to nice 10
-    /// (`WorkerPriority.floor`) until it runs out of work.
-    /// Seconds a worker at nice 19 may starve before it goes to nice 10.
-    static let floorAfter = 10
-
+    /// idle class at once, not when it next finishes an entry.
     func watch(isSpaceShort: () -> Bool) {
         var last = [UInt64?](repeating: nil, count: count)
-        // Seconds in a row each worker at nice 19 starved.
-        var starved = [Int](repeating: 0, count: count)
         var lastTime = Condition.now()
         while isRunning {
             // Nothing to watch while every worker sleeps: sleep too, until one
@@ -164,22 +157,19 @@ final class ReaperWorkers: Sendable {
             let short = isSpaceShort()
             let sleeping = idleMask.load(ordering: .relaxed)
             for (w, thread) in threads.enumerated() {
-                if short && thread.priority == .idle { thread.set(.background) }
+                if short { thread.set(.background) }
                 // A sleeping worker is not starving (and costs no look at /proc).
-                guard sleeping & (1 << UInt64(w)) == 0, let priority = thread.priority, priority != .floor,
-                      let waited = thread.runQueueWait() else { last[w] = nil; starved[w] = 0; continue }
-                defer { last[w] = waited }
-                guard let before = last[w], waited &- before >= elapsed / 4 * 3 else { starved[w] = 0; continue }
-                if priority == .idle {
+                guard sleeping & (1 << UInt64(w)) == 0, thread.priority == .idle,
+                      let waited = thread.runQueueWait() else { last[w] = nil; continue }
+                if let before = last[w], waited &- before >= elapsed / 4 * 3 {
                     thread.lifted.store(true, ordering: .relaxed)
                     thread.set(.background)
-                    starved[w] = 0
+                    last[w] = nil
                 } else {
-                    starved[w] += 1
-                    if starved[w] >= Self.floorAfter { thread.floor() }
+                    last[w] = waited
                 }
             }
         }
-        for thread in threads where thread.priority != .floor { thread.set(.background) }
+        for thread in threads { thread.set(.background) }
     }
 }

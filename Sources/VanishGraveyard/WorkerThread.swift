@@ -15,11 +15,6 @@ enum WorkerPriority {
     /// took 199 s next to four CPU hogs (21.6 s at nice 19), and the daemon,
     /// whose fds keep the backing filesystem busy, lingered as long.
     case background
-    /// Nice 10: a worker nice 19 still starved for `ReaperWorkers.floorAfter`.
-    /// Next to busy loops at normal priority it then frees deleted data with
-    /// about a twentieth of a CPU rather than a hundredth, so a machine kept
-    /// busy for hours does not fill its disk with what users deleted.
-    case floor
 }
 
 /// One reaper worker's thread as the other threads see it. Its class is
@@ -31,9 +26,6 @@ final class WorkerThread: Sendable {
     private struct State {
         var tid: pid_t = 0
         var priority: WorkerPriority?
-        /// The watchdog found it starving at nice 19 too (`floor`); cleared
-        /// when the worker runs out of work or goes back to the idle class.
-        var floored = false
     }
     private let state = Mutex(State())
     /// Set by the watchdog when the idle class starved the worker; the
@@ -51,38 +43,15 @@ final class WorkerThread: Sendable {
 
     /// Puts the thread in `priority`'s classes unless it is there already.
     func set(_ priority: WorkerPriority) {
-        state.withLock { s in Self.set(priority, &s) }
-    }
-
-    /// The worker's own choice: the idle class (which ends a floor), or
-    /// out of it at nice 19, or at nice 10 if the watchdog floored it;
-    /// `outOfWork` ends the floor too. One step under the lock, so the
-    /// watchdog's `floor` cannot land between clearing and choosing.
-    func reschedule(idle: Bool, outOfWork: Bool = false) {
         state.withLock { s in
-            if idle || outOfWork { s.floored = false }
-            Self.set(idle ? .idle : s.floored ? .floor : .background, &s)
+            guard s.tid != 0, s.priority != priority else { return }
+            Self.apply(priority, to: s.tid)
+            s.priority = priority
         }
-    }
-
-    /// The watchdog's step for a worker nice 19 still starves: nice 10,
-    /// unless it has left nice 19 meanwhile.
-    func floor() {
-        state.withLock { s in
-            guard s.priority == .background else { return }
-            s.floored = true
-            Self.set(.floor, &s)
-        }
-    }
-
-    private static func set(_ priority: WorkerPriority, _ s: inout State) {
-        guard s.tid != 0, s.priority != priority else { return }
-        apply(priority, to: s.tid)
-        s.priority = priority
     }
 
     private static func apply(_ priority: WorkerPriority, to tid: pid_t) {
-        let nice = { (n: Int32) in _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(tid), n) }
+        let nice = { _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(tid), 19) }
         var param = sched_param(sched_priority: 0)
         switch priority {
         case .idle:
@@ -92,10 +61,10 @@ final class WorkerThread: Sendable {
             // the scheduler let a running worker finish its slice first (EEVDF
             // runs to parity), and one create in a thousand waited 3-4 ms while
             // the reaper freed a tree (ext4 on a RAM disk).
-            if sched_setscheduler(tid, VANISH_SCHED_IDLE, &param) != 0 { nice(19) }
-        case .background, .floor:
+            if sched_setscheduler(tid, VANISH_SCHED_IDLE, &param) != 0 { nice() }
+        case .background:
             _ = vanish_ioprio_set_thread(tid, VANISH_IOPRIO_CLASS_BE, VANISH_IOPRIO_BE_LOWEST)
-            nice(priority == .floor ? 10 : 19)
+            nice()
             // Leaving SCHED_IDLE needs CAP_SYS_NICE or an RLIMIT_NICE that
             // allows nice 19; without them the worker stays idle, and slower.
             _ = sched_setscheduler(tid, VANISH_SCHED_OTHER, &param)

@@ -580,26 +580,6 @@ struct GraveyardTests {
         try waitFor("both workers back in SCHED_IDLE") { reapers().filter { $0.policy == 5 }.count == 2 }
     }
 
-    @Test("a worker nice 19 still starves next to CPU hogs goes to nice 10 until it runs out of work (issue 50)")
-    func flooredWhenStarvedAtNice19() throws {
-        let m = try VanishMount(options: ["reapers=2"], prepare: { src in try makeTree(src + "/tree", files: 60_000) })
-        defer { m.close() }
-        let reapers = try idleReapers(m)
-        // Four busy loops per core in the daemon's session: at nice 19 a worker gets about a hundredth of a CPU.
-        let hogs = try BusyLoops(perCore: 4)
-        defer { hogs.stop() }
-        #expect(try run([vanishBinary, "rm", "-r", m.path("tree")]).ok)
-        // Lifted to nice 19 after a starved second, then 10 more starved seconds at nice 19.
-        try waitFor("a reaper worker at nice 10", timeout: 120) {
-            reapers().contains { $0.policy == 0 && $0.nice == 10 }
-        }
-        #expect(try sh("echo x > f && cat f", cwd: m.mountpoint).stdout == "x\n")
-        hogs.stop()
-        try waitForReaper(m)
-        #expect(try graveyardCount(m.source) == 0)
-        try waitFor("both workers back in SCHED_IDLE") { reapers().filter { $0.policy == 5 }.count == 2 }
-    }
-
     @Test("an idle mount's reaper, watchdog and event writer sleep until there is work, and then wake for it")
     func idleThreadsSleep() throws {
         try withVanishMount(prepare: { src in try makeTree(src + "/tree", files: 100) }) { m in
