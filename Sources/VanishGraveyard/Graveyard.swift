@@ -222,12 +222,14 @@ public final class Graveyard: @unchecked Sendable {
     public func bury(_ parentFD: Int32, _ name: UnsafePointer<CChar>, record: TrashRecord? = nil,
                      deletion: Deletion = .now, linking: Bool = false, reserved: Reservation? = nil,
                      by deleter: DeletedBy? = nil, file: Bool = false, checked directory: ino_t? = nil,
+                     shard chosen: Int? = nil,
                      named: ((UnsafePointer<CChar>) -> Void)? = nil) throws(Errno) -> Int {
         let n = reserved?.number ?? counter.wrappingAdd(1, ordering: .relaxed).newValue
         // Runs of 64 deletions share a shard, so a reaper woken for a program
         // that unlinks file after file scans one directory for many of them;
-        // pieces of a tree being reaped are spread one by one, for parallel workers.
-        let shard = Int((deletion.isPiece ? n : n >> 6) % UInt64(Graveyard.shardCount))
+        // pieces of a tree being reaped are spread one by one, for parallel
+        // workers (but where the reaper chooses, see `TreeRemover`).
+        let shard = chosen ?? Int((deletion.isPiece ? n : n >> 6) % UInt64(Graveyard.shardCount))
         let sfd = shardFDs[shard]
         let namesFile = file && reserved == nil
         // A directory's deletion time is what the reaper judges later changes in it by.

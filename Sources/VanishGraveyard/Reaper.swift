@@ -388,7 +388,8 @@ public final class Reaper: @unchecked Sendable {
                                   handedBack: { [workers, accounting] shard, piece, origin in
                                       accounting.split(piece, from: origin)
                                       workers.markDirty(shard)
-                                  }, families: families, shardFD: shard)
+                                  }, families: families, shardFD: shard,
+                                  shardIndex: graveyard.shardFDs.firstIndex(of: shard))
         let judging = (keeps || !graveyard.trash.isEmpty) && !policy.freesKeptEntries
         let now = judging ? Sys.wallClockNow() : 0
         while let d = readdir(dp) {

@@ -55,6 +55,14 @@ struct TreeRemover {
     /// Where a deleter's pieces came from, and the shard (fd) being reaped.
     let families: PieceFamilies
     let shardFD: Int32
+    /// `shardFD`'s index: a directory the daemon empties hands its first
+    /// subdirectory back there, so the worker reaping it goes on with it,
+    /// with no other worker woken. A chain of single subdirectories (1,800
+    /// deep) otherwise went from worker to worker, a sleep and a wakeup per
+    /// level: 18 s idle, and minutes beside busy processes, in the idle class
+    /// each wakeup starts in. A deleter's pieces stay spread: their parents
+    /// wait in the shard for them, and a pass reads every waiting one.
+    let shardIndex: Int?
     /// The graveyard's mount, and whether its filesystem is remote (`look`).
     var home: (mount: UInt64, remote: Bool)? = nil
 
@@ -95,17 +103,21 @@ struct TreeRemover {
         let dp: OpaquePointer
         do throws(Errno) { dp = try Sys.directoryStream(adopting: fd) } catch { note(error); return true }
         let dfd = dirfd(dp)
+        var stays = true
         while let d = readdir(dp) {
             let child = vanish_dirent_name(d)!
             if isDotOrDotDot(child) { continue }
             // Without a burial time, nothing to judge: moved on the readdir's word.
-            if since == nil, d.pointee.d_type == UInt8(DT_DIR), handBack(dfd, child, since) { continue }
+            if since == nil, d.pointee.d_type == UInt8(DT_DIR), handBack(dfd, child, since, stays: stays) {
+                stays = false
+                continue
+            }
             if let cst = lookInside(dfd, child) {
                 if cst.st_mode & S_IFMT == S_IFDIR {
                     if Self.cameInLater(cst, since: since, deleter: daemon, fine: graveyard.clock.fine) {
                         keptLater = true
-                    } else {
-                        handBack(dfd, child, since, checked: cst)
+                    } else if handBack(dfd, child, since, checked: cst, stays: stays) {
+                        stays = false
                     }
                 } else {
                     guard pace() else { closedir(dp); return false }
@@ -286,16 +298,17 @@ struct TreeRemover {
     /// directory found moved instead is a stranger (`keepStranger`).
     @discardableResult
     private mutating func handBack(_ dirFD: Int32, _ child: UnsafePointer<CChar>, _ since: UInt64?,
-                                   checked: stat? = nil) -> Bool {
+                                   checked: stat? = nil, stays: Bool) -> Bool {
         var piece = ""
         let shard: Int
         do {
-            shard = try graveyard.bury(dirFD, child, deletion: .piece(of: since), named: { piece = String(cString: $0) })
+            shard = try graveyard.bury(dirFD, child, deletion: .piece(of: since), shard: stays ? shardIndex : nil,
+                                       named: { piece = String(cString: $0) })
         } catch {
             guard let st = lookInside(dirFD, child), st.st_mode & S_IFMT == S_IFDIR else { return false }
             // Moving a directory rewrites its "..": it must be writable.
             if error == .permissionDenied && makeRemovable(dirFD, child, st, owner: geteuid()) {
-                return handBack(dirFD, child, since, checked: checked)
+                return handBack(dirFD, child, since, checked: checked, stays: stays)
             }
             note(error)
             return false

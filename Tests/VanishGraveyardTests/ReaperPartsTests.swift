@@ -250,6 +250,56 @@ struct ReaperPartsTests {
         #expect(!"w".withCString { f.isWaiting($0) })
     }
 
+    @Test("a directory the daemon empties hands its first subdirectory back to the shard being reaped, the rest spread")
+    func firstPieceStays() throws {
+        let dir = try makeTempDirectory()
+        defer { removeTree(dir) }
+        let fd = open(dir, O_RDONLY | O_DIRECTORY)
+        defer { close(fd) }
+        let g = try Graveyard(rootFD: fd, client: try ClientID("alpha"))
+        // A chain 20 deep with a file at each level, and a top with 8 subdirectories.
+        var path = dir + "/tree"
+        for _ in 0..<20 {
+            #expect(mkdir(path, 0o755) == 0)
+            #expect(creat(path + "/f", 0o644) >= 0)
+            path += "/d"
+        }
+        for i in 0..<7 { #expect(mkdir(dir + "/tree/w\(i)", 0o755) == 0) }
+        var entry = ""
+        let shard = try g.bury(fd, "tree", deletion: .now, named: { entry = String(cString: $0) })
+        final class Pieces: @unchecked Sendable { var list: [(shard: Int, name: String)] = [] }
+        let pieces = Pieces()
+        func removeEntry(_ name: String, in shard: Int) -> [(shard: Int, name: String)] {
+            pieces.list = []
+            var remover = TreeRemover(graveyard: g, progress: ReapProgress(), limiter: nil, gate: nil,
+                                      shouldStop: { false }, handedBack: { s, piece, _ in pieces.list.append((s, piece)) },
+                                      families: PieceFamilies(), shardFD: g.shardFDs[shard], shardIndex: shard)
+            #expect(name.withCString { remover.remove(g.shardFDs[shard], $0) })
+            #expect(remover.removedEntry && remover.failure == nil, "\(name): \(String(describing: remover.failure))")
+            return pieces.list
+        }
+        let top = removeEntry(entry, in: shard)
+        #expect(top.count == 8)
+        #expect(top.filter { $0.shard == shard }.count >= 1, "one stays where its directory was")
+        #expect(Set(top.map(\.shard)).count > 1, "the others are spread for the other workers")
+        // Down the chain, each level stays in its parent's shard: one worker, no wakeup.
+        var next = top
+        var depth = 0
+        while !next.isEmpty {
+            var found: [(shard: Int, name: String)] = []
+            for p in next {
+                let below = removeEntry(p.name, in: p.shard)
+                #expect(below.allSatisfy { $0.shard == p.shard }, "level \(depth): \(below) from shard \(p.shard)")
+                found += below
+            }
+            next = found
+            depth += 1
+        }
+        #expect(depth == 19, "the 19 levels below the top")
+        #expect(access(dir + "/tree", F_OK) != 0)
+        #expect(try graveyardCount(dir) == 0)
+    }
+
     @Test("a piece's and an unheld entry's names keep their tree's burial time; the window still sees them as due at once")
     func burialTimeInNames() throws {
         let dir = try makeTempDirectory()
