@@ -33,7 +33,7 @@ struct DeleteTrigger: Sendable {
     /// have emptied it, or puts it back). A file with other hard links is
     /// refused (EMLINK): the request names the inode, not which of its names
     /// the caller meant; a tree with a filesystem mounted inside, EBUSY.
-    func delete(_ req: Request, _ ino: fuse_ino_t) throws(Errno) {
+    func delete(_ req: Request, _ ino: fuse_ino_t) throws(Errno) -> Deleted {
         let node = table.inode(ino)
         guard node !== table.root else { throw .resourceBusy }
         guard let (parent, name) = table.location(of: node) else { throw .noSuchFileOrDirectory }
@@ -90,9 +90,23 @@ struct DeleteTrigger: Sendable {
         // Up to 5 s: under load the parent's lock can be held a second and
         // more by requests queued in it, and answering before the entry is
         // gone would let the caller still find the tree (the model check did).
-        if !invalidations.expire(parent: table.nodeID(parent), name: name, deleted: table.nodeID(node), timeout: .seconds(5)) {
+        if !invalidations.expire(parent: table.nodeID(parent), name: name, timeout: .seconds(5)) {
             log.warning("answering a delete trigger before the kernel dropped the entry (its parent stayed locked 5 s)")
         }
+        return Deleted(parent: table.nodeID(parent), name: name, child: table.nodeID(node))
+    }
+
+    /// An entry `delete` removed, for the kernel to hear of once the request is answered.
+    struct Deleted {
+        let parent: fuse_ino_t
+        let name: ContiguousArray<CChar>
+        let child: fuse_ino_t
+    }
+
+    /// After the answer to `delete`: the kernel drops the entry for good
+    /// and tells its watchers (see `EntryInvalidations.deleted`).
+    func answered(_ d: Deleted) {
+        invalidations.deleted(parent: d.parent, name: d.name, child: d.child)
     }
 
     /// Whether a filesystem is mounted anywhere below the directory `name`

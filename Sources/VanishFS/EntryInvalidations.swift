@@ -72,19 +72,24 @@ final class EntryInvalidations: Sendable {
     /// someone may hold while waiting for the entry's lock (an rmdir of it
     /// at that very moment): the timeout ends that wait, the handler
     /// answers, and the invalidation goes through after.
-    ///
-    /// `deleted`: the node the entry was, told to the kernel as deleted
-    /// once the caller has its answer, so watchers see `DELETE` (the
-    /// caller's inode lock, which that notice takes, is free by then).
-    func expire(parent: fuse_ino_t, name: ContiguousArray<CChar>, deleted: fuse_ino_t? = nil,
-                timeout: Duration) -> Bool {
-        let ticket = state.update { s -> UInt64? in
-            guard let ticket = s.enqueue(Pending(parent: parent, name: name, notice: .expire)) else { return nil }
-            _ = s.enqueue(Pending(parent: parent, name: name, notice: deleted.map { .delete(child: $0) } ?? .invalidate))
-            return ticket
+    func expire(parent: fuse_ino_t, name: ContiguousArray<CChar>, timeout: Duration) -> Bool {
+        guard let ticket = state.update({ $0.enqueue(Pending(parent: parent, name: name, notice: .expire)) }) else {
+            return true
         }
-        guard let ticket else { return true }
         return waitUntilSent(ticket, deadline: Condition.now() &+ timeout.nanoseconds)
+    }
+
+    /// Tells the kernel, without waiting, that `name` in `parent`, expired
+    /// before, was the node `child` and is deleted: it drops the entry and
+    /// what it caches below it, and watchers see `DELETE`. Only once the
+    /// request that deleted it is answered: the notice takes the entry's
+    /// inode lock, which that request's caller holds until then. Queued
+    /// any earlier, the notifying thread could wait in the kernel for that
+    /// lock while the answer is still to come, and a daemon killed right
+    /// then never exited (its last thread stuck there, the mount hung
+    /// until aborted through fusectl).
+    func deleted(parent: fuse_ino_t, name: ContiguousArray<CChar>, child: fuse_ino_t) {
+        _ = state.update { $0.enqueue(Pending(parent: parent, name: name, notice: .delete(child: child))) }
     }
 
     /// Tells the kernel to drop the attributes it keeps for `ino` (a mode

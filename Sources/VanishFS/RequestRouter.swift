@@ -153,8 +153,9 @@ public final class RequestRouter: LowLevelFilesystem {
                          size: Int, flags: Int32) throws(Errno) {
         if ours(ino) { throw .notSupported }
         if ControlNames.isDeleteTrigger(name) {
-            try h.deleteTrigger.delete(req, ino)
-            return req.replyOK()
+            let deleted = try h.deleteTrigger.delete(req, ino)
+            req.replyOK()
+            return h.deleteTrigger.answered(deleted)
         }
         try h.xattrs.setxattr(req, ino, name: name, value: value, size: size, flags: flags)
     }
