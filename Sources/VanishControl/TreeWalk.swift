@@ -18,8 +18,10 @@ enum TreeWalk {
     /// walk). Memory is the names of the directories on the current path.
     static func walk(_ mount: MountControl, as peer: Credentials? = nil,
                      _ visit: (_ path: [UInt8], _ st: stat, _ id: String) -> Bool) {
-        // An unlink already in the journal must not show up as existing.
-        mount.settle(for: peer?.uid ?? 0)
+        // An unlink already in the journal must not show up as existing:
+        // its name is skipped while its burial is pending (landing every
+        // user's for a walk by anyone would undo their `rm -rf`'s grouping).
+        mount.awaitOneStepSorted(for: peer?.uid ?? 0)
         let graveyards = mount.hasGraveyard
         guard let rootStat = try? Sys.fstat(mount.backingRoot), peer?.permits(mount.backingRoot, 5) ?? true,
               var current = try? Sys.opened(mount.backingRoot, ".", VANISH_O_PATH | O_DIRECTORY),
@@ -37,6 +39,7 @@ enum TreeWalk {
             stack[stack.count - 1].next += 1
             let done = frame.names[frame.next].withUnsafeBufferPointer { n -> Bool in
                 let name = n.baseAddress!
+                if mount.isPendingBurial(dev: frame.dev, ino: frame.ino, name) { return false }
                 guard let st = try? Sys.lstatat(current.raw, name) else { return false }
                 var path = frame.prefix
                 if !path.isEmpty { path.append(0x2F) }

@@ -20,21 +20,26 @@ struct AttributeHandlers: Sendable {
 
     func getattr(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {
         let node = inode(ino)
-        // A directory's mtime and size must already show its unlinks.
+        // A directory's mtime must already show its unlinks.
         // Prefer the open handle: it still works after the name was unlinked.
         // statx, for the birth time a program may have asked for (FUSE_STATX).
-        var (st, birth) = if let fi, !node.isDirectory {
-            try Sys.fstatWithBirth(Int32(truncatingIfNeeded: fi.pointee.fh))
+        var (st, birth, shown) = if node.isDirectory {
+            try namespace.directoryAttributes(node)
+        } else if let fi {
+            try Self.same(Sys.fstatWithBirth(Int32(truncatingIfNeeded: fi.pointee.fh)))
         } else if let found = namespace.statByName(node) {
-            found
+            Self.same(found)
         } else {
-            try namespace.withFD(node) { fd throws(Errno) in try Sys.fstatWithBirth(fd) }
+            try Self.same(namespace.withFD(node) { fd throws(Errno) in try Sys.fstatWithBirth(fd) })
         }
         changes.sawDirectory(node, st)
         node.sawAttributes(st)
-        st = replies.devices.present(st)
+        st = replies.devices.present(shown)
         req.reply(attr: &st, timeout: replies.cacheTimeout(node), birth: birth)
     }
+
+    @inline(__always)
+    private static func same(_ found: (stat, UInt64)) -> (stat, UInt64, stat) { (found.0, found.1, found.0) }
 
     func setattr(_ req: Request, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>, toSet: Int32,
                         _ fi: UnsafeMutablePointer<fuse_file_info>?) throws(Errno) {

@@ -32,10 +32,12 @@ import VanishGraveyard
 /// when nothing is pending. For the intents' paths to stay true, a
 /// directory is renamed only once no burial is pending (`BackingNamespace.renaming`).
 final class DeferredBurials: @unchecked Sendable {
-    /// Which name a burial is of: its directory and a hash of (directory, name).
+    /// Which name a burial is of: its directory and a hash of (directory,
+    /// name); and who unlinked it.
     struct Key: Hashable {
         let nameHash: UInt64
         let directory: InodeKey
+        let uid: uid_t
     }
 
     /// A begun burial: from `begin` until it is consumed its name is hidden
@@ -104,6 +106,11 @@ final class DeferredBurials: @unchecked Sendable {
     private var directories = [InodeKey: Int32](minimumCapacity: 64)
     private var queues = [InodeKey: [Queued]](minimumCapacity: 64)
     private var queuedCount = 0
+    /// Begun burials not (yet) queued, by unlinker: answered or about to be.
+    private var unqueued = [uid_t: Int32](minimumCapacity: 8)
+    /// The latest unlink (wall clock, ns) in each directory with burials
+    /// pending, as `latestUnlink` has shown it: never earlier than before.
+    private var latest = [InodeKey: UInt64](minimumCapacity: 64)
     private var waiters = 0
     private var flusherStarted = false
     /// The flusher sleeps without a deadline (nothing was queued).
@@ -144,11 +151,12 @@ final class DeferredBurials: @unchecked Sendable {
 
     /// Marks `name` in `dir` as on its way to the graveyard; call before
     /// replying to the unlink, and `queue` or `end` the ticket after.
-    func begin(_ dir: Inode, _ name: UnsafePointer<CChar>) -> Ticket {
-        let key = Key(nameHash: Self.hash(dir.key, name), directory: dir.key)
+    func begin(_ dir: Inode, _ name: UnsafePointer<CChar>, by uid: uid_t) -> Ticket {
+        let key = Key(nameHash: Self.hash(dir.key, name), directory: dir.key, uid: uid)
         cond.lock()
         names[key.nameHash, default: 0] += 1
         directories[key.directory, default: 0] += 1
+        unqueued[uid, default: 0] += 1
         let first = directories[key.directory] == 1
         outstanding.add(1, ordering: .releasing)
         cond.unlock()
@@ -169,6 +177,8 @@ final class DeferredBurials: @unchecked Sendable {
         let item = Queued(key: ticket.handOver(), file: file, directory: dir, name: copy, caller: caller,
                           record: record, since: Condition.now())
         defer { cond.unlock() }
+        Self.release(&unqueued, item.key.uid)
+        latest[dir.key] = max(latest[dir.key] ?? 0, file.deleted)
         queues[dir.key, default: []].append(item)
         queuedCount += 1
         if let bytes = record?.bytes { keptBytesQueued.add(bytes, ordering: .relaxed) }
@@ -183,8 +193,32 @@ final class DeferredBurials: @unchecked Sendable {
     /// Ends a ticket (`Ticket.end`, or one dropped).
     fileprivate func end(_ key: Key) {
         cond.lock()
+        Self.release(&unqueued, key.uid)
         release(key)
         cond.unlock()
+    }
+
+    /// When the latest answered unlink in the directory `dir` came (wall
+    /// clock, ns), while burials are pending there; nil when none is. An
+    /// unlink between its answer and its queue counts as now. Never earlier
+    /// than what it said before for the same pending burials.
+    func latestUnlink(in dir: InodeKey) -> UInt64? {
+        if isEmpty { return nil }
+        cond.lock()
+        defer { cond.unlock() }
+        guard let pending = directories[dir] else { return nil }
+        if Int(pending) > queues[dir]?.count ?? 0 { latest[dir] = max(latest[dir] ?? 0, Sys.wallClockNow()) }
+        return latest[dir]
+    }
+
+    /// Whether `name` in the directory `dir` has a burial pending: an
+    /// answered unlink whose name is still in the backing directory.
+    func isPending(_ dir: InodeKey, _ name: UnsafePointer<CChar>) -> Bool {
+        if isEmpty { return false }
+        let h = Self.hash(dir, name)
+        cond.lock()
+        defer { cond.unlock() }
+        return names[h] != nil
     }
 
     /// Ends the burials of files that left with their directory.
@@ -316,6 +350,43 @@ final class DeferredBurials: @unchecked Sendable {
         cond.unlock()
     }
 
+    /// Lands the queued burials `uid` made that go to their trash, and no
+    /// one else's: listing one's own trash folder in a loop must not land
+    /// another user's `rm -rf` file by file instead of keeping each
+    /// directory whole. `answered`: first waits until each burial `uid`
+    /// began is queued or over (its unlink may be answered already), for
+    /// a listing through the control socket, which the unlink's handler
+    /// can still be ahead of.
+    func landQueued(keptFor uid: uid_t, answered: Bool = false) {
+        if isEmpty { return }
+        cond.lock()
+        while answered && unqueued[uid] != nil { park() }
+        for key in Array(queues.keys) {
+            guard let q = queues[key], q.contains(where: { Self.isKept($0, for: uid) }) else { continue }
+            if q.allSatisfy({ Self.isKept($0, for: uid) }) {
+                if let all = takeQueue(key) { landNow(all) }
+                continue
+            }
+            let mine = q.filter { Self.isKept($0, for: uid) }
+            queues[key] = q.filter { !Self.isKept($0, for: uid) }
+            uncount(mine)
+            landNow(mine)
+        }
+        cond.unlock()
+    }
+
+    /// The queued burials with trash records, by unlinker (for the status).
+    func queuedKeptByUser() -> [uid_t: Int] {
+        if isEmpty { return [:] }
+        cond.lock()
+        defer { cond.unlock() }
+        var counts: [uid_t: Int] = [:]
+        for q in queues.values { for item in q where item.record != nil { counts[item.caller.uid, default: 0] += 1 } }
+        return counts
+    }
+
+    private static func isKept(_ q: Queued, for uid: uid_t) -> Bool { q.record != nil && q.caller.uid == uid }
+
     /// Returns once every burial begun so far has landed.
     func drain() {
         if isEmpty { return }
@@ -339,10 +410,15 @@ final class DeferredBurials: @unchecked Sendable {
 
     private func takeQueue(_ key: InodeKey) -> [Queued]? {
         guard let q = queues.removeValue(forKey: key) else { return nil }
-        queuedCount -= q.count
-        let bytes = q.reduce(UInt64(0)) { $0 &+ ($1.record?.bytes ?? 0) }
-        if bytes > 0 { keptBytesQueued.subtract(bytes, ordering: .relaxed) }
+        uncount(q)
         return q
+    }
+
+    /// Takes `items`, out of their queue, off the counts.
+    private func uncount(_ items: [Queued]) {
+        queuedCount -= items.count
+        let bytes = items.reduce(UInt64(0)) { $0 &+ ($1.record?.bytes ?? 0) }
+        if bytes > 0 { keptBytesQueued.subtract(bytes, ordering: .relaxed) }
     }
 
     /// Lands `items` with the lock released meanwhile, then ends their tickets.
@@ -357,6 +433,7 @@ final class DeferredBurials: @unchecked Sendable {
     private func release(_ key: Key) {
         Self.release(&names, key.nameHash)
         Self.release(&directories, key.directory)
+        if directories[key.directory] == nil { latest[key.directory] = nil }
         // Under the lock, so no unlink can begin (and write its intent) meanwhile.
         if outstanding.subtract(1, ordering: .releasing).newValue == 0 { intents?.compactIfLarge() }
         if waiters > 0 { cond.broadcast() }

@@ -65,15 +65,30 @@ package final class MountControl: Sendable {
     /// Whether deletes go to a graveyard (and the root holds its state directory).
     package var hasGraveyard: Bool { graveyard != nil }
 
-    /// Lets every pending burial land: a listing, a restore or a walk must
-    /// see each answered unlink in place (and a name whose burial is pending
-    /// is free, not taken), and each one-step delete of `uid`'s in the trash
-    /// once sorted (up to 30 s: `vanish rm -r` then `vanish restore` finds
-    /// the tree; the sorting thread runs at nice 10, and on a busy machine
-    /// 5 s were too few). Other users' one-step deletes are not waited for.
+    /// Lets the pending burials `uid` sees land: a listing or a restore
+    /// must see each answered unlink in place (and a name whose burial is
+    /// pending is free, not taken), and each one-step delete of `uid`'s in
+    /// the trash once sorted (up to 30 s: `vanish rm -r` then `vanish
+    /// restore` finds the tree; the sorting thread runs at nice 10, and on
+    /// a busy machine 5 s were too few). Root sees everyone's deletions;
+    /// another user lands only their own: a `trash list` in a loop must not
+    /// land other users' `rm -rf` file by file. Other users' one-step
+    /// deletes are not waited for.
     package func settle(for uid: uid_t) {
-        namespace.settle()
+        if uid == 0 { namespace.settle() } else { namespace.landQueued(keptFor: uid, answered: true) }
+        awaitOneStepSorted(for: uid)
+    }
+
+    /// Waits (up to 30 s) until `uid`'s one-step deletes are sorted: each
+    /// in the trash, or put back where it was.
+    package func awaitOneStepSorted(for uid: uid_t) {
         oneStep.awaitSorted(of: uid, timeout: .seconds(30))
+    }
+
+    /// Whether `name` in the backing directory (`dev`, `ino`) is an answered
+    /// unlink whose rename into the graveyard is still to come.
+    package func isPendingBurial(dev: dev_t, ino: ino_t, _ name: UnsafePointer<CChar>) -> Bool {
+        namespace.isPendingBurial(InodeKey(dev: dev, ino: ino), name)
     }
 
     /// The restorable entries `uid` may see (root: all), oldest first.

@@ -31,7 +31,7 @@ extension Deleter {
             if st.st_nlink == 1 { keepRestorable(parentFD, name, st: st, parent: parent, caller: caller) }
             try Sys.unlinkat(parentFD, name, 0)
         } else if defersUnlink, let graveyard, st.st_dev == graveyard.device {
-            let ticket = burials.begin(parent, name)
+            let ticket = burials.begin(parent, name, by: caller.uid)
             // An immutable or append-only directory would refuse the rename
             // after the reply. Asked when its queue starts, not for every
             // file: `rm -rf` pays one statx a directory, and a chattr in the

@@ -147,7 +147,7 @@ final class Statahead: @unchecked Sendable {
     /// Reads the directory `name` in `parent` and stats each of its entries,
     /// if `caller` may read and search it.
     private func warm(_ name: ContiguousArray<CChar>, in parent: Inode, for caller: Caller) {
-        let opened = namespace.withFDIfPossible(parent) { pfd in
+        let opened = namespace.warming(parent) { pfd in
             name.withUnsafeBufferPointer {
                 Glibc.openat(pfd, $0.baseAddress!, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
             }
@@ -308,7 +308,7 @@ final class Statahead: @unchecked Sendable {
     /// `window` entries ahead of the lookups in it, until the directory
     /// ends or the lookups stop.
     private func readAhead(in dir: Inode) {
-        guard let fd = namespace.withFDIfPossible(dir, { Glibc.openat($0, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) }),
+        guard let fd = namespace.warming(dir, { Glibc.openat($0, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) }),
               fd >= 0 else { return }
         guard let stream = try? Sys.directoryStream(adopting: fd) else { return }
         defer { closedir(stream) }

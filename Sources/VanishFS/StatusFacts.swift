@@ -43,6 +43,9 @@ package struct StatusFacts {
         package var yields: Bool
         package var workers: Int
         package var freeBytes: UInt64
+        /// Unlinks on their way to the trash, by unlinker: in `pendingEntries`,
+        /// not yet among the undo window's entries.
+        package var queuedKept: [uid_t: Int] = [:]
     }
 
     /// The undo window: its terms, what it keeps and what its limits gave up
@@ -89,7 +92,8 @@ extension Deleter {
         return .init(pendingEntries: pendingEntries + oneStep.count, stuckEntries: stuckEntries, putBack: oneStep.putBack + heldPutBack,
                      remainingWork: remainingWork, holdingBytes: holdingBytes, statistics: reapingStatistics,
                      pace: reapingPace, idle: reapersIdle && oneStep.count == 0, yields: reapersYield,
-                     workers: reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize))
+                     workers: reaper?.workerCount ?? 0, freeBytes: UInt64(fs.f_bavail) * UInt64(fs.f_frsize),
+                     queuedKept: burials.queuedKeptByUser())
     }
 
     /// The undo window's facts, listing `uid`'s entries (none for root, who gets the totals).

@@ -16,8 +16,10 @@ package enum StatusReport {
             restorable = own.count
             // A held entry's measure is root's to see (see `trash list`).
             restorableBytes = own.reduce(0) { $0 + ($1.record.held == nil ? $1.record.bytes ?? 0 : 0) }
-            // Others' kept entries leave the backlog too, or it would count them.
-            pending = max(0, f.reaping.pendingEntries - (allRestorable - own.count))
+            // Others' kept entries leave the backlog too, or it would count them,
+            // and so do their unlinks still on the way to the trash.
+            let othersOnTheWay = f.reaping.queuedKept.reduce(0) { $0 + ($1.key == uid ? 0 : $1.value) }
+            pending = max(0, f.reaping.pendingEntries - (allRestorable - own.count) - othersOnTheWay)
         }
         // The files and directories left in due entries (the window's and
         // stuck ones are not due) at the recent pace; unknown (null) when a

@@ -73,7 +73,7 @@ struct TrashRequests: Sendable {
 
     func lookupFolder(_ req: Request, _ uid: UInt32) throws(Errno) {
         // An unlink answered a moment ago is in the folder as soon as its owner looks for it.
-        if (try? checkOwner(req, uid)) != nil { namespace.landQueued() }
+        if (try? checkOwner(req, uid)) != nil { namespace.landQueued(keptFor: uid) }
         guard let folders = trashFolders, folders.exists(uid) else { throw .noSuchFileOrDirectory }
         replyEntry(req, folders, uid, .folder)
     }
@@ -94,7 +94,7 @@ struct TrashRequests: Sendable {
     func answer(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         let (folders, dir) = try folderNode(parent)
         try checkOwner(req, dir.uid)
-        namespace.landQueued()
+        namespace.landQueued(keptFor: dir.uid)
         let n = Self.bytes(name)
         switch dir.kind {
         case .folder:
@@ -148,7 +148,7 @@ struct TrashRequests: Sendable {
     func opendir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         let (folders, node) = try folderNode(ino)
         try checkOwner(req, node.uid)
-        namespace.landQueued()
+        namespace.landQueued(keptFor: node.uid)
         var names: [(name: [UInt8], type: UInt8)] = [([0x2E], Self.dir), ([0x2E, 0x2E], Self.dir)]
         switch node.kind {
         case .folder:

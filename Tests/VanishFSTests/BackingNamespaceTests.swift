@@ -5,6 +5,7 @@ import LinuxSyscalls
 import Synchronization
 import SystemPackage
 import Testing
+import VanishGraveyard
 import VanishTestSupport
 @testable import VanishFS
 
@@ -66,13 +67,16 @@ struct BackingNamespaceTests {
 
         /// What unlink does after its checks: a burial begun and queued on its
         /// directory. False if it could not be queued.
+        /// `kept`: with a trash record, as an undo window makes.
         @discardableResult
-        func queueBurial(_ name: String) throws -> Bool {
+        func queueBurial(_ name: String, by uid: uid_t = 0, kept: Bool = false) throws -> Bool {
             let st = try Sys.lstatat(AT_FDCWD, base + "/dir/" + name)
-            let ticket = burials.begin(dir, name)
+            let ticket = burials.begin(dir, name, by: uid)
             let file = DeferredBurials.File(st: st, inPlace: false, deleted: 0)
-            if let back = burials.queue(ticket, file, in: dir, name: name, caller: Caller(uid: 0, gid: 0, pid: 1, umask: 0),
-                                      record: nil) {
+            let record = kept ? TrashRecord(path: Array(("dir/" + name).utf8), uid: uid, gid: uid, bytes: 0, kind: .file,
+                                            window: 3_600_000_000_000) : nil
+            if let back = burials.queue(ticket, file, in: dir, name: name, caller: Caller(uid: uid, gid: uid, pid: 1, umask: 0),
+                                      record: record) {
                 back.end()
                 return false
             }
@@ -91,10 +95,10 @@ struct BackingNamespaceTests {
         f.make("a")
         f.make("b")
         do {
-            let first = f.burials.begin(f.dir, "a")
+            let first = f.burials.begin(f.dir, "a", by: 0)
             let firstIsFirst = first.first
             #expect(firstIsFirst && f.burials.count == 1)
-            let second = f.burials.begin(f.dir, "b")
+            let second = f.burials.begin(f.dir, "b", by: 0)
             let secondIsFirst = second.first
             #expect(!secondIsFirst, "another burial was pending in the directory")
             #expect(f.burials.count == 2)
@@ -109,6 +113,44 @@ struct BackingNamespaceTests {
         #expect(f.burials.count == 1)
         #expect(!f.lookup("a"))
         #expect(f.burials.count == 0 && !f.onDisk("a"))
+    }
+
+    @Test("a user's look at their trash lands only their own kept burials, after their unlinks still on the way; a pending name is known as such")
+    func landsOnlyTheUsersOwn() throws {
+        let f = try Fixture()
+        for n in ["mine", "theirs", "plain", "late"] { f.make(n) }
+        try f.queueBurial("mine", by: 1000, kept: true)
+        try f.queueBurial("theirs", by: 0, kept: true)
+        try f.queueBurial("plain", by: 1000, kept: false)
+        let dirKey = f.dir.key
+        #expect("mine".withCString { f.burials.isPending(dirKey, $0) })
+        #expect(!"late".withCString { f.burials.isPending(dirKey, $0) })
+        f.burials.landQueued(keptFor: 1000)
+        #expect(!f.onDisk("mine"), "uid 1000's kept burial landed")
+        #expect(f.onDisk("theirs") && f.onDisk("plain"), "root's and the unkept one stay queued")
+        #expect(!"mine".withCString { f.burials.isPending(dirKey, $0) })
+        #expect("theirs".withCString { f.burials.isPending(dirKey, $0) })
+        // An unlink answered but not yet queued: the control socket's listing waits for it.
+        let ticket = f.burials.begin(f.dir, "late", by: 1000)
+        final class Done: Sendable { let value = Atomic<Bool>(false) }
+        let done = Done()
+        spawnThread("test-lister") {
+            f.burials.landQueued(keptFor: 1000, answered: true)
+            done.value.store(true, ordering: .releasing)
+        }
+        usleep(50_000)
+        let early = done.value.load(ordering: .acquiring)
+        #expect(!early, "waits for uid 1000's burial on its way")
+        let st = try Sys.lstatat(AT_FDCWD, f.base + "/dir/late")
+        let record = TrashRecord(path: Array("dir/late".utf8), uid: 1000, gid: 1000, bytes: 0, kind: .file, window: 1)
+        if let back = f.burials.queue(ticket, DeferredBurials.File(st: st, inPlace: false, deleted: 0), in: f.dir, name: "late",
+                                      caller: Caller(uid: 1000, gid: 1000, pid: 1, umask: 0), record: record) {
+            back.end()
+            Issue.record("not queued")
+        }
+        try waitFor("the listing to go on") { done.value.load(ordering: .acquiring) }
+        #expect(!f.onDisk("late"), "landed for the listing")
+        #expect(f.onDisk("theirs"))
     }
 
     @Test("a queued burial stays on disk until something could see its name, then lands first")

@@ -353,6 +353,28 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("with allow_other (default_permissions), rm -rf still keeps each directory whole, and a directory's times show each unlink at once")
+    func keptWholeWithDefaultPermissions() throws {
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            let r = try sh("mkdir d1 d2 && for i in $(seq 200); do echo x > d1/f$i; done && echo x > d2/f && touch -d @1000000000 d2",
+                           cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            // The kernel asks for d1's attributes after every unlink in it: that must not land its queue.
+            #expect(try sh("rm -rf d1", cwd: m.mountpoint).ok)
+            let list = try trashList(m)
+            #expect(list.map { $0["path"] as? String } == ["d1"], "\(list.count) entries")
+            #expect(list.first?["files_inside"] as? Int == 200, "\(list)")
+            // d2's burial may still be queued: its times show the unlink all the same.
+            let before = Date().timeIntervalSince1970 - 60
+            #expect(unlink(m.path("d2/f")) == 0)
+            var st = stat()
+            #expect(stat(m.path("d2"), &st) == 0)
+            #expect(Double(st.st_mtim.tv_sec) > before && Double(st.st_ctim.tv_sec) > before,
+                    "mtime \(st.st_mtim.tv_sec), ctime \(st.st_ctim.tv_sec)")
+        }
+    }
+
     @Test("restoring a path brings back its latest deletion, also when that went inside a directory kept whole")
     func restoreLatestFromInsideAKeptDirectory() throws {
         try withVanishMount(arguments: ["--keep", "1h"]) { m in
@@ -597,6 +619,47 @@ struct UndoWindowTests {
                 let back = try runAsNobody([binary, "restore", m.path("d/theirs"), "--to", m.path("out/back")])
                 #expect(back.ok, "\(back.stderr)")
                 #expect(try String(contentsOfFile: m.backing("out/back"), encoding: .utf8) == "secret\n")
+            }
+        }
+    }
+
+    @Test("a user listing their own trash in a loop, folder or control socket, lands none of another user's deletions: root's rm -rf stays one entry")
+    func ownTrashLoopLandsOnlyOwn() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root to become nobody")
+        try withFUSEDeviceOpenToAll {
+            try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+                let r = try sh("mkdir d1 && for i in $(seq 300); do echo x > d1/f$i; done", cwd: src)
+                guard r.ok else { throw TestFailure(r.stderr) }
+            }) { m in
+                #expect(try sh("mkdir -m 1777 out", cwd: m.mountpoint).ok)
+                // nobody's own trash folder exists once they deleted something.
+                #expect(try runAsNobody(["/bin/sh", "-c", "echo n > \(m.path("out/n")) && rm \(m.path("out/n"))"]).ok)
+                let socket = try #require(try statusJSON(m)["socket"] as? String)
+                // nobody lists .Trash-65534/files and asks the control socket for their
+                // trash list without pause (each lands what is queued for their trash)
+                // while root's rm -rf runs.
+                let r = try sh("""
+                    setpriv --reuid=65534 --regid=65534 --clear-groups /usr/bin/python3 -c '
+                    import os, socket, sys
+                    folder, path, started, stop = sys.argv[1:]
+                    open(started, "w").close()
+                    while not os.path.exists(stop):
+                        os.listdir(folder)
+                        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                        s.connect(path)
+                        s.sendall(b"{\\"op\\": \\"trash-list\\"}\\n")
+                        s.recv(65536)
+                        s.close()
+                    ' .Trash-65534/files \(socket) out/started out/stop &
+                    for i in $(seq 1000); do [ -e out/started ] && break; sleep 0.01; done
+                    [ -e out/started ] || { touch out/stop; echo "the lister never started" >&2; wait; exit 1; }
+                    rm -rf d1
+                    touch out/stop
+                    wait
+                    """, cwd: m.mountpoint)
+                #expect(r.ok, "\(r.stderr)")
+                let roots = try trashList(m).filter { $0["uid"] as? Int == 0 }
+                #expect(roots.map { $0["path"] as? String } == ["d1"], "root's deletion landed file by file: \(roots.count) entries")
             }
         }
     }
