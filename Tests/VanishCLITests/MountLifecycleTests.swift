@@ -564,7 +564,12 @@ struct ArgumentErrorTests {
             let dead = try VanishMount()
             defer { dead.close() }
             let deadSocket = try socketPath(dead)
-            let unlinker = try #require(children(of: dead.pid, named: "vanish-unlinker").first)
+            // The unlinker names itself once it runs: on a busy machine, a moment after the mount.
+            var unlinker: pid_t = 0
+            try waitFor("the unlinker to start") {
+                unlinker = children(of: dead.pid, named: "vanish-unlinker").first ?? 0
+                return unlinker > 0
+            }
             kill(unlinker, SIGKILL)
             try waitFor("the unlinker to go") { children(of: dead.pid, named: "vanish-unlinker").isEmpty }
             kill(dead.pid, SIGKILL)
