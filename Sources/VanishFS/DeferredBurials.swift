@@ -238,9 +238,9 @@ final class DeferredBurials: @unchecked Sendable {
             if let i = queues[dir.key]?.firstIndex(where: { $0.key.nameHash == h }) {
                 let q = queues[dir.key]!.remove(at: i)
                 if queues[dir.key]!.isEmpty { queues[dir.key] = nil }
-                queuedCount -= 1
-                if let bytes = q.record?.bytes { keptBytesQueued.subtract(bytes, ordering: .relaxed) }
-                landNow([q])
+                let one = [q]
+                uncount(one)
+                landNow(one)
             } else {
                 park()
             }
