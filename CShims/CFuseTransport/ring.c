@@ -100,6 +100,9 @@ struct queue {
     int count;                 // workers made (never fewer: they stop only with the ring)
     int idle;                  // workers waiting for a request
     _Atomic int spinning;      // a worker watches its entry after a reply
+    _Atomic pid_t last_caller; // whose request this queue served last
+    _Atomic int one_caller;    // its last two requests came from one caller
+    _Atomic uint64_t watches;  // replies after which a worker watched its entry
     struct worker *workers[max_threads_per_queue];
 };
 
@@ -250,6 +253,9 @@ static void serve(struct worker *w) {
     memcpy(request + sizeof *in + op, w->payload, payload);
     atomic_store_explicit(&w->unique, in->unique, memory_order_release);
     atomic_store_explicit(&rg->last_request, now_ns(), memory_order_relaxed);
+    struct queue *q = w->queue;
+    pid_t last = atomic_exchange_explicit(&q->last_caller, (pid_t)in->pid, memory_order_relaxed);
+    atomic_store_explicit(&q->one_caller, last == (pid_t)in->pid, memory_order_relaxed);
     rg->hooks->received(rg->hooks->transport, request, length);
     struct fuse_buf buf = { .size = length, .flags = 0, .mem = request, .fd = -1, .pos = 0 };
     fuse_session_process_buf(rg->se, &buf);
@@ -261,7 +267,12 @@ static int next_request(struct worker *w) {
     struct queue *q = w->queue;
     struct vanish_ring *rg = q->ring;
     int spin = 0;
-    if (rg->spin_ns && w->registered) {
+    // Only while one caller makes call after call (as over /dev/fuse): with
+    // several (git's parallel lstats), a request comes to the entry of a
+    // watcher that is runnable but not running, and on a busy CPU it waits
+    // there for the watcher's turn behind every other task, where a
+    // sleeping thread would have been woken ahead of them.
+    if (rg->spin_ns && w->registered && atomic_load_explicit(&q->one_caller, memory_order_relaxed)) {
         int none = 0;
         spin = atomic_compare_exchange_strong(&q->spinning, &none, 1);
     }
@@ -272,6 +283,7 @@ static int next_request(struct worker *w) {
         // thread for it, and the program tends to be woken on the other,
         // idle CPU, whose thread then must be woken in turn: watch the
         // entry a while, yielding the CPU to the program meanwhile.
+        atomic_fetch_add_explicit(&q->watches, 1, memory_order_relaxed);
         r = io_uring_submit(&w->ring);
         uint64_t start = now_ns();
         while (!io_uring_cq_ready(&w->ring) && now_ns() - start < rg->spin_ns) sched_yield();
@@ -538,5 +550,8 @@ void ring_info(const struct vanish_ring *rg, struct vanish_ring_info *info) {
     info->threads = atomic_load(&rg->thread_count);
     info->depth = rg->queue_count ? info->threads / rg->queue_count : 0;
     info->spin_microseconds = (uint32_t)(rg->spin_ns / 1000);
+    info->watches = 0;
+    for (int i = 0; i < rg->queue_count; i++)
+        info->watches += atomic_load_explicit(&rg->queues[i].watches, memory_order_relaxed);
     info->buffer_bytes = (uint64_t)info->threads * (rg->header_size + rg->payload_size + rg->request_size);
 }

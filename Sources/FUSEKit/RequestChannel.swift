@@ -54,6 +54,8 @@ public enum RequestChannel {
         /// brought them (over io_uring, forgets come in batches).
         public var forgets: UInt64 = 0
         public var forgetReads: UInt64 = 0
+        /// Replies after which a ring thread watched its entry for the next request.
+        public var watches: UInt64 = 0
 
         public var name: String { ring ? "io_uring" : "/dev/fuse" }
 
@@ -71,7 +73,7 @@ public enum RequestChannel {
         var s = State(ring: info.active != 0, queues: Int(info.queues), depth: Int(info.depth),
                       threads: Int(info.threads), bufferBytes: info.buffer_bytes,
                       spinMicroseconds: Int(info.spin_microseconds), reason: nil)
-        (s.forgets, s.forgetReads) = (info.forgets, info.forget_reads)
+        (s.forgets, s.forgetReads, s.watches) = (info.forgets, info.forget_reads, info.watches)
         guard !s.ring else { return s }
         if info.mode == Int32(VANISH_RING_OFF) {
             s.reason = "off by -o io_uring=off"

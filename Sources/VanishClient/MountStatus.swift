@@ -85,6 +85,8 @@ public struct MountStatus: Sendable, Equatable {
         /// Nodes forgotten in forgets read from /dev/fuse, and the reads that brought them.
         public var forgets = 0
         public var forgetReads = 0
+        /// Replies after which a ring thread watched its queue for the caller's next request.
+        public var watches = 0
         public init() {}
     }
 
@@ -157,7 +159,7 @@ public struct MountStatus: Sendable, Equatable {
             return ["channel": JSON(r.channel), "why": r.why.map { JSON($0) } ?? .null, "queues": JSON(r.queues),
                     "queue_depth": JSON(r.queueDepth), "threads": JSON(r.threads), "buffer_bytes": JSON(r.bufferBytes),
                     "spin_microseconds": JSON(r.spinMicroseconds), "forgets": JSON(r.forgets),
-                    "forget_reads": JSON(r.forgetReads)]
+                    "forget_reads": JSON(r.forgetReads), "watches": JSON(r.watches)]
         }, read: { s, r in
             guard let r else { return }
             s.requests.channel = r["channel"]?.string ?? "?"
@@ -169,6 +171,7 @@ public struct MountStatus: Sendable, Equatable {
             s.requests.spinMicroseconds = r["spin_microseconds"]?.int ?? 0
             s.requests.forgets = r["forgets"]?.int ?? 0
             s.requests.forgetReads = r["forget_reads"]?.int ?? 0
+            s.requests.watches = r["watches"]?.int ?? 0
         }),
         Field(key: "other_clients", write: { s in
             .array(s.otherClients.map { c -> JSON in

@@ -85,6 +85,7 @@ package enum StatusReport {
         o.requests.spinMicroseconds = f.serving.requests.spinMicroseconds
         o.requests.forgets = Int(f.serving.requests.forgets)
         o.requests.forgetReads = Int(f.serving.requests.forgetReads)
+        o.requests.watches = Int(f.serving.requests.watches)
         o.client = f.place.client
         o.leaseSeconds = f.place.leaseSeconds
         o.otherClients = f.place.otherClients.map {

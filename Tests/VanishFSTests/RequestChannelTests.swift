@@ -144,6 +144,58 @@ struct RequestChannelTests {
         }
     }
 
+    /// Asks for an absent xattr `count` times from CPU 0, in one process, or
+    /// in two that take turns through pipes (each request's caller is not
+    /// the last one's). Every getxattr is a round trip: the kernel caches none.
+    static let turns = """
+        import os, sys
+        path, count, takers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+        os.sched_setaffinity(0, {0})
+        def ask():
+            try: os.getxattr(path, "user.absent")
+            except OSError: pass
+        if takers == 1:
+            for _ in range(count): ask()
+            sys.exit(0)
+        (a_r, a_w), (b_r, b_w) = os.pipe(), os.pipe()
+        child = os.fork()
+        mine, theirs = (b_r, a_w) if child == 0 else (a_r, b_w)
+        if child != 0: os.write(theirs, b"x")
+        for _ in range(count // 2):
+            os.read(mine, 1)
+            ask()
+            os.write(theirs, b"x")
+        if child == 0: os._exit(0)
+        os.waitpid(child, 0)
+        """
+
+    @Test("over io_uring a thread watches for the next request only while one caller makes call after call (issue 50)")
+    func watchesForOneCaller() throws {
+        try Self.withKernelOffering {
+            try withVanishMount(prepare: { src in _ = FileManager.default.createFile(atPath: src + "/f", contents: nil) }) { m in
+                let req = try requests(m)
+                #expect(req["channel"] as? String == "io_uring")
+                guard (req["spin_microseconds"] as? Int ?? 0) > 0 else {
+                    Issue.record("the ring's threads do not watch after a reply: \(req)")
+                    return
+                }
+                func watches(_ takers: Int) throws -> Int {
+                    let before = try requests(m)["watches"] as? Int ?? 0
+                    let r = try run(["/usr/bin/python3", "-c", Self.turns, m.path("f"), "400", String(takers)])
+                    #expect(r.ok, "\(r.stderr)")
+                    return (try requests(m)["watches"] as? Int ?? 0) - before
+                }
+                // One caller: its next call usually comes while the thread watches.
+                let alone = try watches(1)
+                #expect(alone >= 300, "\(alone) of 400 replies watched for one caller")
+                // Two callers taking turns: a watching thread, runnable but not
+                // running, would hold the other's request behind every busy task.
+                let sharing = try watches(2)
+                #expect(sharing <= 20, "\(sharing) of 400 replies watched for two callers taking turns")
+            }
+        }
+    }
+
     @Test("a daemon on io_uring stops cleanly on unmount and on SIGTERM, its threads joined, nothing left mounted")
     func teardown() throws {
         try Self.withKernelOffering { try teardownOffered() }

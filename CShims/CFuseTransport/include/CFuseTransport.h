@@ -117,6 +117,7 @@ struct vanish_ring_info {
     uint64_t buffer_bytes;  // mapped for the entries' buffers (touched as used)
     uint64_t forgets;       // nodes forgotten in forgets read from /dev/fuse
     uint64_t forget_reads;  // the reads that brought them
+    uint64_t watches;       // replies after which a ring thread watched its entry
 };
 void vanish_transport_ring_info(const struct vanish_transport *t, struct vanish_ring_info *info);
 
