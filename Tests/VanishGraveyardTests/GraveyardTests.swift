@@ -154,12 +154,14 @@ struct GraveyardTests {
         }
     }
 
-    @Test("after rm -rf of 40k files, status's first estimate once the reaper has shown its pace is within 2× of what it takes (issue 51)")
+    @Test("after rm -rf of 10k files, status's first estimate once the reaper has shown its pace is within 2× of what it takes (issue 51)")
     func honestEstimate() throws {
-        // At 2,000 files a second, as a slow disk would free them (here the reaper
+        // At 500 files a second, as a slow disk would free them (here the reaper
         // frees tens of thousands a second and is done before anyone could ask).
-        try withVanishMount(options: ["reap_rate=2000"], prepare: { src in
-            let r = try sh("mkdir t && cd t && for d in $(seq 40); do mkdir $d && (cd $d && seq 1000 | xargs touch); done", cwd: src)
+        // A rate the idle-class reaper keeps even while the rest of the suite
+        // runs beside it: at 2,000 a second it fell behind its own pace, once.
+        try withVanishMount(options: ["reap_rate=500"], prepare: { src in
+            let r = try sh("mkdir t && cd t && for d in $(seq 10); do mkdir $d && (cd $d && seq 1000 | xargs touch); done", cwd: src)
             guard r.ok else { throw TestFailure(r.stderr) }
         }) { m in
             // rm -rf makes the reaper step aside while it runs: what it frees meanwhile is
@@ -177,7 +179,7 @@ struct GraveyardTests {
                 // suite beside it) slows the first second, and an estimate made then
                 // honestly says so (62 s for what then took 25 s, once, in CI).
                 if first == nil, let eta = status["eta_seconds"] as? Int, eta > 0,
-                   let freed = status["freed_files"] as? Int, freed >= 4_000 {
+                   let freed = status["freed_files"] as? Int, freed >= 1_000 {
                     first = (eta, now)
                     shown = try run([vanishBinary, "status", m.mountpoint]).stdout
                 }
