@@ -7,14 +7,16 @@ import VanishGraveyard
 
 extension Deleter {
     /// Writes down an unlink about to be answered before its burial (see
-    /// `UnlinkIntents`). False if it could not be written: the caller then
-    /// buries the file before answering.
-    func recordIntent(_ d: DeferredBurials.File, parent: Inode, name: UnsafePointer<CChar>, caller: Caller) -> Bool {
+    /// `UnlinkIntents`); `unkept`: the undo window leaves the file out, as
+    /// the next mount must too if it finishes the unlink. False if it could
+    /// not be written: the caller then buries the file before answering.
+    func recordIntent(_ d: DeferredBurials.File, parent: Inode, name: UnsafePointer<CChar>, caller: Caller,
+                      unkept: Bool) -> Bool {
         guard let intents = burials.intents else { return false }
         let failure: Errno? = table.withPath(of: parent, appending: name) { path in
             do throws(Errno) {
                 try intents.record(d.st, deleted: d.deleted, uid: caller.uid, gid: caller.gid, inPlace: d.inPlace,
-                                   path: path)
+                                   unkept: unkept, path: path)
                 return nil
             } catch {
                 return error

@@ -42,9 +42,9 @@ extension Deleter {
                 throw .notPermitted
             }
             let file = DeferredBurials.File(st: st, inPlace: freesNothing, deleted: Sys.wallClockNow())
-            if recordIntent(file, parent: parent, name: name, caller: caller) {
-                return DeferredBurial(ticket: ticket, file: file,
-                                      record: freesNothing ? nil : trashRecord(st, parent: parent, name: name, caller: caller))
+            let record = freesNothing ? nil : trashRecord(st, parent: parent, name: name, caller: caller)
+            if recordIntent(file, parent: parent, name: name, caller: caller, unkept: undoWindow > 0 && record == nil) {
+                return DeferredBurial(ticket: ticket, file: file, record: record)
             }
             ticket.end()
             if freesNothing {

@@ -44,11 +44,13 @@ public final class UnlinkIntents: Sendable {
         public var gid: UInt32
         /// The file is empty and there is no undo window: unlink it where it is.
         public var inPlace: Bool
+        /// The undo window left it out (keep_exclude, keep_min_age): no trash record.
+        public var unkept: Bool
         /// From the mount's root, without a leading slash.
         public var path: [UInt8]
 
         public init(ino: UInt64, ctimeSeconds: Int64, ctimeNanoseconds: Int64, deleted: UInt64,
-                    uid: UInt32, gid: UInt32, inPlace: Bool, path: [UInt8]) {
+                    uid: UInt32, gid: UInt32, inPlace: Bool, unkept: Bool = false, path: [UInt8]) {
             self.ino = ino
             self.ctimeSeconds = ctimeSeconds
             self.ctimeNanoseconds = ctimeNanoseconds
@@ -56,6 +58,7 @@ public final class UnlinkIntents: Sendable {
             self.uid = uid
             self.gid = gid
             self.inPlace = inPlace
+            self.unkept = unkept
             self.path = path
         }
 
@@ -84,6 +87,7 @@ public final class UnlinkIntents: Sendable {
         var checksum: UInt32 = 0
         static let expectedMagic: UInt32 = 0x5655_4E32  // "2NUV"
         static let inPlaceFlag: UInt32 = 1
+        static let unkeptFlag: UInt32 = 2
     }
     /// The log's first 8 bytes: a magic and the current generation.
     private static let fileMagic: UInt32 = 0x474F_4C55  // "ULOG"
@@ -121,8 +125,8 @@ public final class UnlinkIntents: Sendable {
     deinit { Sys.close(fd) }
 
     /// Writes one intent, before the unlink is answered. `path` is the
-    /// file's path from the mount's root.
-    public func record(_ st: stat, deleted: UInt64, uid: UInt32, gid: UInt32, inPlace: Bool,
+    /// file's path from the mount's root; `unkept`: the undo window leaves it out.
+    public func record(_ st: stat, deleted: UInt64, uid: UInt32, gid: UInt32, inPlace: Bool, unkept: Bool = false,
                        path: UnsafeBufferPointer<UInt8>) throws(Errno) {
         if broken.load(ordering: .relaxed) { throw .noSpace }
         var h = Header()
@@ -133,7 +137,7 @@ public final class UnlinkIntents: Sendable {
         h.deleted = deleted
         h.uid = uid
         h.gid = gid
-        h.flags = inPlace ? Header.inPlaceFlag : 0
+        h.flags = (inPlace ? Header.inPlaceFlag : 0) | (unkept ? Header.unkeptFlag : 0)
         h.generation = generation.load(ordering: .relaxed)
         h.checksum = Self.checksum(h, path)
         let length = MemoryLayout<Header>.size + path.count
@@ -222,7 +226,7 @@ public final class UnlinkIntents: Sendable {
     /// Finishes every logged unlink whose file is still at its path and
     /// unchanged (same inode, same ctime): it goes to `graveyard` as that
     /// unlink would have sent it, with a trash record when `keepingRecords`
-    /// and its original deletion time; an empty file without a window is
+    /// (and the window it was deleted under kept it) and its original deletion time; an empty file without a window is
     /// unlinked in place. Then empties the log, which also opens it for new
     /// records. `rootFD` is the mount's root; paths are walked one directory
     /// at a time, never following a symlink. Returns (finished, logged).
@@ -271,11 +275,14 @@ public final class UnlinkIntents: Sendable {
                     try Sys.unlinkat(fd, name, 0)
                     return .success(nil)
                 }
-                let record = keepingRecords
+                let record = keepingRecords && !intent.unkept
                     ? TrashRecord(path: intent.path, uid: intent.uid, gid: intent.gid, bytes: Sys.diskBytes(st),
                                   kind: TrashRecord.Kind(mode: st.st_mode))
                     : nil
-                return .success(try graveyard.bury(fd, name, record: record, deletion: .at(intent.deleted),
+                // Left out of a window that holds everything else: due at once, as it would have been.
+                let deletion: Graveyard.Deletion = keepingRecords && intent.unkept
+                    ? .unheld(since: intent.deleted) : .at(intent.deleted)
+                return .success(try graveyard.bury(fd, name, record: record, deletion: deletion,
                                                     file: st.st_mode & S_IFMT != S_IFDIR))
             } catch {
                 return .failure(error)
@@ -298,7 +305,8 @@ public final class UnlinkIntents: Sendable {
                 guard h.checksum == checksum(h, path.assumingMemoryBound(to: UInt8.self)) else { at += 8; continue }
                 out.append(Intent(ino: h.ino, ctimeSeconds: h.ctimeSeconds, ctimeNanoseconds: h.ctimeNanoseconds,
                                   deleted: h.deleted, uid: h.uid, gid: h.gid,
-                                  inPlace: h.flags & Header.inPlaceFlag != 0, path: Array(path)))
+                                  inPlace: h.flags & Header.inPlaceFlag != 0, unkept: h.flags & Header.unkeptFlag != 0,
+                                  path: Array(path)))
                 at += (headerSize + length + 7) & ~7
             }
         }

@@ -751,6 +751,28 @@ extension AnsweredUnlinkTests {
         #expect(try graveyardCount(m.source) == 0)
     }
 
+    @Test("a file the undo window leaves out (keep_exclude), answered before a SIGKILL, is not kept by the remount")
+    func unkeptStaysUnkept() throws {
+        let options = ["keep_exclude=*.tmp"]
+        let m = try VanishMount(options: options, arguments: ["--keep", "1h"], prepare: { src in
+            let r = try sh("mkdir -p t/d && cd t/d && for i in $(seq 1000); do echo x > f$i.tmp; done", cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        })
+        defer { m.close() }
+        // Mid-way through the directory: its queue of answered unlinks is pending at the kill.
+        let gone = try killDuringUnlinks(m, under: "t", after: 300)
+        #expect(gone.count >= 300 && gone.count < 1_000)
+        try withVanishMount(options: options, arguments: ["--keep", "1h"], prepareExisting: m.source) { again in
+            let back = gone.filter { access(again.path("t/" + $0), F_OK) == 0 }
+            #expect(back.isEmpty, "answered unlinks undone, e.g. \(back.prefix(3))")
+            // The build before kept every one the remount finished, excluded or not.
+            let list = try run([vanishBinary, "trash", "list", "--json", again.mountpoint])
+            #expect(list.ok && list.stdout.split(separator: "\n").isEmpty, "kept after the remount: \(list.stdout.prefix(300))")
+            try waitForReaper(again)
+            #expect(try graveyardCount(again.source) == 0)
+        }
+    }
+
     @Test("unlinks in a directory renamed right after them stay done across a SIGKILL")
     func renamedDirectory() throws {
         let m = try VanishMount(prepare: { src in try makeTree(src + "/t", files: 200) })

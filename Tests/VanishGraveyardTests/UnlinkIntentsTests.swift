@@ -21,9 +21,10 @@ struct UnlinkIntentsTests {
         try body(log, fd, st)
     }
 
-    private func record(_ log: UnlinkIntents, _ st: stat, _ path: String, inPlace: Bool = false) throws {
+    private func record(_ log: UnlinkIntents, _ st: stat, _ path: String, inPlace: Bool = false,
+                        unkept: Bool = false) throws {
         try Array(path.utf8).withUnsafeBufferPointer {
-            try log.record(st, deleted: 42, uid: 1000, gid: 100, inPlace: inPlace, path: $0)
+            try log.record(st, deleted: 42, uid: 1000, gid: 100, inPlace: inPlace, unkept: unkept, path: $0)
         }
     }
 
@@ -32,11 +33,13 @@ struct UnlinkIntentsTests {
         try withLog { log, _, st in
             try record(log, st, "a/b")
             try record(log, st, "dir/new\nline \u{FF}", inPlace: true)
+            try record(log, st, "c.swp", unkept: true)
             let read = log.intents()
-            #expect(read.count == 2)
+            #expect(read.count == 3)
             #expect(read.first?.path == Array("a/b".utf8))
-            #expect(read.last?.path == Array("dir/new\nline \u{FF}".utf8))
-            #expect(read.first?.inPlace == false && read.last?.inPlace == true)
+            #expect(read[1].path == Array("dir/new\nline \u{FF}".utf8))
+            #expect(read.first?.inPlace == false && read[1].inPlace == true && read.last?.inPlace == false)
+            #expect(read.first?.unkept == false && read[1].unkept == false && read.last?.unkept == true)
             #expect(read.first?.deleted == 42 && read.first?.uid == 1000 && read.first?.gid == 100)
             #expect(read.allSatisfy { $0.matches(st) })
         }
