@@ -15,6 +15,8 @@
 #include <sys/ioctl.h>
 #include <sys/uio.h>
 #include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -35,6 +37,13 @@
 // - A watchdog hands it over when the receiver has been serving for longer
 //   than `stall_ns` (a cold disk), so no request waits behind a slow one
 //   for long.
+//
+// - While it receives for one caller, the receiver runs on that caller's
+//   CPU (read from /proc every `follow_ns`), as a ring's thread does: the
+//   caller blocks in its call, the receiver (yielding to it until then)
+//   reads the request with nothing to wake on another CPU, and its reply
+//   wakes the caller where it slept. Across CPUs each round trip woke an
+//   idle one (`rm -rf` of 10k files: 479 ms against 316 ms, harness).
 //
 // Over io_uring the device carries only forgets and interrupts, and the
 // one worker left there sleeps in read(2). Every `rm` of a file evicts its
@@ -65,6 +74,16 @@ static const uint64_t stall_ns = 500 * 1000;
 static const uint64_t watchdog_tick_ns = 1000 * 1000;
 static const uint64_t watchdog_idle_ns = 1000 * 1000 * 1000;
 static const uint64_t forget_pace_ns = 1000 * 1000;
+// How often a receiver pinned to its caller's CPU reads where the caller runs now.
+static const uint64_t follow_ns = 2 * 1000 * 1000;
+
+// The CPU this worker is pinned to while it receives for `pinned_for`
+// (-1: none), when it last read where that caller runs, and its own
+// affinity to go back to.
+static _Thread_local int pinned_cpu = -1;
+static _Thread_local pid_t pinned_for;
+static _Thread_local uint64_t pinned_at;
+static _Thread_local cpu_set_t own_cpus;
 
 static uint64_t now_ns(void) {
     struct timespec t;
@@ -85,6 +104,53 @@ void receivers_destroy(struct vanish_receivers *r) {
     receivers_close(r);
     pthread_mutex_destroy(&r->lock);
     pthread_cond_destroy(&r->watchdog_wake);
+}
+
+// The CPU thread `tid` last ran on (field 39 of /proc/TID/stat), or -1.
+static int cpu_of(pid_t tid) {
+    char path[48], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    // The command name may hold spaces and parentheses: count from its end.
+    char *p = strrchr(buf, ')');
+    if (!p) return -1;
+    int field = 2;
+    for (p++; *p && field < 39; p++)
+        if (*p == ' ') field++;
+    if (field != 39 || *p < '0' || *p > '9') return -1;
+    return atoi(p);
+}
+
+// Back to the affinity the worker had before it followed a caller.
+static void unpin(void) {
+    if (pinned_cpu < 0) return;
+    sched_setaffinity(0, sizeof own_cpus, &own_cpus);
+    pinned_cpu = -1;
+}
+
+// Runs this worker on the CPU `caller` last ran on, reading it again every
+// `follow_ns` (a caller seldom moves while it makes call after call).
+static void follow(pid_t caller) {
+    uint64_t now = now_ns();
+    if (pinned_cpu >= 0 && pinned_for == caller && now - pinned_at < follow_ns) return;
+    pinned_for = caller;
+    pinned_at = now;
+    int cpu = caller > 0 ? cpu_of(caller) : -1;
+    if (cpu == pinned_cpu) return;
+    if (pinned_cpu < 0 && sched_getaffinity(0, sizeof own_cpus, &own_cpus) != 0) return;
+    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &own_cpus)) {
+        unpin();
+        return;
+    }
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof one, &one) == 0) pinned_cpu = cpu;
 }
 
 // Once, by the first receiver after INIT.
@@ -235,6 +301,7 @@ ssize_t receivers_receive(struct vanish_receivers *r, int fd, int initialized,
     served_from_clone = 0;
     r->hooks->thread_serves(r->hooks->transport);
     if (!budget || !initialized) {
+        unpin();
         if (!atomic_load_explicit(&r->forget_read_at, memory_order_relaxed)) return call(fd, context);
         // Forgets stream in: one worker at a time reads, paced, so no
         // other waits in read(2) for a forget to wake it.
@@ -253,8 +320,12 @@ ssize_t receivers_receive(struct vanish_receivers *r, int fd, int initialized,
 
     // Several callers at once: every idle worker waits in the kernel, as
     // libfuse has them, and the CPUs are the callers'.
-    if (!atomic_load_explicit(&r->one_caller, memory_order_relaxed)) return call(fd, context);
+    if (!atomic_load_explicit(&r->one_caller, memory_order_relaxed)) {
+        unpin();
+        return call(fd, context);
+    }
     become_receiver(r);
+    follow(atomic_load_explicit(&r->last_caller, memory_order_relaxed));
     // While the caller's requests come close together, spin: without
     // yielding at first, then yielding to anything else that wants this CPU
     // (the statahead threads, the kernel's I/O threads).
@@ -266,7 +337,8 @@ ssize_t receivers_receive(struct vanish_receivers *r, int fd, int initialized,
         if (n >= 0 || errno != EAGAIN || !spin) break;
         uint64_t spun = now_ns() - start;
         if (spun >= budget) break;
-        if (spun >= polite_after_ns) sched_yield();
+        // On the caller's CPU, every look first lets the caller run.
+        if (spun >= polite_after_ns || pinned_cpu >= 0) sched_yield();
     }
     if (n >= 0 || errno != EAGAIN) {
         int saved = errno;

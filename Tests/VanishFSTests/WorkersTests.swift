@@ -261,6 +261,44 @@ struct WorkersTests {
         }
     }
 
+    /// Over /dev/fuse the worker receiving for one caller runs on that
+    /// caller's CPU (as a ring's thread does), so no round trip wakes a CPU
+    /// that went idle; it moves when the caller does.
+    @Test("over /dev/fuse the worker receiving for one caller runs on that caller's CPU, and follows it (issue 50)")
+    func receiverFollowsCaller() throws {
+        // The CPUs this test may use ("0-1", "0,2-3"): its first and last.
+        let status = try String(contentsOfFile: "/proc/self/status", encoding: .utf8)
+        let list = status.split(separator: "\n").first { $0.hasPrefix("Cpus_allowed_list:") } ?? ""
+        let cpus = list.dropFirst("Cpus_allowed_list:".count).split(whereSeparator: { $0 == "," || $0 == "-" })
+            .compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
+        let first = try #require(cpus.min()), last = try #require(cpus.max())
+        try withVanishMount(options: ["io_uring=off"], prepare: { src in _ = FileManager.default.createFile(atPath: src + "/f", contents: nil) }) { m in
+            #expect(try spin(m) == 50)
+            /// The CPUs each of the daemon's threads may run on, as the kernel lists them.
+            func pinnedTo() -> [String] {
+                let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(m.pid)/task")) ?? []
+                return tasks.compactMap { task in
+                    let status = (try? String(contentsOfFile: "/proc/\(m.pid)/task/\(task)/status", encoding: .utf8)) ?? ""
+                    return status.split(separator: "\n").first { $0.hasPrefix("Cpus_allowed_list:") }
+                        .map { $0.dropFirst("Cpus_allowed_list:".count).trimmingCharacters(in: .whitespaces) }
+                }
+            }
+            for cpu in [last, first] {
+                // One caller on `cpu`, asking again and again (each getxattr is a round trip).
+                try waitFor("a worker on CPU \(cpu), where its caller runs") {
+                    let r = try run(["taskset", "-c", String(cpu), "/usr/bin/python3", "-c", """
+                        import os, sys
+                        for _ in range(2000):
+                            try: os.getxattr(sys.argv[1], "user.absent")
+                            except OSError: pass
+                        """, m.path("f")])
+                    #expect(r.ok, "\(r.stderr)")
+                    return pinnedTo().contains(String(cpu))
+                }
+            }
+        }
+    }
+
     /// A spinning worker stops within microseconds of the last request, so
     /// an idle mount uses no CPU. Measured over a second of idleness after
     /// a burst: the window is the measurement, not a wait for a condition.
