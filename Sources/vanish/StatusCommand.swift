@@ -132,7 +132,8 @@ extension MountStatus {
         if requests.channel == "io_uring" {
             return "io_uring, \(requests.queues) queues of \(requests.queueDepth) entries served on their CPUs "
                 + "by \(requests.threads) threads (\(bytes(requests.bufferBytes)) of buffers mapped)"
-                + (requests.spinMicroseconds > 0 ? ", each watched up to \(requests.spinMicroseconds) µs after a reply" : "")
+                + (requests.spinMicroseconds > 0
+                    ? ", each watched up to \(requests.spinMicroseconds) µs after a reply while one caller calls on" : "")
         }
         return requests.channel + (requests.why.map { ": " + $0 } ?? "")
     }
