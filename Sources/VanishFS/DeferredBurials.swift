@@ -117,6 +117,8 @@ final class DeferredBurials: @unchecked Sendable {
     private var flusherIdle = false
     private var stopping = false
     private var land: (@Sendable (Queued) -> Void)?
+    /// Told of each directory burials landed in.
+    private var landed: (@Sendable (Inode) -> Void)?
     /// Burials pending, readable without the lock: the fast path of every
     /// check is one load of this.
     private let outstanding = Atomic<Int>(0)
@@ -140,10 +142,12 @@ final class DeferredBurials: @unchecked Sendable {
     var keptBytes: UInt64 { keptBytesQueued.load(ordering: .relaxed) }
 
     /// Starts the flusher; `land` renames one queued burial (it must not
-    /// end its ticket: that is done here). Without a flusher nothing is queued.
-    func start(land: @escaping @Sendable (Queued) -> Void) {
+    /// end its ticket: that is done here), `landed` hears of each directory
+    /// burials landed in. Without a flusher nothing is queued.
+    func start(land: @escaping @Sendable (Queued) -> Void, landed: @escaping @Sendable (Inode) -> Void) {
         cond.lock()
         self.land = land
+        self.landed = landed
         flusherStarted = true
         cond.unlock()
         spawnThread("vanish-bury") { [self] in flush() }
@@ -423,9 +427,15 @@ final class DeferredBurials: @unchecked Sendable {
 
     /// Lands `items` with the lock released meanwhile, then ends their tickets.
     private func landNow(_ items: [Queued]) {
-        let land = self.land
+        let land = self.land, landed = self.landed
         cond.unlock()
         for q in items { land?(q) }
+        // The items of one call share a directory, or come in runs of one.
+        var last: Inode?
+        for q in items where q.directory !== last {
+            last = q.directory
+            landed?(q.directory)
+        }
         cond.lock()
         for q in items { release(q.key) }
     }

@@ -144,11 +144,13 @@ final class Deleter: Sendable {
 
     /// Starts the reapers, the lease and the landing of queued burials
     /// (after daemonizing: a fork keeps only the forking thread).
-    func start() {
+    /// `landed`: burials landed in this directory, which changed its size
+    /// (tmpfs, btrfs, XFS) and times after the kernel was given them.
+    func start(landed: @escaping @Sendable (Inode) -> Void) {
         reaper?.start()
         leases?.start()
         if defersUnlink {
-            burials.start { [unowned self] q in
+            burials.start(land: { [unowned self] q in
                 do throws(Errno) {
                     try namespace.landing(in: q.directory) { pfd in landQueued(q, parentFD: pfd) }
                 } catch {
@@ -156,7 +158,7 @@ final class Deleter: Sendable {
                     // graveyard whole (`vanish rm` of it or above), with the file.
                     log.debug("a queued burial's directory is gone", metadata: ["error": "\(error)"])
                 }
-            }
+            }, landed: landed)
         }
     }
 

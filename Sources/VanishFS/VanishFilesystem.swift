@@ -127,7 +127,9 @@ public final class VanishFilesystem: Sendable {
         // Threads start here, after daemonizing (a fork keeps only the forking thread).
         // The watch last: what it sees goes to the notice sender, which must run.
         oneStep.start()
-        deleter.start()
+        deleter.start { [table, invalidations = caches.invalidations] dir in
+            invalidations.attributes(of: table.nodeID(dir), wait: false)
+        }
         caches.invalidations.start()
         startWatching()
         log.info("session started", metadata: ["fd_cache": "\(namespace.fdLimit)", "cache": "\(options.cache.rawValue)",

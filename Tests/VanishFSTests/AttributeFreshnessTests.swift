@@ -43,6 +43,24 @@ struct AttributeFreshnessTests {
         }
     }
 
+    /// tmpfs counts a directory's entries in its size, as btrfs and XFS do,
+    /// and an unlinked file leaves the backing directory only when its
+    /// queued burial lands, after the kernel was given the size (for an
+    /// hour under the source watch).
+    @Test("a directory's size and times follow its backing directory once unlinked files' burials land")
+    func directoryAfterLanding() throws {
+        try withVanishMountOnTmpfs(size: "16m", prepare: { src in
+            guard try sh("mkdir d && touch d/a d/b d/a-much-longer-name", cwd: src).ok else { throw TestFailure("prepare") }
+        }) { m throws in
+            #expect(try sh("stat -c %s d && rm d/a d/a-much-longer-name && stat -c %s d", cwd: m.mountpoint).ok)
+            try waitFor("the burials to land") { try sh("ls -A d", cwd: m.source).stdout == "b\n" }
+            try waitFor("the mount to show the backing directory's size and times") {
+                let (shown, backing) = try both(m, "%s.%Y.%Z", "d")
+                return shown == backing
+            }
+        }
+    }
+
     @Test("sed -i keeps a 644 file's mode on a mount only its owner may use")
     func sedInPlace() throws {
         try withVanishMount(prepare: { src in

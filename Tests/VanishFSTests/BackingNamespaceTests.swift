@@ -23,6 +23,8 @@ struct BackingNamespaceTests {
         let dir: VanishFS.Inode
         let graveFD: Int32
         let landed = Atomic<Int>(0)
+        /// Directories the burials told of (`landed` hook), in order.
+        let directoriesTold = Mutex<[InodeKey]>([])
         private let counter = Atomic<Int>(0)
 
         init() throws {
@@ -43,14 +45,16 @@ struct BackingNamespaceTests {
             dir = table.remember(st, birth: 0, parent: root, name: "dir")
             graveFD = try Sys.open(base + "/grave", O_RDONLY | O_DIRECTORY)
             // Weak: a strong capture kept the fixture alive for ever, and its directory with it.
-            burials.start { [weak self] q in
+            burials.start(land: { [weak self] q in
                 guard let self else { return }
                 try? namespace.landing(in: q.directory) { pfd in
                     let n = counter.wrappingAdd(1, ordering: .relaxed).newValue
                     _ = q.name.withUnsafeBufferPointer { renameat(pfd, $0.baseAddress!, graveFD, "g\(n)") }
                     landed.wrappingAdd(1, ordering: .relaxed)
                 }
-            }
+            }, landed: { [weak self] dir in
+                self?.directoriesTold.withLock { $0.append(dir.key) }
+            })
         }
 
         deinit {
@@ -113,6 +117,22 @@ struct BackingNamespaceTests {
         #expect(f.burials.count == 1)
         #expect(!f.lookup("a"))
         #expect(f.burials.count == 0 && !f.onDisk("a"))
+    }
+
+    @Test("each landing tells of its directory once, after its files left it, so the kernel asks for its size again")
+    func landingTellsTheDirectory() throws {
+        let f = try Fixture()
+        for n in ["a", "b", "c"] { f.make(n) }
+        for n in ["a", "b", "c"] { try f.queueBurial(n) }
+        #expect(f.directoriesTold.withLock { $0.isEmpty }, "nothing landed yet")
+        f.burials.landQueued()
+        #expect(!f.onDisk("a") && !f.onDisk("b") && !f.onDisk("c"))
+        #expect(f.directoriesTold.withLock { $0 } == [f.dir.key])
+        // One burial landed on its own, as a lookup of its name does.
+        f.make("d")
+        try f.queueBurial("d")
+        #expect(!f.lookup("d"))
+        #expect(f.directoriesTold.withLock { $0 } == [f.dir.key, f.dir.key])
     }
 
     @Test("a user's look at their trash lands only their own kept burials, after their unlinks still on the way; a pending name is known as such")
