@@ -53,14 +53,16 @@ struct DeleteTrigger: Sendable {
                 // What the tree holds when the reaper comes is freed with the caller's rights.
                 let deletedBy = try deleter.graveyard?.identify(permissions.credentials)
                 if let graveyard = deleter.graveyard, let rooms = deleter.rooms, entry.st_dev == graveyard.device {
-                    let room = try rooms.room(for: caller.uid, gid: caller.gid)
+                    let held = try rooms.room(for: caller.uid, gid: caller.gid)
+                    let room = held.fd
+                    defer { withExtendedLifetime(held) {} }
                     let reservation = graveyard.reserve(by: deletedBy)
                     do throws(Errno) {
                         try graveyard.withName(reservation) { g throws(Errno) in
                             try permissions.acting { () throws(Errno) in try Sys.renameNoReplace(pfd, n.baseAddress!, room, g) }
                         }
                         grave = try graveyard.withName(reservation) { String(cString: $0) }
-                        oneStep.add(.init(room: room, reservation: reservation, permissions: permissions, caller: caller,
+                        oneStep.add(.init(deleterRoom: held, reservation: reservation, permissions: permissions, caller: caller,
                                           st: entry, parent: parent, name: name,
                                           record: deleter.trashRecord(entry, parent: parent, name: n.baseAddress!,
                                                                       caller: caller)))

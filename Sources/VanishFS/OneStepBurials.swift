@@ -20,7 +20,9 @@ import VanishGraveyard
 final class OneStepBurials: Sendable {
     /// One tree in its deleter's room, waiting for its check.
     struct Pending: Sendable {
-        let room: Int32
+        /// Held while the tree waits: the room stays open, whatever other rooms are opened meanwhile.
+        let deleterRoom: DeleterRooms.Room
+        var room: Int32 { deleterRoom.fd }
         let reservation: Graveyard.Reservation
         let permissions: RemovalCheck
         let caller: Caller
@@ -216,7 +218,9 @@ final class OneStepBurials: Sendable {
     /// where they are and logged: where they were is not known any more.
     private func recoverLeftovers() {
         guard let rooms = deleter.rooms, let graveyard = deleter.graveyard, let reaper = deleter.reaper else { return }
-        for (uid, gid, room, names) in rooms.leftovers() {
+        for (uid, gid, held, names) in rooms.leftovers() {
+            let room = held.fd
+            defer { withExtendedLifetime(held) {} }
             let credentials = Credentials.ofUser(uid, fallbackGID: gid)
             let check = RemovalCheck(credentials: uid == 0 ? nil : credentials)
             for name in names {

@@ -59,29 +59,56 @@ extension Graveyard {
 /// (as `mv` would), and no path reaches it: only descriptors opened inside
 /// the tree before the delete.
 public final class DeleterRooms: Sendable {
+    /// One user's room (O_PATH), open while anyone holds it: an fd that a
+    /// one-step delete still waiting for its check uses stays that room's
+    /// however many other rooms are opened meanwhile.
+    public final class Room: Sendable {
+        public let fd: Int32
+        fileprivate init(adopting fd: Int32) { self.fd = fd }
+        deinit { Sys.close(fd) }
+    }
+
     /// `users/` (O_PATH), private to the daemon's user.
     private let usersFD: Int32
-    /// Each user's room (O_PATH), opened once.
-    private let rooms = Mutex<[uid_t: Int32]>([:])
+    /// The rooms used last, each with when (a count of uses). Bounded: a
+    /// user with a range of subordinate uids acts as thousands of users,
+    /// and one fd kept for each of them took all of the daemon's.
+    private struct Recent {
+        var rooms: [uid_t: (room: Room, used: UInt64)] = [:]
+        var uses: UInt64 = 0
+    }
+    private let recent = Mutex(Recent())
+    static let kept = 32
 
     init(stateFD: Int32) throws(Errno) {
         usersFD = try Graveyard.makeDirectory(stateFD, ["users"])
     }
 
-    deinit {
-        Sys.close(usersFD)
-        rooms.withLock { $0.values.forEach(Sys.close) }
-    }
+    deinit { Sys.close(usersFD) }
+
+    /// Rooms open in the daemon now, held by the cache or by a delete (for tests).
+    public var cachedRooms: Int { recent.withLock { $0.rooms.count } }
 
     /// What rooms hold: trees a daemon that stopped before checking them
-    /// left there, by the uid whose room it is and its group.
-    public func leftovers() -> [(uid: uid_t, gid: gid_t, room: Int32, names: [String])] {
-        var found: [(uid: uid_t, gid: gid_t, room: Int32, names: [String])] = []
+    /// left there, by the uid whose room it is and its group. Empty rooms
+    /// are removed (a room is made again on its user's next one-step delete).
+    public func leftovers() -> [(uid: uid_t, gid: gid_t, room: Room, names: [String])] {
+        var found: [(uid: uid_t, gid: gid_t, room: Room, names: [String])] = []
         for user in (try? Sys.names(in: usersFD, ".")) ?? [] {
-            guard let uid = uid_t(user), let st = try? Sys.lstatat(usersFD, user), st.st_mode & S_IFMT == S_IFDIR,
-                  let room = try? room(for: uid, gid: st.st_gid),
-                  case let names = ((try? Sys.names(in: room, ".")) ?? []).filter({ !Self.isStaged($0) }),
-                  !names.isEmpty else { continue }
+            guard let uid = uid_t(user),
+                  let fd = try? Sys.openat(usersFD, user, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+            else { continue }
+            let room = Room(adopting: fd)
+            guard let st = try? Sys.fstat(fd) else { continue }
+            let names = ((try? Sys.names(in: fd, ".")) ?? []).filter { !Self.isStaged($0) }
+            if names.isEmpty {
+                // Not one in use (made again or opened since the start): rmdir
+                // fails harmlessly if a restore staged something there meanwhile.
+                recent.withLock { r in
+                    if r.rooms[uid] == nil { _ = try? Sys.unlinkat(usersFD, user, AT_REMOVEDIR) }
+                }
+                continue
+            }
             found.append((uid, st.st_gid, room, names))
         }
         return found
@@ -136,22 +163,25 @@ public final class DeleterRooms: Sendable {
 
     /// `uid`'s room, made on first use: a directory only the daemon's user
     /// could have made (`users/` is private), given to `uid` and `gid`.
-    public func room(for uid: uid_t, gid: gid_t) throws(Errno) -> Int32 {
-        try rooms.withLock { (rooms: inout [uid_t: Int32]) throws(Errno) -> Int32 in
-            if let fd = rooms[uid] { return fd }
+    /// Hold the room while its fd is used.
+    public func room(for uid: uid_t, gid: gid_t) throws(Errno) -> Room {
+        try recent.withLock { (r: inout Recent) throws(Errno) -> Room in
+            r.uses &+= 1
+            if let hit = r.rooms[uid] {
+                r.rooms[uid] = (hit.room, r.uses)
+                return hit.room
+            }
             let name = String(uid)
             do throws(Errno) { try Sys.mkdirat(usersFD, name, 0o700) } catch .fileExists {}
-            let fd = try Sys.openat(usersFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
-            do throws(Errno) {
-                let st = try Sys.fstat(fd)
-                if st.st_uid != uid { try Sys.fchown(fd, uid, gid) }
-                if st.st_mode & 0o077 != 0 { try Sys.chmod(.path(fd), 0o700) }
-            } catch {
-                Sys.close(fd)
-                throw error
+            let room = Room(adopting: try Sys.openat(usersFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW))
+            let st = try Sys.fstat(room.fd)
+            if st.st_uid != uid { try Sys.fchown(room.fd, uid, gid) }
+            if st.st_mode & 0o077 != 0 { try Sys.chmod(.path(room.fd), 0o700) }
+            if r.rooms.count >= Self.kept, let oldest = r.rooms.min(by: { $0.value.used < $1.value.used })?.key {
+                r.rooms[oldest] = nil
             }
-            rooms[uid] = fd
-            return fd
+            r.rooms[uid] = (room, r.uses)
+            return room
         }
     }
 }

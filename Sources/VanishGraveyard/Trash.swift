@@ -659,7 +659,9 @@ extension Graveyard {
                         as who: Credentials? = nil, inPlace: Bool = true) throws(Errno) {
         let sfd = shardFDs[e.shard]
         if let who, who.uid != geteuid(), Credentials.canSwitch, let rooms {
-            let room = try rooms.room(for: who.uid, gid: who.gid)
+            let held = try rooms.room(for: who.uid, gid: who.gid)
+            let room = held.fd
+            defer { withExtendedLifetime(held) {} }
             let staged = DeleterRooms.stagedName(shard: e.shard, id: e.id)
             let entry = try Sys.lstatat(sfd, e.id)
             try Sys.renameNoReplace(sfd, e.id, room, staged)
@@ -698,7 +700,9 @@ extension Graveyard {
         guard let who = credentials(ofEntry: name), let rooms else { return false }
         let staged = "back-" + String(cString: name)
         do throws(Errno) {
-            let room = try rooms.room(for: who.uid, gid: who.gid)
+            let held = try rooms.room(for: who.uid, gid: who.gid)
+            let room = held.fd
+            defer { withExtendedLifetime(held) {} }
             let parent = try Sys.opened(origin.shardFD, origin.parent, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
             let entry = try Sys.lstatat(shardFD, name)
             try Sys.renameNoReplace(shardFD, name, room, staged)

@@ -136,17 +136,21 @@ struct TreeRemover {
     /// then removes it from the graveyard as the daemon.
     private mutating func remove(_ parentFD: Int32, _ name: UnsafePointer<CChar>, _ st: stat,
                                  as who: Credentials, id: DeletedBy, since: UInt64?) -> Bool {
-        let room: Int32
+        let held: DeleterRooms.Room
         let top: Int32
         do {
             guard let rooms = graveyard.rooms else { throw Errno.notPermitted }
-            room = try rooms.room(for: who.uid, gid: who.gid)
+            held = try rooms.room(for: who.uid, gid: who.gid)
             top = try Sys.openat(parentFD, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
         } catch {
             note(error as? Errno ?? .notPermitted)
             return true
         }
-        defer { Sys.close(top) }
+        let room = held.fd
+        defer {
+            Sys.close(top)
+            withExtendedLifetime(held) {}
+        }
         let entry = String(cString: name)
         var pieces: [(room: String, name: [UInt8])] = []
         // Directories exchanged in while they were moved out, that could not go back (`keepStranger`).

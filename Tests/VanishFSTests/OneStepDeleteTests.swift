@@ -331,4 +331,52 @@ struct OneStepDeleteTests {
             #expect(access(m.backing("private/secret"), F_OK) == 0)
         }
     }
+
+    /// The daemon's open descriptors.
+    static func descriptors(_ m: VanishMount) throws -> Int {
+        try FileManager.default.contentsOfDirectory(atPath: "/proc/\(m.pid)/fd").count
+    }
+
+    /// `useradd` gives each account 65,536 subordinate uids, which `newuidmap`
+    /// lets it act as: each one a user with a room of its own. A descriptor
+    /// kept for every room took all of the daemon's, root's requests and
+    /// control connections included, and the next mount opened them all again.
+    @Test("one account acting as 400 uids, each removing a directory in one step, leaves the daemon no descriptor per uid, before or after a remount")
+    func roomsPerUidAreBounded() throws {
+        let uids = 300_000..<300_400
+        let script = """
+            import os, sys
+            for u in range(\(uids.lowerBound), \(uids.upperBound)):
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        os.setgroups([]); os.setresgid(u, u, u); os.setresuid(u, u, u)
+                        os.mkdir(f"pub/d{u}")
+                        try: os.setxattr(f"pub/d{u}", "user.vanish.delete", b"1")
+                        except OSError: pass
+                        os._exit(0)
+                    except BaseException as e:
+                        print(u, e, file=sys.stderr); os._exit(1)
+                _, status = os.waitpid(pid, 0)
+                if status != 0: sys.exit(f"uid {u} failed")
+            """
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            guard try sh("install -d -m 1777 pub", cwd: src).ok else { throw TestFailure("prepare") }
+        }) { m in
+            let before = try Self.descriptors(m)
+            let r = try run(["/usr/bin/python3", "-c", script], cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            try waitFor("every directory to go", timeout: 60) { try sh("ls -A pub", cwd: m.source).stdout.isEmpty }
+            let after = try Self.descriptors(m)
+            #expect(after - before < 100, "\(before) descriptors before, \(after) after")
+            #expect(try m.unmount() == 0)
+            // The next mount of the source opens no room it does not use, and removes the empty ones.
+            let again = try VanishMount(options: ["allow_other"], existingSource: m.source)
+            defer { again.close() }
+            try waitFor("the empty rooms to be removed") {
+                try sh("ls .vanish/clients/*/users | wc -l", cwd: m.source).stdout == "0\n"
+            }
+            #expect(try Self.descriptors(again) < before + 50, "a fresh mount over 400 rooms")
+        }
+    }
 }
