@@ -88,8 +88,15 @@ public final class ControlClient {
         while sent < line.count {
             let n = line[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
             if n < 0 {
-                if errno == EINTR { continue }
-                throw Failure("sending to the daemon: \(String(cString: strerror(errno)))")
+                let e = errno
+                if e == EINTR { continue }
+                // A daemon that turns a peer away (too many connections, no
+                // descriptor left) answers and closes at once: its reason
+                // may be here already, and says more than EPIPE.
+                if e == EPIPE || e == ECONNRESET, let answer = try? receiveObject()?.object {
+                    try Failure.check(answer)
+                }
+                throw Failure("sending to the daemon: \(String(cString: strerror(e)))", errno: e)
             }
             sent += n
         }

@@ -181,10 +181,12 @@ public final class ControlServer: Sendable {
     /// Only an event stream, which lasts, gets a thread.
     private func serveLoop() {
         var peers: [Peer] = []
+        var accepting = Acceptance()
         defer {
             for p in peers { finished(p.uid) }
             close(listener)
             close(wakeReader)
+            if accepting.spare >= 0 { close(accepting.spare) }
         }
         var serial = 0
         while !state.withLock({ $0.stopped }) {
@@ -199,14 +201,15 @@ public final class ControlServer: Sendable {
                 peers[i].output = output
                 peers[i].deadline = Condition.now() + ControlServer.answerIdleTimeout.nanoseconds
             }
-            var fds = [pollfd(fd: listener, events: Int16(POLLIN), revents: 0),
+            let listening = Condition.now() >= accepting.pausedUntil
+            var fds = [pollfd(fd: listening ? listener : -1, events: Int16(POLLIN), revents: 0),
                        pollfd(fd: wakeReader, events: Int16(POLLIN), revents: 0)]
             for p in peers {
                 // A peer waiting for its answer is not polled (-1): what it sends meanwhile waits.
                 fds.append(pollfd(fd: p.waiting ? -1 : p.conn.fd, events: Int16(p.answering ? POLLOUT : POLLIN), revents: 0))
             }
             let now = Condition.now()
-            let next = peers.filter { !$0.waiting }.map(\.deadline).min()
+            let next = (peers.filter { !$0.waiting }.map(\.deadline) + (listening ? [] : [accepting.pausedUntil])).min()
                 .map { Int32(clamping: Duration.between(now, $0).roundedUpMilliseconds + 1) } ?? -1
             let n = poll(&fds, nfds_t(fds.count), next)
             if n < 0 && errno != EINTR {
@@ -241,17 +244,44 @@ public final class ControlServer: Sendable {
                 }
             }
             peers = kept
-            if fds[0].revents & Int16(POLLIN) != 0, let p = acceptPeer(serial: serial) {
+            if fds[0].revents & Int16(POLLIN) != 0, let p = acceptPeer(serial: serial, &accepting) {
                 peers.append(p)
                 serial &+= 1
             }
         }
     }
 
+    /// What lets the control thread accept when the daemon has no
+    /// descriptor left. A peer accept cannot take stays queued, and poll
+    /// reports the listener readable at once, pass after pass: the thread
+    /// spun and the peer (root's `trash list` too) waited for ever.
+    struct Acceptance {
+        /// Given up to accept a peer then, which is told so and closed.
+        var spare = open("/dev/null", O_RDONLY | O_CLOEXEC)
+        /// Where even that failed: the listener rests until then (`Condition.now()` ns).
+        var pausedUntil: UInt64 = 0
+        static let pause = Duration.milliseconds(100)
+    }
+
     /// Accepts one peer, or turns it away when it would pass a limit.
-    private func acceptPeer(serial: Int) -> Peer? {
+    private func acceptPeer(serial: Int, _ accepting: inout Acceptance) -> Peer? {
         let fd = accept(listener, nil, nil)
-        guard fd >= 0 else { return nil }
+        guard fd >= 0 else {
+            guard errno == EMFILE || errno == ENFILE else { return nil }
+            if accepting.spare >= 0 {
+                close(accepting.spare)
+                let turned = accept(listener, nil, nil)
+                if turned >= 0 {
+                    // A fresh socket's buffer always takes one short line.
+                    Connection(fd: turned).write(["error": JSON("the mount is out of file descriptors; try again later"),
+                                                  "errno": JSON(EMFILE)])
+                }
+                accepting.spare = open("/dev/null", O_RDONLY | O_CLOEXEC)
+                if turned >= 0 { return nil }
+            }
+            accepting.pausedUntil = Condition.now() + Acceptance.pause.nanoseconds
+            return nil
+        }
         _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
         _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
         let uid = Connection.peerUID(fd)

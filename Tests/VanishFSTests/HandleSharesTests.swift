@@ -62,4 +62,46 @@ struct HandleSharesTests {
             #expect(r.stdout == "220\n")
         }
     }
+
+    /// A peer `accept` cannot take for want of a descriptor stays queued,
+    /// and the listener stays readable: the control thread spun on it and
+    /// root's `vanish trash list` waited for ever.
+    @Test("with every descriptor of the daemon held by open files, a control request is told so at once, and served once they are closed")
+    func controlAnswersWithoutDescriptors() throws {
+        try withVanishMount(fileLimit: 256) { m in
+            let stop = m.base + "/stop", report = m.base + "/held"
+            let holder = try spawn(["/usr/bin/python3", "-c", """
+                import os, sys, time
+                held, told = [], False
+                # Every descriptor the daemon frees (its other threads open and close some) is taken again.
+                while not os.path.exists(sys.argv[3]):
+                    try:
+                        held.append(os.open(sys.argv[1] + "/f%d" % len(held), os.O_CREAT | os.O_RDWR, 0o600))
+                    except OSError:
+                        if not told:
+                            open(sys.argv[2], "w").write(str(len(held)))
+                            told = True
+                        time.sleep(0.001)
+                """, m.mountpoint, report, stop])
+            defer {
+                _ = FileManager.default.createFile(atPath: stop, contents: nil)
+                var st: Int32 = 0
+                waitpid(holder, &st, 0)
+            }
+            try waitFor("the holder to run out") { access(report, F_OK) == 0 }
+            let daemonFDs = try FileManager.default.contentsOfDirectory(atPath: "/proc/\(m.pid)/fd").count
+            try #require(daemonFDs >= 255, "the daemon holds \(daemonFDs) of its 256 descriptors")
+            for _ in 0..<3 {
+                let starved = try run(["timeout", "20", vanishBinary, "trash", "list", m.mountpoint])
+                #expect(starved.status != 124, "the control request was left waiting")
+                #expect(starved.ok || starved.stderr.contains("out of file descriptors"), "\(starved.status) \(starved.stderr)")
+            }
+            _ = FileManager.default.createFile(atPath: stop, contents: nil)
+            var st: Int32 = 0
+            waitpid(holder, &st, 0)
+            try waitFor("the control socket to serve again") {
+                try run(["timeout", "20", vanishBinary, "trash", "list", m.mountpoint]).ok
+            }
+        }
+    }
 }
