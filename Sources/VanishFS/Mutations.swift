@@ -121,7 +121,14 @@ extension Deleter {
                 return
             }
             do throws(Errno) {
-                try bury(parentFD, name, st: d.st, from: parent, caller: caller, made: (record, d.deleted))
+                do throws(Errno) {
+                    try bury(parentFD, name, st: d.st, from: parent, caller: caller, made: (record, d.deleted))
+                } catch where error == .tooManyOpenFiles || error == .tooManyOpenFilesInSystem {
+                    // Not a reason to lose the file's place in the undo window:
+                    // the fd cache gives up half its descriptors for one more try.
+                    namespace.shrink()
+                    try bury(parentFD, name, st: d.st, from: parent, caller: caller, made: (record, d.deleted))
+                }
             } catch .isDirectory {
                 // A directory exchanged onto the name: it stays there (logged by `bury`).
             } catch where error != .noSuchFileOrDirectory {
