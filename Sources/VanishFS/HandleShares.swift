@@ -1,5 +1,6 @@
 import Glibc
 import Synchronization
+import LinuxSyscalls
 import SystemPackage
 
 /// How many open handles (each an fd of the daemon's: files and directory
@@ -10,13 +11,20 @@ import SystemPackage
 ///
 /// A user gets at most a quarter of the daemon's fd limit, all such users
 /// together half of it; past that their opens fail with ENFILE (the
-/// system's table is full, as far as they can tell). Root, the daemon's own
-/// user and the fd cache (which gives fds back when they run short) keep
-/// the rest. Lock order: a leaf lock.
+/// system's table is full, as far as they can tell). So that two users
+/// filling the half leave the others some, each user may still hold a few
+/// (`floor`) while all of them together hold less than three quarters.
+/// Root, the daemon's own user and the fd cache (which gives fds back when
+/// they run short) keep the rest. A user is an account: the uids of its
+/// subordinate ranges are charged to it (`SubordinateIDs`).
+/// Lock order: a leaf lock.
 final class HandleShares: Sendable {
     let perUser: Int
     let allUsers: Int
+    let floor: Int
+    let ceiling: Int
     private let exempt: uid_t
+    private let accounts: SubordinateIDs
     private struct State {
         var byUser: [uid_t: Int] = [:]
         var total = 0
@@ -27,10 +35,13 @@ final class HandleShares: Sendable {
     /// Counted handles: releases skip the lock while there are none.
     private let counted = Atomic<Int>(0)
 
-    init(fdLimit: Int) {
+    init(fdLimit: Int, accounts: SubordinateIDs = .shared) {
         perUser = max(16, fdLimit / 4)
         allUsers = max(32, fdLimit / 2)
+        floor = min(64, max(4, fdLimit / 16))
+        ceiling = max(allUsers, fdLimit * 3 / 4)
         exempt = geteuid()
+        self.accounts = accounts
     }
 
     /// Whether `uid`'s handles count at all.
@@ -42,9 +53,11 @@ final class HandleShares: Sendable {
     /// `giveBack` if no handle comes of it, or name its fd with `opened`.
     func take(_ uid: uid_t) throws(Errno) {
         guard counts(uid) else { return }
+        let account = accounts.owner(of: uid)
         let granted = state.withLock { s -> Bool in
-            guard s.byUser[uid, default: 0] < perUser, s.total < allUsers else { return false }
-            s.byUser[uid, default: 0] += 1
+            let mine = s.byUser[account, default: 0]
+            guard (mine < perUser && s.total < allUsers) || (mine < floor && s.total < ceiling) else { return false }
+            s.byUser[account] = mine + 1
             s.total += 1
             return true
         }
@@ -55,9 +68,10 @@ final class HandleShares: Sendable {
     /// The place `take` gave came to nothing, or its handle is gone.
     func giveBack(_ uid: uid_t) {
         guard counts(uid) else { return }
+        let account = accounts.owner(of: uid)
         state.withLock { s in
-            s.byUser[uid, default: 1] -= 1
-            if s.byUser[uid] == 0 { s.byUser[uid] = nil }
+            // At most 0: /etc/subuid may have moved the uid to another account since.
+            if let n = s.byUser[account] { s.byUser[account] = n > 1 ? n - 1 : nil }
             s.total -= 1
         }
         counted.subtract(1, ordering: .relaxed)

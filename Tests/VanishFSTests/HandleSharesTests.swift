@@ -1,7 +1,9 @@
 import Foundation
 import Glibc
 import Testing
+import LinuxSyscalls
 import VanishTestSupport
+@testable import VanishFS
 
 /// Every user's open files through the mount are fds of the one daemon:
 /// no user may take so many that root's opens fail.
@@ -103,5 +105,75 @@ struct HandleSharesTests {
                 try run(["timeout", "20", vanishBinary, "trash", "list", m.mountpoint]).ok
             }
         }
+    }
+
+    /// Two accounts holding all users' half of the daemon's descriptors
+    /// left every other user ENFILE on each open (cat, ls, even their
+    /// trash folder, so nothing of theirs could be restored).
+    @Test("two users holding files open until refused leave a third user able to read, list and create")
+    func twoUsersLeaveAThird() throws {
+        try withVanishMount(options: ["allow_other"], fileLimit: 1024, prepare: { src in
+            guard try sh("mkdir -m 1777 pub && echo hello > pub/readme && chmod 644 pub/readme", cwd: src).ok else {
+                throw TestFailure("mkdir")
+            }
+        }) { m in
+            let stop = m.base + "/stop"
+            chmod(m.base, 0o777)
+            var holders: [pid_t] = []
+            defer {
+                _ = FileManager.default.createFile(atPath: stop, contents: nil)
+                for h in holders { var st: Int32 = 0; waitpid(h, &st, 0) }
+            }
+            for uid in [300_100, 300_101] {
+                holders.append(try spawn(["/usr/bin/setpriv", "--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", "--",
+                                          "/usr/bin/python3", "-c", """
+                    import os, sys, time
+                    held = []
+                    try:
+                        while len(held) < 1000:
+                            held.append(os.open("%s/h%d-%d" % (sys.argv[1], os.getuid(), len(held)), os.O_CREAT | os.O_RDWR, 0o600))
+                    except OSError:
+                        pass
+                    open(sys.argv[2] + ".part", "w").write(str(len(held)))
+                    os.rename(sys.argv[2] + ".part", sys.argv[2])
+                    while not os.path.exists(sys.argv[3]):
+                        time.sleep(0.01)
+                    """, m.path("pub"), m.base + "/held-\(uid)", stop]))
+            }
+            for uid in [300_100, 300_101] {
+                try waitFor("holder \(uid) to be refused") { access(m.base + "/held-\(uid)", F_OK) == 0 }
+            }
+            let third = try run(["/usr/bin/setpriv", "--reuid=300102", "--regid=300102", "--clear-groups", "--",
+                                 "/bin/sh", "-c", "cat pub/readme && ls pub | wc -l && echo mine > pub/third && cat pub/third"],
+                                cwd: m.mountpoint)
+            #expect(third.ok, "\(third.stderr)")
+            #expect(third.stdout == "hello\n513\nmine\n", "\(third.stdout)")
+        }
+    }
+}
+
+/// `HandleShares`' arithmetic, in process: accounts, the floor, the ceiling.
+@Suite("open handle shares, in process")
+struct HandleSharesRuleTests {
+    @Test("two users filling all users' half leave a third its floor; one account's subordinate uids share its share")
+    func floorAndAccounts() throws {
+        let base = try makeTempDirectory()
+        defer { removeTree(base) }
+        _ = FileManager.default.createFile(atPath: base + "/passwd", contents: Data("mal:x:1002:1002::/:/bin/sh\n".utf8))
+        _ = FileManager.default.createFile(atPath: base + "/subuid", contents: Data("mal:165536:65536\n".utf8))
+        let shares = HandleShares(fdLimit: 1024, accounts: SubordinateIDs(path: base + "/subuid", passwd: base + "/passwd"))
+        func takeAll(_ uid: uid_t) -> Int {
+            var n = 0
+            while (try? shares.take(uid)) != nil { n += 1 }
+            return n
+        }
+        #expect(takeAll(1002) == shares.perUser)
+        #expect(takeAll(165_536) == 0, "mal's subordinate uid is mal")
+        #expect(takeAll(65534) == shares.perUser, "nobody fills all users' half")
+        #expect(takeAll(1001) == shares.floor, "a third user still gets its floor")
+        #expect(takeAll(1003) == shares.floor)
+        shares.giveBack(1001)
+        #expect(takeAll(1001) == 1)
+        #expect((try? shares.take(0)) != nil, "root is not counted")
     }
 }
