@@ -161,6 +161,7 @@ public final class ControlServer: Sendable {
     /// the answer (an event stream moves to a thread of its own instead).
     private struct Peer {
         let conn: Connection
+        /// The account it counts as (`SubordinateIDs`), for limits and lanes; not for rights.
         let uid: uid_t?
         /// Names it to its lane's answer.
         let serial: Int
@@ -284,8 +285,10 @@ public final class ControlServer: Sendable {
         }
         _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
         _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-        let uid = Connection.peerUID(fd)
-        let privileged = uid == 0 || uid == getuid()
+        let peerUID = Connection.peerUID(fd)
+        let privileged = peerUID == 0 || peerUID == getuid()
+        // Limits and lanes are per account: one with subordinate uids is one user here.
+        let uid = peerUID.map { SubordinateIDs.shared.owner(of: $0) }
         let refusal: String? = state.withLock { s in
             if s.connections >= ControlServer.maxConnections { return "too many connections to this mount's control socket" }
             if !privileged, let uid {

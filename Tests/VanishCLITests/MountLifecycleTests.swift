@@ -473,6 +473,63 @@ struct ArgumentErrorTests {
         #expect(!r.stderr.contains("fuse: "), "\(args): \(r.stderr)")
     }
 
+    /// `useradd` gives each account 65,536 subordinate uids, which
+    /// `newuidmap` lets it act as: counted per uid, eight of them held
+    /// 112 connections, and no other user could list or restore.
+    @Test("the uids of one account's subordinate range share that account's 16 control connections")
+    func controlSocketPerAccount() throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root to become other uids")
+        // An account (uid 300300) with a range, as useradd writes it; the file is put back after.
+        let original = try? String(contentsOfFile: "/etc/subuid", encoding: .utf8)
+        defer {
+            if let original { try? original.write(toFile: "/etc/subuid", atomically: true, encoding: .utf8) }
+            else { unlink("/etc/subuid") }
+        }
+        try ((original ?? "") + "300300:400000:65536\n").write(toFile: "/etc/subuid", atomically: true, encoding: .utf8)
+        try withVanishMount(options: ["allow_other"]) { m in
+            let socket = try socketPath(m)
+            let out = m.base + "/held", go = m.base + "/go"
+            let script = """
+                import os, socket, sys, time
+                path, out, go = sys.argv[1:4]
+                children = []
+                for u in range(400000, 400008):
+                    r, w = os.pipe()
+                    pid = os.fork()
+                    if pid == 0:
+                        os.close(r)
+                        os.setgroups([]); os.setresgid(u, u, u); os.setresuid(u, u, u)
+                        held = []
+                        for i in range(16):
+                            s = socket.socket(socket.AF_UNIX); s.connect(path); s.settimeout(0.2)
+                            try:
+                                if b"too many connections" in s.recv(4096): continue
+                            except socket.timeout: pass
+                            held.append(s)
+                        os.write(w, b"%d\\n" % len(held))
+                        while not os.path.exists(go): time.sleep(0.01)
+                        os._exit(0)
+                    os.close(w)
+                    children.append((pid, r))
+                total = sum(int(os.read(r, 64)) for _, r in children)
+                open(out, "w").write("%d" % total)
+                for pid, _ in children: os.waitpid(pid, 0)
+                """
+            let holder = try spawn(["/usr/bin/python3", "-c", script, socket, out, go])
+            defer {
+                _ = FileManager.default.createFile(atPath: go, contents: nil)
+                var st: Int32 = 0
+                waitpid(holder, &st, 0)
+            }
+            try waitFor("the account's connections", timeout: 60) { access(out, F_OK) == 0 }
+            #expect(try String(contentsOfFile: out, encoding: .utf8) == "16", "connections the account holds")
+            // Another user's request still gets through meanwhile.
+            let other = try run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
+                                 vanishBinary, "trash", "list", m.mountpoint])
+            #expect(other.ok, "\(other.stderr)")
+        }
+    }
+
     @Test("another user cannot lock root out of the control socket: connections per user are bounded and idle ones time out")
     func controlSocketBounded() throws {
         try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root to become nobody")
