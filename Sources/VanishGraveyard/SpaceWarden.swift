@@ -222,8 +222,9 @@ final class SpaceWarden: Sendable {
         if wanted > 0 {
             // Held entries go only by a restore: freeing one would strand what its deleter could not remove.
             let candidates = restorable.filter { $0.record.held == nil && (given.isEmpty || !given.contains($0.id)) }
-            let chosen = FairEviction.choose(candidates.map { (uid: $0.record.uid, bytes: $0.record.bytes ?? 0) },
-                                             wanted: wanted)
+            // By account: the uids of one subordinate range are one user here.
+            let owners = candidates.map { (uid: SubordinateIDs.shared.owner(of: $0.record.uid), bytes: $0.record.bytes ?? 0) }
+            let chosen = FairEviction.choose(owners, wanted: wanted)
             if !chosen.isEmpty {
                 graveyard.trash.evict(chosen.map { candidates[$0].id })
                 hooks.gaveUp()

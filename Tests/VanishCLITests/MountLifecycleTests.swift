@@ -479,14 +479,8 @@ struct ArgumentErrorTests {
     @Test("the uids of one account's subordinate range share that account's 16 control connections")
     func controlSocketPerAccount() throws {
         try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root to become other uids")
-        // An account (uid 300300) with a range, as useradd writes it; the file is put back after.
-        let original = try? String(contentsOfFile: "/etc/subuid", encoding: .utf8)
-        defer {
-            if let original { try? original.write(toFile: "/etc/subuid", atomically: true, encoding: .utf8) }
-            else { unlink("/etc/subuid") }
-        }
-        try ((original ?? "") + "300300:400000:65536\n").write(toFile: "/etc/subuid", atomically: true, encoding: .utf8)
-        try withVanishMount(options: ["allow_other"]) { m in
+        // An account (uid 300300) with a range, as useradd writes it.
+        try withSubordinateRange(owner: 300_300, first: 400_000, count: 65536) { try withVanishMount(options: ["allow_other"]) { m in
             let socket = try socketPath(m)
             let out = m.base + "/held", go = m.base + "/go"
             let script = """
@@ -527,7 +521,7 @@ struct ArgumentErrorTests {
             let other = try run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
                                  vanishBinary, "trash", "list", m.mountpoint])
             #expect(other.ok, "\(other.stderr)")
-        }
+        } }
     }
 
     @Test("another user cannot lock root out of the control socket: connections per user are bounded and idle ones time out")

@@ -279,6 +279,32 @@ struct UndoWindowTests {
         }
     }
 
+    /// Counted per uid, eight uids of one account's subordinate range
+    /// were eight users: the common cap fell to a ninth of the limit and
+    /// another user's one larger file went with the junk.
+    @Test("one account's subordinate uids past keep_max_bytes share one user's cap: another user's file stays")
+    func byteLimitPerAccount() throws {
+        try withSubordinateRange(owner: 300_300, first: 400_000, count: 65536) {
+            try withVanishMount(options: ["allow_other", "keep=1h", "keep_max_bytes=16M"], prepare: { src in
+                let r = try sh("chmod 755 . && install -d -o nobody victim && install -d -m 1777 junk", cwd: src)
+                guard r.ok else { throw TestFailure(r.stderr) }
+            }) { m in
+                // nobody's one kept file of 6 MiB.
+                #expect(try runAsNobody(["/bin/sh", "-c", "head -c 6M /dev/urandom > big && sync big && rm big"],
+                                        cwd: m.path("victim")).ok)
+                // Then eight uids of account 300300 delete 2 MiB each: past the limit.
+                for u in 400_000..<400_008 {
+                    let r = try run(["setpriv", "--reuid=\(u)", "--regid=\(u)", "--clear-groups", "--", "/bin/sh", "-c",
+                                     "head -c 2M /dev/urandom > j\(u) && sync j\(u) && rm j\(u)"], cwd: m.path("junk"))
+                    #expect(r.ok, "\(r.stderr)")
+                }
+                // 16 MiB hold nobody's 6 MiB and the account's newest 10 MiB: the cap of two users.
+                let expected = ["junk/j400003", "junk/j400004", "junk/j400005", "junk/j400006", "junk/j400007", "victim/big"]
+                try waitFor("the account's oldest to go", timeout: 60) { try trashPaths(m) == expected }
+            }
+        }
+    }
+
     @Test("deletions that come together are cut to the byte limit exactly: the newest that fit stay")
     func byteLimitBurst() throws {
         try withVanishMount(options: ["keep=1h", "keep_max_bytes=10M"]) { m in

@@ -546,3 +546,21 @@ public func trashList(_ m: VanishMount) throws -> [[String: Any]] {
 public func trashPaths(_ m: VanishMount) throws -> [String] {
     try trashList(m).compactMap { $0["path"] as? String }.sorted()
 }
+
+/// Runs `body` with `owner:first:count` added to /etc/subuid, as useradd
+/// writes an account's subordinate range; the file is put back after.
+/// Mount inside `body`: a daemon reads the file when it first needs it.
+/// One test at a time (a lock file), as tests run in parallel.
+public func withSubordinateRange<R>(owner: uid_t, first: uid_t, count: UInt32, _ body: () throws -> R) throws -> R {
+    let lock = open("/tmp/vanish-test-subuid.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+    guard lock >= 0 else { throw TestFailure("cannot open the /etc/subuid test lock") }
+    defer { close(lock) }
+    while flock(lock, LOCK_EX) != 0 && errno == EINTR {}
+    let original = try? String(contentsOfFile: "/etc/subuid", encoding: .utf8)
+    defer {
+        if let original { try? original.write(toFile: "/etc/subuid", atomically: true, encoding: .utf8) }
+        else { unlink("/etc/subuid") }
+    }
+    try ((original ?? "") + "\(owner):\(first):\(count)\n").write(toFile: "/etc/subuid", atomically: true, encoding: .utf8)
+    return try body()
+}
