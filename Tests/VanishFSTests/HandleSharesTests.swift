@@ -1,9 +1,7 @@
 import Foundation
 import Glibc
 import Testing
-import LinuxSyscalls
 import VanishTestSupport
-@testable import VanishFS
 
 /// Every user's open files through the mount are fds of the one daemon:
 /// no user may take so many that root's opens fail.
@@ -149,31 +147,5 @@ struct HandleSharesTests {
             #expect(third.ok, "\(third.stderr)")
             #expect(third.stdout == "hello\n513\nmine\n", "\(third.stdout)")
         }
-    }
-}
-
-/// `HandleShares`' arithmetic, in process: accounts, the floor, the ceiling.
-@Suite("open handle shares, in process")
-struct HandleSharesRuleTests {
-    @Test("two users filling all users' half leave a third its floor; one account's subordinate uids share its share")
-    func floorAndAccounts() throws {
-        let base = try makeTempDirectory()
-        defer { removeTree(base) }
-        _ = FileManager.default.createFile(atPath: base + "/passwd", contents: Data("mal:x:1002:1002::/:/bin/sh\n".utf8))
-        _ = FileManager.default.createFile(atPath: base + "/subuid", contents: Data("mal:165536:65536\n".utf8))
-        let shares = HandleShares(fdLimit: 1024, accounts: SubordinateIDs(path: base + "/subuid", passwd: base + "/passwd"))
-        func takeAll(_ uid: uid_t) -> Int {
-            var n = 0
-            while (try? shares.take(uid)) != nil { n += 1 }
-            return n
-        }
-        #expect(takeAll(1002) == shares.perUser)
-        #expect(takeAll(165_536) == 0, "mal's subordinate uid is mal")
-        #expect(takeAll(65534) == shares.perUser, "nobody fills all users' half")
-        #expect(takeAll(1001) == shares.floor, "a third user still gets its floor")
-        #expect(takeAll(1003) == shares.floor)
-        shares.giveBack(1001)
-        #expect(takeAll(1001) == 1)
-        #expect((try? shares.take(0)) != nil, "root is not counted")
     }
 }
