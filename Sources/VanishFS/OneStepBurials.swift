@@ -45,19 +45,21 @@ final class OneStepBurials: Sendable {
         /// Whether a tree of `uid`'s waits or is being sorted.
         func hasPending(of uid: uid_t) -> Bool { busy == uid || queue.contains { $0.caller.uid == uid } }
 
-        /// The next tree to sort: the oldest, unless its deleter's tree was
-        /// the last sorted and another user's waits (one user's stream of
-        /// trees must not hold everyone else's back).
+        /// The next tree to sort: the oldest, unless its deleter's account
+        /// had the last sorted and another's waits (one user's stream of
+        /// trees, from however many of their subordinate uids, must not hold
+        /// everyone else's back).
         mutating func takeNext() -> Pending? {
             guard let first = queue.first else { return nil }
+            let account = { (p: Pending) in SubordinateIDs.shared.owner(of: p.caller.uid) }
             var i = 0
-            if first.caller.uid == lastUID, let other = queue.firstIndex(where: { $0.caller.uid != lastUID }) { i = other }
+            if account(first) == lastAccount, let other = queue.firstIndex(where: { account($0) != lastAccount }) { i = other }
             let p = queue.remove(at: i)
             busy = p.caller.uid
-            lastUID = p.caller.uid
+            lastAccount = account(p)
             return p
         }
-        var lastUID: uid_t?
+        var lastAccount: uid_t?
     }
     private let state = Lock(State())
     private let wake = Condition()
