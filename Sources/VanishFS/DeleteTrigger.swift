@@ -57,15 +57,24 @@ struct DeleteTrigger: Sendable {
                     let room = held.fd
                     defer { withExtendedLifetime(held) {} }
                     let reservation = graveyard.reserve(by: deletedBy)
+                    let record = deleter.trashRecord(entry, parent: parent, name: n.baseAddress!, caller: caller)
+                    // Where it came from, for a start after a stop before its check.
+                    let origin = record ?? TrashRecord(path: deleter.table.path(of: parent, appending: n.baseAddress!),
+                                                       uid: caller.uid, gid: caller.gid, bytes: nil,
+                                                       kind: TrashRecord.Kind(mode: entry.st_mode), window: 0)
                     do throws(Errno) {
                         try graveyard.withName(reservation) { g throws(Errno) in
-                            try permissions.acting { () throws(Errno) in try Sys.renameNoReplace(pfd, n.baseAddress!, room, g) }
+                            try rooms.notePending(caller.uid, g, origin)
+                            do throws(Errno) {
+                                try permissions.acting { () throws(Errno) in try Sys.renameNoReplace(pfd, n.baseAddress!, room, g) }
+                            } catch {
+                                rooms.settled(caller.uid, g)
+                                throw error
+                            }
                         }
                         grave = try graveyard.withName(reservation) { String(cString: $0) }
                         oneStep.add(.init(deleterRoom: held, reservation: reservation, permissions: permissions, caller: caller,
-                                          st: entry, parent: parent, name: name,
-                                          record: deleter.trashRecord(entry, parent: parent, name: n.baseAddress!,
-                                                                      caller: caller)))
+                                          st: entry, parent: parent, name: name, record: record))
                     } catch .improperLink {
                         // The source's filesystem refuses this move (overlayfs, for a
                         // directory of a lower layer): checked and removed in place below.

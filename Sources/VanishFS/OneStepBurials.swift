@@ -147,6 +147,12 @@ final class OneStepBurials: Sendable {
     /// else what `rm -r` by them would have removed goes, and the rest,
     /// its directories as they were, goes back.
     private func settle(_ p: Pending) {
+        // Its origin record goes once the tree has left the room (buried, put back or held).
+        defer {
+            try? deleter.graveyard?.withName(p.reservation) { grave throws(Errno) in
+                if (try? Sys.lstatat(p.room, grave)) == nil { deleter.rooms?.settled(p.caller.uid, grave) }
+            }
+        }
         do throws(Errno) {
             let sifted = try deleter.graveyard!.withName(p.reservation) { grave throws(Errno) -> RemovalCheck.Sifted in
                 let sifted = try p.permissions.sift(p.room, grave)
@@ -215,9 +221,14 @@ final class OneStepBurials: Sendable {
     }
 
     /// Trees a daemon that stopped between a one-step delete and its check
-    /// left in a room: checked as the room's user (their groups as the user
-    /// database has them now) and buried, not restorable, or else left
-    /// where they are and logged: where they were is not known any more.
+    /// left in a room, checked as the room's user (their groups as the user
+    /// database has them now), as `settle` would have: buried (restorable
+    /// where the undo window kept it) if they could have removed all of
+    /// it, else put back where it was deleted from, as them, or where that
+    /// fails held in their trash until restored. Where it came from was
+    /// written before it moved in (`DeleterRooms.notePending`); a tree
+    /// without that record (a piece the reaper moved on through the room)
+    /// is held under its entry name.
     private func recoverLeftovers() {
         guard let rooms = deleter.rooms, let graveyard = deleter.graveyard, let reaper = deleter.reaper else { return }
         for (uid, gid, held, names) in rooms.leftovers() {
@@ -226,9 +237,9 @@ final class OneStepBurials: Sendable {
             let credentials = Credentials.ofUser(uid, fallbackGID: gid)
             let check = RemovalCheck(credentials: uid == 0 ? nil : credentials)
             for name in names {
+                let origin = name.withCString { rooms.pending(uid, $0) }
                 do throws(Errno) {
                     let st = try Sys.lstatat(room, name)
-                    try check.check(room, name, recursive: st.st_mode & S_IFMT == S_IFDIR)
                     // Freed as its deleter: as its name says when that is the
                     // room's user (a piece the reaper moved on as them), else
                     // as the room's user, whatever the name: they may have
@@ -238,7 +249,18 @@ final class OneStepBurials: Sendable {
                     // Deleted when its name says, if not later than now: what came
                     // into it after that is judged so (`TreeRemover.cameInLater`).
                     let deleted = min(name.withCString { Graveyard.burialTime($0) } ?? .max, Sys.wallClockNow())
-                    reaper.noteBuried(shard: try graveyard.bury(room, name, deletion: .at(deleted), by: by))
+                    do throws(Errno) {
+                        try check.check(room, name, recursive: st.st_mode & S_IFMT == S_IFDIR)
+                    } catch where error != .noSuchFileOrDirectory {
+                        putBackLeftover(room, name, st: st, as: uid == 0 ? nil : credentials, origin: origin,
+                                        deleted: deleted, by: by, why: error)
+                        name.withCString { rooms.settled(uid, $0) }
+                        continue
+                    }
+                    // A record the window kept (its window nil: the graveyard's), not one noted only for its path (0).
+                    let kept = origin.flatMap { $0.window == 0 ? nil : $0 }
+                    reaper.noteBuried(shard: try graveyard.bury(room, name, record: kept, deletion: .at(deleted), by: by))
+                    name.withCString { rooms.settled(uid, $0) }
                 } catch .noSuchFileOrDirectory {
                     // A reaper moving a piece on through the room took it first.
                 } catch {
@@ -246,6 +268,60 @@ final class OneStepBurials: Sendable {
                                 metadata: ["uid": "\(uid)", "entry": "\(name)", "error": "\(error)"])
                 }
             }
+        }
+        rooms.forgetSettled()
+    }
+
+    /// `putBack` for a tree an earlier daemon left unchecked: renamed to
+    /// the path its origin record names, through directories opened one by
+    /// one from the source's root without following a symlink, all as its
+    /// deleter (`who`; nil for root); else held in their trash.
+    private func putBackLeftover(_ room: Int32, _ name: String, st: stat, as who: Credentials?, origin: TrashRecord?,
+                                 deleted: UInt64, by: DeletedBy?, why: Errno) {
+        guard let graveyard = deleter.graveyard, let reaper = deleter.reaper else { return }
+        let uid = who?.uid ?? 0
+        var held = TrashRecord.Held.gone
+        if let origin, case let parts = origin.path.split(separator: UInt8(ascii: "/")), let leaf = parts.last {
+            do throws(Errno) {
+                try Credentials.acting(who) { () throws(Errno) in
+                    var dir = OwnedDescriptor(try Sys.openat(deleter.rootFD, ".", VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW))
+                    for part in parts.dropLast() {
+                        let next = try (Array(part) + [0]).withUnsafeBufferPointer { b throws(Errno) in
+                            try b.withMemoryRebound(to: CChar.self) { c throws(Errno) in
+                                try Sys.openat(dir.raw, c.baseAddress!, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW)
+                            }
+                        }
+                        dir = OwnedDescriptor(next)
+                    }
+                    try (Array(leaf) + [0]).withUnsafeBufferPointer { b throws(Errno) in
+                        try b.withMemoryRebound(to: CChar.self) { c throws(Errno) in
+                            try Sys.renameNoReplace(room, name, dir.raw, c.baseAddress!)
+                            changes.restored(into: dir.raw, c.baseAddress!, path: origin.path,
+                                             kind: TrashRecord.Kind(mode: st.st_mode).name, entry: name, uid: uid, kept: true)
+                        }
+                    }
+                }
+                state.withLock { $0.putBack += 1 }
+                log.notice("a one-step delete an earlier daemon left unchecked was put back: its deleter could not have removed all of it with rm -r",
+                           metadata: ["path": "\(String(decoding: origin.path, as: UTF8.self))", "uid": "\(uid)",
+                                      "error": "\(why)"])
+                return
+            } catch {
+                held = error == .fileExists || error == .directoryNotEmpty ? .taken
+                    : error == .noSuchFileOrDirectory || error == .notDirectory ? .gone : .failed
+            }
+        }
+        var record = origin ?? TrashRecord(path: Array(name.utf8), uid: uid, gid: who?.gid ?? 0, bytes: nil,
+                                           kind: TrashRecord.Kind(mode: st.st_mode))
+        record.held = held
+        do throws(Errno) {
+            reaper.noteBuried(shard: try graveyard.bury(room, name, record: record, deletion: .at(deleted), by: by))
+            log.warning("a one-step delete an earlier daemon left unchecked is kept in its deleter's trash until restored",
+                        metadata: ["path": "\(String(decoding: record.path, as: UTF8.self))", "uid": "\(uid)",
+                                   "held": "\(held.rawValue)", "why": "\(why)"])
+        } catch {
+            log.warning("a one-step delete left unchecked by an earlier daemon stays in its deleter's room",
+                        metadata: ["uid": "\(uid)", "entry": "\(name)", "error": "\(error)"])
         }
     }
 

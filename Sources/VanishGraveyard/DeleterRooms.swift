@@ -70,6 +70,10 @@ public final class DeleterRooms: Sendable {
 
     /// `users/` (O_PATH), private to the daemon's user.
     private let usersFD: Int32
+    /// `onestep/` (O_PATH), private to the daemon's user: where each tree
+    /// moved into a room but not yet checked came from (`notePending`),
+    /// for the next start should the daemon stop before the check.
+    private let pendingFD: Int32
     /// The rooms used last, each with when (a count of uses). Bounded: a
     /// user with a range of subordinate uids acts as thousands of users,
     /// and one fd kept for each of them took all of the daemon's.
@@ -82,9 +86,65 @@ public final class DeleterRooms: Sendable {
 
     init(stateFD: Int32) throws(Errno) {
         usersFD = try Graveyard.makeDirectory(stateFD, ["users"])
+        do throws(Errno) {
+            pendingFD = try Graveyard.makeDirectory(stateFD, ["onestep"])
+        } catch {
+            Sys.close(usersFD)
+            throw error
+        }
     }
 
-    deinit { Sys.close(usersFD) }
+    deinit {
+        Sys.close(usersFD)
+        Sys.close(pendingFD)
+    }
+
+    private static func pendingName(_ uid: uid_t, _ entry: UnsafePointer<CChar>) -> String {
+        String(uid) + "-" + String(cString: entry)
+    }
+
+    /// Writes where the tree `entry` of `uid`'s room comes from, before it
+    /// moves in: `record` has its path from the mount's root, and its undo
+    /// window (0: not kept).
+    public func notePending(_ uid: uid_t, _ entry: UnsafePointer<CChar>, _ record: TrashRecord) throws(Errno) {
+        let name = Self.pendingName(uid, entry)
+        let fd = FileDescriptor(rawValue: try Sys.openat(pendingFD, name, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0o600))
+        do {
+            _ = try fd.closeAfter { try fd.writeAll(record.encoded()) }
+        } catch {
+            _ = try? Sys.unlinkat(pendingFD, name, 0)
+            throw (error as? Errno) ?? .noSpace
+        }
+    }
+
+    /// Where `entry` in `uid`'s room came from, if it was noted and still waits.
+    public func pending(_ uid: uid_t, _ entry: UnsafePointer<CChar>) -> TrashRecord? {
+        guard let fd = try? Sys.opened(pendingFD, Self.pendingName(uid, entry), O_RDONLY | O_NOFOLLOW) else { return nil }
+        return TrashRecord(decoding: Sys.readAll(fd.raw))
+    }
+
+    /// The tree `entry` of `uid`'s room was checked: buried, put back or held.
+    public func settled(_ uid: uid_t, _ entry: UnsafePointer<CChar>) {
+        _ = try? Sys.unlinkat(pendingFD, Self.pendingName(uid, entry), 0)
+    }
+
+    /// Forgets the origins of trees no room holds any more (the daemon
+    /// stopped between noting one and its move, or after its check).
+    public func forgetSettled() {
+        for name in (try? Sys.names(in: pendingFD, ".")) ?? [] {
+            guard let dash = name.firstIndex(of: "-"), let uid = uid_t(name[..<dash]) else {
+                _ = try? Sys.unlinkat(pendingFD, name, 0)
+                continue
+            }
+            let entry = String(name[name.index(after: dash)...])
+            let user = String(uid)
+            guard let room = try? Sys.opened(usersFD, user, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW),
+                  (try? Sys.lstatat(room.raw, entry)) != nil else {
+                _ = try? Sys.unlinkat(pendingFD, name, 0)
+                continue
+            }
+        }
+    }
 
     /// Rooms open in the daemon now, held by the cache or by a delete (for tests).
     public var cachedRooms: Int { recent.withLock { $0.rooms.count } }

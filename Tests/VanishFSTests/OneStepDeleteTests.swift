@@ -379,4 +379,55 @@ struct OneStepDeleteTests {
             #expect(try Self.descriptors(again) < before + 50, "a fresh mount over 400 rooms")
         }
     }
+
+    /// Mounts with `options` over what `setup` (a shell script) makes in the
+    /// source, has nobody `vanish rm -r` `path` and kills the daemon the
+    /// moment that is answered, its check hardly begun; then runs `body` on
+    /// a fresh mount of the same source once nobody's room is empty.
+    static func afterKilledOneStepDelete(options: [String], setup: String, path: String,
+                                         _ body: (VanishMount) throws -> Void) throws {
+        try withVanishMount(options: options, prepare: { src in
+            let r = try sh(setup, cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let r = try sh("setpriv --reuid=nobody --regid=nogroup --clear-groups -- \(shellQuote(vanishBinary)) rm -r "
+                           + "\(shellQuote(path)); kill -9 \(m.pid)", cwd: m.mountpoint)
+            #expect(r.ok, "\(r.stderr)")
+            _ = try m.waitForExit()
+            _ = try run(["fusermount3", "-u", m.mountpoint])
+            let again = try VanishMount(options: options, existingSource: m.source)
+            defer { again.close() }
+            try waitFor("nobody's room to be empty", timeout: 60) { try OneStepDeleteTests.room(again).isEmpty }
+            try body(again)
+        }
+    }
+
+    /// Where a tree came from was known only to the daemon that moved it:
+    /// one killed before the check left it in the room for good, root's
+    /// directory inside gone from its place and restorable by no one.
+    @Test("a daemon killed between nobody's one-step delete and its check: the next start puts root's directory inside back", arguments: ["keep=1h", "keep=0"])
+    func leftoverGoesBack(keep: String) throws {
+        try Self.afterKilledOneStepDelete(options: ["allow_other", keep], setup: """
+            chmod 755 . && install -d -o nobody pub pub/big && install -d pub/big/rootsub && echo keep > pub/big/rootsub/keep
+            for d in $(seq 1 20); do mkdir pub/big/d$d && (cd pub/big/d$d && seq 1 1000 | xargs touch); done
+            chown -R nobody pub/big/d*
+            """, path: "pub/big") { m throws in
+            #expect(try sh("cat pub/big/rootsub/keep", cwd: m.mountpoint).stdout == "keep\n",
+                    "root's directory is back where it was")
+        }
+    }
+
+    @Test("a daemon killed between nobody's one-step delete of their own tree and its check: the next start keeps it restorable in the window")
+    func leftoverStaysRestorable() throws {
+        try Self.afterKilledOneStepDelete(options: ["allow_other", "keep=1h"], setup: """
+            chmod 755 . && install -d -o nobody pub pub/own
+            for d in $(seq 1 20); do mkdir pub/own/d$d && (cd pub/own/d$d && seq 1 1000 | xargs touch); done
+            chown -R nobody pub/own
+            """, path: "pub/own") { m throws in
+            let listed = try runAsNobody([vanishBinary, "trash", "list", m.mountpoint])
+            #expect(listed.stdout.contains("pub/own"), "\(listed.stdout) \(listed.stderr)")
+            #expect(try runAsNobody([vanishBinary, "restore", m.path("pub/own")]).ok)
+            #expect(try sh("ls pub/own | wc -l", cwd: m.mountpoint).stdout == "20\n")
+        }
+    }
 }
