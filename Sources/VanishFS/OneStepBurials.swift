@@ -91,10 +91,12 @@ final class OneStepBurials: Sendable {
 
     func start() {
         state.withLock { $0.running = true }
+        // Requests are served from now on: a tree named later is this daemon's own, on its way.
+        let started = deleter.graveyard?.clock.now() ?? 0
         // RemovalCheck recurses once per directory level, up to its maxDepth.
         spawnThread("vanish-onestep", stackSize: 256 << 20) { [self] in
             becomeBackgroundThread(nice: 10)
-            recoverLeftovers()
+            recoverLeftovers(namedBefore: started)
             run()
         }
     }
@@ -228,15 +230,16 @@ final class OneStepBurials: Sendable {
     /// fails held in their trash until restored. Where it came from was
     /// written before it moved in (`DeleterRooms.notePending`); a tree
     /// without that record (a piece the reaper moved on through the room)
-    /// is held under its entry name.
-    private func recoverLeftovers() {
+    /// is held under its entry name. Trees named since `started` are this
+    /// daemon's own one-step deletes, already queued for their check.
+    private func recoverLeftovers(namedBefore started: UInt64) {
         guard let rooms = deleter.rooms, let graveyard = deleter.graveyard, let reaper = deleter.reaper else { return }
         for (uid, gid, held, names) in rooms.leftovers() {
             let room = held.fd
             defer { withExtendedLifetime(held) {} }
             let credentials = Credentials.ofUser(uid, fallbackGID: gid)
             let check = RemovalCheck(credentials: uid == 0 ? nil : credentials)
-            for name in names {
+            for name in names where name.withCString({ Graveyard.burialTime($0) }).map({ $0 < started }) ?? true {
                 let origin = name.withCString { rooms.pending(uid, $0) }
                 do throws(Errno) {
                     let st = try Sys.lstatat(room, name)
