@@ -132,22 +132,15 @@ public final class DeleterRooms: Sendable {
     /// stopped between noting one and its move, or after its check).
     public func forgetSettled() {
         for name in (try? Sys.names(in: pendingFD, ".")) ?? [] {
-            guard let dash = name.firstIndex(of: "-"), let uid = uid_t(name[..<dash]) else {
-                _ = try? Sys.unlinkat(pendingFD, name, 0)
-                continue
+            let parts = name.split(separator: "-", maxSplits: 1)
+            var held = false
+            if parts.count == 2, uid_t(parts[0]) != nil,
+               let room = try? Sys.opened(usersFD, String(parts[0]), VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW) {
+                held = (try? Sys.lstatat(room.raw, String(parts[1]))) != nil
             }
-            let entry = String(name[name.index(after: dash)...])
-            let user = String(uid)
-            guard let room = try? Sys.opened(usersFD, user, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW),
-                  (try? Sys.lstatat(room.raw, entry)) != nil else {
-                _ = try? Sys.unlinkat(pendingFD, name, 0)
-                continue
-            }
+            if !held { _ = try? Sys.unlinkat(pendingFD, name, 0) }
         }
     }
-
-    /// Rooms open in the daemon now, held by the cache or by a delete (for tests).
-    public var cachedRooms: Int { recent.withLock { $0.rooms.count } }
 
     /// What rooms hold: trees a daemon that stopped before checking them
     /// left there, by the uid whose room it is and its group. Empty rooms
