@@ -107,14 +107,7 @@ public final class DeleterRooms: Sendable {
     /// moves in: `record` has its path from the mount's root, and its undo
     /// window (0: not kept).
     public func notePending(_ uid: uid_t, _ entry: UnsafePointer<CChar>, _ record: TrashRecord) throws(Errno) {
-        let name = Self.pendingName(uid, entry)
-        let fd = FileDescriptor(rawValue: try Sys.openat(pendingFD, name, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0o600))
-        do {
-            _ = try fd.closeAfter { try fd.writeAll(record.encoded()) }
-        } catch {
-            _ = try? Sys.unlinkat(pendingFD, name, 0)
-            throw (error as? Errno) ?? .noSpace
-        }
+        try record.write(to: pendingFD, Self.pendingName(uid, entry), O_TRUNC)
     }
 
     /// Where `entry` in `uid`'s room came from, if it was noted and still waits.

@@ -128,6 +128,18 @@ public struct TrashRecord: Sendable, Equatable {
         return Array(magic.utf8) + Array((fields + "\n").utf8) + path
     }
 
+    /// Writes the record as the file `name` in `dirFD` (`mode`: O_EXCL for a
+    /// new one, O_TRUNC to replace one), removed again if that fails.
+    func write(to dirFD: Int32, _ name: UnsafePointer<CChar>, _ mode: Int32) throws(Errno) {
+        let fd = FileDescriptor(rawValue: try Sys.openat(dirFD, name, O_WRONLY | O_CREAT | mode | O_NOFOLLOW, 0o600))
+        do {
+            _ = try fd.closeAfter { try fd.writeAll(encoded()) }
+        } catch {
+            _ = try? Sys.unlinkat(dirFD, name, 0)
+            throw (error as? Errno) ?? .noSpace
+        }
+    }
+
     init?(decoding data: [UInt8]) {
         let versions = [TrashRecord.firstMagic, TrashRecord.magic, TrashRecord.heldMagic, TrashRecord.originMagic]
             .map { Array($0.utf8) }
@@ -486,13 +498,7 @@ extension Graveyard {
     func writeSidecar(_ shardFD: Int32, _ id: UnsafePointer<CChar>, _ record: TrashRecord) throws(Errno) {
         var name: [CChar] = [0x2E]
         name.append(contentsOf: UnsafeBufferPointer(start: id, count: strlen(id) + 1))
-        let fd = FileDescriptor(rawValue: try Sys.openat(shardFD, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0o600))
-        do {
-            _ = try fd.closeAfter { try fd.writeAll(record.encoded()) }
-        } catch {
-            _ = try? Sys.unlinkat(shardFD, name, 0)
-            throw (error as? Errno) ?? .noSpace
-        }
+        try record.write(to: shardFD, name, O_EXCL)
     }
 
     /// Removes the sidecar of an entry that was reaped or restored.
