@@ -628,7 +628,7 @@ class RemoveTreeInProcess(RemoveTreeOneStep):
     def run(self, target):
         path = f"{target}/tree"
         if isinstance(self.peer, Vanish):
-            os.setxattr(path, "user.vanish.delete", b"")
+            os.setxattr(path, "user.vanish.delete", b"", os.XATTR_CREATE | os.XATTR_REPLACE)
             while os.path.lexists(path):
                 pass
         else:

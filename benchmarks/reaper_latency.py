@@ -52,7 +52,7 @@ def main():
             make_tree(f"{src}/tree{r}", 50, 200, size=0)
             subprocess.run(["sync"])
             idle += creates(f"{mnt}/probe", "idle", args.creates)
-            os.setxattr(f"{mnt}/tree{r}", "user.vanish.delete", b"")
+            os.setxattr(f"{mnt}/tree{r}", "user.vanish.delete", b"", os.XATTR_CREATE | os.XATTR_REPLACE)
             busy += creates(f"{mnt}/probe", "busy", args.creates)
             status = subprocess.run([binary, "status", "--json", mnt], capture_output=True, text=True).stdout
             drained_early += '"pending_entries":0,' in status

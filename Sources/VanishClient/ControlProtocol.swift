@@ -1,3 +1,5 @@
+import CXattr
+
 /// The control socket's protocol: the client sends one JSON object on one
 /// line; the daemon answers with JSON lines (one for a request, a stream for
 /// events) and closes the connection when done.
@@ -9,9 +11,16 @@ public enum ControlProtocol {
     /// The mount root's attribute with the daemon's status as JSON, the
     /// control socket's path (`socket`) among it.
     public static let statusAttribute = "user.vanish.status"
-    /// Setting this attribute on a path inside a mount removes it, a whole
-    /// tree in one step (`vanish rm`).
+    /// Setting this attribute on a path inside a mount with `deleteFlags`
+    /// removes it, a whole tree in one step (`vanish rm`). With any other
+    /// flags it is an ordinary attribute, stored as natively: a copy of a
+    /// tree that carries it (`rsync -X`, `tar --xattrs`, `cp -a`) must never
+    /// delete the destination.
     public static let deleteAttribute = "user.vanish.delete"
+    /// XATTR_CREATE and XATTR_REPLACE together: every other filesystem
+    /// refuses the pair (EEXIST or ENODATA) and stores nothing, so no copy of
+    /// data ever passes it, and elsewhere the call fails harmlessly.
+    public static let deleteFlags = Int32(XATTR_CREATE | XATTR_REPLACE)
 
     /// Whether `s` has the form of a trash entry's id: its graveyard name,
     /// `<16 hex>-<8 hex>-<10 hex>`, and for an entry another user than the

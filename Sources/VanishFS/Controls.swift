@@ -14,17 +14,20 @@ enum ControlNames {
     static let deleteAttribute = ControlProtocol.deleteAttribute
     static let statusAttribute = ControlProtocol.statusAttribute
 
-    /// True if `name` is the delete trigger.
+    /// True if a setxattr of `name` with `flags` is the delete trigger: the
+    /// name with both XATTR_CREATE and XATTR_REPLACE, which no copy of data
+    /// passes (see `ControlProtocol.deleteFlags`); else it is stored as any
+    /// other attribute.
     @inline(__always)
-    static func isDeleteTrigger(_ name: UnsafePointer<CChar>) -> Bool {
-        name[0] == 0x75 && strcmp(name, deleteAttribute) == 0
+    static func isDeleteTrigger(_ name: UnsafePointer<CChar>, flags: Int32) -> Bool {
+        flags == ControlProtocol.deleteFlags && name[0] == 0x75 && strcmp(name, deleteAttribute) == 0
     }
 
-    /// True for either control name (`user.vanish.delete`, `user.vanish.status`):
-    /// reserved, never stored in the source.
+    /// True for the status name (`user.vanish.status`): reserved, never
+    /// stored in the source.
     @inline(__always)
-    static func isControlName(_ name: UnsafePointer<CChar>) -> Bool {
-        name[0] == 0x75 && (strcmp(name, deleteAttribute) == 0 || strcmp(name, statusAttribute) == 0)
+    static func isReserved(_ name: UnsafePointer<CChar>) -> Bool {
+        name[0] == 0x75 && strcmp(name, statusAttribute) == 0
     }
 
     @inline(__always)

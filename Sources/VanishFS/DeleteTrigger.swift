@@ -6,9 +6,10 @@ import Logging
 import SystemPackage
 import VanishGraveyard
 
-/// The delete trigger: `setxattr(PATH, "user.vanish.delete", …)` removes
-/// PATH, a file or a whole tree, with one rename into the graveyard (what
-/// `vanish rm` does), from any program, no socket needed.
+/// The delete trigger: `setxattr(PATH, "user.vanish.delete", "", 0,
+/// XATTR_CREATE | XATTR_REPLACE)` removes PATH, a file or a whole tree, with
+/// one rename into the graveyard (what `vanish rm` does), from any program,
+/// no socket needed. With other flags the name is stored as data.
 struct DeleteTrigger: Sendable {
     let namespace: BackingNamespace
     let changes: any ChangeObserver

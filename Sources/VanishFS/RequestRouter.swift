@@ -152,7 +152,7 @@ public final class RequestRouter: LowLevelFilesystem {
     public func setxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, value: UnsafePointer<CChar>?,
                          size: Int, flags: Int32) throws(Errno) {
         if ours(ino) { throw .notSupported }
-        if ControlNames.isDeleteTrigger(name) {
+        if ControlNames.isDeleteTrigger(name, flags: flags) {
             let deleted = try h.deleteTrigger.delete(req, ino)
             req.replyOK()
             return h.deleteTrigger.answered(deleted)

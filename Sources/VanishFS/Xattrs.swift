@@ -5,9 +5,9 @@ import Glibc
 import LinuxSyscalls
 import SystemPackage
 
-/// The handlers of extended attributes. The mount's own names
+/// The handlers of extended attributes. The mount's own requests
 /// (`ControlNames`: the delete trigger, the status) never reach the source:
-/// the router answers them, and these refuse to store them.
+/// the router answers them, and these refuse to store the status name.
 struct XattrHandlers: Sendable {
     let namespace: BackingNamespace
     let changes: any ChangeObserver
@@ -26,7 +26,7 @@ struct XattrHandlers: Sendable {
     func setxattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>, value: UnsafePointer<CChar>?,
                   size: Int, flags: Int32) throws(Errno) {
         // The status name answers reads only; stored, it would shadow nothing and mislead.
-        if ControlNames.isControlName(name) { throw .notPermitted }
+        if ControlNames.isReserved(name) { throw .notPermitted }
         try namespace.withFD(inode(ino)) { fd throws(Errno) in
             try Sys.setxattr(pathFD: fd, name, value, size, flags)
             // Setting an access ACL clears setgid when the caller is not in
@@ -167,7 +167,7 @@ struct XattrHandlers: Sendable {
     }
 
     func removexattr(_ req: Request, _ ino: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
-        if ControlNames.isControlName(name) { throw .notPermitted }
+        if ControlNames.isReserved(name) { throw .notPermitted }
         try namespace.withFD(inode(ino)) { fd throws(Errno) in try Sys.removexattr(pathFD: fd, name) }
         absentXattrs.changed(inode(ino))
         if changesMode(name) { invalidations.attributes(of: ino) }

@@ -11,7 +11,8 @@ struct RemoveCommand: ParsableCommand {
             A drop-in for coreutils rm (alias rm='vanish rm' is safe on any path): it takes rm's \
             options and operands. With -r (and neither -i, -I nor -v), a directory inside a Vanish \
             mount goes to the graveyard with one rename made with the caller's rights (the xattr \
-            trigger user.vanish.delete, which any program can set too), and the reaper frees the \
+            trigger user.vanish.delete, set with XATTR_CREATE|XATTR_REPLACE, which any program can \
+            set too), and the reaper frees the \
             data later; moments later, what rm -r by the caller would have left (entries they may \
             not remove, and the directories on their paths) is put back where it was. Everything \
             else, on a Vanish mount or not, is removed by /bin/rm with the same options: files \
@@ -186,14 +187,14 @@ struct RemoveCommand: ParsableCommand {
         guard recursive else { throw Refused(shown, EISDIR) }
         // Not even FUSE: no Vanish mount, whatever attributes the directory has.
         guard vanish_filesystem_type(fd) == VANISH_FUSE_SUPER_MAGIC else { throw notOnVanish(shown) }
-        // XATTR_REPLACE: elsewhere no such attribute exists to be replaced,
-        // so nothing is stored and the call fails (ENODATA); Vanish takes the
-        // trigger whatever the flags. This spares reading /proc/self/mountinfo
-        // on every call. O_PATH fds refuse fsetxattr; their /proc link
-        // reaches the same inode without a path walk.
-        guard setxattr("/proc/self/fd/\(fd)", ControlProtocol.deleteAttribute, "", 0, Int32(XATTR_REPLACE)) == 0 else {
+        // XATTR_CREATE with XATTR_REPLACE: elsewhere the pair fails (ENODATA,
+        // or EEXIST where the name is stored) and nothing is stored; on a
+        // Vanish mount it is the trigger. This spares reading
+        // /proc/self/mountinfo on every call. O_PATH fds refuse fsetxattr;
+        // their /proc link reaches the same inode without a path walk.
+        guard setxattr("/proc/self/fd/\(fd)", ControlProtocol.deleteAttribute, "", 0, ControlProtocol.deleteFlags) == 0 else {
             let e = errno
-            if e == ENODATA || e == ENOTSUP || e == EOPNOTSUPP { throw notOnVanish(shown) }
+            if e == ENODATA || e == EEXIST || e == ENOTSUP || e == EOPNOTSUPP { throw notOnVanish(shown) }
             throw Refused(shown, e)
         }
         // The daemon answers once the kernel has expired the path: the next

@@ -108,7 +108,7 @@ struct OneStepDeleteTests {
                         try sh(String(format: listing, i), cwd: m.source).stdout == expected
                     }
                     // The trigger any program can set ends the same way, whatever it answers.
-                    _ = try runAsNobody(["setfattr", "-n", "user.vanish.delete", "nb/A"], cwd: m.path("case\(i)"))
+                    _ = try runAsNobody(deleteTriggerCommand + ["nb/A"], cwd: m.path("case\(i)"))
                     try waitFor("\(c.name) to end as rm -r ends it after the trigger") {
                         try sh(String(format: listing, i), cwd: m.source).stdout == expected
                     }
@@ -321,7 +321,7 @@ struct OneStepDeleteTests {
         }) { m in
             // Both names looked up: the daemon's inode knows one of them.
             _ = try sh("stat pub/link private/secret >/dev/null", cwd: m.mountpoint)
-            let r = try runAsNobody(["setfattr", "-n", "user.vanish.delete", "pub/link"], cwd: m.mountpoint)
+            let r = try runAsNobody(deleteTriggerCommand + ["pub/link"], cwd: m.mountpoint)
             #expect(!r.ok)
             #expect(r.stderr.contains("Too many links"), "\(r.stderr)")
             #expect(access(m.backing("private/secret"), F_OK) == 0)
@@ -329,6 +329,47 @@ struct OneStepDeleteTests {
             // A plain unlink of the name works as ever.
             #expect(try runAsNobody(["rm", "pub/link"], cwd: m.mountpoint).ok)
             #expect(access(m.backing("private/secret"), F_OK) == 0)
+        }
+    }
+
+    /// The trigger's name is only a command with both XATTR_CREATE and
+    /// XATTR_REPLACE, flags no copy passes. Before, any setxattr of it
+    /// removed its target: a tarball made by nobody with the attribute on
+    /// `.`, extracted by root with `tar --xattrs` into a directory of
+    /// root's, removed that directory; `cp -a` of such a tree, the copy.
+    @Test("a user.vanish.delete attribute in nobody's tarball or tree, extracted or copied by root, is stored as natively and removes nothing")
+    func copiedTriggerAttributeIsData() throws {
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            _ = try sh("mkdir -p dest/sub copy && echo precious > dest/precious && echo precious > dest/sub/precious", cwd: src)
+        }) { m in
+            // Nobody's tree and tarball, made in a plain directory of theirs.
+            let evil = m.base + "/evil"
+            mkdir(evil, 0o755)
+            #expect(chown(evil, 65534, 65534) == 0)
+            let made = try runAsNobody(["/bin/sh", "-c", """
+                set -e
+                mkdir -p tree/sub && echo new > tree/sub/new
+                setfattr -n user.vanish.delete -v 1 tree && setfattr -n user.vanish.delete -v 1 tree/sub
+                setfattr -n user.vanish.delete -v 1 tree/sub/new
+                tar --xattrs -C tree -cf evil.tar .
+                """], cwd: evil)
+            try #require(made.ok, "\(made.stderr)")
+            let plain = m.base + "/plain"
+            let copy = """
+                set -e
+                mkdir -p dest/sub copy && echo precious > dest/precious && echo precious > dest/sub/precious
+                tar --xattrs -xf \(shellQuote(evil))/evil.tar -C dest
+                cp -a \(shellQuote(evil))/tree/. copy/
+                find dest copy | sort
+                getfattr -R -d -m user.vanish --absolute-names dest copy | sort
+                """
+            mkdir(plain, 0o755)
+            let native = try sh(copy, cwd: plain)
+            try #require(native.ok && native.stdout.contains("user.vanish.delete"), "\(native)")
+            _ = try sh("rm -rf dest copy", cwd: m.mountpoint)
+            let mounted = try sh(copy, cwd: m.mountpoint)
+            #expect(mounted.stdout == native.stdout, "\(mounted.stderr)")
+            #expect(access(m.backing("dest/precious"), F_OK) == 0 && access(m.backing("dest/sub/precious"), F_OK) == 0)
         }
     }
 
@@ -352,7 +393,7 @@ struct OneStepDeleteTests {
                     try:
                         os.setgroups([]); os.setresgid(u, u, u); os.setresuid(u, u, u)
                         os.mkdir(f"pub/d{u}")
-                        try: os.setxattr(f"pub/d{u}", "user.vanish.delete", b"1")
+                        try: os.setxattr(f"pub/d{u}", "user.vanish.delete", b"1", os.XATTR_CREATE | os.XATTR_REPLACE)
                         except OSError: pass
                         os._exit(0)
                     except BaseException as e:

@@ -202,7 +202,7 @@ def worker(root, w, nops, seed, vanish, relink, results):
                 drop_tree(d)
         elif op == "vanish_rm" and own_dirs:
             d = rnd.choice(own_dirs)
-            if expect(f"{i} vanish rm {d}", lambda: os.setxattr(P(d), "user.vanish.delete", b"", os.XATTR_REPLACE)):
+            if expect(f"{i} vanish rm {d}", lambda: os.setxattr(P(d), "user.vanish.delete", b"", os.XATTR_CREATE | os.XATTR_REPLACE)):
                 drop_tree(d, vague=True)
             expect(f"{i} lstat after vanish rm {d}", lambda: os.lstat(P(d)), errno.ENOENT)
         elif op == "link" and (linkable := [p for p in files if relink or not model[p].linked]):

@@ -46,6 +46,20 @@ public var vanishBinary: String {
     return dir.appendingPathComponent("vanish").path
 }
 
+/// The delete trigger as any program sets it (`vanish rm` aside): the
+/// attribute with XATTR_CREATE and XATTR_REPLACE together, for PATH as the
+/// last argument. (`setfattr` cannot pass flags: set by it, the name is data.)
+public let deleteTriggerCommand = ["/usr/bin/python3", "-c", """
+    import os, sys
+    try: os.setxattr(sys.argv[1], "user.vanish.delete", b"", os.XATTR_CREATE | os.XATTR_REPLACE)
+    except OSError as e: sys.exit(f"{sys.argv[1]}: {e.strerror}")
+    """]
+
+/// `deleteTriggerCommand` as a shell function `trigger PATH`, to put before a script.
+public var deleteTriggerFunction: String {
+    "trigger() { " + deleteTriggerCommand.map(shellQuote).joined(separator: " ") + " \"$1\"; }\n"
+}
+
 /// A fresh temporary directory, removed by `removeTree`.
 public func makeTempDirectory(_ prefix: String = "vanish-test") throws -> String {
     var template = Array("/tmp/\(prefix).XXXXXX".utf8CString)
