@@ -16,6 +16,8 @@ struct EntryHandlers: Sendable {
     let replies: EntryReplies
     let changes: any ChangeObserver
     let deleter: Deleter
+    /// Where the kernel is told to drop an inode's attributes.
+    let invalidations: EntryInvalidations
     /// For create and O_TMPFILE, which make open handles.
     let files: FileHandlers
     let statahead: Statahead
@@ -142,6 +144,11 @@ struct EntryHandlers: Sendable {
             let deferred = try deleter.removeFile(parent: p, parentFD: pfd, name: name, st: st, caller: caller)
             changes.deleted(req, parent: p, name: name, mode: st.st_mode, id: id, tree: false, entry: nil)
             req.replyOK()
+            // Kept in an undo window, a hard-linked file's link count does not
+            // drop, where the kernel dropped its own copy on the answer.
+            if st.st_nlink > 1, deleter.undoWindow > 0, let node = table.known(st) {
+                invalidations.attributes(of: table.nodeID(node), wait: false)
+            }
             // The caller's next request runs on another handler thread meanwhile.
             if let burial = consume deferred { deleter.afterReply(burial, parent: p, parentFD: pfd, name: name, caller: caller) }
         }

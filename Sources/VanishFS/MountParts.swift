@@ -115,7 +115,7 @@ package struct MountParts {
         let xattrs = XattrHandlers(namespace: namespace, changes: changes, invalidations: invalidations,
                                    absentXattrs: absentXattrs, kernel: kernel)
         let entries = EntryHandlers(namespace: namespace, replies: replies, changes: changes, deleter: deleter,
-                                    files: files, statahead: statahead, kernel: kernel,
+                                    invalidations: invalidations, files: files, statahead: statahead, kernel: kernel,
                                     negativeTimeout: options.negativeTimeout,
                                     lookupsTellWalks: options.readdirPlus == .walk, log: logger)
         let trash = TrashRequests(trashFolders: control.trashFolders, namespace: namespace, replies: replies,

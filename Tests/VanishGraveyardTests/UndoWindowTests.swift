@@ -538,6 +538,37 @@ struct UndoWindowTests {
         }
     }
 
+    /// A local `git clone` hard-links every object; `rm -rf` of the clone
+    /// unlinked those names for real, and the restore of the clone brought
+    /// back its directories without them (git: "bad object HEAD").
+    @Test("within an undo window a file with other hard links is kept like any other: rm -rf and restore bring a tree back whole")
+    func hardLinkedFilesRestorable() throws {
+        try withVanishMount(options: ["keep_min_age=0"], arguments: ["--keep", "1h"]) { m in
+            let made = try sh("""
+                set -e
+                mkdir -p origin clone/objects/ab hl
+                for i in 1 2 3; do echo object$i > origin/o$i; ln origin/o$i clone/objects/ab/o$i; done
+                echo plain > clone/HEAD
+                echo x > hl/a && ln hl/a hl/b
+                rm -rf clone && rm hl/a hl/b
+                """, cwd: m.mountpoint)
+            try #require(made.ok, "\(made.stderr)")
+            // The kept link counts, as a name moved to a desktop trash does.
+            try waitFor("the kernel to show the kept link") {
+                try sh("stat -c %h origin/o1", cwd: m.mountpoint).stdout == "2\n"
+            }
+            let restored = try run([vanishBinary, "restore", m.path("clone")])
+            #expect(restored.ok, "\(restored.stderr)")
+            let tree = try sh("find clone -type f | sort | xargs cat; stat -c %h origin/o1", cwd: m.mountpoint)
+            #expect(tree.stdout == "plain\nobject1\nobject2\nobject3\n2\n", "\(tree.stderr)")
+            // Each name removed on its own comes back on its own, as a hard link again.
+            #expect(try run([vanishBinary, "restore", m.path("hl/a")]).ok)
+            #expect(try run([vanishBinary, "restore", m.path("hl/b")]).ok)
+            let links = try sh("cat hl/a hl/b; stat -c %h hl/a; [ $(stat -c %i hl/a) = $(stat -c %i hl/b) ] && echo same", cwd: m.mountpoint)
+            #expect(links.stdout == "x\nx\n2\nsame\n", "\(links.stderr)")
+        }
+    }
+
     @Test("the trash outlives a remount")
     func survivesRemount() throws {
         let m = try VanishMount(arguments: ["--keep", "1h"])
