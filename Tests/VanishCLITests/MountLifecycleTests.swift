@@ -482,10 +482,10 @@ struct ArgumentErrorTests {
         // An account (uid 300300) with a range, as useradd writes it.
         try withSubordinateRange(owner: 300_300, first: 400_000, count: 65536) { try withVanishMount(options: ["allow_other"]) { m in
             let socket = try socketPath(m)
-            let out = m.base + "/held", go = m.base + "/go"
+            let out = m.base + "/held", go = m.base + "/go", connected = m.base + "/connected"
             let script = """
                 import os, socket, sys, time
-                path, out, go = sys.argv[1:4]
+                path, out, go, connected = sys.argv[1:5]
                 children = []
                 for u in range(400000, 400008):
                     r, w = os.pipe()
@@ -493,34 +493,45 @@ struct ArgumentErrorTests {
                     if pid == 0:
                         os.close(r)
                         os.setgroups([]); os.setresgid(u, u, u); os.setresuid(u, u, u)
-                        held = []
+                        # All connected before any answer is read: each then gets its
+                        # refusal at once, or, held, the request timeout's answer.
+                        conns = []
                         for i in range(16):
-                            s = socket.socket(socket.AF_UNIX); s.connect(path); s.settimeout(0.2)
-                            try:
-                                if b"too many connections" in s.recv(4096): continue
-                            except socket.timeout: pass
-                            held.append(s)
-                        os.write(w, b"%d\\n" % len(held))
+                            s = socket.socket(socket.AF_UNIX); s.connect(path); s.settimeout(60)
+                            conns.append(s)
+                        os.write(w, b"c")
+                        held = 0
+                        for s in conns:
+                            said = b""
+                            while True:
+                                part = s.recv(4096)
+                                if not part: break
+                                said += part
+                            if b"too many connections" not in said: held += 1
+                        os.write(w, b"%d\\n" % held)
                         while not os.path.exists(go): time.sleep(0.01)
                         os._exit(0)
                     os.close(w)
                     children.append((pid, r))
+                for _, r in children: os.read(r, 1)
+                open(connected, "w").close()
                 total = sum(int(os.read(r, 64)) for _, r in children)
                 open(out, "w").write("%d" % total)
                 for pid, _ in children: os.waitpid(pid, 0)
                 """
-            let holder = try spawn(["/usr/bin/python3", "-c", script, socket, out, go])
+            let holder = try spawn(["/usr/bin/python3", "-c", script, socket, out, go, connected])
             defer {
                 _ = FileManager.default.createFile(atPath: go, contents: nil)
                 var st: Int32 = 0
                 waitpid(holder, &st, 0)
             }
-            try waitFor("the account's connections", timeout: 60) { access(out, F_OK) == 0 }
-            #expect(try String(contentsOfFile: out, encoding: .utf8) == "16", "connections the account holds")
-            // Another user's request still gets through meanwhile.
+            try waitFor("the account's connections", timeout: 60) { access(connected, F_OK) == 0 }
+            // Another user's request gets through meanwhile.
             let other = try run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
                                  vanishBinary, "trash", "list", m.mountpoint])
             #expect(other.ok, "\(other.stderr)")
+            try waitFor("each connection's answer", timeout: 120) { access(out, F_OK) == 0 }
+            #expect(try String(contentsOfFile: out, encoding: .utf8) == "16", "connections the account holds")
         } }
     }
 
