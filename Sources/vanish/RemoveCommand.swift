@@ -16,8 +16,9 @@ struct RemoveCommand: ParsableCommand {
             data later; moments later, what rm -r by the caller would have left (entries they may \
             not remove, and the directories on their paths) is put back where it was. Everything \
             else, on a Vanish mount or not, is removed by /bin/rm with the same options: files \
-            (an unlink on a Vanish mount is the same single rename), prompts, -v, -d and a \
-            mount's root. A tree with a filesystem mounted inside is refused (EBUSY).
+            (an unlink on a Vanish mount is the same single rename), prompts (also a tree holding \
+            an entry the caller may not write, when run from a terminal without -f: rm asks about \
+            it), -v, -d and a mount's root. A tree with a filesystem mounted inside is refused (EBUSY).
             """
     )
 
@@ -82,11 +83,14 @@ struct RemoveCommand: ParsableCommand {
     /// or 1 if a one-step removal failed.
     static func dropIn(_ r: RmInvocation) -> Int32 {
         let oneStep = r.recursive && !r.asks && !r.verbose && !r.unknownOption
+        // rm run from a terminal asks before each write-protected entry
+        // (not root, whom modes do not stop): such a tree is rm's to remove.
+        let asksIfProtected = oneStep && !r.neverAsks && isatty(0) == 1 && geteuid() != 0
         var forRm: [String] = []
         var removed: [String] = []
         var code: Int32 = 0
         for operand in r.operands {
-            guard oneStep, isTree(operand) else {
+            guard oneStep, isTree(operand), !(asksIfProtected && WriteProtection.found(in: operand)) else {
                 forRm.append(operand)
                 continue
             }
@@ -326,6 +330,9 @@ struct RmInvocation {
     var wait = false
     /// -i, -I, --interactive (but =never): rm asks before removing.
     var asks = false
+    /// -f or --interactive=never last: rm asks nothing, not even before a
+    /// write-protected entry on a terminal.
+    var neverAsks = false
     /// -v: rm names each entry it removes.
     var verbose = false
     /// An option rm may know (an abbreviation) or refuse: everything is rm's then.
@@ -374,9 +381,11 @@ struct RmInvocation {
     private mutating func apply(_ effect: RmOption.Effect, as given: String) {
         switch effect {
         case .recursive: recursive = true
-        case .force: (force, asks) = (true, false)
-        case .asks: asks = true
-        case .asksUnlessNever: asks = !["--interactive=never", "--interactive=no", "--interactive=none"].contains(given)
+        case .force: (force, asks, neverAsks) = (true, false, true)
+        case .asks: (asks, neverAsks) = (true, false)
+        case .asksUnlessNever:
+            asks = !["--interactive=never", "--interactive=no", "--interactive=none"].contains(given)
+            neverAsks = !asks
         case .verbose: verbose = true
         case .wait: wait = true
         case .none: break

@@ -373,6 +373,34 @@ struct OneStepDeleteTests {
         }
     }
 
+    /// rm on a terminal asks before removing what the caller may not write;
+    /// `vanish rm -r` moved such a tree in one step without asking.
+    @Test("vanish rm -r on a terminal asks before a write-protected entry as rm does, and takes the answer")
+    func asksBeforeWriteProtected() throws {
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            _ = try sh("chmod 777 .", cwd: src)
+        }) { m in
+            let binary = m.base + "/vanish"
+            #expect(try run(["cp", vanishBinary, binary]).ok)
+            let plain = m.base + "/plain"
+            mkdir(plain, 0o777)
+            chmod(plain, 0o777)
+            let script = """
+                mkdir -p wp/s ok/s && echo keep > wp/s/prot && chmod 444 wp/s/prot && echo x > ok/s/f
+                for answer in n y; do
+                  echo $answer | script -qec '\(binary) rm -r wp' /dev/null; echo " rc=$?"; ls -R wp 2>&1
+                done
+                echo | script -qec '\(binary) rm -r ok' /dev/null; echo " rc=$?"; ls ok 2>&1
+                mkdir -p wp/s && echo keep > wp/s/prot && chmod 444 wp/s/prot
+                script -qec '\(binary) rm -rf wp' /dev/null </dev/null; echo " rc=$?"; ls wp 2>&1
+                """
+            let native = try runAsNobody(["/bin/sh", "-c", script], cwd: plain)
+            try #require(native.stdout.contains("remove write-protected regular file"), "\(native)")
+            let mounted = try runAsNobody(["/bin/sh", "-c", script], cwd: m.mountpoint)
+            #expect(mounted.stdout == native.stdout, "\(mounted.stderr)")
+        }
+    }
+
     /// The daemon's open descriptors.
     static func descriptors(_ m: VanishMount) throws -> Int {
         try FileManager.default.contentsOfDirectory(atPath: "/proc/\(m.pid)/fd").count
