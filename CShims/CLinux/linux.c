@@ -39,6 +39,11 @@ const unsigned int VANISH_FS_IOC_GETFLAGS = (unsigned int)FS_IOC_GETFLAGS;
 const unsigned int VANISH_FS_IOC_SETFLAGS = (unsigned int)FS_IOC_SETFLAGS;
 const unsigned int VANISH_FS_IOC_FSGETXATTR = (unsigned int)FS_IOC_FSGETXATTR;
 const unsigned int VANISH_FS_IOC_FSSETXATTR = (unsigned int)FS_IOC_FSSETXATTR;
+const unsigned int VANISH_IOC_REMOVE_ON_RMDIR = (unsigned int)_IO('v', 0xd1);
+
+int vanish_ioctl_none(int fd, unsigned int cmd) {
+    return ioctl(fd, cmd);
+}
 
 int vanish_fileattr_ioctl(int fd, unsigned int cmd, const void *in, size_t in_size, void *out, size_t out_size) {
     if (cmd == (unsigned int)FS_IOC_GETFLAGS && out_size >= sizeof(int)) {

@@ -22,6 +22,8 @@ struct DeleteTrigger: Sendable {
     let source: SourceRoot
     /// The mount's own path, where programs may mount on top of its paths too.
     let mountpoint: String?
+    /// Directories to remove this way at their next rmdir (`vanish rm -r`).
+    let armed: ArmedRemovals
     let log: Logger
 
     private var table: InodeTable { namespace.table }
@@ -34,7 +36,9 @@ struct DeleteTrigger: Sendable {
     /// have emptied it, or puts it back). A file with other hard links is
     /// refused (EMLINK): the request names the inode, not which of its names
     /// the caller meant; a tree with a filesystem mounted inside, EBUSY.
-    func delete(_ req: Request, _ ino: fuse_ino_t) throws(Errno) -> Deleted {
+    /// `expiring`: the kernel is told to drop the entry before the answer;
+    /// an rmdir's caller (`removeArmed`) needs not, the kernel drops it then.
+    func delete(_ req: Request, _ ino: fuse_ino_t, expiring: Bool = true) throws(Errno) -> Deleted {
         let node = table.inode(ino)
         guard node !== table.root else { throw .resourceBusy }
         guard let (parent, name) = table.location(of: node) else { throw .noSuchFileOrDirectory }
@@ -103,6 +107,7 @@ struct DeleteTrigger: Sendable {
         // That needs the parent's lock, which a later create in it may hold
         // while it waits for this request's event: it need not any more.
         req.doneRecordingChanges()
+        if !expiring { return Deleted(parent: table.nodeID(parent), name: name, child: table.nodeID(node)) }
         // Up to 5 s: under load the parent's lock can be held a second and
         // more by requests queued in it, and answering before the entry is
         // gone would let the caller still find the tree (the model check did).
@@ -110,6 +115,20 @@ struct DeleteTrigger: Sendable {
             log.warning("answering a delete trigger before the kernel dropped the entry (its parent stayed locked 5 s)")
         }
         return Deleted(parent: table.nodeID(parent), name: name, child: table.nodeID(node))
+    }
+
+    /// rmdir of `name` in `parent` by a thread that armed that very
+    /// directory (`ArmedRemovals`): removes it with all it holds, as
+    /// `delete`, and answers. False if the thread armed nothing or another
+    /// directory: a plain rmdir then.
+    func removeArmed(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) -> Bool {
+        guard let ino = armed.take(pid: req.caller.pid) else { return false }
+        let node = table.inode(ino)
+        guard let place = table.location(of: node), table.nodeID(place.parent) == parent,
+              place.name.withUnsafeBufferPointer({ strcmp($0.baseAddress!, name) == 0 }) else { return false }
+        _ = try delete(req, ino, expiring: false)
+        req.replyOK()
+        return true
     }
 
     /// An entry `delete` removed, for the kernel to hear of once the request is answered.

@@ -124,7 +124,7 @@ package struct MountParts {
         let exported = ExportedHandles(namespace: namespace, replies: replies, limits: handles)
         let deleteTrigger = DeleteTrigger(namespace: namespace, changes: changes, deleter: deleter, oneStep: oneStep,
                                           invalidations: invalidations, source: source,
-                                          mountpoint: options.mountpoint, log: logger)
+                                          mountpoint: options.mountpoint, armed: ArmedRemovals(), log: logger)
         let handlers = RequestHandlers(replies: replies, reserved: reserved, files: files, directories: directories,
                                        attributes: attributes, xattrs: xattrs, entries: entries, trash: trash,
                                        exported: exported, deleteTrigger: deleteTrigger)

@@ -1,4 +1,5 @@
 import CFuse
+import CLinux
 import FUSEKit
 import Glibc
 import SystemPackage
@@ -84,6 +85,7 @@ public final class RequestRouter: LowLevelFilesystem {
     }
     public func rmdir(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
         if ours(parent) || h.reserved.trashFolderUID(parent, name) != nil { return try h.trash.rmdir(req, parent: parent, name: name) }
+        if try h.deleteTrigger.removeArmed(req, parent: parent, name: name) { return }
         try h.entries.rmdir(req, parent: parent, name: name)
     }
     public func symlink(_ req: Request, target: UnsafePointer<CChar>, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) {
@@ -140,6 +142,7 @@ public final class RequestRouter: LowLevelFilesystem {
     }
     public func releasedir(_ req: Request, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
         if ours(ino) { return h.trash.releasedir(req, fi) }
+        h.deleteTrigger.armed.released(handle: fi.pointee.fh)
         try h.directories.releasedir(req, ino, fi)
     }
     public func fsyncdir(_ req: Request, _ ino: fuse_ino_t, dataOnly: Bool, _ fi: UnsafeMutablePointer<fuse_file_info>) throws(Errno) {
@@ -190,6 +193,11 @@ public final class RequestRouter: LowLevelFilesystem {
     public func ioctl(_ req: Request, _ ino: fuse_ino_t, command: UInt32, _ fi: UnsafeMutablePointer<fuse_file_info>,
                       flags: UInt32, input: UnsafeRawBufferPointer, outputSize: Int) throws(Errno) {
         if ours(ino) { throw .inappropriateIOCTLForDevice }
+        if command == VANISH_IOC_REMOVE_ON_RMDIR {
+            guard flags & UInt32(FUSE_IOCTL_DIR) != 0 else { throw .notDirectory }
+            h.deleteTrigger.armed.arm(pid: req.caller.pid, ino: ino, handle: fi.pointee.fh)
+            return req.reply(ioctl: 0, output: UnsafeRawBufferPointer(start: nil, count: 0))
+        }
         try h.attributes.ioctl(req, ino, command: command, fi, flags: flags, input: input, outputSize: outputSize)
     }
     public func fallocate(_ req: Request, _ ino: fuse_ino_t, mode: Int32, offset: off_t, length: off_t,

@@ -191,6 +191,21 @@ struct RemoveCommand: ParsableCommand {
         guard recursive else { throw Refused(shown, EISDIR) }
         // Not even FUSE: no Vanish mount, whatever attributes the directory has.
         guard vanish_filesystem_type(fd) == VANISH_FUSE_SUPER_MAGIC else { throw notOnVanish(shown) }
+        // Through rmdir(2) where the daemon takes it, so the kernel drops the
+        // entry and tells watchers (IN_DELETE) as for rm's own rmdir: the
+        // directory opened above is armed through a handle of its own, and
+        // the daemon removes the tree only if the rmdir reaches that same
+        // directory (ENOTEMPTY otherwise, and the trigger below decides).
+        let dir = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if dir >= 0 {
+            defer { close(dir) }
+            if vanish_ioctl_none(dir, VANISH_IOC_REMOVE_ON_RMDIR) == 0 {
+                if rmdir(path) == 0 { return }
+                let e = errno
+                if e == ENOENT && force { return }
+                if e != ENOTEMPTY && e != EEXIST { throw Refused(shown, e) }
+            }
+        }
         // XATTR_CREATE with XATTR_REPLACE: elsewhere the pair fails (ENODATA,
         // or EEXIST where the name is stored) and nothing is stored; on a
         // Vanish mount it is the trigger. This spares reading

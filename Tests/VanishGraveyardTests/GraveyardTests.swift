@@ -207,7 +207,7 @@ struct GraveyardTests {
         }
     }
 
-    @Test("a recursive inotify watcher sees the top of a tree vanish rm -r removed deleted, as after rm -rf (issue 51)")
+    @Test("a recursive inotify watcher sees the top of a tree vanish rm -r removed deleted, in its parent too, as after rm -rf (issue 51)")
     func watchersSeeOneStepDeletes() throws {
         try withVanishMount(prepare: { src in
             let r = try sh("mkdir -p w/rmrf/a/b w/onestep/a/b && touch w/rmrf/a/b/f w/onestep/a/b/f", cwd: src)
@@ -225,11 +225,15 @@ struct GraveyardTests {
             #expect(try run([vanishBinary, "rm", "-r", m.path("w/onestep")]).ok)
             let read = { (try? String(contentsOfFile: events, encoding: .utf8)) ?? "" }
             try waitFor("rm -rf's delete of the tree's top") { read().contains("DELETE_SELF \(m.path("w/rmrf"))/\n") }
-            // The build before told the kernel only to forget the entry: the watcher saw
-            // the trigger's ATTRIB and nothing else. (The kernel raises no DELETE in the
-            // parent for an entry the filesystem says was deleted: docs/design.md.)
+            try waitFor("rm -rf's delete in the parent") { read().contains("DELETE,ISDIR \(m.path("w/rmrf"))\n") }
+            // An earlier build told the kernel only to forget the entry: the watcher saw
+            // the trigger's ATTRIB and nothing else; the next, DELETE_SELF but nothing in
+            // the parent (the kernel raises none for a delete notice: docs/design.md).
             try waitFor("vanish rm -r's delete of the tree's top, as rm -rf's") {
                 read().contains("DELETE_SELF \(m.path("w/onestep"))/\n")
+            }
+            try waitFor("vanish rm -r's delete in the parent, as rm -rf's") {
+                read().contains("DELETE,ISDIR \(m.path("w/onestep"))\n")
             }
         }
     }

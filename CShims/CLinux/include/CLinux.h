@@ -26,6 +26,11 @@ extern const unsigned int VANISH_FS_IOC_GETFLAGS;
 extern const unsigned int VANISH_FS_IOC_SETFLAGS;
 extern const unsigned int VANISH_FS_IOC_FSGETXATTR;
 extern const unsigned int VANISH_FS_IOC_FSSETXATTR;
+/// Vanish's own directory ioctl (no argument): the caller's next rmdir of
+/// this directory, while it is open, removes it with all it holds in one step.
+extern const unsigned int VANISH_IOC_REMOVE_ON_RMDIR;
+/// ioctl(2) with no argument (Swift cannot call the variadic one).
+int vanish_ioctl_none(int fd, unsigned int cmd);
 /// Runs one of those ioctls on `fd` with `in` (in_size bytes) as its argument
 /// and copies the result into `out` (out_size bytes). The flags ioctls take
 /// an int whatever their number says; fsxattr ones a struct fsxattr. Returns
