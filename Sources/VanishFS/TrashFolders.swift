@@ -34,9 +34,12 @@ final class TrashFolders: @unchecked Sendable {
     static let suffix = Array(".trashinfo".utf8)
     /// How long an info file with no entry is kept (s).
     static let looseLifetime: UInt32 = 300
-    /// The largest info file a client may write, and how many a user may have.
+    /// The largest info file a client may write, and how many, and how many
+    /// bytes of them, an account may have (its subordinate uids with it:
+    /// they live in the daemon's memory). A `.trashinfo` is a few hundred bytes.
     static let looseLimit = 16 * 1024
     static let looseCount = 1024
+    static let looseBytes = 1 << 20
 
     @inline(__always)
     static func owns(_ id: fuse_ino_t) -> Bool { UInt64(id) & idBits == idBits }
@@ -79,10 +82,17 @@ final class TrashFolders: @unchecked Sendable {
         /// in it (a folder with entries has both).
         var made: [UInt32: Made] = [:]
         var loose: [UInt32: [[UInt8]: Loose]] = [:]
+        /// What each account's loose files hold, all its uids' together.
+        var looseUse: [UInt32: LooseUse] = [:]
         var listings: [UInt32: Listing] = [:]
         /// Each user's entries' names in `files/` (by entry id), once given:
         /// by a client that put it in the trash, or by a listing.
         var chosen: [UInt32: [String: [UInt8]]] = [:]
+    }
+
+    struct LooseUse {
+        var count = 0
+        var bytes = 0
     }
 
     struct Made {
@@ -364,8 +374,9 @@ final class TrashFolders: @unchecked Sendable {
     func makeLoose(_ uid: UInt32, _ name: [UInt8]) throws(Errno) -> Bool {
         guard infoContents(uid, name) == nil else { return false }
         try state.withLock { s throws(Errno) in
-            guard s.loose[uid, default: [:]].count < Self.looseCount else { throw .diskQuotaExceeded }
+            guard Self.fits(s, uid, count: 1, bytes: 0) else { throw .diskQuotaExceeded }
             s.loose[uid, default: [:]][name] = Loose(bytes: [], since: Self.now())
+            Self.use(&s, uid, count: 1, bytes: 0)
         }
         return true
     }
@@ -375,6 +386,9 @@ final class TrashFolders: @unchecked Sendable {
         try state.withLock { s throws(Errno) in
             guard var loose = s.loose[uid]?[name] else { throw .permissionDenied }
             guard offset >= 0, offset + bytes.count <= Self.looseLimit else { throw .fileTooLarge }
+            let growth = max(0, offset + bytes.count - loose.bytes.count)
+            guard Self.fits(s, uid, count: 0, bytes: growth) else { throw .diskQuotaExceeded }
+            Self.use(&s, uid, count: 0, bytes: growth)
             if loose.bytes.count < offset + bytes.count {
                 loose.bytes += [UInt8](repeating: 0, count: offset + bytes.count - loose.bytes.count)
             }
@@ -387,6 +401,8 @@ final class TrashFolders: @unchecked Sendable {
         try state.withLock { s throws(Errno) in
             guard var loose = s.loose[uid]?[name] else { throw .permissionDenied }
             guard size >= 0, size <= Self.looseLimit else { throw .fileTooLarge }
+            guard Self.fits(s, uid, count: 0, bytes: size - loose.bytes.count) else { throw .diskQuotaExceeded }
+            Self.use(&s, uid, count: 0, bytes: size - loose.bytes.count)
             if size < loose.bytes.count { loose.bytes.removeLast(loose.bytes.count - size) }
             else { loose.bytes += [UInt8](repeating: 0, count: size - loose.bytes.count) }
             s.loose[uid]![name] = loose
@@ -397,7 +413,11 @@ final class TrashFolders: @unchecked Sendable {
 
     /// Removes the loose file `name`; false if there is none.
     func removeLoose(_ uid: UInt32, _ name: [UInt8]) -> Bool {
-        state.withLock { s in s.loose[uid]?.removeValue(forKey: name) != nil }
+        state.withLock { s in
+            guard let gone = s.loose[uid]?.removeValue(forKey: name) else { return false }
+            Self.use(&s, uid, count: -1, bytes: -gone.bytes.count)
+            return true
+        }
     }
 
     /// Keeps entry `e`'s info file, loose, after the entry went (restored or
@@ -405,18 +425,39 @@ final class TrashFolders: @unchecked Sendable {
     func leaveInfo(_ uid: UInt32, _ name: [UInt8], of e: TrashEntry) {
         let bytes = Self.trashInfo(path: e.record.path, deleted: e.deleted)
         state.withLock { s in
-            if s.loose[uid, default: [:]].count < Self.looseCount {
+            let old = s.loose[uid]?[name + Self.suffix]
+            let (count, growth) = (old == nil ? 1 : 0, bytes.count - (old?.bytes.count ?? 0))
+            if Self.fits(s, uid, count: count, bytes: growth) {
                 s.loose[uid, default: [:]][name + Self.suffix] = Loose(bytes: bytes, since: Self.now())
+                Self.use(&s, uid, count: count, bytes: growth)
             }
         }
     }
 
     private static func prune(_ s: inout State, _ uid: UInt32) -> [[UInt8]: Loose] {
-        guard var loose = s.loose[uid] else { return [:] }
+        guard let all = s.loose[uid] else { return [:] }
         let now = now()
-        loose = loose.filter { now &- $0.value.since < looseLifetime }
+        let loose = all.filter { now &- $0.value.since < looseLifetime }
+        if loose.count < all.count {
+            let freed = all.values.reduce(0) { $0 + $1.bytes.count } - loose.values.reduce(0) { $0 + $1.bytes.count }
+            use(&s, uid, count: loose.count - all.count, bytes: -freed)
+        }
         s.loose[uid] = loose.isEmpty ? nil : loose
         return loose
+    }
+
+    /// Whether `uid`'s account may hold `count` more loose files and `bytes` more bytes in them.
+    private static func fits(_ s: State, _ uid: UInt32, count: Int, bytes: Int) -> Bool {
+        let use = s.looseUse[SubordinateIDs.shared.owner(of: uid)] ?? LooseUse()
+        return use.count + count <= looseCount && use.bytes + bytes <= looseBytes
+    }
+
+    private static func use(_ s: inout State, _ uid: UInt32, count: Int, bytes: Int) {
+        let account = SubordinateIDs.shared.owner(of: uid)
+        var use = s.looseUse[account] ?? LooseUse()
+        use.count += count
+        use.bytes += bytes
+        s.looseUse[account] = use.count <= 0 ? nil : use
     }
 
     private static func now() -> UInt32 { UInt32(truncatingIfNeeded: Sys.wallClockSeconds()) }
