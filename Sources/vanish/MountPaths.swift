@@ -180,15 +180,23 @@ enum MountPaths {
         guard st.st_mode & S_IFMT == S_IFDIR else { throw ValidationError("\(what) \(path) is not a directory") }
     }
 
-    static func pathError(_ path: String, what: String, errno e: Int32) -> ValidationError {
+    /// A path that does not name what it must is a bad argument (64, with
+    /// the usage); a dead mount is the machine's state, not the arguments' (1).
+    static func pathError(_ path: String, what: String, errno e: Int32) -> any Error {
         if e == ENOTCONN {
-            return ValidationError("""
+            return DeadMount(message: """
                 \(what) \(path) is a dead FUSE mount (Transport endpoint is not connected): \
                 its daemon is gone. Clear it with `vanish unmount \(path)` (or `fusermount3 -u \(path)`) \
                 and mount again.
                 """)
         }
         return ValidationError("\(what) \(path): \(String(cString: strerror(e)))")
+    }
+
+    /// A mountpoint whose daemon is gone: said as is, exit status 1.
+    struct DeadMount: Error, CustomStringConvertible {
+        let message: String
+        var description: String { message }
     }
 
     /// Every mount this process sees, in mount order: (mountpoint, fstype,

@@ -44,7 +44,9 @@ struct UnmountCommand: ParsableCommand {
         var args = ["fusermount3", "-u"]
         if lazy { args.append("-z") }
         args.append(path)
-        let status = try spawnAndWait(args)
+        // fusermount3's own complaint is said only where Vanish has none clearer.
+        var complaint = ""
+        let status = try spawnAndWait(args, stderr: &complaint)
         if status == 0 {
             // A lazy detach lets go only once the mount is no longer used: nothing to wait for now.
             if daemon >= 0 && !lazy { Self.waitForExit(daemon, stopReaping: !reap) }
@@ -57,6 +59,7 @@ struct UnmountCommand: ParsableCommand {
                 + (users.count > 8 ? " and \(users.count - 8) more" : "")
             throw RuntimeError("\(path) is busy\(who); close those, or detach it now with vanish unmount --lazy \(path)")
         }
+        FileHandleStderr.write(complaint)
         throw RuntimeError("fusermount3 -u \(path) failed (exit \(status))")
     }
 
@@ -147,6 +150,40 @@ func spawnAndWait(_ args: [String]) throws -> Int32 {
     defer { argv.forEach { free($0) } }
     let rc = posix_spawnp(&pid, args[0], nil, nil, argv, environ)
     guard rc == 0 else { throw RuntimeError("cannot run \(args[0]): \(String(cString: strerror(rc)))") }
+    return waitForExitStatus(pid)
+}
+
+/// Runs a program from PATH with its stderr kept in `stderr`; its exit status.
+func spawnAndWait(_ args: [String], stderr: inout String) throws -> Int32 {
+    var fds: [Int32] = [-1, -1]
+    guard pipe(&fds) == 0 else { return try spawnAndWait(args) }
+    _ = fcntl(fds[0], F_SETFD, FD_CLOEXEC)
+    _ = fcntl(fds[1], F_SETFD, FD_CLOEXEC)
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 2)
+    var pid: pid_t = 0
+    let argv = args.map { strdup($0) } + [nil]
+    defer { argv.forEach { free($0) } }
+    let rc = posix_spawnp(&pid, args[0], &actions, nil, argv, environ)
+    close(fds[1])
+    defer { close(fds[0]) }
+    guard rc == 0 else { throw RuntimeError("cannot run \(args[0]): \(String(cString: strerror(rc)))") }
+    // Read to the end before waiting: a long complaint must not block the child.
+    var bytes: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 4096)
+    while true {
+        let n = read(fds[0], &buffer, buffer.count)
+        if n > 0 { bytes += buffer[..<n]; continue }
+        if n < 0 && errno == EINTR { continue }
+        break
+    }
+    stderr = String(decoding: bytes, as: UTF8.self)
+    return waitForExitStatus(pid)
+}
+
+private func waitForExitStatus(_ pid: pid_t) -> Int32 {
     var status: Int32 = 0
     while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
     return (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
