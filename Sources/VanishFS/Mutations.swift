@@ -16,9 +16,10 @@ extension Deleter {
     /// graveyard link would show: a file with other hard links (their
     /// st_nlink must drop now) or one programs hold open (fstat must say
     /// st_nlink 0; its space returns at the last close, as POSIX says).
-    /// Within an undo window a file with other hard links is buried like
-    /// any other, as a desktop trash moves it: restoring the directory it
-    /// was in (a `git clone`'s objects) must bring it back.
+    /// Within an undo window a file with other hard links that the window
+    /// keeps is buried like any other, as a desktop trash moves it:
+    /// restoring the directory it was in (a `git clone`'s objects) must
+    /// bring it back.
     /// An empty file is unlinked in place too unless there is an undo
     /// window, as rmdir is: burying it would cost a rename now and the
     /// reaper's unlink later, to free nothing. (Not "no blocks": ext4 can
@@ -30,7 +31,11 @@ extension Deleter {
                     caller: Caller) throws(Errno) -> DeferredBurial? {
         if st.st_mode & S_IFMT == S_IFDIR { throw .isDirectory }
         let freesNothing = st.st_size == 0 && undoWindow == 0
-        if st.st_nlink > 1 && undoWindow == 0 || holdIfOpen(st) {
+        // Buried only if the window keeps it: a graveyard link the reaper
+        // frees at once would show in st_nlink meanwhile for nothing.
+        let linked = st.st_nlink > 1
+            && (undoWindow == 0 || !keeps(st, name, by: caller))
+        if linked || holdIfOpen(st) {
             keepRestorable(parentFD, name, st: st, parent: parent, caller: caller)
             try Sys.unlinkat(parentFD, name, 0)
         } else if defersUnlink, let graveyard, st.st_dev == graveyard.device {

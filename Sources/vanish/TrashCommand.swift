@@ -187,6 +187,9 @@ struct RestoreCommand: ParsableCommand {
             request["id"] = JSON(entry)
             if let mount {
                 mountpoint = MountPaths.lexicallyAbsolute(mount)
+            } else if let to {
+                // An entry goes back within its own mount: the destination's, no other daemon asked.
+                mountpoint = try RestoreCommand.vanishMount(holding: MountPaths.lexicallyAbsolute(to))
             } else {
                 let candidates = MountPaths.mounts().filter { $0.type == "fuse.vanish" }.map(\.point)
                 guard let found = candidates.first(where: { point in

@@ -75,6 +75,26 @@ struct UndoWindowTests {
         }
     }
 
+    /// Restore by id asked every Vanish mount in turn whether the entry was
+    /// its: one mount whose daemon did not answer (stopped, busy, or
+    /// another user's) held the restore forever, though `--to` named the
+    /// mount the entry must go back into.
+    @Test("restore by id with --to asks only the destination's mount: a stopped daemon of another mount does not hold it up")
+    func restoreByIDAsksItsOwnMount() throws {
+        try withVanishMount(arguments: ["--keep", "1h"]) { other in
+            try withVanishMount(options: ["keep_min_age=0"], arguments: ["--keep", "1h"]) { m in
+                #expect(try sh("echo kept > f && rm f", cwd: m.mountpoint).ok)
+                let id = try #require(try trashList(m).first?["id"] as? String)
+                kill(other.pid, SIGSTOP)
+                defer { kill(other.pid, SIGCONT) }
+                // The guard only ends a hang: the old client waited on the stopped daemon for ever.
+                let r = try run(["timeout", "120", vanishBinary, "restore", id, "--to", m.path("back")])
+                #expect(r.ok, "\(r.stderr)")
+                #expect(try String(contentsOfFile: m.path("back"), encoding: .utf8) == "kept\n")
+            }
+        }
+    }
+
     @Test("trash list reads well: a header, apparent sizes, one line per deletion with what rm -rf took inside it; restore says what came back in one line")
     func listForPeople() throws {
         try withVanishMount(arguments: ["--keep", "1h"], prepare: { src in
