@@ -176,3 +176,29 @@ public final class Lock<Value: ~Copyable>: @unchecked Sendable {
         return try body(&value.pointee)
     }
 }
+
+extension Sys {
+    /// When thread (or process) `tid` started, in clock ticks since boot
+    /// (field 22 of /proc/TID/stat): with the id, it names one thread for
+    /// good, where the id alone may be reused. nil if it is gone.
+    public static func startTime(of tid: pid_t) -> UInt64? {
+        guard let bytes = fileBytes("/proc/\(tid)/stat"),
+              let close = bytes.lastIndex(of: 0x29) else { return nil }  // ')': the name may hold spaces
+        // Field 3 starts after ") "; starttime is field 22.
+        var field = 2
+        var value: UInt64 = 0
+        var i = close + 1
+        while i < bytes.count {
+            let b = bytes[i]
+            if b == 0x20 {
+                if field == 22 { return value }
+                field += 1
+            } else if field == 22 {
+                guard b >= 0x30 && b <= 0x39 else { return nil }
+                value = value &* 10 &+ UInt64(b - 0x30)
+            }
+            i += 1
+        }
+        return nil
+    }
+}

@@ -122,7 +122,7 @@ struct DeleteTrigger: Sendable {
     /// `delete`, and answers. False if the thread armed nothing or another
     /// directory: a plain rmdir then.
     func removeArmed(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) -> Bool {
-        guard let ino = armed.take(pid: req.caller.pid) else { return false }
+        guard let ino = armed.take(pid: req.caller.pid, uid: req.caller.uid) else { return false }
         let node = table.inode(ino)
         guard let place = table.location(of: node), table.nodeID(place.parent) == parent,
               place.name.withUnsafeBufferPointer({ strcmp($0.baseAddress!, name) == 0 }) else { return false }

@@ -195,7 +195,7 @@ public final class RequestRouter: LowLevelFilesystem {
         if ours(ino) { throw .inappropriateIOCTLForDevice }
         if command == VANISH_IOC_REMOVE_ON_RMDIR {
             guard flags & UInt32(FUSE_IOCTL_DIR) != 0 else { throw .notDirectory }
-            h.deleteTrigger.armed.arm(pid: req.caller.pid, ino: ino, handle: fi.pointee.fh)
+            try h.deleteTrigger.armed.arm(pid: req.caller.pid, uid: req.caller.uid, ino: ino, handle: fi.pointee.fh)
             return req.reply(ioctl: 0, output: UnsafeRawBufferPointer(start: nil, count: 0))
         }
         try h.attributes.ioctl(req, ino, command: command, fi, flags: flags, input: input, outputSize: outputSize)

@@ -29,9 +29,11 @@ final class TrashHandleCounts: Sendable {
 
     init() {}
 
-    /// Counts one more for `uid`'s account; EMFILE past `perAccount`.
+    /// Counts one more for `uid`'s account (root's are not counted: it may
+    /// open every user's); EMFILE past `perAccount`.
     func take(_ uid: uid_t) throws(Errno) -> uid_t {
         let account = SubordinateIDs.shared.owner(of: uid)
+        if account == 0 { return 0 }
         try counts.withLock { c throws(Errno) in
             guard c[account, default: 0] < Self.perAccount else { throw .tooManyOpenFiles }
             c[account, default: 0] += 1
@@ -40,6 +42,7 @@ final class TrashHandleCounts: Sendable {
     }
 
     func giveBack(_ account: uid_t) {
+        if account == 0 { return }
         counts.withLock { c in
             let left = c[account, default: 1] - 1
             c[account] = left > 0 ? left : nil
