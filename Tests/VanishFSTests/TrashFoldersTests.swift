@@ -598,6 +598,29 @@ struct TrashFolderAttackTests {
         }
     }
 
+    /// `trash list` asks which earlier deletions a later kept directory
+    /// holds again; it copied every prefix of every path and walked into
+    /// every such directory: nobody's 800-deep chain made root's list wait
+    /// a minute, a 5,000-deep one kept the daemon busy for hours.
+    @Test("nobody's deep chain of kept directories lists in linear time, theirs and root's", .timeLimit(.minutes(1)))
+    func deepChainListsFast() throws {
+        try withVanishMount(options: ["allow_other", "keep_min_age=0"], arguments: ["--keep", "1h"], prepare: { src in
+            _ = try sh("mkdir -m 1777 shared", cwd: src)
+        }) { m in
+            let made = try runAsNobody(["/usr/bin/python3", "-c", """
+                import os
+                os.mkdir("chain"); os.chdir("chain")
+                for i in range(1500):
+                    os.mkdir("d"); os.chdir("d"); open("f", "w").close()
+                """], cwd: m.path("shared"))
+            try #require(made.ok, "\(made.stderr)")
+            #expect(try runAsNobody(["rm", "-r", "chain"], cwd: m.path("shared")).ok)
+            let theirs = try runAsNobody([vanishBinary, "trash", "list", "--json", m.mountpoint])
+            #expect(theirs.ok && theirs.stdout.contains("\"path\":\"shared/chain\""), "\(theirs.stderr)")
+            #expect(try run([vanishBinary, "trash", "list", m.mountpoint]).ok)
+        }
+    }
+
     @Test("a flood of entries of one name is named in linear time, and looking up folders of users with nothing keeps nothing", .timeLimit(.minutes(1)))
     func floods() throws {
         var chosen: [String: [UInt8]] = [:]
