@@ -382,9 +382,7 @@ struct OneStepDeleteTests {
         }) { m in
             let binary = m.base + "/vanish"
             #expect(try run(["cp", vanishBinary, binary]).ok)
-            let plain = m.base + "/plain"
-            mkdir(plain, 0o777)
-            chmod(plain, 0o777)
+            let plain = try Self.openDirectory(m, "plain")
             let script = """
                 mkdir -p wp/s ok/s && echo keep > wp/s/prot && chmod 444 wp/s/prot && echo x > ok/s/f
                 for answer in n y; do
@@ -411,9 +409,7 @@ struct OneStepDeleteTests {
         try withVanishMount(options: ["allow_other"], prepare: { src in
             _ = try sh("mkdir -p rootdata/sub && echo precious > rootdata/sub/f && chmod 755 rootdata", cwd: src)
         }) { m in
-            let shared = m.base + "/nb"
-            mkdir(shared, 0o777)
-            chmod(shared, 0o777)
+            let shared = try Self.openDirectory(m, "nb")
             let pids = shared + "/armed", done = shared + "/done"
             // nobody arms root's directory from three children, then holds the handle.
             let holder = try spawn(["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
@@ -463,6 +459,13 @@ struct OneStepDeleteTests {
             #expect(!r.stdout.contains("removed") && !r.stdout.contains("other") && !r.stdout.contains("reused 0"), "\(r.stdout)")
             #expect(access(m.backing("rootdata/sub/f"), F_OK) == 0)
         }
+    }
+
+    /// A directory beside `m`'s mount that nobody may write too (mode 0777, whatever the umask).
+    static func openDirectory(_ m: VanishMount, _ name: String) throws -> String {
+        let path = m.base + "/" + name
+        guard mkdir(path, 0o777) == 0, chmod(path, 0o777) == 0 else { throw TestFailure("cannot make \(path): \(errno)") }
+        return path
     }
 
     /// The daemon's open descriptors.
