@@ -164,7 +164,11 @@ struct TrashRequests: Sendable {
         let (folders, node) = try folderNode(ino)
         try checkOwner(req, node.uid)
         let mode = Int32(FUSE_SET_ATTR_MODE), size = Int32(FUSE_SET_ATTR_SIZE)
-        if case .infoFile(let name) = node.kind, toSet & ~(size | mode) == 0, toSet & size != 0 {
+        // A truncate also carries the times it sets and, for a caller without
+        // CAP_FSETID, the setuid bits to clear: none of them apply to an info file.
+        let withSize = Int32(FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW | FUSE_SET_ATTR_CTIME
+                             | FUSE_SET_ATTR_KILL_SUID | FUSE_SET_ATTR_KILL_SGID | FUSE_SET_ATTR_KILL_PRIV)
+        if case .infoFile(let name) = node.kind, toSet & ~(size | mode | withSize) == 0, toSet & size != 0 {
             try folders.truncateLoose(node.uid, name, to: Int(attr.pointee.st_size))
         } else if toSet != mode || attr.pointee.st_mode & 0o7777 != (node.kind.isDirectory ? 0o700 : 0o600) {
             // trash-cli sets the folder's mode to the 0700 it has: that much is granted.

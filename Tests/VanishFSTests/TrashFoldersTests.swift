@@ -171,7 +171,14 @@ struct TrashFoldersTests {
             #expect(creat(m.path(".Trash-0/files/new"), 0o644) < 0)
             #expect(rename(m.path("1"), m.path(".Trash-0/info/1")) != 0 && errno == EPERM)
             // An info file written for a move that never came is just a file in info/, removable.
-            #expect(try sh("printf '[Trash Info]\\n' > .Trash-0/info/never.trashinfo && rm .Trash-0/info/never.trashinfo", cwd: m.mountpoint).ok)
+            // truncate(2) and ftruncate(2) of it work as on any file (the kernel's SETATTR also carries times).
+            #expect(try sh("printf '[Trash Info]\\nPath=x\\n' > .Trash-0/info/never.trashinfo", cwd: m.mountpoint).ok)
+            #expect(truncate(m.path(".Trash-0/info/never.trashinfo"), 5) == 0, "\(errno)")
+            let cut = open(m.path(".Trash-0/info/never.trashinfo"), O_WRONLY)
+            #expect(cut >= 0 && ftruncate(cut, 2) == 0, "\(errno)")
+            close(cut)
+            #expect(try String(contentsOfFile: m.path(".Trash-0/info/never.trashinfo"), encoding: .utf8) == "[T")
+            #expect(try sh("rm .Trash-0/info/never.trashinfo", cwd: m.mountpoint).ok)
         }
     }
 
@@ -323,6 +330,13 @@ struct TrashFoldersTests {
             let back = try runAsNobody(["/bin/sh", "-c", "mv ../.Trash-65534/files/theirs theirs && cat theirs"],
                                        cwd: m.path("shared"), environment: env)
             #expect(back.ok && back.stdout == "mine\n", "\(back.stderr)")
+            // An info file nobody writes ahead truncates as any file of theirs would (the kernel asks a
+            // caller without CAP_FSETID's truncate to clear setuid bits too).
+            let cut = try runAsNobody(["/bin/sh", "-c", """
+                printf '[Trash Info]\\nPath=x\\n' > ../.Trash-65534/info/ahead.trashinfo
+                truncate -s 5 ../.Trash-65534/info/ahead.trashinfo && cat ../.Trash-65534/info/ahead.trashinfo
+                """], cwd: m.path("shared"), environment: env)
+            #expect(cut.ok && cut.stdout == "[Tras", "\(cut.stdout) \(cut.stderr)")
             var st = stat()
             #expect(lstat(m.path("shared/theirs"), &st) == 0 && st.st_uid == 65534)
         }
