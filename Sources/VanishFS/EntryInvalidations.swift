@@ -5,43 +5,88 @@ import LinuxSyscalls
 /// Tells the kernel about entries the filesystem removed or brought back on
 /// its own (`vanish rm`, a restore), so every process sees the change at
 /// once. Never from a request handler: libfuse may deadlock when a handler
-/// notifies its own session. One thread, started with the session, sends
-/// them in order. (A Dispatch queue started a thread for the first
-/// notification of each mount, and `vanish rm` waited about 0.3 ms for it.)
+/// notifies its own session. A thread started with the session sends them,
+/// in order for each parent. (A Dispatch queue started a thread for the
+/// first notification of each mount, and `vanish rm` waited about 0.3 ms.)
+///
+/// A notice waits in the kernel for its parent's inode lock, which any
+/// process that may read the directory can hold for as long as it likes (a
+/// getdents into a page of its own FUSE mount that never arrives). So a
+/// notice still in the kernel after `stuckAfter` gets a sender thread of
+/// its own: the others go on with every other parent, and notices for the
+/// held parent wait behind it, as calls on that directory would natively.
+/// Up to `mostSenders`; spare senders end once they are idle.
 final class EntryInvalidations: Sendable {
     /// Sends one notice about `name` in `parent` (an empty name: drop
     /// `parent`'s own attributes).
     typealias Invalidate = @Sendable (_ parent: fuse_ino_t, _ name: ContiguousArray<CChar>, _ notice: EntryNotice) -> Void
 
+    static let stuckAfter = Duration.milliseconds(100)
+    static let mostSenders = 64
+
     private struct Pending {
         let parent: fuse_ino_t
         let name: ContiguousArray<CChar>
         var notice = EntryNotice.invalidate
+        var ticket: UInt64 = 0
     }
     private struct State {
         var queue: [Pending] = []
-        var sending = false
-        /// Notices queued and sent so far, for the waits of `send` and `expire`.
+        /// Parents of the notices in the kernel now, and when each went in.
+        var inFlight: [(parent: fuse_ino_t, since: UInt64)] = []
+        /// Notices queued so far, and sent: every ticket up to `sent`, and
+        /// those in `sentLater` (sent while an earlier one was held).
         var queued: UInt64 = 0
         var sent: UInt64 = 0
+        var sentLater = Set<UInt64>()
         var invalidate: Invalidate?
-        /// The sending thread runs (from the kernel's INIT on).
+        /// The sending threads run (from the kernel's INIT on).
         var running = false
+        var senders = 0
+        var idle = 0
 
-        /// Queues `notice` if anything sends them; returns its ticket (what
-        /// `sent` will have reached once it is sent).
+        /// Queues `notice` if anything sends them; returns its ticket.
         mutating func enqueue(_ notice: Pending) -> UInt64? {
             guard invalidate != nil else { return nil }
-            queue.append(notice)
             queued += 1
+            var n = notice
+            n.ticket = queued
+            queue.append(n)
             return queued
+        }
+
+        func isSent(_ ticket: UInt64) -> Bool { ticket <= sent || sentLater.contains(ticket) }
+
+        /// The first queued notice whose parent has none in the kernel.
+        func sendable() -> Int? {
+            if inFlight.isEmpty { return queue.isEmpty ? nil : 0 }
+            return queue.firstIndex { p in !inFlight.contains { $0.parent == p.parent } }
+        }
+
+        mutating func markSent(_ ticket: UInt64) {
+            guard ticket == sent + 1 else { sentLater.insert(ticket); return }
+            sent = ticket
+            while sentLater.remove(sent + 1) != nil { sent += 1 }
+        }
+
+        /// Whether a notice waits to be sent while every sender has been
+        /// in the kernel since before `before`.
+        func needsSender(before: UInt64) -> Bool {
+            idle == 0 && senders < EntryInvalidations.mostSenders && sendable() != nil
+                && inFlight.allSatisfy { $0.since < before }
         }
     }
     private let state = Guarded(State())
 
     func start() {
         state.withLock { $0.running = true }
-        spawnThread("vanish-notify") { [self] in run() }
+        startSender()
+        spawnThread("vanish-notifywatch", stackSize: 64 << 10) { [self] in watch() }
+    }
+
+    private func startSender() {
+        state.withLock { $0.senders += 1 }
+        spawnThread("vanish-notify", stackSize: 256 << 10) { [self] in run() }
     }
 
     /// Tells the kernel `name` in `parent` may now exist (a restore) and
@@ -109,9 +154,9 @@ final class EntryInvalidations: Sendable {
 
     /// Waits until `ticket` notices were sent; false if `deadline` came first.
     private func waitUntilSent(_ ticket: UInt64, deadline: UInt64) -> Bool {
-        if state.withLock({ $0.sent >= ticket }) { return true }
+        if state.withLock({ $0.isSent(ticket) }) { return true }
         Workers.mayBlock()
-        return state.wait(until: { $0.sent >= ticket }, deadline: deadline)
+        return state.wait(until: { $0.isSent(ticket) }, deadline: deadline)
     }
 
     /// How each notice reaches the kernel through `notifier`.
@@ -146,22 +191,48 @@ final class EntryInvalidations: Sendable {
             if !s.running {
                 s.queue.removeAll()
                 s.sent = s.queued
+                s.sentLater.removeAll()
             }
         }
-        state.wait(until: { $0.queue.isEmpty && !$0.sending }) { s, _ in s.invalidate = f }
+        state.wait(until: { $0.queue.isEmpty && $0.inFlight.isEmpty }) { s, _ in s.invalidate = f }
     }
 
     private func run() {
         while true {
-            let (next, f) = state.wait(until: { !$0.queue.isEmpty }) { s, _ in
-                s.sending = true
-                return (s.queue.removeFirst(), s.invalidate)
+            state.update { $0.idle += 1 }
+            let next: (Pending, Invalidate?)? = state.wait(until: { s in
+                s.sendable() != nil || (s.idle > 1 && s.senders > 1)
+            }) { s, _ in
+                s.idle -= 1
+                guard let i = s.sendable() else {
+                    // A spare, with another sender idle: it ends.
+                    s.senders -= 1
+                    return nil
+                }
+                let p = s.queue.remove(at: i)
+                s.inFlight.append((p.parent, Condition.now()))
+                return (p, s.invalidate)
             }
-            f?(next.parent, next.name, next.notice)
+            guard let (notice, f) = next else { return }
+            f?(notice.parent, notice.name, notice.notice)
             state.update { s in
-                s.sending = false
-                s.sent += 1
+                if let i = s.inFlight.firstIndex(where: { $0.parent == notice.parent }) { s.inFlight.remove(at: i) }
+                s.markSent(notice.ticket)
             }
+        }
+    }
+
+    /// Gives a notice that waits behind senders held in the kernel a sender
+    /// of its own.
+    private func watch() {
+        let stuck = UInt64(Self.stuckAfter.nanoseconds)
+        while true {
+            // Something waits while every sender is busy: give them `stuckAfter`.
+            _ = state.wait(until: { s in s.idle == 0 && s.sendable() != nil && s.senders < Self.mostSenders })
+            let since = state.withLock { s in s.inFlight.map(\.since).max() ?? Condition.now() }
+            let held = !state.wait(until: { s in !s.needsSender(before: since &+ 1) },
+                                   deadline: since &+ stuck)
+            if held { startSender() }
         }
     }
 }
