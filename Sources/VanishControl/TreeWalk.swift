@@ -15,7 +15,8 @@ enum TreeWalk {
     /// One fd is open at a time, whatever the depth: each directory's names
     /// are read whole before going down, and the walk comes back up by `..`,
     /// checked to be the directory it left (a tree moved meanwhile ends the
-    /// walk). Memory is the names of the directories on the current path.
+    /// walk). Memory is the names of the directories on the current path and
+    /// that path once (a copy per level cost the square of a deep chain's depth).
     static func walk(_ mount: MountControl, as peer: Credentials? = nil,
                      _ visit: (_ path: [UInt8], _ st: stat, _ id: String) -> Bool) {
         // An unlink already in the journal must not show up as existing:
@@ -26,7 +27,8 @@ enum TreeWalk {
         guard let rootStat = try? Sys.fstat(mount.backingRoot), peer?.permits(mount.backingRoot, 5) ?? true,
               var current = try? Sys.opened(mount.backingRoot, ".", VANISH_O_PATH | O_DIRECTORY),
               let rootNames = names(in: current.raw, skippingState: graveyards) else { return }
-        var stack = [Frame(dev: rootStat.st_dev, ino: rootStat.st_ino, prefix: [], names: rootNames)]
+        var stack = [Frame(dev: rootStat.st_dev, ino: rootStat.st_ino, prefixLength: 0, names: rootNames)]
+        var path: [UInt8] = []
         while let frame = stack.last {
             guard frame.next < frame.names.count else {
                 stack.removeLast()
@@ -41,7 +43,7 @@ enum TreeWalk {
                 let name = n.baseAddress!
                 if mount.isPendingBurial(dev: frame.dev, ino: frame.ino, name) { return false }
                 guard let st = try? Sys.lstatat(current.raw, name) else { return false }
-                var path = frame.prefix
+                path.removeSubrange(frame.prefixLength...)
                 if !path.isEmpty { path.append(0x2F) }
                 path.append(contentsOf: UnsafeRawBufferPointer(start: name, count: n.count - 1))
                 if !visit(path, st, FileID.read(current.raw, name)) { return true }
@@ -52,7 +54,7 @@ enum TreeWalk {
                 let top = graveyards && st.st_dev != frame.dev && Graveyard.isStateDirectory(in: sub.raw)
                 guard let opened = try? Sys.fstat(sub.raw), opened.st_dev == st.st_dev, opened.st_ino == st.st_ino,
                       let subNames = names(in: sub.raw, skippingState: top) else { return false }
-                stack.append(Frame(dev: st.st_dev, ino: st.st_ino, prefix: path, names: subNames))
+                stack.append(Frame(dev: st.st_dev, ino: st.st_ino, prefixLength: path.count, names: subNames))
                 current = sub
                 return false
             }
@@ -64,7 +66,8 @@ enum TreeWalk {
     private struct Frame {
         var dev: dev_t
         var ino: ino_t
-        var prefix: [UInt8]
+        /// How much of the walk's path names this directory.
+        var prefixLength: Int
         var names: [[CChar]]
         var next = 0
     }

@@ -129,4 +129,60 @@ struct EventVisibilityTests {
             #expect(used < 300, "the daemon used \(used) ticks (1/100 s) for one snapshot")
         }
     }
+
+    @Test("nobody's stalled snapshots of a deep chain of long names hold the daemon's memory to one path each, not the depth squared")
+    func stalledDeepSnapshots() throws {
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            let r = try run(["python3", "-c", """
+                import os, sys
+                os.chdir(sys.argv[1])
+                os.mkdir("nd"); os.chown("nd", 65534, 65534); os.chdir("nd")
+                for i in range(1500):
+                    os.mkdir("d" * 100)
+                    os.chdir("d" * 100)
+                """, src])
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let socket = try #require(try statusJSON(m)["socket"] as? String)
+            let client = m.base + "/stall.py"
+            try """
+                import socket, sys
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(sys.argv[1])
+                s.sendall(b'{"op":"events","snapshot":true}\\n')
+                data = b""
+                # Read until the walk is 1,200 levels down, then stop reading.
+                while max((len(l) for l in data.split(b"\\n")), default=0) < 120000:
+                    chunk = s.recv(1 << 20)
+                    if not chunk: sys.exit("the stream ended")
+                    data = data[data.rfind(b"\\n") + 1:] + chunk if len(data) > (4 << 20) else data + chunk
+                print("stalled", flush=True)
+                sys.stdin.read()
+                """.write(toFile: client, atomically: true, encoding: .utf8)
+            chmod(m.base, 0o755)
+            chmod(client, 0o644)
+            func rss() throws -> Int {
+                let status = try String(contentsOfFile: "/proc/\(m.pid)/status", encoding: .utf8)
+                let line = try #require(status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") })
+                return Int(line.split(separator: " ").dropFirst().first ?? "0") ?? 0
+            }
+            let before = try rss()
+            var clients: [(Process, Pipe)] = []
+            defer { for (p, input) in clients { try? input.fileHandleForWriting.close(); p.waitUntilExit() } }
+            for _ in 0..<3 {
+                let p = Process(), input = Pipe(), output = Pipe()
+                p.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+                p.arguments = ["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", "/usr/bin/python3", client, socket]
+                p.standardInput = input
+                p.standardOutput = output
+                try p.run()
+                clients.append((p, input))
+                let said = String(decoding: output.fileHandleForReading.readData(ofLength: 8), as: UTF8.self)
+                try #require(said == "stalled\n", "the client said \(said)")
+            }
+            let grown = try rss() - before
+            // A copy of the path per level took about 70 MB a subscriber here.
+            #expect(grown < 32 << 10, "the daemon grew \(grown) KiB for three stalled snapshots")
+        }
+    }
 }
