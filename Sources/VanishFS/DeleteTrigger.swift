@@ -42,6 +42,9 @@ struct DeleteTrigger: Sendable {
         let node = table.inode(ino)
         guard node !== table.root else { throw .resourceBusy }
         guard let (parent, name) = table.location(of: node) else { throw .noSuchFileOrDirectory }
+        // Inside an entry of the desktop trash names are removed for good, one
+        // by one, as rm does there: as on a filesystem without the trigger.
+        if table.isInTrash(parent) { throw .fileExists }
         let caller = req.caller
         changes.awaitEarlierChanges(req)
         let permissions = try RemovalCheck(req, caller)
@@ -124,7 +127,7 @@ struct DeleteTrigger: Sendable {
     func removeArmed(_ req: Request, parent: fuse_ino_t, name: UnsafePointer<CChar>) throws(Errno) -> Bool {
         guard let ino = armed.take(pid: req.caller.pid, uid: req.caller.uid) else { return false }
         let node = table.inode(ino)
-        guard let place = table.location(of: node), table.nodeID(place.parent) == parent,
+        guard let place = table.location(of: node), table.nodeID(place.parent) == parent, !table.isInTrash(place.parent),
               place.name.withUnsafeBufferPointer({ strcmp($0.baseAddress!, name) == 0 }) else { return false }
         _ = try delete(req, ino, expiring: false)
         req.replyOK()

@@ -182,6 +182,25 @@ struct TrashFoldersTests {
         }
     }
 
+    @Test("vanish rm -r and the trigger inside a trash entry remove for good, as rm does there: no entry named by the graveyard")
+    func oneStepInsideAnEntry() throws {
+        try Self.requireClients()
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            let made = try sh("install -d -o nobody nd nd/k/sub nd/k/sub2 && touch nd/k/sub/f nd/k/sub2/g && chown -R nobody nd", cwd: src)
+            guard made.ok else { throw TestFailure(made.stderr) }
+        }) { m in
+            let r = try runAsNobody(["/bin/sh", "-c", """
+                \(shellQuote(vanishBinary)) rm -r nd/k && \(shellQuote(vanishBinary)) rm -r .Trash-65534/files/k/sub || exit 1
+                \(deleteTriggerCommand.map(shellQuote).joined(separator: " ")) .Trash-65534/files/k/sub2; echo "trigger: $?"
+                ls .Trash-65534/files/k
+                """], cwd: m.mountpoint)
+            #expect(r.stdout.contains("File exists") || r.stderr.contains("File exists"), "\(r)")
+            #expect(r.stdout.hasSuffix("sub2\n"), "\(r)")
+            let list = try runAsNobody([vanishBinary, "trash", "list", "--json", m.mountpoint])
+            #expect(list.ok && list.stdout.contains("\"nd/k\"") && !list.stdout.contains("sub"), "\(list)")
+        }
+    }
+
     @Test("gio's trash backend (gvfs) lists, restores and deletes from the folder")
     func gvfs() throws {
         try Self.requireClients()
