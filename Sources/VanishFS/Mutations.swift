@@ -35,8 +35,12 @@ extension Deleter {
         // frees at once would show in st_nlink meanwhile for nothing.
         let linked = st.st_nlink > 1
             && (undoWindow == 0 || !keeps(st, name, by: caller))
-        if linked || holdIfOpen(st) {
-            keepRestorable(parentFD, name, st: st, parent: parent, caller: caller)
+        // On a filesystem short of space the data goes now, kept or not: the
+        // window would give it up at once anyway.
+        let freesNow = !freesNothing && st.st_dev == graveyard?.device
+            && (reaper?.freesAtOnce(bytes: UInt64(st.st_blocks) * 512, keeping: undoWindow > 0) ?? false)
+        if linked || holdIfOpen(st) || freesNow {
+            if !freesNow { keepRestorable(parentFD, name, st: st, parent: parent, caller: caller) }
             try Sys.unlinkat(parentFD, name, 0)
         } else if defersUnlink, let graveyard, st.st_dev == graveyard.device {
             let ticket = burials.begin(parent, name, by: caller.uid)
@@ -519,6 +523,7 @@ extension Deleter {
                  target: stat?, flags: UInt32, newParent: Inode, caller: Caller,
                  as credentials: Credentials?) throws(Errno) {
         if flags == 0, let target, target.st_mode & S_IFMT != S_IFDIR, target.st_nlink == 1, !holdIfOpen(target),
+           !(reaper?.freesAtOnce(bytes: UInt64(target.st_blocks) * 512, keeping: undoWindow > 0) ?? false),
            let source = try? Sys.lstatat(pfd, name), source.st_mode & S_IFMT != S_IFDIR,
            source.st_ino != target.st_ino || source.st_dev != target.st_dev {
             // Replacing a file whose data the replacement would free: swap the

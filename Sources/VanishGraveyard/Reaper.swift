@@ -483,6 +483,10 @@ public final class Reaper: @unchecked Sendable {
     /// `pending`: bytes of deletions answered but not yet in the trash, which the window will keep.
     public func spaceIsTight(pending: UInt64) -> Bool { warden.spaceIsTight(pending: pending) }
 
+    /// Whether a deletion giving back `bytes` should free them now (`SpaceWarden.freesAtOnce`).
+    @inline(__always)
+    public func freesAtOnce(bytes: UInt64, keeping: Bool) -> Bool { warden.freesAtOnce(bytes: bytes, keeping: keeping) }
+
     /// For a request the backing filesystem answered ENOSPC while entries
     /// are kept: has the warden free the oldest now, and waits (up to
     /// `timeout`) until there is more free space than before. True if

@@ -111,6 +111,29 @@ final class SpaceWarden: Sendable {
         return free < graveyard.trash.bytes &+ pending &+ floor
     }
 
+    /// Whether a deletion that would give back `bytes` should free them at
+    /// once, as natively, instead of leaving them to the reaper: free space
+    /// is under keep_min_free (the window would give the entry up at once)
+    /// or, where nothing is kept, under `bytes`. The writer that often comes
+    /// next (`rm old && cp new`, log rotation) writes through passthrough and
+    /// would meet ENOSPC before the reaper got there. Looked at afresh for a
+    /// MiB or more, else as seen within the last 20 ms (rm -rf of small files
+    /// pays no statvfs each).
+    func freesAtOnce(bytes: UInt64, keeping: Bool) -> Bool {
+        let now = Condition.now()
+        var free = lastFree.load(ordering: .relaxed)
+        var floor = floorBytes.load(ordering: .relaxed)
+        if bytes >= 1 << 20 || now &- lastLook.load(ordering: .relaxed) > Duration.milliseconds(20).nanoseconds,
+           let fs = try? Sys.fstatvfs(graveyard.stateFD) {
+            free = UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
+            floor = UInt64(Double(fs.f_blocks) * Double(fs.f_frsize) * minFreePercent / 100)
+            lastFree.store(free, ordering: .relaxed)
+            floorBytes.store(floor, ordering: .relaxed)
+            lastLook.store(now, ordering: .relaxed)
+        }
+        return free < (keeping ? floor : max(floor, bytes))
+    }
+
     /// For a request the backing filesystem answered ENOSPC while entries
     /// are kept: has the warden free the oldest now, and waits (up to
     /// `timeout`) until there is more free space than before. True if

@@ -66,6 +66,25 @@ struct GraveyardTests {
         }
     }
 
+    @Test("on a full filesystem a deleted or replaced file's space is free at once, as natively: the writer that comes next gets it",
+          arguments: ["", "keep=1h"])
+    func fullDiskFreesAtOnce(option: String) throws {
+        try #require(FUSEAvailability.isRoot || FUSEAvailability.isCI, "needs root for a tmpfs source")
+        try withVanishMountOnTmpfs(size: "64m", options: option.isEmpty ? [] : [option]) { m in
+            let r = try sh("""
+                echo small > small || exit 1
+                dd if=/dev/zero of=big bs=1M count=100 status=none 2>/dev/null; test -s big || exit 2
+                rm big || exit 3
+                dd if=/dev/zero of=new bs=1M count=20 status=none || exit 4
+                dd if=/dev/zero of=big2 bs=1M count=100 status=none 2>/dev/null; test -s big2 || exit 5
+                mv small big2 || exit 6
+                dd if=/dev/zero of=new2 bs=1M count=20 status=none || exit 7
+                """, cwd: m.mountpoint)
+            #expect(r.ok, "step \(r.status): \(r.stderr)")
+            #expect(try String(contentsOfFile: m.path("big2"), encoding: .utf8) == "small\n")
+        }
+    }
+
     @Test("the state directory is invisible and its name reserved")
     func hiddenAndReserved() throws {
         try withVanishMount { m in

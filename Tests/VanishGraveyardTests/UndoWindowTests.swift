@@ -520,7 +520,7 @@ struct UndoWindowTests {
                 """, cwd: m.mountpoint)
             #expect(r.ok, "\(r.stderr)")
             #expect(r.stdout == "fill\nl1\n")
-            #expect(m.log.contains("no space for the graveyard"), "\(m.log)")
+            #expect(try trashPaths(m).isEmpty)
             // What went without a record is not held for the window: it is freed now.
             try waitFor("the graveyard to be empty") { try graveyardCount(m.source) == 0 }
             // Short of space, the reaper leaves the idle classes: space matters more now.
