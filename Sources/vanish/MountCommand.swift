@@ -182,6 +182,11 @@ struct MountCommand: ParsableCommand {
         }
         config.singleThreaded = singleThreaded
         config.sourceLock = try MountPaths.lockSource(src, patience: 30, takeOver: true, log: log)
+        if mnt == src, let cwd = MountPaths.workingDirectory(), cwd == src || MountPaths.isBelow(cwd, src) {
+            // A process keeps the directory it was in: this shell would go on
+            // deleting underneath the mount, past Vanish, until it changes directory.
+            FileHandleStderr.write("vanish: this shell is still in \(src) underneath the mount: run `cd .` to work through it\n")
+        }
         let (readahead, explicit) = (parsed.filesystem.readaheadKB, parsed.readaheadGiven)
         config.afterMount = { Readahead.apply(kb: readahead, at: $0, explicit: explicit, log: log) }
         do {

@@ -114,7 +114,9 @@ enum MountPaths {
             guard let pid = pid_t(String(cString: vanish_dirent_name(d)!)), pid != getpid() else { continue }
             var owner = stat()
             guard stat("/proc/\(pid)", &owner) == 0, getuid() == 0 || owner.st_uid == getuid() else { continue }
-            guard let exe = Sys.readLink("/proc/\(pid)/exe"), exe.hasSuffix("/vanish") || exe.hasSuffix("/vanish (deleted)"),
+            // Any copy of the program (vanish, a build renamed for a trial): only this user's
+            // processes can hold their private lock file at all.
+            guard let exe = Sys.readLink("/proc/\(pid)/exe"), exe.split(separator: "/").last?.contains("vanish") == true,
                   let argv = Sys.fileBytes("/proc/\(pid)/cmdline")?.split(separator: 0),
                   argv.count > 1, argv[1].elementsEqual("mount".utf8) else { continue }
             guard let fds = opendir("/proc/\(pid)/fdinfo") else { continue }
@@ -234,6 +236,13 @@ enum MountPaths {
     }
 
     static func mountType(containing path: String) -> String? { mount(containing: path)?.type }
+
+    /// This process's working directory, as the kernel names it; nil if it has none.
+    static func workingDirectory() -> String? {
+        guard let cwd = getcwd(nil, 0) else { return nil }
+        defer { free(cwd) }
+        return String(cString: cwd)
+    }
 
     /// `path` made absolute and cleaned of `.`, `..` and double slashes
     /// without touching the filesystem (it may name something deleted).

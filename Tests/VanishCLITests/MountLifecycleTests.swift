@@ -103,6 +103,28 @@ struct MountLifecycleTests {
         }
     }
 
+    @Test("an in-place mount run from a shell inside the directory says that shell is still underneath, and `cd .` brings it through")
+    func inPlaceFromInside() throws {
+        let base = try makeTempDirectory()
+        let dir = base + "/d"
+        defer { unmountAndRemove(dir, base: base) }
+        mkdir(dir, 0o755)
+        let r = try sh("""
+            \(shellQuote(vanishBinary)) mount . 2>../err || exit 1
+            stat -f -c %T . && cd . && stat -f -c %T .
+            """, cwd: dir)
+        #expect(r.ok, "\(r)")
+        let lines = r.stdout.split(separator: "\n")
+        #expect(lines.count == 2 && !lines[0].hasPrefix("fuse") && lines[1].hasPrefix("fuse"), "\(r.stdout)")
+        let said = try String(contentsOfFile: base + "/err", encoding: .utf8)
+        #expect(said.contains("still in \(dir) underneath the mount") && said.contains("cd ."), "\(said)")
+        #expect(try run([vanishBinary, "unmount", dir]).ok)
+        try waitFor("the daemon to let go of the source") { try run(["/usr/bin/flock", "-n", sourceLock(dir), "true"]).ok }
+        // From outside the directory there is nothing to say.
+        let outside = try run([vanishBinary, "mount", dir])
+        #expect(outside.ok && outside.stderr.isEmpty, "\(outside)")
+    }
+
     @Test("an in-place mount keeps its state outside the directory: git status and git clean -fdx never meet it, the kept trash outlives them, a .vanish from before moves out, vanish reap finds it")
     func stateOutsideTheTree() throws {
         let env = ["GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t",
