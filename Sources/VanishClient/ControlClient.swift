@@ -9,6 +9,9 @@ public final class ControlClient {
     /// Where the unread part of `buffer` starts: lines are consumed by
     /// moving this, not by shifting the rest of a 64 KiB chunk each time.
     private var start = 0
+    /// Where the search for a newline goes on: before it, from `start`,
+    /// there is none (a long answer is scanned once, not once per read).
+    private var searched = 0
     /// recv(2) lands here, then only what arrived is copied into `buffer`.
     private var scratch = [UInt8](repeating: 0, count: 65536)
 
@@ -118,11 +121,13 @@ public final class ControlClient {
 
     func receiveLine() throws(Failure) -> [UInt8]? {
         while true {
-            if let nl = buffer[start...].firstIndex(of: 0x0A) {
+            if let nl = buffer[max(start, searched)...].firstIndex(of: 0x0A) {
                 let line = Array(buffer[start..<nl])
                 start = nl + 1
+                searched = start
                 return line
             }
+            searched = buffer.count
             guard try fill() else { return nil }
         }
     }
@@ -131,11 +136,13 @@ public final class ControlClient {
     /// least one; nil when the daemon closed the connection.
     func receiveLines() throws(Failure) -> [UInt8]? {
         while true {
-            if let nl = buffer[start...].lastIndex(of: 0x0A) {
+            if let nl = buffer[max(start, searched)...].lastIndex(of: 0x0A) {
                 let lines = Array(buffer[start...nl])
                 start = nl + 1
+                searched = start
                 return lines
             }
+            searched = buffer.count
             guard try fill() else { return nil }
         }
     }
@@ -144,6 +151,7 @@ public final class ControlClient {
     private func fill() throws(Failure) -> Bool {
         while true {
             buffer.removeSubrange(..<start)
+            searched -= start
             start = 0
             let n = scratch.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
             if n > 0 { buffer.append(contentsOf: scratch[..<n]) }
