@@ -240,7 +240,12 @@ extension Deleter {
         // A tree's size is unknown without walking it; a file's is its blocks.
         // A directory's size is what it holds: unknown here, measured in the background (Reaper's warden).
         let bytes: UInt64? = type == S_IFDIR ? nil : Sys.diskBytes(st)
-        return TrashRecord(path: table.path(of: parent, appending: name), uid: caller.uid, gid: caller.gid,
+        let path = table.path(of: parent, appending: name)
+        // Longer than a path may be, no program could restore it by its path;
+        // kept, each level of a deep chain costs its whole path (memory and disk
+        // the square of the depth).
+        guard path.count < Int(PATH_MAX) else { return nil }
+        return TrashRecord(path: path, uid: caller.uid, gid: caller.gid,
                            bytes: bytes, kind: TrashRecord.Kind(mode: st.st_mode),
                            from: type == S_IFDIR ? parent.origin : nil)
     }

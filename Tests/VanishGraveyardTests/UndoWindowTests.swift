@@ -139,6 +139,27 @@ struct UndoWindowTests {
         }
     }
 
+    @Test("nobody's rm -rf of a deep chain keeps only what has a path a program could restore: memory and disk grow with the chain, not its square")
+    func deepChainKeepsRestorablePaths() throws {
+        try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
+            guard try run(["install", "-d", "-o", "nobody", src + "/nd"]).ok else { throw TestFailure("install") }
+        }) { m in
+            let made = try runAsNobody(["/usr/bin/python3", "-c", """
+                import os, sys
+                os.chdir(sys.argv[1])
+                for i in range(100):
+                    os.mkdir("c" * 100); os.chdir("c" * 100)
+                """, m.path("nd")])
+            #expect(made.ok, "\(made.stderr)")
+            #expect(try runAsNobody(["/bin/rm", "-rf", m.path("nd/" + String(repeating: "c", count: 100))]).ok)
+            let paths = try trashPaths(m)
+            // 4096 bytes hold the first 40 levels; each level was an entry of its own, 10 KB deep at the end.
+            #expect(!paths.isEmpty && paths.count <= 41, "\(paths.count) entries")
+            #expect(paths.allSatisfy { $0.utf8.count < 4096 }, "\(paths.map { $0.utf8.count }.max() ?? 0) bytes")
+            try waitForReaper(m)
+        }
+    }
+
     @Test("restoring a directory that still exists brings back what was deleted inside it")
     func restoreInsideExistingDirectory() throws {
         try withVanishMount(arguments: ["--keep", "1h"]) { m in
