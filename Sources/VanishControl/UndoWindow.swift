@@ -6,6 +6,7 @@ import VanishGraveyard
 
 /// Why a restore did not happen.
 public enum RestoreError: Error, CustomStringConvertible {
+    // Said after "cannot restore ENTRY: " (the CLI's and the client's prefix).
     case noSuchEntry(String)
     case taken(String)
     case invalidDestination(String)
@@ -19,12 +20,12 @@ public enum RestoreError: Error, CustomStringConvertible {
         switch self {
         case .noTrash:
             "this mount keeps no deleted entries (it is read-only, or its source could not hold a graveyard): nothing can be restored"
-        case .directoryGone(let path, let directory):
-            "cannot restore \(path): its directory \(directory) no longer exists (restore \(directory) first, or give another place with --to)"
+        case .directoryGone(_, let directory):
+            "its directory \(directory) no longer exists (restore \(directory) first, or give another place with --to)"
         case .noSuchEntry(let what): "nothing restorable is known as \(what)"
         case .taken(let path): "\(path) exists; nothing was changed (restore it elsewhere with --to)"
         case .invalidDestination(let why): why
-        case .failed(let path, let errno): "cannot restore to \(path): \(errno)"
+        case .failed(let path, let errno): "\(path): \(errno)"
         }
     }
 
@@ -187,7 +188,7 @@ struct UndoWindow {
     static func destination(_ target: [UInt8]) throws(RestoreError) -> (directory: [[UInt8]], leaf: [UInt8]) {
         let shown = String(decoding: target, as: UTF8.self)
         var parts = target.split(separator: 0x2F, omittingEmptySubsequences: true).map { Array($0) }
-        guard let leaf = parts.popLast() else { throw .invalidDestination("cannot restore onto the mount root") }
+        guard let leaf = parts.popLast() else { throw .invalidDestination("that is the mount root itself") }
         for p in parts + [leaf] where p == [0x2E] || p == [0x2E, 0x2E] {
             throw .invalidDestination("\(shown): paths may not contain . or ..")
         }
