@@ -430,10 +430,12 @@ extension Deleter {
         var entry: String?
         let shard: Int
         do throws(Errno) {
-            shard = try graveyard.bury(parentFD, name, record: record, by: deletedBy, file: !directory) { entry = String(cString: $0) }
-        } catch .isDirectory where !directory {
+            // A directory exchanged onto the name before the rename goes back (ENOTEMPTY).
+            shard = try graveyard.bury(parentFD, name, record: record, by: deletedBy, file: !directory,
+                                       checked: directory ? st.st_ino : nil) { entry = String(cString: $0) }
+        } catch where (error == .isDirectory && !directory) || (error == .directoryNotEmpty && directory) {
             logSwappedDirectory(name)
-            throw .isDirectory
+            throw error
         }
         reaper.noteBuried(shard: shard, sizeUnknown: directory, bytes: Self.freedBytes(st))
         return entry.map { ($0, shard) }

@@ -407,6 +407,17 @@ struct TrashRequests: Sendable {
         let caller = req.caller
         try entries.removingEntry(req, p, name) { pfd, st throws(Errno) in
             let directory = st.st_mode & S_IFMT == S_IFDIR
+            // Moving a directory to another parent rewrites its "..": the caller
+            // must be allowed to write it. Asked as the caller of the very inode,
+            // which the burial then moves or puts back (`checked`): a directory
+            // exchanged onto the name on the source since the kernel's own check
+            // is not moved with the daemon's rights.
+            if directory, let credentials = entries.callerCredentials(req, caller) {
+                let fd = OwnedDescriptor(try Sys.openat(pfd, name, VANISH_O_PATH | O_DIRECTORY | O_NOFOLLOW))
+                let opened = try Sys.fstat(fd.raw)
+                guard opened.st_dev == st.st_dev, opened.st_ino == st.st_ino else { throw .staleNFSFileHandle }
+                try Credentials.acting(credentials) { () throws(Errno) in try Sys.access(fd.raw, W_OK) }
+            }
             let id = directory ? (try changes.removingDirectory(pfd, name)).id : changes.removing(pfd, name, st)
             let record = TrashRecord(path: table.path(of: p, appending: name), uid: uid, gid: caller.gid,
                                      bytes: directory ? nil : Sys.diskBytes(st), kind: TrashRecord.Kind(mode: st.st_mode),
