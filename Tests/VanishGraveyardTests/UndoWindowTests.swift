@@ -714,7 +714,8 @@ struct UndoWindowTests {
                 let roots = try trashList(m).filter { $0["uid"] as? Int == 0 }
                 let d = try #require(roots.first { $0["path"] as? String == "d" }, "\(roots)")
                 let alone = roots.contains { $0["path"] as? String == "d/mine" }
-                #expect(roots.count == (alone ? 2 : 1) && d["files_inside"] as? Int == (alone ? 0 : 1), "\(roots)")
+                // (trash list leaves out a count of nothing.)
+                #expect(roots.count == (alone ? 2 : 1) && (d["files_inside"] as? Int ?? 0) == (alone ? 0 : 1), "\(roots)")
                 let theirs = try runAsNobody([binary, "trash", "list", "--json", m.mountpoint])
                 #expect(theirs.stdout.contains("\"d/theirs\""), "nobody's deletion is not theirs: \(theirs.stdout)")
                 let back = try runAsNobody([binary, "restore", m.path("d/theirs"), "--to", m.path("out/back")])
