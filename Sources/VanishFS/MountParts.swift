@@ -93,6 +93,10 @@ package struct MountParts {
             reaper.hooks.onHeld = { [control] entry, error in
                 if !control.putBackHeld(entry) { held?(entry, error) }
             }
+            // The file's other names show the link count the kernel cached: it asks again.
+            reaper.hooks.onLinkDropped = { [table, invalidations] st in
+                if let node = table.known(st) { invalidations.attributes(of: table.nodeID(node), wait: false) }
+            }
         }
         let statahead = Statahead(table: table, namespace: namespace) { [deleter] dir, name in
             deleter.isStateDirectory(dir, name)

@@ -113,6 +113,7 @@ extension Deleter {
         r.hooks.onReaped = main.hooks.onReaped
         r.hooks.onStuck = main.hooks.onStuck
         r.hooks.onHeld = main.hooks.onHeld
+        r.hooks.onLinkDropped = main.hooks.onLinkDropped
         r.hooks.foregroundRequests = main.hooks.foregroundRequests
         r.start()
         return r

@@ -93,6 +93,9 @@ public final class Reaper: @unchecked Sendable {
         public var onHeld: (@Sendable (String, Errno) -> Void)?
         /// Called each time the window's limits give kept entries up early.
         public var onShortened: (@Sendable (Shortening) -> Void)?
+        /// Called with the lstat of each file with other links the reaper
+        /// unlinked: their link count dropped, which the kernel caches.
+        public var onLinkDropped: (@Sendable (stat) -> Void)?
         /// How many requests the mount has begun to serve (any number that
         /// changes with each request); the workers step aside while it moves.
         /// nil when nothing is mounted (`vanish reap`).
@@ -389,7 +392,8 @@ public final class Reaper: @unchecked Sendable {
                                       accounting.split(piece, from: origin)
                                       workers.markDirty(shard)
                                   }, families: families, shardFD: shard,
-                                  shardIndex: graveyard.shardFDs.firstIndex(of: shard))
+                                  shardIndex: graveyard.shardFDs.firstIndex(of: shard),
+                                  linkDropped: hooks.onLinkDropped)
         let judging = (keeps || !graveyard.trash.isEmpty) && !policy.freesKeptEntries
         let now = judging ? Sys.wallClockNow() : 0
         while let d = readdir(dp) {

@@ -63,6 +63,8 @@ struct TreeRemover {
     /// each wakeup starts in. A deleter's pieces stay spread: their parents
     /// wait in the shard for them, and a pass reads every waiting one.
     let shardIndex: Int?
+    /// Told of each file with other links unlinked (`Reaper.Hooks.onLinkDropped`).
+    let linkDropped: (@Sendable (stat) -> Void)?
     /// The graveyard's mount, and whether its filesystem is remote (`look`).
     var home: (mount: UInt64, remote: Bool)? = nil
 
@@ -398,6 +400,7 @@ struct TreeRemover {
     private mutating func count(_ st: stat) {
         // Data and space go only with the last link.
         let last = st.st_nlink <= 1
+        if !last { linkDropped?(st) }
         count(Freed(files: 1, dataBytes: last ? UInt64(max(0, st.st_size)) : 0,
                     diskBytes: last ? Sys.diskBytes(st) : 0))
     }

@@ -310,6 +310,21 @@ struct OneStepDeleteTests {
         }
     }
 
+    @Test("a file in a tree vanish rm -r removed with another name outside it: that name's link count drops when the reaper frees the file, as after rm -rf")
+    func linkCountAfterReaping() throws {
+        try withVanishMount { m in
+            let made = try sh("echo s > o && mkdir t && ln o t/hl && stat -c %h o", cwd: m.mountpoint)
+            #expect(made.stdout == "2\n", "\(made)")
+            let rm = try run([vanishBinary, "rm", "-r", "--wait", m.path("t")])
+            #expect(rm.ok, "\(rm)")
+            try waitForReaper(m)
+            try waitFor("o's link count to drop") {
+                var st = stat()
+                return stat(m.path("o"), &st) == 0 && st.st_nlink == 1
+            }
+        }
+    }
+
     @Test("the delete trigger on a name with other hard links removes nothing")
     func hardLinkedFile() throws {
         try withVanishMount(options: ["allow_other"], prepare: { src in

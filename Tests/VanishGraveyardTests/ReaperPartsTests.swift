@@ -273,7 +273,7 @@ struct ReaperPartsTests {
             pieces.list = []
             var remover = TreeRemover(graveyard: g, progress: ReapProgress(), limiter: nil, gate: nil,
                                       shouldStop: { false }, handedBack: { s, piece, _ in pieces.list.append((s, piece)) },
-                                      families: PieceFamilies(), shardFD: g.shardFDs[shard], shardIndex: shard)
+                                      families: PieceFamilies(), shardFD: g.shardFDs[shard], shardIndex: shard, linkDropped: nil)
             #expect(name.withCString { remover.remove(g.shardFDs[shard], $0) })
             #expect(remover.removedEntry && remover.failure == nil, "\(name): \(String(describing: remover.failure))")
             return pieces.list
