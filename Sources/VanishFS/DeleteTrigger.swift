@@ -110,14 +110,14 @@ struct DeleteTrigger: Sendable {
         // That needs the parent's lock, which a later create in it may hold
         // while it waits for this request's event: it need not any more.
         req.doneRecordingChanges()
-        if !expiring { return Deleted(parent: table.nodeID(parent), name: name, child: table.nodeID(node)) }
+        if !expiring { return Deleted(parent: table.nodeID(parent), name: name, child: table.nodeID(node), uid: caller.uid) }
         // Up to 5 s: under load the parent's lock can be held a second and
         // more by requests queued in it, and answering before the entry is
         // gone would let the caller still find the tree (the model check did).
-        if !invalidations.expire(parent: table.nodeID(parent), name: name, timeout: .seconds(5)) {
+        if !invalidations.expire(parent: table.nodeID(parent), name: name, by: caller.uid, timeout: .seconds(5)) {
             log.warning("answering a delete trigger before the kernel dropped the entry (its parent stayed locked 5 s)")
         }
-        return Deleted(parent: table.nodeID(parent), name: name, child: table.nodeID(node))
+        return Deleted(parent: table.nodeID(parent), name: name, child: table.nodeID(node), uid: caller.uid)
     }
 
     /// rmdir of `name` in `parent` by a thread that armed that very
@@ -139,12 +139,14 @@ struct DeleteTrigger: Sendable {
         let parent: fuse_ino_t
         let name: ContiguousArray<CChar>
         let child: fuse_ino_t
+        /// Whose delete it was, whom its notice is charged to.
+        let uid: UInt32
     }
 
     /// After the answer to `delete`: the kernel drops the entry for good
     /// and tells its watchers (see `EntryInvalidations.deleted`).
     func answered(_ d: Deleted) {
-        invalidations.deleted(parent: d.parent, name: d.name, child: d.child)
+        invalidations.deleted(parent: d.parent, name: d.name, child: d.child, by: d.uid)
     }
 
     /// Whether a filesystem is mounted anywhere below the directory `name`

@@ -15,7 +15,10 @@ import LinuxSyscalls
 /// notice still in the kernel after `stuckAfter` gets a sender thread of
 /// its own: the others go on with every other parent, and notices for the
 /// held parent wait behind it, as calls on that directory would natively.
-/// Up to `mostSenders`; spare senders end once they are idle.
+/// Up to `mostSenders`; spare senders end once they are idle. Each notice
+/// is charged to the user whose action caused it, who may have at most
+/// `mostPerUser` in the kernel at once: one user holding many directories
+/// their own actions changed holds back only their own notices.
 final class EntryInvalidations: Sendable {
     /// Sends one notice about `name` in `parent` (an empty name: drop
     /// `parent`'s own attributes).
@@ -23,17 +26,21 @@ final class EntryInvalidations: Sendable {
 
     static let stuckAfter = Duration.milliseconds(100)
     static let mostSenders = 64
+    static let mostPerUser = 4
+    /// Charged for a change whose causer is not known (a program behind the mount that is gone).
+    static let unknownUser = UInt32.max
 
     private struct Pending {
         let parent: fuse_ino_t
         let name: ContiguousArray<CChar>
         var notice = EntryNotice.invalidate
+        var uid = EntryInvalidations.unknownUser
         var ticket: UInt64 = 0
     }
     private struct State {
         var queue: [Pending] = []
-        /// Parents of the notices in the kernel now, and when each went in.
-        var inFlight: [(parent: fuse_ino_t, since: UInt64)] = []
+        /// Parents of the notices in the kernel now, when each went in, and whose.
+        var inFlight: [(parent: fuse_ino_t, since: UInt64, uid: UInt32)] = []
         /// Notices queued so far, and sent: every ticket up to `sent`, and
         /// those in `sentLater` (sent while an earlier one was held).
         var queued: UInt64 = 0
@@ -57,10 +64,15 @@ final class EntryInvalidations: Sendable {
 
         func isSent(_ ticket: UInt64) -> Bool { ticket <= sent || sentLater.contains(ticket) }
 
-        /// The first queued notice whose parent has none in the kernel.
+        /// The first queued notice whose parent has none in the kernel and
+        /// whose user has fewer than `mostPerUser` there (dropping attributes
+        /// takes no lock: never held).
         func sendable() -> Int? {
             if inFlight.isEmpty { return queue.isEmpty ? nil : 0 }
-            return queue.firstIndex { p in !inFlight.contains { $0.parent == p.parent } }
+            return queue.firstIndex { p in
+                !inFlight.contains { $0.parent == p.parent }
+                    && (p.name.isEmpty || inFlight.count(where: { $0.uid == p.uid }) < EntryInvalidations.mostPerUser)
+            }
         }
 
         mutating func markSent(_ ticket: UInt64) {
@@ -94,8 +106,8 @@ final class EntryInvalidations: Sendable {
     /// name next, not a negative entry the kernel still remembers: false if
     /// that took longer than `timeout` (someone holds the
     /// parent's lock), and the notice goes through after.
-    func send(parent: fuse_ino_t, name: ContiguousArray<CChar>, timeout: Duration) -> Bool {
-        guard let ticket = state.update({ $0.enqueue(Pending(parent: parent, name: name)) }) else { return true }
+    func send(parent: fuse_ino_t, name: ContiguousArray<CChar>, by uid: UInt32, timeout: Duration) -> Bool {
+        guard let ticket = state.update({ $0.enqueue(Pending(parent: parent, name: name, uid: uid)) }) else { return true }
         return waitUntilSent(ticket, deadline: Condition.now() &+ timeout.nanoseconds)
     }
 
@@ -117,8 +129,8 @@ final class EntryInvalidations: Sendable {
     /// someone may hold while waiting for the entry's lock (an rmdir of it
     /// at that very moment): the timeout ends that wait, the handler
     /// answers, and the invalidation goes through after.
-    func expire(parent: fuse_ino_t, name: ContiguousArray<CChar>, timeout: Duration) -> Bool {
-        guard let ticket = state.update({ $0.enqueue(Pending(parent: parent, name: name, notice: .expire)) }) else {
+    func expire(parent: fuse_ino_t, name: ContiguousArray<CChar>, by uid: UInt32, timeout: Duration) -> Bool {
+        guard let ticket = state.update({ $0.enqueue(Pending(parent: parent, name: name, notice: .expire, uid: uid)) }) else {
             return true
         }
         return waitUntilSent(ticket, deadline: Condition.now() &+ timeout.nanoseconds)
@@ -133,8 +145,8 @@ final class EntryInvalidations: Sendable {
     /// lock while the answer is still to come, and a daemon killed right
     /// then never exited (its last thread stuck there, the mount hung
     /// until aborted through fusectl).
-    func deleted(parent: fuse_ino_t, name: ContiguousArray<CChar>, child: fuse_ino_t) {
-        _ = state.update { $0.enqueue(Pending(parent: parent, name: name, notice: .delete(child: child))) }
+    func deleted(parent: fuse_ino_t, name: ContiguousArray<CChar>, child: fuse_ino_t, by uid: UInt32) {
+        _ = state.update { $0.enqueue(Pending(parent: parent, name: name, notice: .delete(child: child), uid: uid)) }
     }
 
     /// Tells the kernel to drop the attributes it keeps for `ino` (a mode
@@ -147,9 +159,10 @@ final class EntryInvalidations: Sendable {
     }
 
     /// Tells the kernel, without waiting, that `name` in `parent` changed
-    /// behind the mount (made, removed or moved there by another program).
-    func changedBehind(parent: fuse_ino_t, name: ContiguousArray<CChar>) {
-        _ = state.update { $0.enqueue(Pending(parent: parent, name: name)) }
+    /// behind the mount (made, removed or moved there by another program,
+    /// run by `uid` if known).
+    func changedBehind(parent: fuse_ino_t, name: ContiguousArray<CChar>, by uid: UInt32 = EntryInvalidations.unknownUser) {
+        _ = state.update { $0.enqueue(Pending(parent: parent, name: name, uid: uid)) }
     }
 
     /// Waits until `ticket` notices were sent; false if `deadline` came first.
@@ -210,7 +223,7 @@ final class EntryInvalidations: Sendable {
                     return nil
                 }
                 let p = s.queue.remove(at: i)
-                s.inFlight.append((p.parent, Condition.now()))
+                s.inFlight.append((p.parent, Condition.now(), p.uid))
                 return (p, s.invalidate)
             }
             guard let (notice, f) = next else { return }

@@ -306,7 +306,7 @@ package final class MountControl: Sendable {
         // The kernel may remember the name as absent: tell it, from outside
         // any handler, before the caller looks for the name.
         let name = Inode.copyName(leaf)
-        if !invalidations.send(parent: table.nodeID(parent), name: name, timeout: .seconds(1)) {
+        if !invalidations.send(parent: table.nodeID(parent), name: name, by: uid, timeout: .seconds(1)) {
             log.debug("answering a restore before the kernel forgot the name's absence (its parent stayed locked)")
         }
     }
@@ -410,7 +410,7 @@ package final class MountControl: Sendable {
         guard let parent else { return }
         table.moved(moved, to: parent, name: leaf)
         let leafName = Inode.copyName(leaf)
-        if !invalidations.send(parent: table.nodeID(parent), name: leafName, timeout: .seconds(1)) {
+        if !invalidations.send(parent: table.nodeID(parent), name: leafName, by: who.uid, timeout: .seconds(1)) {
             log.debug("answering a restore before the kernel forgot the name's absence (its parent stayed locked)")
         }
     }

@@ -343,7 +343,8 @@ final class OneStepBurials: Sendable {
                         // As after a restore: the tree is usable again, and the
                         // kernel forgets any absence of the name it remembers.
                         if let st = try? Sys.lstatat(pfd, n.baseAddress!) { deleter.table.moved(st, to: p.parent, name: n.baseAddress!) }
-                        _ = invalidations.send(parent: deleter.table.nodeID(p.parent), name: p.name, timeout: .seconds(1))
+                        _ = invalidations.send(parent: deleter.table.nodeID(p.parent), name: p.name, by: p.caller.uid,
+                                               timeout: .seconds(1))
                         changes.restored(into: pfd, n.baseAddress!, path: path, kind: TrashRecord.Kind(mode: p.st.st_mode).name,
                                          entry: String(cString: grave), uid: p.caller.uid, kept: true)
                     }

@@ -20,6 +20,13 @@ final class SourceWatch: @unchecked Sendable {
     /// Events in one read that make it a flood.
     static let floodBatch = 256
 
+    /// The user a process runs as (the owner of its /proc directory), whom a
+    /// change it made behind the mount is charged to; unknown once it is gone.
+    static func user(of pid: Int32) -> UInt32 {
+        var st = stat()
+        return pid > 0 && stat("/proc/\(pid)", &st) == 0 ? st.st_uid : EntryInvalidations.unknownUser
+    }
+
     private let fd: Int32
 
     init?(codec: HandleCodec) {
@@ -69,7 +76,8 @@ extension VanishFilesystem {
             if e.pointee.pid == me { return }
             if mask & VANISH_FAN_ENTRY_CHANGED != 0, let name = e.pointee.name,
                let dir = held(codec, e, at: Self.dirHandle, length: e.pointee.dir_length) {
-                caches.invalidations.changedBehind(parent: fuse_ino_t(dir.id), name: Inode.copyName(name))
+                caches.invalidations.changedBehind(parent: fuse_ino_t(dir.id), name: Inode.copyName(name),
+                                                   by: SourceWatch.user(of: e.pointee.pid))
             }
             if mask & VANISH_FAN_OBJECT_CHANGED != 0,
                let node = held(codec, e, at: Self.objectHandle, length: e.pointee.object_length),

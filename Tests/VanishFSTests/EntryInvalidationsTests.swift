@@ -65,8 +65,8 @@ struct EntryInvalidationsTests {
         notices.changedBehind(parent: fuse_ino_t(7), name: Inode.copyName("held"))
         notices.changedBehind(parent: fuse_ino_t(7), name: Inode.copyName("after"))
         // Other parents' notices, waited for as a restore and a delete trigger wait.
-        #expect(notices.send(parent: fuse_ino_t(8), name: Inode.copyName("restored"), timeout: .seconds(30)))
-        #expect(notices.expire(parent: fuse_ino_t(9), name: Inode.copyName("removed"), timeout: .seconds(30)))
+        #expect(notices.send(parent: fuse_ino_t(8), name: Inode.copyName("restored"), by: 0, timeout: .seconds(30)))
+        #expect(notices.expire(parent: fuse_ino_t(9), name: Inode.copyName("removed"), by: 0, timeout: .seconds(30)))
         for i in 10...50 { notices.changedBehind(parent: fuse_ino_t(i), name: Inode.copyName("n")) }
         notices.attributes(of: fuse_ino_t(51))
         let early = sent.withLock { $0 }
@@ -76,6 +76,36 @@ struct EntryInvalidationsTests {
         let order = sent.withLock { $0 }
         #expect(order.count == 46)
         #expect(order.firstIndex(of: "7/held")! < order.firstIndex(of: "7/after")!, "\(order)")
+    }
+
+    @Test("one user's notices held in the kernel for many parents take at most four senders: another user's still go")
+    func heldByOneUser() {
+        let notices = EntryInvalidations()
+        let gate = DispatchSemaphore(value: 0)
+        let held = Mutex((now: 0, most: 0))
+        let sent = Mutex<[fuse_ino_t]>([])
+        notices.setInvalidator { parent, _, _ in
+            if parent >= 100 {
+                held.withLock { h in h.now += 1; h.most = max(h.most, h.now) }
+                gate.wait()
+                held.withLock { $0.now -= 1 }
+            }
+            sent.withLock { $0.append(parent) }
+        }
+        notices.start()
+        // nobody's one-step deletes in 70 directories they hold.
+        for i in 0..<70 {
+            notices.deleted(parent: fuse_ino_t(100 + i), name: Inode.copyName("t"), child: 1, by: 65534)
+        }
+        // Root's restore elsewhere, and a change behind the mount by a process that is gone.
+        #expect(notices.send(parent: fuse_ino_t(7), name: Inode.copyName("restored"), by: 0, timeout: .seconds(30)))
+        #expect(notices.send(parent: fuse_ino_t(8), name: Inode.copyName("made"), by: EntryInvalidations.unknownUser,
+                             timeout: .seconds(30)))
+        #expect(notices.send(parent: fuse_ino_t(9), name: Inode.copyName("after"), by: 0, timeout: .seconds(30)))
+        #expect(held.withLock { $0.most } <= EntryInvalidations.mostPerUser)
+        for _ in 0..<70 { gate.signal() }
+        #expect(returns(within: 30) { notices.setInvalidator(nil) })
+        #expect(sent.withLock { $0.count } == 73)
     }
 
     /// A FUSE filesystem with one file, f, whose reads wait while HOLD exists.
