@@ -266,9 +266,13 @@ public final class Graveyard: @unchecked Sendable {
     /// user's directory, exchanged onto the name on the source between the
     /// caller's check and this rename), it goes back to the name at once
     /// and the burial fails (EISDIR for a file, ENOTEMPTY for a directory),
-    /// as the unlink or rmdir of the name would have. If the name was taken
-    /// meanwhile it stays: under a file's name never walked (`namesFile`),
-    /// a directory freed as its deleter. One lstat of the new entry.
+    /// as the unlink or rmdir of the name would have. If a file's name was
+    /// taken meanwhile the directory stays under it, never walked
+    /// (`namesFile`). A directory in place of a checked one goes back beside
+    /// the name (`NAME~N`: a rename within its directory, which whoever could
+    /// exchange there could make) when the name was filled again, and the
+    /// burial fails either way: it is never recorded as the caller's. One
+    /// lstat of the new entry.
     @inline(__always)
     static func returnSwapped(_ shardFD: Int32, _ grave: UnsafePointer<CChar>, to parentFD: Int32,
                               _ name: UnsafePointer<CChar>, file: Bool, directory: ino_t?) throws(Errno) {
@@ -278,8 +282,15 @@ public final class Graveyard: @unchecked Sendable {
         } else {
             guard st.st_ino != directory else { return }
         }
-        guard (try? Sys.renameNoReplace(shardFD, grave, parentFD, name)) != nil else { return }
-        throw file ? .isDirectory : .directoryNotEmpty
+        if (try? Sys.renameNoReplace(shardFD, grave, parentFD, name)) != nil { throw file ? .isDirectory : .directoryNotEmpty }
+        if file { return }
+        let base = Array(UnsafeBufferPointer(start: name, count: min(strlen(name), 240)))
+        for n in 1...16 {
+            let beside = base + Array("~\(n)".utf8CString)
+            let back = beside.withUnsafeBufferPointer { (try? Sys.renameNoReplace(shardFD, grave, parentFD, $0.baseAddress!)) != nil }
+            if back { break }
+        }
+        throw .directoryNotEmpty
     }
 
     /// `<ns since epoch>-<pid>-<counter>` in hex, built on the stack: unique

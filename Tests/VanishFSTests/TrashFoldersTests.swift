@@ -602,7 +602,7 @@ struct TrashFolderAttackTests {
         }
     }
 
-    @Test("nobody who exchanges root's directory onto their own on the source while moving theirs into their trash moves nothing of root's (up to 300 tries)")
+    @Test("nobody who exchanges root's directory onto their own on the source while moving theirs into their trash moves nothing of root's (up to 3,000 tries)")
     func exchangedIntoTheTrash() throws {
         try withVanishMount(options: ["allow_other"], arguments: ["--keep", "1h"], prepare: { src in
             let r = try sh("install -d -o nobody nd nd/x && install -d -m 755 nd/R && echo secret > nd/R/f && install -o nobody /dev/null nd/seed && chmod 755 .", cwd: src)
@@ -616,29 +616,35 @@ struct TrashFolderAttackTests {
                 libc = ctypes.CDLL(None, use_errno=True)
                 x, r = (os.path.join(source, "nd", n).encode() for n in ("x", "R"))
                 os.unlink(os.path.join(mount, "nd", "seed"))  # nobody's trash folder comes to be
-                trashed = os.path.join(mount, ".Trash-65534", "files", "x")
-                assert os.path.isdir(os.path.dirname(trashed))
+                files = os.path.join(mount, ".Trash-65534", "files")
+                assert os.path.isdir(files)
                 child = os.fork()
                 if child == 0:
                     while True: libc.renameat2(-100, x, -100, r, 2)
+                # And the name filled again at once, so what the burial puts back has no place.
+                filler = os.fork()
+                if filler == 0:
+                    while True:
+                        try: os.mkdir(x)
+                        except OSError: pass
                 moved = 0
                 try:
-                    for i in range(300):
+                    for i in range(3000):
+                        trashed = os.path.join(files, "x%d" % i)
                         try: os.rename(os.path.join(mount, "nd", "x"), trashed)
                         except OSError: continue
                         moved += 1
                         if os.path.exists(os.path.join(trashed, "f")):
                             print("moved root's directory"); break
-                        os.rename(trashed, os.path.join(mount, "nd", "x"))
                     else:
                         print("held" if moved else "never moved")
                 finally:
-                    os.kill(child, 9); os.waitpid(child, 0)
+                    for p in (child, filler): os.kill(p, 9); os.waitpid(p, 0)
                 """.write(toFile: script, atomically: true, encoding: .utf8)
             chmod(script, 0o644)
             let r = try runAsNobody(["/usr/bin/python3", script, m.source, m.mountpoint])
             #expect(r.stdout == "held\n", "\(r)")
-            // Root's directory is still in nd, under one of the two names.
+            // Root's directory is still in nd, under one of the names there.
             #expect(try sh("cat nd/*/f", cwd: m.source).stdout == "secret\n")
         }
     }
