@@ -227,4 +227,90 @@ print("done", n, flush=True)
             #expect(access(m.path("rt/x"), F_OK) != 0)
         }
     }
+
+    /// Holds every directory named: a private map of FILE's page per
+    /// directory, made first, then a thread each reading its directory's
+    /// entries into its page (they all wait for the one read of the page).
+    static let manyHolder = #"""
+    import ctypes, mmap, os, sys, threading
+    libc = ctypes.CDLL(None, use_errno=True)
+    page, dirs = sys.argv[1], sys.argv[2:]
+    held = []
+    for d in dirs:
+        f = os.open(page, os.O_RDONLY)
+        m = mmap.mmap(f, 4096, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        held.append((os.open(d, os.O_RDONLY | os.O_DIRECTORY), m, ctypes.addressof(ctypes.c_char.from_buffer(m))))
+    threads = [threading.Thread(target=libc.syscall, args=(217, fd, ctypes.c_void_p(a), 4096)) for fd, _, a in held]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    """#
+
+    @Test("nobody holding 70 directories their own one-step deletes changed holds back no notice of root's")
+    func manyHeldDirectoriesOnAMount() throws {
+        try #require(which("cc") != nil && which("pkg-config") != nil, "cc and pkg-config (mount-scripts/install --deps-only)")
+        let build = try makeTempDirectory()
+        defer { removeTree(build) }
+        try Self.hangingFS.write(toFile: build + "/hang.c", atomically: true, encoding: .utf8)
+        try Self.manyHolder.write(toFile: build + "/hold.py", atomically: true, encoding: .utf8)
+        let cc = try run(["/bin/sh", "-c", "cc -O2 -o hang hang.c $(pkg-config --cflags --libs fuse3)"], cwd: build)
+        try #require(cc.ok, "\(cc)")
+        chmod(build, 0o755)
+        let work = build + "/w", theirs = build + "/w/mnt", hold = build + "/w/hold"
+        mkdir(work, 0o777)
+        chmod(work, 0o777)
+        mkdir(theirs, 0o755)
+        chown(theirs, 65534, 65534)
+        close(creat(hold, 0o644))
+        let count = 70
+        try withVanishMount(options: ["allow_other"], prepare: { src in
+            let r = try sh("install -d -o nobody nd && for i in $(seq \(count)); do install -d -o nobody nd/h$i nd/h$i/t; done && mkdir rt",
+                           cwd: src)
+            guard r.ok else { throw TestFailure(r.stderr) }
+        }) { m in
+            let nobody = ["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
+            let fs = try spawn(nobody + [build + "/hang", theirs, hold, work + "/reading"])
+            defer {
+                unlink(hold)
+                _ = try? run(["fusermount3", "-u", theirs])
+                kill(fs, SIGTERM)
+                var st: Int32 = 0
+                waitpid(fs, &st, 0)
+            }
+            try waitFor("nobody's FUSE mount") {
+                (try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8))?.contains(" \(theirs) ") == true
+            }
+            let dirs = (1...count).map { m.path("nd/h\($0)") }
+            let holder = try spawn(nobody + ["/usr/bin/python3", build + "/hold.py", theirs + "/f"] + dirs)
+            defer {
+                unlink(hold)
+                var st: Int32 = 0
+                waitpid(holder, &st, 0)
+            }
+            // Every thread waits in the kernel (state D), each holding its directory.
+            try waitFor("nobody's \(count) getdents to hold their directories", timeout: 30) {
+                let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(holder)/task")) ?? []
+                let waiting = tasks.filter { tid in
+                    let stat = (try? String(contentsOfFile: "/proc/\(holder)/task/\(tid)/stat", encoding: .utf8)) ?? ""
+                    return stat.split(separator: ")").last?.split(separator: " ").first == "D"
+                }
+                return waiting.count >= count
+            }
+            #expect(access(m.path("rt/ext"), F_OK) != 0)
+            // nobody's one-step delete in each: their notices wait for the directories they hold.
+            let triggers = try runAsNobody(["/usr/bin/python3", "-c", """
+                import os, sys, threading
+                def trigger(p):
+                    try: os.setxattr(p, "user.vanish.delete", b"", os.XATTR_CREATE | os.XATTR_REPLACE)
+                    except OSError as e: print(p, e)
+                ts = [threading.Thread(target=trigger, args=(d + "/t",)) for d in sys.argv[1:]]
+                for t in ts: t.start()
+                for t in ts: t.join()
+                """] + dirs)
+            #expect(triggers.ok && triggers.stdout.isEmpty, "\(triggers)")
+            // Root's file made on the source shows through the mount.
+            try "e\n".write(toFile: m.backing("rt/ext"), atomically: false, encoding: .utf8)
+            try waitFor("rt/ext to show while nobody holds \(count) directories", timeout: 30) { access(m.path("rt/ext"), F_OK) == 0 }
+        }
+    }
 }
+
