@@ -172,13 +172,17 @@ n = libc.syscall(217, d, ctypes.c_void_p(buf), 4096)
 print("done", n, flush=True)
 """#
 
-    @Test("nobody holding a directory's lock (getdents into a page of their own FUSE mount that never comes) holds back no notice for another directory")
-    func heldDirectoryOnAMount() throws {
+    static let asNobody = ["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
+
+    /// Runs `body` with nobody's hanging FUSE filesystem mounted in `work`:
+    /// `page` is its file, whose reads wait while `hold` exists (removed, so
+    /// every holder lets go, before the filesystem is unmounted); a read
+    /// beginning makes `work/reading`.
+    static func withHangingFS(_ body: (_ work: String, _ page: String, _ hold: String) throws -> Void) throws {
         try #require(which("cc") != nil && which("pkg-config") != nil, "cc and pkg-config (mount-scripts/install --deps-only)")
         let build = try makeTempDirectory()
         defer { removeTree(build) }
-        try Self.hangingFS.write(toFile: build + "/hang.c", atomically: true, encoding: .utf8)
-        try Self.holder.write(toFile: build + "/hold.py", atomically: true, encoding: .utf8)
+        try hangingFS.write(toFile: build + "/hang.c", atomically: true, encoding: .utf8)
         let cc = try run(["/bin/sh", "-c", "cc -O2 -o hang hang.c $(pkg-config --cflags --libs fuse3)"], cwd: build)
         try #require(cc.ok, "\(cc)")
         chmod(build, 0o755)
@@ -188,43 +192,58 @@ print("done", n, flush=True)
         mkdir(theirs, 0o755)
         chown(theirs, 65534, 65534)
         close(creat(hold, 0o644))
-        try withVanishMount(options: ["allow_other"], prepare: { src in
-            let r = try sh("install -d -o nobody nd nd/t1 && mkdir rt", cwd: src)
-            guard r.ok else { throw TestFailure(r.stderr) }
-        }) { m in
-            let nobody = ["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
-            let fs = try spawn(nobody + [build + "/hang", theirs, hold, work + "/reading"])
-            defer {
-                unlink(hold)
-                _ = try? run(["fusermount3", "-u", theirs])
-                kill(fs, SIGTERM)
-                var st: Int32 = 0
-                waitpid(fs, &st, 0)
+        let fs = try spawn(asNobody + [build + "/hang", theirs, hold, work + "/reading"])
+        defer {
+            unlink(hold)
+            _ = try? run(["fusermount3", "-u", theirs])
+            kill(fs, SIGTERM)
+            var st: Int32 = 0
+            waitpid(fs, &st, 0)
+        }
+        try waitFor("nobody's FUSE mount") {
+            (try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8))?.contains(" \(theirs) ") == true
+        }
+        try body(work, theirs + "/f", hold)
+    }
+
+    /// Runs nobody's `script` with `arguments` until `body` returns, then lets its holds go.
+    static func holding(_ script: String, in work: String, _ arguments: [String], hold: String,
+                        _ body: (pid_t) throws -> Void) throws {
+        try script.write(toFile: work + "/hold.py", atomically: true, encoding: .utf8)
+        let holder = try spawn(asNobody + ["/usr/bin/python3", work + "/hold.py"] + arguments)
+        defer {
+            unlink(hold)
+            var st: Int32 = 0
+            waitpid(holder, &st, 0)
+        }
+        try body(holder)
+    }
+
+    @Test("nobody holding a directory's lock (getdents into a page of their own FUSE mount that never comes) holds back no notice for another directory")
+    func heldDirectoryOnAMount() throws {
+        try Self.withHangingFS { work, page, hold in
+            try withVanishMount(options: ["allow_other"], prepare: { src in
+                let r = try sh("install -d -o nobody nd nd/t1 && mkdir rt", cwd: src)
+                guard r.ok else { throw TestFailure(r.stderr) }
+            }) { m in
+                try Self.holding(Self.holder, in: work, [m.path("nd"), page], hold: hold) { _ in
+                    try waitFor("nobody's getdents to hold nd") { access(work + "/reading", F_OK) == 0 }
+                    // The kernel now remembers rt/ext as absent.
+                    #expect(access(m.path("rt/ext"), F_OK) != 0)
+                    // nobody's one-step delete in nd: its notice waits for nd's lock (the
+                    // trigger answers after its own wait for it ends).
+                    let trigger = try runAsNobody(deleteTriggerCommand + [m.path("nd/t1")])
+                    #expect(trigger.ok, "\(trigger)")
+                    // A file made on the source in root's directory shows through the mount.
+                    try "e\n".write(toFile: m.backing("rt/ext"), atomically: false, encoding: .utf8)
+                    try waitFor("rt/ext to show while nd is held", timeout: 30) { access(m.path("rt/ext"), F_OK) == 0 }
+                    // And root's own one-step delete elsewhere is told to the kernel at once.
+                    #expect(mkdir(m.path("rt/x"), 0o755) == 0)
+                    let rootTrigger = try run(deleteTriggerCommand + [m.path("rt/x")])
+                    #expect(rootTrigger.ok, "\(rootTrigger)")
+                    #expect(access(m.path("rt/x"), F_OK) != 0)
+                }
             }
-            try waitFor("nobody's FUSE mount") {
-                (try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8))?.contains(" \(theirs) ") == true
-            }
-            let holder = try spawn(nobody + ["/usr/bin/python3", build + "/hold.py", m.path("nd"), theirs + "/f"])
-            defer {
-                unlink(hold)
-                var st: Int32 = 0
-                waitpid(holder, &st, 0)
-            }
-            try waitFor("nobody's getdents to hold nd") { access(work + "/reading", F_OK) == 0 }
-            // The kernel now remembers rt/ext as absent.
-            #expect(access(m.path("rt/ext"), F_OK) != 0)
-            // nobody's one-step delete in nd: its notice waits for nd's lock (the
-            // trigger answers after its own wait for it ends).
-            let trigger = try runAsNobody(deleteTriggerCommand + [m.path("nd/t1")])
-            #expect(trigger.ok, "\(trigger)")
-            // A file made on the source in root's directory shows through the mount.
-            try "e\n".write(toFile: m.backing("rt/ext"), atomically: false, encoding: .utf8)
-            try waitFor("rt/ext to show while nd is held", timeout: 30) { access(m.path("rt/ext"), F_OK) == 0 }
-            // And root's own one-step delete elsewhere is told to the kernel at once.
-            #expect(mkdir(m.path("rt/x"), 0o755) == 0)
-            let rootTrigger = try run(deleteTriggerCommand + [m.path("rt/x")])
-            #expect(rootTrigger.ok, "\(rootTrigger)")
-            #expect(access(m.path("rt/x"), F_OK) != 0)
         }
     }
 
@@ -247,69 +266,43 @@ print("done", n, flush=True)
 
     @Test("nobody holding 70 directories their own one-step deletes changed holds back no notice of root's")
     func manyHeldDirectoriesOnAMount() throws {
-        try #require(which("cc") != nil && which("pkg-config") != nil, "cc and pkg-config (mount-scripts/install --deps-only)")
-        let build = try makeTempDirectory()
-        defer { removeTree(build) }
-        try Self.hangingFS.write(toFile: build + "/hang.c", atomically: true, encoding: .utf8)
-        try Self.manyHolder.write(toFile: build + "/hold.py", atomically: true, encoding: .utf8)
-        let cc = try run(["/bin/sh", "-c", "cc -O2 -o hang hang.c $(pkg-config --cflags --libs fuse3)"], cwd: build)
-        try #require(cc.ok, "\(cc)")
-        chmod(build, 0o755)
-        let work = build + "/w", theirs = build + "/w/mnt", hold = build + "/w/hold"
-        mkdir(work, 0o777)
-        chmod(work, 0o777)
-        mkdir(theirs, 0o755)
-        chown(theirs, 65534, 65534)
-        close(creat(hold, 0o644))
         let count = 70
-        try withVanishMount(options: ["allow_other"], prepare: { src in
-            let r = try sh("install -d -o nobody nd && for i in $(seq \(count)); do install -d -o nobody nd/h$i nd/h$i/t; done && mkdir rt",
-                           cwd: src)
-            guard r.ok else { throw TestFailure(r.stderr) }
-        }) { m in
-            let nobody = ["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
-            let fs = try spawn(nobody + [build + "/hang", theirs, hold, work + "/reading"])
-            defer {
-                unlink(hold)
-                _ = try? run(["fusermount3", "-u", theirs])
-                kill(fs, SIGTERM)
-                var st: Int32 = 0
-                waitpid(fs, &st, 0)
-            }
-            try waitFor("nobody's FUSE mount") {
-                (try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8))?.contains(" \(theirs) ") == true
-            }
-            let dirs = (1...count).map { m.path("nd/h\($0)") }
-            let holder = try spawn(nobody + ["/usr/bin/python3", build + "/hold.py", theirs + "/f"] + dirs)
-            defer {
-                unlink(hold)
-                var st: Int32 = 0
-                waitpid(holder, &st, 0)
-            }
-            // Every thread waits in the kernel (state D), each holding its directory.
-            try waitFor("nobody's \(count) getdents to hold their directories", timeout: 30) {
-                let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(holder)/task")) ?? []
-                let waiting = tasks.filter { tid in
-                    let stat = (try? String(contentsOfFile: "/proc/\(holder)/task/\(tid)/stat", encoding: .utf8)) ?? ""
-                    return stat.split(separator: ")").last?.split(separator: " ").first == "D"
+        try Self.withHangingFS { work, page, hold in
+            try withVanishMount(options: ["allow_other"], prepare: { src in
+                let r = try sh("install -d -o nobody nd && for i in $(seq \(count)); do install -d -o nobody nd/h$i nd/h$i/t; done && mkdir rt",
+                               cwd: src)
+                guard r.ok else { throw TestFailure(r.stderr) }
+            }) { m in
+                let dirs = (1...count).map { m.path("nd/h\($0)") }
+                try Self.holding(Self.manyHolder, in: work, [page] + dirs, hold: hold) { holder in
+                    // Every thread waits in the kernel (state D), each holding its directory.
+                    try waitFor("nobody's \(count) getdents to hold their directories", timeout: 30) {
+                        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(holder)/task")) ?? []
+                        let waiting = tasks.filter { tid in
+                            let stat = (try? String(contentsOfFile: "/proc/\(holder)/task/\(tid)/stat", encoding: .utf8)) ?? ""
+                            return stat.split(separator: ")").last?.split(separator: " ").first == "D"
+                        }
+                        return waiting.count >= count
+                    }
+                    #expect(access(m.path("rt/ext"), F_OK) != 0)
+                    // nobody's one-step delete in each: their notices wait for the directories they hold.
+                    let triggers = try runAsNobody(["/usr/bin/python3", "-c", """
+                        import os, sys, threading
+                        def trigger(p):
+                            try: os.setxattr(p, "user.vanish.delete", b"", os.XATTR_CREATE | os.XATTR_REPLACE)
+                            except OSError as e: print(p, e)
+                        ts = [threading.Thread(target=trigger, args=(d + "/t",)) for d in sys.argv[1:]]
+                        for t in ts: t.start()
+                        for t in ts: t.join()
+                        """] + dirs)
+                    #expect(triggers.ok && triggers.stdout.isEmpty, "\(triggers)")
+                    // Root's file made on the source shows through the mount.
+                    try "e\n".write(toFile: m.backing("rt/ext"), atomically: false, encoding: .utf8)
+                    try waitFor("rt/ext to show while nobody holds \(count) directories", timeout: 30) {
+                        access(m.path("rt/ext"), F_OK) == 0
+                    }
                 }
-                return waiting.count >= count
             }
-            #expect(access(m.path("rt/ext"), F_OK) != 0)
-            // nobody's one-step delete in each: their notices wait for the directories they hold.
-            let triggers = try runAsNobody(["/usr/bin/python3", "-c", """
-                import os, sys, threading
-                def trigger(p):
-                    try: os.setxattr(p, "user.vanish.delete", b"", os.XATTR_CREATE | os.XATTR_REPLACE)
-                    except OSError as e: print(p, e)
-                ts = [threading.Thread(target=trigger, args=(d + "/t",)) for d in sys.argv[1:]]
-                for t in ts: t.start()
-                for t in ts: t.join()
-                """] + dirs)
-            #expect(triggers.ok && triggers.stdout.isEmpty, "\(triggers)")
-            // Root's file made on the source shows through the mount.
-            try "e\n".write(toFile: m.backing("rt/ext"), atomically: false, encoding: .utf8)
-            try waitFor("rt/ext to show while nobody holds \(count) directories", timeout: 30) { access(m.path("rt/ext"), F_OK) == 0 }
         }
     }
 }
